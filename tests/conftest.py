@@ -1,0 +1,27 @@
+"""Test-session setup shared by every test module.
+
+Before TensorFlow creates its devices, the one physical CPU is split into 4 logical CPU devices so that
+`tf.distribute.MirroredStrategy` can be tested with 2 and 4 replicas on any machine (single-device code
+keeps running on /CPU:0 as usual).
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import tensorflow as tf  # noqa: E402
+
+NUM_LOGICAL_CPUS = 4
+
+_cpus = tf.config.list_physical_devices("CPU")
+try:
+    tf.config.set_logical_device_configuration(
+        _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)])
+except RuntimeError:  # devices already initialised by an earlier import; keep what exists
+    pass
+
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("tfdml", deadline=None, max_examples=25, derandomize=True)
+settings.load_profile("tfdml")

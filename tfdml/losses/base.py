@@ -1,0 +1,58 @@
+"""Base class of every tfdml loss.
+
+A tfdml loss is a thin `keras.losses.Loss` over a pure function `fn(labels, embeddings, **config)`:
+the class carries the configuration (`get_config` round-trips) and validates inputs; the function does
+the maths. Unlike stock Keras losses, labels are *not* cast to the embedding dtype (class ids must stay
+integers), and the value is a batch-level scalar: these losses compare every sample with every other one,
+so per-sample `sample_weight` has no meaning and is rejected.
+
+Losses that own variables (for example a learnable margin `beta`) list them in `trainable_variables`
+and may name the optimizer that must train them in `variable_optimizer`; `tfdml.models.MetricModel`
+tracks, trains and checkpoints them.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdml.ops import validate_inputs
+
+
+class MetricLoss(keras.losses.Loss):
+    """Keras loss over `(labels [B] int, embeddings [B, D])` with a batch-level scalar value.
+
+    Subclasses implement `compute(labels, embeddings)` on validated inputs (int32 labels, float
+    embeddings in the compute dtype: float32 for mixed-precision inputs).
+    """
+
+    def __init__(self, name=None, reduction="sum_over_batch_size", dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+
+    # Keras' Loss.__call__ casts y_true to the float dtype; class ids must stay integers.
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is not None:
+            raise ValueError(
+                f"{type(self).__name__} is a batch-level metric-learning loss and does not accept "
+                f"sample_weight (got one). Weight classes through the sampler instead.")
+        with tf.name_scope(self.name or type(self).__name__):
+            dtype = None if self.dtype in (None, "float32") else self.dtype
+            labels, embeddings = validate_inputs(y_true, y_pred, dtype=dtype)
+            return self.compute(labels, embeddings)
+
+    def call(self, y_true, y_pred):
+        labels, embeddings = validate_inputs(y_true, y_pred)
+        return self.compute(labels, embeddings)
+
+    def compute(self, labels, embeddings):
+        raise TypeError(f"{type(self).__name__} does not define compute(labels, embeddings)")
+
+    # Losses with variables override these (see module docstring).
+    @property
+    def trainable_variables(self):
+        return []
+
+    @property
+    def variable_optimizer(self):
+        return None
+
+    def get_config(self):
+        return {"name": self.name}

@@ -1,0 +1,50 @@
+"""Shared building blocks of every tfdml loss: input validation, pairwise distances and similarities,
+label masks, masked weighting and reductions. No loss re-derives any of these."""
+
+from tfdml.ops.distances import (
+    pairwise_distance,
+    pairwise_squared_distance,
+    pairwise_pearson_similarity,
+    safe_sqrt,
+)
+from tfdml.ops.masks import (
+    same_label_mask,
+    positive_mask,
+    negative_mask,
+    pair_indices,
+)
+from tfdml.ops.reductions import (
+    masked_softmax,
+    masked_max,
+    masked_min,
+    masked_mean,
+    safe_divide,
+    mean_of_positive,
+)
+from tfdml.ops.validation import (
+    compute_dtype_for,
+    validate_labels,
+    validate_embeddings,
+    validate_inputs,
+)
+
+__all__ = [
+    "pairwise_distance",
+    "pairwise_squared_distance",
+    "pairwise_pearson_similarity",
+    "safe_sqrt",
+    "same_label_mask",
+    "positive_mask",
+    "negative_mask",
+    "pair_indices",
+    "masked_softmax",
+    "masked_max",
+    "masked_min",
+    "masked_mean",
+    "safe_divide",
+    "mean_of_positive",
+    "compute_dtype_for",
+    "validate_labels",
+    "validate_embeddings",
+    "validate_inputs",
+]

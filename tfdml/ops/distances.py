@@ -1,0 +1,59 @@
+"""Pairwise distances and similarities between rows of embedding matrices.
+
+All functions take `[B, D]` queries and an optional `[G, D]` gallery (default: the queries themselves) and
+return a `[B, G]` matrix. The Euclidean distance is differentiable everywhere, including at `d = 0`
+(duplicate or identical embeddings, and the diagonal), where the plain `sqrt` would give an infinite
+gradient and NaNs downstream.
+"""
+
+import tensorflow as tf
+
+# Below this squared distance the sqrt is replaced by 0 with a zero gradient. Far below any distance that
+# matters for unit-norm embeddings (distances in [0, 2]), far above float32 round-off of ||a||^2 - 2ab + ||b||^2.
+_EPSILON = 1e-12
+
+
+def safe_sqrt(x, epsilon=_EPSILON):
+    """`sqrt(x)` for `x >= 0` with a finite (zero) gradient where `x <= epsilon`."""
+    x = tf.convert_to_tensor(x)
+    positive = x > epsilon
+    safe_x = tf.where(positive, x, tf.ones_like(x))
+    return tf.where(positive, tf.sqrt(safe_x), tf.zeros_like(x))
+
+
+def pairwise_squared_distance(embeddings, gallery=None):
+    """Squared Euclidean distances `||f_i - g_j||^2`, clipped at 0 against round-off.
+
+    Computed with one matmul (`||f||^2 - 2 f g^T + ||g||^2`); when `gallery` is omitted the diagonal is
+    exactly 0.
+    """
+    embeddings = tf.convert_to_tensor(embeddings)
+    same = gallery is None
+    gallery = embeddings if same else tf.convert_to_tensor(gallery, dtype=embeddings.dtype)
+    sq_q = tf.reduce_sum(tf.square(embeddings), axis=1, keepdims=True)
+    sq_g = tf.reduce_sum(tf.square(gallery), axis=1, keepdims=True)
+    dist = sq_q - 2.0 * tf.matmul(embeddings, gallery, transpose_b=True) + tf.transpose(sq_g)
+    dist = tf.maximum(dist, 0.0)
+    if same:
+        dist = tf.linalg.set_diag(dist, tf.zeros(tf.shape(dist)[0], dtype=dist.dtype))
+    return dist
+
+
+def pairwise_distance(embeddings, gallery=None, squared=False):
+    """Euclidean distances `||f_i - g_j||_2` (or squared with `squared=True`), gradient-safe at 0."""
+    dist = pairwise_squared_distance(embeddings, gallery)
+    return dist if squared else safe_sqrt(dist)
+
+
+def pairwise_pearson_similarity(embeddings, epsilon=1e-12):
+    """Pearson correlation between rows: each row centred over its features, then cosine similarity.
+
+    A constant (for example all-zero) row has no direction; its correlations are 0 instead of 0/0.
+    """
+    embeddings = tf.convert_to_tensor(embeddings)
+    centred = embeddings - tf.reduce_mean(embeddings, axis=1, keepdims=True)
+    sq_norm = tf.reduce_sum(tf.square(centred), axis=1, keepdims=True)
+    # rsqrt of a clamped norm keeps value and gradient finite for constant rows.
+    inv_norm = tf.math.rsqrt(tf.maximum(sq_norm, epsilon))
+    unit = centred * inv_norm
+    return tf.matmul(unit, unit, transpose_b=True)
