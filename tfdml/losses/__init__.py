@@ -1,3 +1,15 @@
 """Metric-learning losses: each a pure function plus a serializable `keras.losses.Loss` subclass."""
 
 from tfdml.losses.base import MetricLoss
+from tfdml.losses.ranked_list import LinearTemperature, RankedListLoss, ranked_list_loss
+from tfdml.losses.triplet import (
+    TripletHardLoss,
+    TripletLoss,
+    TripletSemiHardLoss,
+    triplet_hard_loss,
+    triplet_loss,
+    triplet_semihard_loss,
+)
+from tfdml.losses.contrastive import ContrastiveLoss, contrastive_loss
+from tfdml.losses.margin import MarginLoss, margin_loss, margin_loss_for_triplets
+from tfdml.losses.group import GroupLoss, group_loss

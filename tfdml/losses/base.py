@@ -6,6 +6,11 @@ the maths. Unlike stock Keras losses, labels are *not* cast to the embedding dty
 integers), and the value is a batch-level scalar: these losses compare every sample with every other one,
 so per-sample `sample_weight` has no meaning and is rejected.
 
+Under `tf.distribute` (MirroredStrategy, MultiWorkerMirroredStrategy) every loss sees the *global* batch by
+default: `__call__` gathers labels and `y_pred` (whatever its width) from all replicas and scales the value
+by `1 / num_replicas`, so training on N replicas matches one device on the same global batch (see
+`tfdml.distribute`). `cross_replica=False` keeps per-replica losses instead.
+
 Losses that own variables (for example a learnable margin `beta`) list them in `trainable_variables`
 and may name the optimizer that must train them in `variable_optimizer`; `tfdml.models.MetricModel`
 tracks, trains and checkpoints them.
@@ -14,6 +19,7 @@ tracks, trains and checkpoints them.
 import keras
 import tensorflow as tf
 
+from tfdml.distribute import gather_replicas, labels_for_symbolic_build, scale_for_replicas
 from tfdml.ops import validate_inputs
 
 
@@ -22,10 +28,18 @@ class MetricLoss(keras.losses.Loss):
 
     Subclasses implement `compute(labels, embeddings)` on validated inputs (int32 labels, float
     embeddings in the compute dtype: float32 for mixed-precision inputs).
+
+    Args:
+        name: loss name.
+        reduction, dtype: as in `keras.losses.Loss`.
+        cross_replica: under a distribution strategy, True (default) computes the loss on the global batch
+            gathered from all replicas; False computes it on each replica's share only (the value then
+            depends on the number of replicas). Ignored outside `strategy.run`.
     """
 
-    def __init__(self, name=None, reduction="sum_over_batch_size", dtype=None):
+    def __init__(self, name=None, reduction="sum_over_batch_size", dtype=None, cross_replica=True):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.cross_replica = bool(cross_replica)
 
     # Keras' Loss.__call__ casts y_true to the float dtype; class ids must stay integers.
     def __call__(self, y_true, y_pred, sample_weight=None):
@@ -35,8 +49,12 @@ class MetricLoss(keras.losses.Loss):
                 f"sample_weight (got one). Weight classes through the sampler instead.")
         with tf.name_scope(self.name or type(self).__name__):
             dtype = None if self.dtype in (None, "float32") else self.dtype
+            y_true = labels_for_symbolic_build(y_true)
             labels, embeddings = validate_inputs(y_true, y_pred, dtype=dtype)
-            return self.compute(labels, embeddings)
+            if self.cross_replica:
+                labels, embeddings = gather_replicas(labels, embeddings)
+            # Keras sums replica gradients: 1/N makes the sum the single-device gradient.
+            return scale_for_replicas(self.compute(labels, embeddings))
 
     def call(self, y_true, y_pred):
         labels, embeddings = validate_inputs(y_true, y_pred)
@@ -55,4 +73,4 @@ class MetricLoss(keras.losses.Loss):
         return None
 
     def get_config(self):
-        return {"name": self.name}
+        return {"name": self.name, "cross_replica": self.cross_replica}

@@ -21,6 +21,20 @@ from tfdml.ops.reductions import (
     safe_divide,
     mean_of_positive,
 )
+from tfdml.ops.neighbours import (
+    exact_search,
+    ranking_operands,
+    ranking_scores,
+)
+from tfdml.ops.scalars import as_scalar
+from tfdml.ops.euclidean import euclidean_distance_matrix
+from tfdml.ops.tuples import (
+    triplet_indices,
+    pair_indices_with_targets,
+    triplet_tuple_losses,
+    margin_tuple_losses,
+    contrastive_tuple_losses,
+)
 from tfdml.ops.validation import (
     compute_dtype_for,
     validate_labels,
@@ -29,6 +43,8 @@ from tfdml.ops.validation import (
 )
 
 __all__ = [
+    "as_scalar",
+    "euclidean_distance_matrix",
     "pairwise_distance",
     "pairwise_squared_distance",
     "pairwise_pearson_similarity",
@@ -43,8 +59,16 @@ __all__ = [
     "masked_mean",
     "safe_divide",
     "mean_of_positive",
+    "triplet_indices",
+    "pair_indices_with_targets",
+    "triplet_tuple_losses",
+    "margin_tuple_losses",
+    "contrastive_tuple_losses",
     "compute_dtype_for",
     "validate_labels",
     "validate_embeddings",
     "validate_inputs",
+    "exact_search",
+    "ranking_operands",
+    "ranking_scores",
 ]

@@ -1,0 +1,111 @@
+"""Time of one DML-ALA step vs one plain step with the same embedder and training batch; prints JSON.
+
+Episode as in the paper: a training subset of 100 images (20 classes x 5) and a validation subset of 20
+(4 classes x 5). Two embedders (64-d, L2-normalised): "small" (2 convs on 32x32x3, where the per-tuple
+assessor dominates) and "wide" (4 wider convs on 64x64x3, where the embedder passes dominate, closer to a
+real backbone). The plain step is
+`TripletLoss(margin=0.2, mining="all")` on the training subset with the same optimizer. ALA steps are
+timed with the paper's K = 3 assessor updates and with K = 1, with all triplets and with `max_tuples`.
+There is no other public DML-ALA implementation to compare against (peer figure: null).
+
+Usage: python scripts/bench_ala.py [--repeats 20]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfdml.losses.triplet import TripletLoss  # noqa: E402
+from tfdml.models import ALAModel  # noqa: E402
+
+TARGET_RATIO = 3.0
+
+
+EMBEDDERS = {"small": (32, (16, 32)), "wide": (64, (32, 64, 128, 128))}  # image size, conv filters
+
+
+def make_embedder(kind, seed=0):
+    keras.utils.set_random_seed(seed)
+    size, filters = EMBEDDERS[kind]
+    convs = [keras.layers.Conv2D(f, 3, strides=2 if i < 2 else 1, padding="same", activation="relu")
+             for i, f in enumerate(filters)]
+    return keras.Sequential([keras.Input((size, size, 3)), *convs, keras.layers.GlobalAveragePooling2D(),
+                             keras.layers.Dense(64), keras.layers.UnitNormalization()])
+
+
+def make_episode(kind, seed=0):
+    rng = np.random.default_rng(seed)
+    size = EMBEDDERS[kind][0]
+    train_y = np.repeat(np.arange(20), 5).astype("int32")
+    val_y = np.repeat(np.arange(20, 24), 5).astype("int32")
+    return (tf.constant(rng.normal(size=(100, size, size, 3)).astype("float32")), tf.constant(train_y),
+            tf.constant(rng.normal(size=(20, size, size, 3)).astype("float32")), tf.constant(val_y))
+
+
+def median_seconds(step, episode, repeats):
+    for _ in range(3):  # trace and warm up
+        step(episode)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = step(episode)
+        tf.nest.map_structure(lambda t: t.numpy(), out)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def plain_step_fn(kind):
+    embedder = make_embedder(kind)
+    optimizer = keras.optimizers.SGD(1e-3)
+    loss_fn = TripletLoss(margin=0.2, mining="all")
+
+    @tf.function
+    def step(episode):
+        train_x, train_y = episode[0], episode[1]
+        with tf.GradientTape() as tape:
+            loss = loss_fn(train_y, embedder(train_x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, embedder.trainable_variables),
+                                      embedder.trainable_variables))
+        return loss
+
+    return step
+
+
+def ala_step_fn(kind, assessor_steps, max_tuples):
+    model = ALAModel(make_embedder(kind), base_loss="triplet", assessor_steps=assessor_steps, max_tuples=max_tuples,
+                     inner_learning_rate=1e-3)
+    model.compile(optimizer=keras.optimizers.SGD(1e-3))
+    return tf.function(model.train_step)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    results = {"benchmark": "dml_ala_step_vs_plain_step", "device": "CPU", "cpu_threads": os.cpu_count(),
+               "episode": {"train": 100, "val": 20, "embedding": 64, "train_triplets": 100 * 4 * 95},
+               "peer": None, "target_ratio": TARGET_RATIO, "embedders": {}}
+    for kind in EMBEDDERS:
+        episode = make_episode(kind)
+        plain = median_seconds(plain_step_fn(kind), episode, args.repeats)
+        rows = []
+        for assessor_steps, max_tuples in ((3, None), (1, None), (3, 4096), (1, 4096)):
+            seconds = median_seconds(ala_step_fn(kind, assessor_steps, max_tuples), episode, args.repeats)
+            rows.append({"assessor_steps": assessor_steps, "max_tuples": max_tuples,
+                         "step_ms": round(seconds * 1e3, 2), "ratio_to_plain": round(seconds / plain, 2),
+                         "within_target": seconds / plain <= TARGET_RATIO})
+        results["embedders"][kind] = {"image_size": EMBEDDERS[kind][0], "filters": EMBEDDERS[kind][1],
+                                      "plain_triplet_step_ms": round(plain * 1e3, 2), "ala": rows}
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

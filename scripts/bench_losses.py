@@ -1,0 +1,203 @@
+"""Forward + backward time per call of the tfdml losses against pytorch-metric-learning (PML).
+
+For every loss, batch size B and embedding size D the script times one loss evaluation plus its gradient
+with respect to the (L2-normalised) embeddings: tfdml inside `tf.function`, with and without
+`jit_compile`, and the PML equivalent on the same inputs in the same process. Both frameworks use the same
+number of threads (`--threads`, default 2). One JSON line per configuration:
+
+    {"loss", "B", "D", "tfdml_ms", "tfdml_xla_ms", "peer", "peer_ms", "speedup", "*_median_ms",
+     "speedup_median", "tfdml_value", "peer_value", "threads", "load_avg_1min"}
+
+Times are the best of the timed calls (`*_median_ms`: the median), the least disturbed by other processes
+on a shared machine (spinning thread pools make loaded 2-thread timings erratic, PML's most). `speedup` is
+`peer_ms / min(tfdml_ms, tfdml_xla_ms)`. The two values show that both compute the same thing (PML's
+RankedListLoss adds 1e-5 per weight to its denominators, and PML's batch-hard triplet averages over the
+non-zero terms only, so those two differ slightly).
+
+Usage:
+    python scripts/bench_losses.py [--quick] [--losses ranked_list,triplet_all] [--repeats 20] [--threads 2]
+        [--batch-sizes 60,180,1024] [--dims 64,512]
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+def _threads_from_argv(default=2):
+    """`--threads N` is read before TensorFlow and torch start their thread pools."""
+    import sys
+    for i, arg in enumerate(sys.argv):
+        if arg == "--threads" and i + 1 < len(sys.argv):
+            return int(sys.argv[i + 1])
+        if arg.startswith("--threads="):
+            return int(arg.split("=", 1)[1])
+    return default
+
+
+THREADS = _threads_from_argv()
+tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+tf.config.threading.set_inter_op_parallelism_threads(THREADS)
+
+import torch  # noqa: E402
+from pytorch_metric_learning import losses as pml_losses  # noqa: E402
+from pytorch_metric_learning import miners as pml_miners  # noqa: E402
+
+import tfdml.losses as tfdml_losses  # noqa: E402
+
+torch.set_num_threads(THREADS)
+
+SAMPLES_PER_CLASS = 4
+
+
+def _tfdml_margin_loss():
+    if not hasattr(tfdml_losses, "MarginLoss"):
+        return None
+    return tfdml_losses.MarginLoss(alpha=0.2, beta=1.2, learn_beta=False, sampling="all")
+
+
+def _pml_with_miner(loss, miner):
+    def call(embeddings, labels):
+        return loss(embeddings, labels, miner(embeddings, labels))
+    return call
+
+
+# name -> (tfdml loss factory, PML description, PML loss factory)
+LOSSES = {
+    "ranked_list": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0),
+                    "RankedListLoss(margin=0.4, Tn=10)",
+                    lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10)),
+    "triplet_all": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="all"),
+                    "TripletMarginLoss(margin=0.2), all triplets",
+                    lambda: pml_losses.TripletMarginLoss(margin=0.2)),
+    "triplet_hard": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="hard"),
+                     "TripletMarginLoss(margin=0.2) + BatchHardMiner()",
+                     lambda: _pml_with_miner(pml_losses.TripletMarginLoss(margin=0.2), pml_miners.BatchHardMiner())),
+    "triplet_semi_hard": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="semi_hard"),
+                          "TripletMarginLoss(margin=0.2) + TripletMarginMiner(0.2, 'semihard')",
+                          lambda: _pml_with_miner(pml_losses.TripletMarginLoss(margin=0.2),
+                                                  pml_miners.TripletMarginMiner(0.2, type_of_triplets="semihard"))),
+    "margin": (_tfdml_margin_loss,
+               "MarginLoss(margin=0.2, beta=1.2), all triplets",
+               lambda: pml_losses.MarginLoss(margin=0.2, beta=1.2)),
+    "contrastive": (lambda: tfdml_losses.ContrastiveLoss(pos_margin=0.0, neg_margin=1.0),
+                    "ContrastiveLoss(pos_margin=0, neg_margin=1)",
+                    lambda: pml_losses.ContrastiveLoss(pos_margin=0.0, neg_margin=1.0)),
+}
+
+
+def make_batch(batch_size, dim, seed=0):
+    """Class-balanced labels (4 per class, shuffled) and L2-normalised float32 embeddings."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(batch_size // SAMPLES_PER_CLASS + 1), SAMPLES_PER_CLASS)[:batch_size]
+    rng.shuffle(labels)
+    embeddings = rng.normal(size=(batch_size, dim)).astype(np.float32)
+    embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+    return labels.astype(np.int32), embeddings
+
+
+def time_call(fn, repeats, min_seconds=0.5):
+    """`(best, median)` wall time in ms of `fn()` after two warm-up calls; at least `repeats` calls (or
+    `min_seconds`). The best call is the least disturbed by other processes on a shared machine."""
+    fn()
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < 10 * repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if times[-1] > 5.0 and len(times) >= 3:  # very slow configurations: three calls are enough
+            break
+    return 1000.0 * float(np.min(times)), 1000.0 * float(np.median(times))
+
+
+def tfdml_runner(loss, labels, embeddings, jit_compile):
+    labels = tf.constant(labels)
+    embeddings = tf.constant(embeddings)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(labels, embeddings):
+        with tf.GradientTape() as tape:
+            tape.watch(embeddings)
+            value = loss(labels, embeddings)
+        return value, tape.gradient(value, embeddings)
+
+    def run():
+        value, grad = step(labels, embeddings)
+        return float(value.numpy()), grad.numpy()
+    return run
+
+
+def pml_runner(loss, labels, embeddings):
+    labels = torch.from_numpy(labels.astype(np.int64))
+    base = torch.from_numpy(embeddings)
+
+    def run():
+        emb = base.clone().requires_grad_(True)
+        value = loss(emb, labels)
+        value.backward()
+        return float(value.detach()), emb.grad.numpy()
+    return run
+
+
+def bench(name, batch_size, dim, repeats):
+    make_tfdml, peer_name, make_peer = LOSSES[name]
+    loss = make_tfdml()
+    if loss is None:
+        return {"loss": name, "B": batch_size, "D": dim, "skipped": "tfdml has no such loss yet"}
+    labels, embeddings = make_batch(batch_size, dim)
+    eager = tfdml_runner(loss, labels, embeddings, jit_compile=False)
+    xla = tfdml_runner(make_tfdml(), labels, embeddings, jit_compile=True)
+    peer = pml_runner(make_peer(), labels, embeddings)
+    tfdml_ms, tfdml_median = time_call(eager, repeats)
+    tfdml_xla_ms, tfdml_xla_median = time_call(xla, repeats)
+    peer_ms, peer_median = time_call(peer, max(5, repeats // 2))
+    return {
+        "loss": name, "B": batch_size, "D": dim,
+        "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
+        "peer": "pytorch-metric-learning " + peer_name, "peer_ms": round(peer_ms, 3),
+        "speedup": round(peer_ms / min(tfdml_ms, tfdml_xla_ms), 2),
+        "tfdml_median_ms": round(tfdml_median, 3), "tfdml_xla_median_ms": round(tfdml_xla_median, 3),
+        "peer_median_ms": round(peer_median, 3),
+        "speedup_median": round(peer_median / min(tfdml_median, tfdml_xla_median), 2),
+        "tfdml_value": eager()[0], "peer_value": peer()[0],
+        "threads": THREADS,
+        "load_avg_1min": round(os.getloadavg()[0], 2),  # other processes on the machine skew all timings
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="B in {60, 180}, D = 64, few repeats")
+    parser.add_argument("--losses", default=",".join(LOSSES), help=f"comma-separated subset of {list(LOSSES)}")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per configuration (tfdml)")
+    parser.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default 60,180,1024)")
+    parser.add_argument("--dims", default=None, help="comma-separated embedding sizes (default 64,512)")
+    parser.add_argument("--threads", type=int, default=2, help="threads for both TensorFlow and torch (2)")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.losses.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOSSES]
+    if unknown:
+        parser.error(f"unknown losses {unknown}; choose from {list(LOSSES)}")
+    batch_sizes = [60, 180] if args.quick else [60, 180, 1024]
+    dims = [64] if args.quick else [64, 512]
+    if args.batch_sizes:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.dims:
+        dims = [int(d) for d in args.dims.split(",")]
+    repeats = min(args.repeats, 5) if args.quick else args.repeats
+    for name in names:
+        for batch_size in batch_sizes:
+            for dim in dims:
+                print(json.dumps(bench(name, batch_size, dim, repeats)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

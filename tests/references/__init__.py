@@ -1,0 +1,1 @@
+"""Independent NumPy reference implementations used by the tests (never import tfdml here)."""

@@ -1,0 +1,332 @@
+"""DML-ALA (`tfdml.models.ALAModel`): exact meta-gradient, Algorithm 1 end to end, LSTM state, base losses,
+MirroredStrategy, errors.
+
+References are written independently of the implementation: tuples listed with itertools, per-tuple losses
+from `np`/`tf.norm` formulas, `theta'` from a plain `GradientTape` and the validation loss evaluated by
+assigning `theta'` to the embedder (no `stateless_call`, no forward-mode products).
+"""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdml.losses.contrastive import ContrastiveLoss
+from tfdml.models import ALAModel
+
+MARGINS = {"triplet": {"margin": 0.2}, "margin": {"alpha": 0.2, "beta": 1.2},
+           "contrastive": {"pos_margin": 0.0, "neg_margin": 1.0}}
+
+
+def _embedder(dtype="float32", in_dim=5, dim=3, seed=0):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((in_dim,), dtype=dtype),
+        keras.layers.Dense(4, activation="tanh", dtype=dtype),
+        keras.layers.Dense(dim, dtype=dtype),
+        keras.layers.UnitNormalization(dtype=dtype),
+    ])
+
+
+def _episode(seed=0, dtype="float32", in_dim=5, train_classes=3, val_classes=2, per_class=3):
+    rng = np.random.default_rng(seed)
+    train_y = np.repeat(np.arange(train_classes), per_class).astype("int32")
+    val_y = np.repeat(np.arange(train_classes, train_classes + val_classes), per_class).astype("int32")
+    return (rng.normal(size=(len(train_y), in_dim)).astype(dtype), train_y,
+            rng.normal(size=(len(val_y), in_dim)).astype(dtype), val_y)
+
+
+# ----------------------------------------------------------------------------- independent reference
+def _reference_tuples(kind, labels):
+    n = len(labels)
+    if kind == "contrastive":
+        return [(i, j) for i, j in itertools.combinations(range(n), 2)]
+    return [(a, p, q) for a in range(n) for p in range(n) for q in range(n)
+            if a != p and labels[a] == labels[p] and labels[a] != labels[q]]
+
+
+def _reference_tuple_losses(kind, embeddings, labels):
+    tuples = np.array(_reference_tuples(kind, labels))
+    dist = lambda i, j: tf.norm(tf.gather(embeddings, i) - tf.gather(embeddings, j), axis=1)  # noqa: E731
+    p = MARGINS[kind]
+    if kind == "contrastive":
+        d = dist(tuples[:, 0], tuples[:, 1])
+        positive = labels[tuples[:, 0]] == labels[tuples[:, 1]]
+        return tf.where(positive, tf.nn.relu(d - p["pos_margin"]), tf.nn.relu(p["neg_margin"] - d))
+    d_ap, d_an = dist(tuples[:, 0], tuples[:, 1]), dist(tuples[:, 0], tuples[:, 2])
+    if kind == "triplet":
+        return tf.nn.relu(d_ap - d_an + p["margin"])
+    return tf.nn.relu(d_ap - p["beta"] + p["alpha"]) + tf.nn.relu(p["beta"] - d_an + p["alpha"])
+
+
+def _assessed_weights(model, embeddings, labels):
+    tuples = np.array(_reference_tuples(model.loss_kind, labels), dtype=np.int32)
+    return model.assessor(tf.stop_gradient(embeddings), tuples)[0]
+
+
+def _reference_theta_grads(model, train_x, train_y, weights):
+    """grad_theta mean_i w_i L_i(theta) with a plain tape (w constant)."""
+    with tf.GradientTape() as tape:
+        losses = _reference_tuple_losses(model.loss_kind, model.embedder(train_x), train_y)
+        objective = tf.reduce_mean(tf.stop_gradient(weights) * losses)
+    return tape.gradient(objective, model.embedder.trainable_variables)
+
+
+def _reference_meta_loss(model, episode, rate):
+    """L_va(theta'(phi)) at the assessor's current phi, theta' assigned to the embedder and restored."""
+    train_x, train_y, val_x, val_y = episode
+    theta = [v.numpy() for v in model.embedder.trainable_variables]
+    weights = _assessed_weights(model, model.embedder(train_x), train_y)
+    grads = _reference_theta_grads(model, train_x, train_y, weights)
+    for variable, value, grad in zip(model.embedder.trainable_variables, theta, grads):
+        variable.assign(value - rate * grad.numpy())
+    meta_loss = tf.reduce_mean(_reference_tuple_losses(model.loss_kind, model.embedder(val_x), val_y)).numpy()
+    for variable, value in zip(model.embedder.trainable_variables, theta):
+        variable.assign(value)
+    return meta_loss
+
+
+def _float64_model(kind, rate=0.7, **kwargs):
+    model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, inner_learning_rate=rate,
+                     dtype="float64", **kwargs)
+    rng = np.random.default_rng(1)  # a non-zero carried state, so the state path is exercised too
+    model.assessor.state_h.assign(rng.normal(size=model.assessor.state_h.shape) * 0.5)
+    model.assessor.state_c.assign(rng.normal(size=model.assessor.state_c.shape) * 0.5)
+    return model
+
+
+# ------------------------------------------------------------------------------------ meta-gradient
+@pytest.mark.parametrize("kind", ["triplet", "margin", "contrastive"])
+def test_meta_gradient_equals_central_finite_differences(kind):
+    rate = 0.7
+    model = _float64_model(kind, rate)
+    episode = _episode(dtype="float64")
+    phi = model.assessor.trainable_variables
+    grads, meta_loss = model.meta_gradient(*episode)
+    np.testing.assert_allclose(meta_loss.numpy(), _reference_meta_loss(model, episode, rate), rtol=1e-10)
+    flat_grad = np.concatenate([g.numpy().ravel() for g in grads])
+    assert np.abs(flat_grad).max() > 1e-6  # a real, non-vanishing signal
+
+    start = [v.numpy() for v in phi]
+
+    def loss_along(direction, step):
+        offset = 0
+        for variable, value in zip(phi, start):
+            variable.assign(value + step * direction[offset:offset + value.size].reshape(value.shape))
+            offset += value.size
+        return _reference_meta_loss(model, episode, rate)
+
+    rng = np.random.default_rng(2)
+    eps = 1e-5
+    directions = [rng.normal(size=flat_grad.size) for _ in range(3)]
+    directions.append(np.eye(flat_grad.size)[int(np.argmax(np.abs(flat_grad)))])  # largest coordinate
+    for direction in directions:
+        finite_difference = (loss_along(direction, eps) - loss_along(direction, -eps)) / (2 * eps)
+        np.testing.assert_allclose(flat_grad @ direction, finite_difference, rtol=1e-6, atol=1e-11)
+
+
+def test_train_step_is_algorithm_1_with_the_updated_assessor():
+    """One step = K=2 SGD steps of phi on the exact meta-gradient, then theta updated with A(phi*) (eq 13)."""
+    rate, beta, lr = 0.7, 5.0, 0.25  # lr and beta exact in float32 (Keras stores them so)
+    model = _float64_model("margin", rate, assessor_learning_rate=beta, assessor_steps=2)
+    model.compile(optimizer=keras.optimizers.SGD(lr))
+    episode = _episode(dtype="float64", seed=4)
+    train_x, train_y = episode[0], episode[1]
+    theta0 = [v.numpy() for v in model.embedder.trainable_variables]
+    phi0 = [v.numpy() for v in model.assessor.trainable_variables]
+    state0 = model.assessor.state_h.numpy()
+
+    phi_star = phi0
+    for _ in range(2):
+        grads, _ = model.meta_gradient(*episode)
+        phi_star = [p - beta * g.numpy() for p, g in zip(phi_star, grads)]
+        for variable, value in zip(model.assessor.trainable_variables, phi_star):
+            variable.assign(value)
+    weights = _assessed_weights(model, model.embedder(train_x), train_y)
+    expected_theta = [t - lr * g.numpy() for t, g in zip(theta0, _reference_theta_grads(
+        model, train_x, train_y, weights))]
+    assert max(np.abs(p - q).max() for p, q in zip(phi_star, phi0)) > 1e-4  # the assessor did move
+    for variable, value in zip(model.assessor.trainable_variables, phi0):
+        variable.assign(value)
+
+    logs = tf.function(model.train_step)(tuple(tf.constant(t) for t in episode))  # graph-mode ordering
+    for variable, value in zip(model.assessor.trainable_variables, phi_star):
+        np.testing.assert_allclose(variable.numpy(), value, rtol=1e-9, atol=1e-12)
+    for variable, value in zip(model.embedder.trainable_variables, expected_theta):
+        np.testing.assert_allclose(variable.numpy(), value, rtol=1e-9, atol=1e-12)
+    # Logged through float32 Keras metrics.
+    np.testing.assert_allclose(logs["weight_mean"].numpy(), np.mean(weights), rtol=1e-6)
+    np.testing.assert_allclose(logs["weight_variance"].numpy(), np.var(weights), rtol=1e-5)
+    assert not np.allclose(model.assessor.state_h.numpy(), state0)
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+@pytest.mark.parametrize("kind", ["triplet", "contrastive"])
+def test_constant_assessor_equals_plain_training_with_scaled_loss(kind, steps):
+    c, lr = 0.3, 0.25
+    model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, inner_learning_rate=0.5,
+                     assessor_learning_rate=0.0, assessor_steps=steps, dtype="float64")
+    model.assessor.output_kernel.assign(np.zeros(model.assessor.output_kernel.shape))
+    model.assessor.output_bias.assign([np.log(c / (1 - c))])  # sigmoid(bias) = c for every tuple
+    model.compile(optimizer=keras.optimizers.SGD(lr))
+    train_x, train_y, val_x, val_y = _episode(dtype="float64", seed=5)
+    with tf.GradientTape() as tape:
+        plain = c * tf.reduce_mean(_reference_tuple_losses(kind, model.embedder(train_x), train_y))
+    expected = [v.numpy() - lr * g.numpy() for v, g in zip(model.embedder.trainable_variables,
+                                                              tape.gradient(plain, model.embedder.trainable_variables))]
+    logs = model.train_step((train_x, train_y, val_x, val_y))
+    for variable, value in zip(model.embedder.trainable_variables, expected):
+        np.testing.assert_allclose(variable.numpy(), value, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(logs["loss"].numpy(), plain.numpy(), rtol=1e-6)  # float32 metrics
+    np.testing.assert_allclose(logs["weight_mean"].numpy(), c, rtol=1e-6)
+    assert logs["weight_variance"].numpy() < 1e-12
+
+
+# ---------------------------------------------------------------------------------------- LSTM state
+def test_lstm_state_carries_across_steps_survives_save_load_and_resets(tmp_path):
+    model = ALAModel(_embedder(), base_loss="triplet", assessor_units=4, inner_learning_rate=0.3)
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    assert not np.any(model.assessor.state_h.numpy())
+    states = []
+    for seed in (0, 1):
+        model.train_step(_episode(seed=seed))
+        states.append((model.assessor.state_h.numpy(), model.assessor.state_c.numpy()))
+    assert np.abs(states[0][0]).max() > 1e-4
+    assert np.abs(states[1][0] - states[0][0]).max() > 1e-6
+    assert np.abs(states[1][1] - states[0][1]).max() > 1e-6
+
+    # The state shapes the weights: same tuples, same phi, different state -> different weights.
+    train_x, train_y = _episode(seed=2)[:2]
+    embeddings = model.embedder(train_x)
+    carried = _assessed_weights(model, embeddings, train_y).numpy()
+
+    path = str(tmp_path / "ala.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, ALAModel) and loaded.loss_kind == "triplet" and loaded.assessor.units == 4
+    assert loaded.get_config()["inner_learning_rate"] == 0.3
+    assessor_config = model.assessor.get_config()
+    assert type(model.assessor).from_config(assessor_config).get_config() == assessor_config
+    np.testing.assert_array_equal(loaded.assessor.state_h.numpy(), states[1][0])
+    np.testing.assert_array_equal(loaded.assessor.state_c.numpy(), states[1][1])
+    for a, b in zip(model.weights, loaded.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_allclose(loaded.predict(train_x, verbose=0), embeddings.numpy(), atol=1e-6)
+    np.testing.assert_allclose(_assessed_weights(loaded, embeddings, train_y).numpy(), carried, atol=1e-6)
+
+    resumed = keras.saving.load_model(path)                                # compiled, training resumes
+    assert int(resumed.optimizer.iterations.numpy()) == 2
+    resumed.train_step(_episode(seed=3))
+    assert np.abs(resumed.assessor.state_h.numpy() - states[1][0]).max() > 1e-6
+
+    loaded.reset_assessor_state()
+    assert not np.any(loaded.assessor.state_h.numpy()) and not np.any(loaded.assessor.state_c.numpy())
+    reset = _assessed_weights(loaded, embeddings, train_y).numpy()
+    assert np.abs(reset - carried).max() > 1e-6
+    np.testing.assert_array_equal(model.assessor.state_h.numpy(), states[1][0])  # the original is untouched
+
+
+# ------------------------------------------------------------------------- base losses, fit, Mirrored
+def _dataset(episodes):
+    return tf.data.Dataset.from_tensor_slices(tuple(np.stack(parts) for parts in zip(*episodes)))
+
+
+@pytest.mark.parametrize("base_loss", ["triplet", "margin", "contrastive",
+                                       ContrastiveLoss(pos_margin=0.1, neg_margin=0.9)])
+def test_fit_trains_with_each_base_loss(base_loss):
+    model = ALAModel(_embedder(), base_loss=base_loss, assessor_units=4, assessor_steps=1, max_tuples=40)
+    model.compile(optimizer=keras.optimizers.SGD(0.2))
+    theta0 = [v.numpy() for v in model.embedder.trainable_variables]
+    phi0 = [v.numpy() for v in model.assessor.trainable_variables]
+    history = model.fit(_dataset([_episode(seed=s) for s in range(3)]), epochs=1, verbose=0).history
+    assert set(history) == {"loss", "meta_loss", "weight_mean", "weight_variance"}
+    assert all(np.isfinite(v[-1]) for v in history.values())
+    assert 0 < history["weight_mean"][-1] < 1 and history["weight_variance"][-1] >= 0
+    assert any(np.abs(v.numpy() - t).max() > 0 for v, t in zip(model.embedder.trainable_variables, theta0))
+    assert any(np.abs(v.numpy() - p).max() > 0 for v, p in zip(model.assessor.trainable_variables, phi0))
+    if base_loss == "triplet":  # evaluate: the validation subsets' mean tuple loss
+        episodes = [_episode(seed=s) for s in range(2)]
+        logs = model.evaluate(_dataset(episodes), verbose=0, return_dict=True)
+        expected = np.mean([tf.reduce_mean(_reference_tuple_losses("triplet", model.embedder(e[2]), e[3]))
+                            for e in episodes])
+        np.testing.assert_allclose(logs["meta_loss"], expected, rtol=1e-5)
+    if not isinstance(base_loss, str):
+        assert model.loss_params == {"pos_margin": 0.1, "neg_margin": pytest.approx(0.9)}
+    assert model.predict(_episode()[0], verbose=0).shape == (9, 3)
+
+
+def test_mirrored_strategy_update_equals_single_device_update():
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+    assert len(devices) == 2
+    episode = _episode(seed=7, train_classes=2, val_classes=2, per_class=4)  # halves split the classes
+
+    def make():
+        model = ALAModel(_embedder(seed=3), base_loss="margin", assessor_units=4, assessor_steps=1,
+                         inner_learning_rate=0.5, assessor_learning_rate=0.5, seed=1)
+        model.compile(optimizer=keras.optimizers.SGD(0.5))
+        return model
+
+    single = make()
+    single_logs = single.fit(tf.data.Dataset.from_tensors(episode), verbose=0).history
+    with tf.distribute.MirroredStrategy(devices).scope():
+        mirrored = make()
+    mirrored_logs = mirrored.fit(tf.data.Dataset.from_tensors(episode), verbose=0).history
+    start = make()
+    moved = 0.0
+    for a, b, c in zip(single.weights, mirrored.weights, start.weights):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6, err_msg=a.path)
+        moved = max(moved, np.abs(np.asarray(a) - np.asarray(c)).max())
+    assert moved > 1e-3
+    for key in single_logs:
+        np.testing.assert_allclose(mirrored_logs[key], single_logs[key], rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------ degenerate input, errors
+def test_episode_without_tuples_gives_finite_zero_loss_and_keeps_the_state():
+    model = ALAModel(_embedder(), base_loss="triplet", assessor_units=4, inner_learning_rate=0.3)
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    x = np.random.default_rng(0).normal(size=(4, 5)).astype("float32")
+    theta0 = [v.numpy() for v in model.embedder.trainable_variables]
+    logs = model.train_step((x, np.arange(4, dtype="int32"), x, np.full(4, 9, dtype="int32")))
+    assert all(np.isfinite(v.numpy()) and v.numpy() == 0 for v in logs.values())
+    assert not np.any(model.assessor.state_h.numpy())
+    for variable, value in zip(model.embedder.trainable_variables, theta0):
+        np.testing.assert_array_equal(variable.numpy(), value)
+
+
+def test_bad_arguments_and_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="base_loss must be one of"):
+        ALAModel(_embedder(), base_loss="hinge")
+    with pytest.raises(ValueError, match="Unknown parameters"):
+        ALAModel(_embedder(), base_loss="triplet", loss_params={"beta": 1.0})
+    with pytest.raises(ValueError, match="assessor_steps"):
+        ALAModel(_embedder(), assessor_steps=-1)
+    with pytest.raises(ValueError, match="embedding size"):
+        ALAModel(keras.Sequential([keras.layers.Dense(3)]))
+    model = ALAModel(_embedder(), inner_learning_rate=0.1, assessor_units=2)
+    model.compile(optimizer="sgd")
+    with pytest.raises(ValueError, match="episodes"):
+        model.train_step((np.zeros((4, 5), "float32"), np.zeros(4, "int32")))
+    with pytest.raises(TypeError, match="train_labels must be integer"):
+        x, _, vx, vy = _episode()
+        model.train_step((x, np.zeros(len(x), "float32"), vx, vy))
+    with pytest.raises(ValueError, match="do not pass loss"):
+        model.compile(optimizer="sgd", loss="mse")
+
+
+def test_tfdml_loss_instances_give_their_margins():
+    from tfdml.losses.margin import MarginLoss
+    from tfdml.losses.triplet import TripletLoss
+    from tfdml.models.ala import resolve_base_loss
+
+    assert resolve_base_loss(TripletLoss(margin=0.3)) == ("triplet", {"margin": pytest.approx(0.3)})
+    assert resolve_base_loss(MarginLoss(alpha=0.1, beta=1.0)) == (
+        "margin", {"alpha": pytest.approx(0.1), "beta": pytest.approx(1.0)})
+    assert resolve_base_loss("contrastive", {"neg_margin": 0.5}) == (
+        "contrastive", {"pos_margin": 0.0, "neg_margin": 0.5})
+    with pytest.raises(ValueError, match="squared/soft"):
+        resolve_base_loss(TripletLoss(squared=True))
+    with pytest.raises(ValueError, match="no per-tuple form"):
+        resolve_base_loss(keras.losses.MeanSquaredError())

@@ -1,0 +1,111 @@
+"""Tuple listing and per-tuple losses (`tfdml.ops.tuples`) against brute-force NumPy references."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdml.ops import (
+    contrastive_tuple_losses,
+    margin_tuple_losses,
+    pair_indices_with_targets,
+    triplet_indices,
+    triplet_tuple_losses,
+)
+
+
+def _brute_triplets(labels):
+    n = len(labels)
+    return [(a, p, q) for a in range(n) for p in range(n) for q in range(n)
+            if a != p and labels[a] == labels[p] and labels[a] != labels[q]]
+
+
+def _brute_pairs(labels):
+    return [(i, j) for i, j in itertools.combinations(range(len(labels)), 2)], \
+        [labels[i] == labels[j] for i, j in itertools.combinations(range(len(labels)), 2)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_triplet_indices_lists_every_valid_triplet_in_order(seed):
+    labels = np.random.default_rng(seed).integers(0, 4, size=9)
+    got = triplet_indices(tf.constant(labels)).numpy()
+    assert got.dtype == np.int32
+    assert [tuple(t) for t in got] == _brute_triplets(labels)
+
+
+def test_pairs_list_every_unordered_pair_with_its_target():
+    labels = np.array([0, 1, 0, 2, 1, 1])
+    pairs, positive = pair_indices_with_targets(tf.constant(labels))
+    expected_pairs, expected_positive = _brute_pairs(labels)
+    assert [tuple(p) for p in pairs.numpy()] == expected_pairs
+    assert positive.numpy().tolist() == expected_positive
+
+
+def test_no_valid_tuple_gives_empty_index_arrays():
+    assert triplet_indices(tf.constant([3, 3, 3])).shape == (0, 3)   # no negatives
+    assert triplet_indices(tf.constant([0, 1, 2])).shape == (0, 3)   # no positives
+    pairs, positive = pair_indices_with_targets(tf.constant([5]))
+    assert pairs.shape == (0, 2) and positive.shape == (0,)
+
+
+def test_capped_tuples_are_a_seeded_ordered_subset():
+    labels = tf.constant(np.repeat(np.arange(4), 4))
+    every = [tuple(t) for t in triplet_indices(labels).numpy()]
+    capped = triplet_indices(labels, max_tuples=50, seed=(7, 3)).numpy()
+    assert capped.shape == (50, 3)
+    rows = [tuple(t) for t in capped]
+    assert set(rows) <= set(every) and len(set(rows)) == 50
+    assert rows == sorted(rows, key=every.index)                      # original order kept
+    again = triplet_indices(labels, max_tuples=50, seed=(7, 3)).numpy()
+    other = triplet_indices(labels, max_tuples=50, seed=(7, 4)).numpy()
+    np.testing.assert_array_equal(capped, again)
+    assert not np.array_equal(capped, other)
+    assert triplet_indices(labels, max_tuples=10_000, seed=1).shape[0] == len(every)
+    with pytest.raises(ValueError, match="max_tuples"):
+        triplet_indices(labels, max_tuples=0)
+
+
+def _embeddings(seed, n=8, dim=3):
+    x = np.random.default_rng(seed).normal(size=(n, dim))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_triplet_and_margin_tuple_losses_match_numpy():
+    f = _embeddings(0)
+    labels = np.array([0, 0, 1, 1, 2, 2, 0, 1])
+    triplets = np.array(_brute_triplets(labels))
+    d = lambda i, j: np.linalg.norm(f[i] - f[j], axis=1)  # noqa: E731
+    d_ap, d_an = d(triplets[:, 0], triplets[:, 1]), d(triplets[:, 0], triplets[:, 2])
+    got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3).numpy()
+    np.testing.assert_allclose(got, np.maximum(d_ap - d_an + 0.3, 0), atol=1e-12)
+    got = margin_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), alpha=0.2, beta=1.1).numpy()
+    expected = np.maximum(d_ap - 1.1 + 0.2, 0) + np.maximum(1.1 - d_an + 0.2, 0)
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+    assert (got > 0).any() and (expected == 0).sum() < len(expected)
+
+
+def test_contrastive_tuple_losses_match_numpy():
+    f = _embeddings(1)
+    labels = np.array([0, 0, 1, 1, 2, 2, 0, 1])
+    pairs, positive = _brute_pairs(labels)
+    pairs, positive = np.array(pairs), np.array(positive)
+    d = np.linalg.norm(f[pairs[:, 0]] - f[pairs[:, 1]], axis=1)
+    expected = np.where(positive, np.maximum(d - 0.1, 0), np.maximum(1.2 - d, 0))
+    got = contrastive_tuple_losses(tf.constant(f), tf.constant(pairs, tf.int32), tf.constant(positive),
+                                   pos_margin=0.1, neg_margin=1.2).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+def test_tuple_losses_have_finite_gradients_on_identical_embeddings():
+    f = tf.constant(np.ones((4, 3)) / np.sqrt(3.0))
+    labels = tf.constant([0, 0, 1, 1])
+    triplets = triplet_indices(labels)
+    pairs, positive = pair_indices_with_targets(labels)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(f)
+        values = [tf.reduce_sum(triplet_tuple_losses(f, triplets)), tf.reduce_sum(margin_tuple_losses(f, triplets)),
+                  tf.reduce_sum(contrastive_tuple_losses(f, pairs, positive))]
+    for value in values:
+        assert np.isfinite(value.numpy())
+        assert np.isfinite(tape.gradient(value, f).numpy()).all()

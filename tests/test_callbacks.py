@@ -1,0 +1,130 @@
+"""Callbacks: retrieval evaluation during fit, exact retrieval fallback, kill-and-resume checkpoints."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+from tfdml.callbacks import RetrievalEvaluation, exact_retrieval_metrics
+from tfdml.losses import RankedListLoss
+from tfdml.models import MultiLevelEmbedder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _reference_metrics(embeddings, labels, ks):
+    """Loop-by-loop Recall@K, R-precision and MAP@R (Musgrave et al.) from their definitions."""
+    n = len(labels)
+    recalls = {k: [] for k in ks}
+    map_r, r_prec = [], []
+    for q in range(n):
+        others = [j for j in range(n) if j != q]
+        dist = [float(np.sum((embeddings[q] - embeddings[j]) ** 2)) for j in others]
+        ranked = [others[i] for i in sorted(range(len(others)), key=lambda i: (dist[i], i))]
+        rel = [labels[j] == labels[q] for j in ranked]
+        r = sum(rel)
+        if r == 0:
+            continue
+        for k in ks:
+            recalls[k].append(any(rel[:k]))
+        r_prec.append(sum(rel[:r]) / r)
+        hits, ap = 0, 0.0
+        for i in range(r):
+            if rel[i]:
+                hits += 1
+                ap += hits / (i + 1)
+        map_r.append(ap / r)
+    out = {f"recall@{k}": float(np.mean(v)) for k, v in recalls.items()}
+    out.update({"map@r": float(np.mean(map_r)), "r_precision": float(np.mean(r_prec))})
+    return out
+
+
+def test_exact_fallback_matches_definitions_and_retrieval_module():
+    rng = np.random.RandomState(0)
+    labels = rng.randint(0, 5, 40)
+    labels[-1] = 9  # a singleton class: no relevant item, skipped as a query
+    embeddings = rng.randn(40, 6).astype("float32") + 0.8 * labels[:, None]
+    ks = (1, 2, 4, 8)
+    result = exact_retrieval_metrics(embeddings, labels, ks=ks, metrics=("recall", "map@r", "r_precision"))
+    expected = _reference_metrics(embeddings, labels, ks)
+    for key, value in expected.items():
+        np.testing.assert_allclose(result[key], value, rtol=1e-6, err_msg=key)
+    from tfdml.retrieval import evaluate
+    library = evaluate(embeddings, labels, ks=ks, metrics=("recall", "map@r"))
+    for key in ("recall@1", "recall@8", "map@r"):
+        np.testing.assert_allclose(library[key], result[key], rtol=1e-5, err_msg=key)
+    with pytest.raises(ValueError, match="fallback computes"):
+        exact_retrieval_metrics(embeddings, labels, metrics=("nmi",))
+
+
+def test_retrieval_evaluation_logs_every_n_epochs(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = MultiLevelEmbedder("small_cnn", embedding_dim=4, input_shape=(16, 16, 1), head_filters=4,
+                               head_units=8)
+    model.compile(keras.optimizers.Adam(1e-2), loss=RankedListLoss())
+    rng = np.random.RandomState(1)
+    labels = np.repeat(np.arange(4), 5)
+    images = (rng.rand(20, 16, 16, 1) + 0.2 * labels[:, None, None, None]).astype("float32")
+    held_out = tf.data.Dataset.from_tensor_slices((images, labels)).batch(7)
+    arrays = RetrievalEvaluation((images, labels), every_n_epochs=2, ks=(1, 4), prefix="val_")
+    dataset = RetrievalEvaluation(held_out, every_n_epochs=3, ks=(1,), prefix="ds_", log_dir=str(tmp_path))
+    history = model.fit(images, labels, batch_size=20, epochs=5, verbose=0, callbacks=[arrays, dataset])
+    assert len(history.history["val_recall@1"]) == 3  # epochs 2, 4 and the last one (5)
+    assert len(history.history["ds_recall@1"]) == 2   # epochs 3 and 5
+    assert set(arrays.last_results) == {"recall@1", "recall@4", "map@r"}
+    expected = exact_retrieval_metrics(model.predict(images, verbose=0), labels, ks=(1, 4))
+    for key, value in expected.items():
+        np.testing.assert_allclose(arrays.last_results[key], value, rtol=1e-5)
+        np.testing.assert_allclose(history.history["val_" + key][-1], value, rtol=1e-5)
+    np.testing.assert_allclose(dataset.last_results["recall@1"], expected["recall@1"], rtol=1e-5)
+    assert any(name.startswith("events") for name in os.listdir(tmp_path / "retrieval"))
+    with pytest.raises(ValueError, match="every_n_epochs must be >= 1"):
+        RetrievalEvaluation((images, labels), every_n_epochs=0)
+
+
+def _worker(backup_dir, out, kill_epoch):
+    env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "resume_worker.py"), str(backup_dir),
+                             str(out), str(kill_epoch)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_killed_training_resumes_to_the_same_weights(tmp_path):
+    # uninterrupted run and killed run side by side (2 cores), then the resumed run
+    reference = _worker(tmp_path / "ref_backup", tmp_path / "ref.npz", -1)
+    killed = _worker(tmp_path / "backup", tmp_path / "killed.npz", 2)
+    reference_log = reference.communicate(timeout=240)[0].decode()
+    killed.communicate(timeout=240)
+    assert reference.returncode == 0, reference_log
+    assert killed.returncode == -9  # SIGKILL in the middle of epoch 2 (0-based)
+    assert not (tmp_path / "killed.npz").exists()
+    with open(tmp_path / "backup" / "training_metadata.json") as f:
+        assert json.load(f)["epoch"] == 2  # epochs 0 and 1 were checkpointed
+    resumed = _worker(tmp_path / "backup", tmp_path / "resumed.npz", -1)
+    resumed_log = resumed.communicate(timeout=240)[0].decode()
+    assert resumed.returncode == 0, resumed_log
+    expected, actual = np.load(tmp_path / "ref.npz"), np.load(tmp_path / "resumed.npz")
+    assert int(actual["first_epoch"]) == 2 and int(expected["first_epoch"]) == 0
+    assert int(actual["iterations"]) == int(expected["iterations"]) == 10
+    weight_keys = [key for key in expected.files if key.startswith("w")]
+    assert weight_keys and sorted(weight_keys) == sorted(k for k in actual.files if k.startswith("w"))
+    for key in weight_keys:
+        np.testing.assert_array_equal(actual[key], expected[key], err_msg=key)
+
+
+def test_resume_stream_skips_checkpointed_epochs(tmp_path):
+    from tfdml.callbacks import completed_epochs, resume_stream
+
+    stream = tf.data.Dataset.range(100)
+    assert completed_epochs(tmp_path) == 0
+    assert int(next(iter(resume_stream(stream, tmp_path, 3)))) == 0
+    with open(tmp_path / "training_metadata.json", "w") as f:
+        json.dump({"epoch": 4, "batch": -1}, f)
+    assert completed_epochs(tmp_path) == 4
+    assert int(next(iter(resume_stream(stream, tmp_path, 3)))) == 12
+    with pytest.raises(ValueError, match="steps_per_epoch must be >= 1"):
+        resume_stream(stream, tmp_path, 0)

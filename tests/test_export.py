@@ -1,0 +1,280 @@
+"""tfdml.export: TF Serving layout, signatures, fresh-process reload, metadata, atomicity, the gallery index."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdml import export as E
+from tfdml.retrieval import ScannIndex
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE = 12
+
+
+def single_output_model():
+    inputs = keras.Input((SIZE, SIZE, 3))
+    h = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    h = keras.layers.Dense(6)(h)
+    out = keras.layers.UnitNormalization()(h)
+    return keras.Model(inputs, out, name="single")
+
+
+def multi_level_model():
+    """Stands in for MultiLevelEmbedder: dict output with the concatenation and each level."""
+    inputs = keras.Input((SIZE, SIZE, 3))
+    h = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    pooled = keras.layers.GlobalAveragePooling2D()(h)
+    low, high = keras.layers.Dense(3)(pooled), keras.layers.Dense(5)(pooled)
+    return keras.Model(inputs, {"embedding": keras.layers.Concatenate()([low, high]),
+                                "level_L": low, "level_H": high}, name="multi")
+
+
+def l2(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def caffe_preprocess(pixels):
+    """NumPy ResNet50 ('caffe') preprocessing: RGB -> BGR, minus the ImageNet mean."""
+    return pixels[..., ::-1] - np.array([103.939, 116.779, 123.68], np.float32)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    base = tmp_path_factory.mktemp("exports")
+    single, multi = single_output_model(), multi_level_model()
+    single.compile(optimizer="adam", loss="mse")
+    p1 = E.export_saved_model(single, base, preprocess="keras.applications.resnet50.preprocess_input",
+                              training_config={"loss": "ranked_list", "margin": 0.4},
+                              metrics={"recall@1": 0.61})
+    p2 = E.export_saved_model(multi, base, preprocess="unit")
+    return {"base": base, "single": (single, p1), "multi": (multi, p2)}
+
+
+# Runs in a fresh interpreter that never imports tfdml: reloads each export, runs both signatures, and
+# runs `saved_model_cli show --all` (the console script's own `main`) on the multi-level export.
+_FRESH_PROCESS = textwrap.dedent("""
+    import contextlib, io, sys, numpy as np, tensorflow as tf
+    work, *paths = sys.argv[1:]
+    images, other, floats = (np.load(f"{work}/{k}.npy") for k in ("images", "other", "floats"))
+    result = {}
+    for n, path in enumerate(paths):
+        loaded = tf.saved_model.load(path)
+        serve, pre = loaded.signatures["serving_default"], loaded.signatures["embed_preprocessed"]
+        for tag, out in (("serve", serve(images=tf.constant(images))), ("other", serve(images=tf.constant(other))),
+                         ("float", pre(preprocessed=tf.constant(floats)))):
+            result.update({f"{n}_{tag}_{k}": v.numpy() for k, v in out.items()})
+    assert not any(m == "tfdml" or m.startswith("tfdml.") for m in sys.modules), "tfdml was imported"
+    np.savez(f"{work}/out.npz", **result)
+    from tensorflow.python.tools.saved_model_cli import main
+    sys.argv = ["saved_model_cli", "show", "--all", "--dir", paths[-1]]
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        try:
+            main()
+        except SystemExit as exit:
+            assert not exit.code, exit.code
+    open(f"{work}/cli.txt", "w").write(text.getvalue())
+""")
+
+
+@pytest.fixture(scope="module")
+def fresh(exported, tmp_path_factory):
+    work = tmp_path_factory.mktemp("fresh")
+    rng = np.random.default_rng(0)
+    inputs = {"images": rng.integers(0, 256, (4, SIZE, SIZE, 3)).astype(np.uint8),
+              "other": rng.integers(0, 256, (3, 20, 17, 3)).astype(np.uint8),  # resized in the graph
+              "floats": rng.normal(size=(2, SIZE, SIZE, 3)).astype(np.float32)}
+    for key, array in inputs.items():
+        np.save(work / f"{key}.npy", array)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(work), exported["single"][1],
+                    exported["multi"][1]], check=True, cwd=str(work), env=env, timeout=300)
+    with np.load(work / "out.npz") as data:
+        outputs = dict(data)
+    return inputs, outputs, (work / "cli.txt").read_text()
+
+
+def test_layout_and_metadata(exported):
+    single, path = exported["single"]
+    assert path == os.path.join(str(exported["base"]), "single", "1")
+    assert sorted(os.listdir(os.path.dirname(path))) == ["1"]  # no temporary directories left
+    meta = E.load_metadata(os.path.dirname(path))
+    assert meta["embedding_dim"] == 6
+    assert meta["image_size"] == [SIZE, SIZE]
+    assert meta["preprocessing"] == "keras.applications.resnet50.preprocess_input"
+    assert meta["input"] == {"signature": "serving_default", "name": "images", "dtype": "uint8",
+                             "shape": [None, None, None, 3]}
+    assert meta["training_config"] == {"loss": "ranked_list", "margin": 0.4}
+    assert meta["metrics"] == {"recall@1": 0.61}
+    assert meta["compile_config"]["loss"] == "mse"
+    multi_meta = E.load_metadata(exported["multi"][1])
+    assert multi_meta["outputs"] == {"embedding": 8, "level_L": 3, "level_H": 5}
+
+
+def test_fresh_process_outputs_equal_keras(exported, fresh):
+    inputs, got, _ = fresh
+    images, other, floats = inputs["images"], inputs["other"], inputs["floats"]
+    single = exported["single"][0]
+    expected = single(caffe_preprocess(images.astype(np.float32))).numpy()
+    np.testing.assert_allclose(got["0_serve_embedding"], expected, atol=2e-5)
+    resized = tf.image.resize(other.astype(np.float32), (SIZE, SIZE)).numpy()
+    np.testing.assert_allclose(got["0_other_embedding"], single(caffe_preprocess(resized)).numpy(), atol=2e-5)
+    np.testing.assert_allclose(got["0_float_embedding"], single(floats).numpy(), atol=2e-5)
+
+    multi = exported["multi"][0]
+    ref = multi(images.astype(np.float32) / 255.0)
+    np.testing.assert_allclose(got["1_serve_embedding"], l2(ref["embedding"].numpy()), atol=2e-5)
+    np.testing.assert_allclose(np.linalg.norm(got["1_serve_embedding"], axis=1), 1.0, atol=1e-5)
+    for level in ("level_L", "level_H"):
+        np.testing.assert_allclose(got[f"1_serve_{level}"], ref[level].numpy(), atol=2e-5)
+    np.testing.assert_allclose(got["1_float_level_H"], multi(floats)["level_H"].numpy(), atol=2e-5)
+
+
+def test_saved_model_cli_lists_signatures(fresh):
+    text = fresh[2]
+    serving = text[text.index("signature_def['serving_default']"):]
+    assert "inputs['images'] tensor_info:\n        dtype: DT_UINT8\n        shape: (-1, -1, -1, 3)" in serving
+    for output in ("embedding", "level_L", "level_H"):
+        assert f"outputs['{output}']" in serving
+    assert "inputs['preprocessed']" in text and f"shape: (-1, {SIZE}, {SIZE}, 3)" in text
+
+
+def test_predict_request_and_rest_body_use_the_signature_input(exported):
+    from tensorflow_serving.apis import predict_pb2
+
+    _, path = exported["single"]
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+    input_names = list(signature.structured_input_signature[1])
+    assert input_names == [E.IMAGE_INPUT]
+    images = np.zeros((2, 5, 7, 3), np.uint8)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "single"
+    request.model_spec.signature_name = "serving_default"
+    request.inputs[input_names[0]].CopyFrom(tf.make_tensor_proto(images))
+    parsed = predict_pb2.PredictRequest.FromString(request.SerializeToString())
+    assert parsed.inputs["images"].dtype == tf.uint8.as_datatype_enum
+    assert [d.size for d in parsed.inputs["images"].tensor_shape.dim] == [2, 5, 7, 3]
+    body = E.rest_request_body(images)
+    assert list(body["inputs"]) == input_names and body["signature_name"] == "serving_default"
+    assert np.array(body["inputs"]["images"]).shape == (2, 5, 7, 3)
+    json.dumps(body)
+    with pytest.raises(ValueError, match="uint8"):
+        E.rest_request_body(images.astype(np.float32))
+
+
+def test_readme_rest_example_uses_the_real_input_name():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    bodies = [b for b in re.findall(r"\{.*?\}", readme, flags=re.S) if '"instances"' in b or '"inputs"' in b]
+    if not bodies:
+        pytest.skip("README.md has no TF Serving REST request example yet (owned by the lead)")
+    for body in bodies:
+        if '"inputs"' in body:
+            assert re.search(r'"inputs"\s*:\s*\{\s*"images"', body), body
+        assert '"input_1"' not in body and '"inputs_0"' not in body and '"input"' not in body, body
+
+
+def test_versions_overwrite_and_interrupted_export(tmp_path, monkeypatch):
+    model = single_output_model()
+    first = E.export_saved_model(model, tmp_path, name="m")
+    second = E.export_saved_model(model, tmp_path, name="m")
+    assert (os.path.basename(first), os.path.basename(second)) == ("1", "2")
+    with pytest.raises(FileExistsError, match="already exists"):
+        E.export_saved_model(model, tmp_path, name="m", version=2)
+    before = os.stat(os.path.join(second, "saved_model.pb")).st_mtime_ns
+    E.export_saved_model(model, tmp_path, name="m", version=2, overwrite=True)
+    assert E.load_metadata(second)["version"] == 2
+    assert os.stat(os.path.join(second, "saved_model.pb")).st_mtime_ns >= before
+
+    def write_half_then_fail(self, filepath, options=None, verbose=True):
+        os.makedirs(os.path.join(filepath, "variables"))
+        with open(os.path.join(filepath, "saved_model.pb"), "wb") as f:
+            f.write(b"partial")
+        raise KeyboardInterrupt("interrupted")
+
+    archive_class = type(keras.export.ExportArchive())  # the backend subclass that implements write_out
+    monkeypatch.setattr(archive_class, "write_out", write_half_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        E.export_saved_model(model, tmp_path, name="m")
+    assert sorted(os.listdir(tmp_path / "m")) == ["1", "2"]  # no version 3, no temporary directory
+
+
+def test_export_errors(tmp_path):
+    inputs = keras.Input((SIZE, SIZE, 3))
+    flat = keras.layers.Flatten()(inputs)
+    with pytest.raises(ValueError, match="must contain 'embedding'"):
+        E.export_saved_model(keras.Model(inputs, {"emb": flat}), tmp_path, name="a")
+    with pytest.raises(ValueError, match="list of outputs"):
+        E.export_saved_model(keras.Model(inputs, [flat, flat]), tmp_path, name="b")
+    with pytest.raises(ValueError, match="unknown preprocessing"):
+        E.export_saved_model(single_output_model(), tmp_path, preprocess="imagenet")
+    free = keras.Input((None, None, 3))
+    pooled = keras.layers.GlobalAveragePooling2D()(free)
+    with pytest.raises(ValueError, match="image_size"):
+        E.export_saved_model(keras.Model(free, pooled), tmp_path, name="c")
+    with pytest.raises(ValueError, match="plain directory name"):
+        E.export_saved_model(single_output_model(), tmp_path, name="a/b")
+    assert not any(name.isdigit() for d in os.listdir(tmp_path) for name in os.listdir(tmp_path / d))
+
+
+class ProtocolModel(keras.Model):
+    """A subclassed model using the optional protocol: preprocessing_config() and export_outputs()."""
+
+    def __init__(self):
+        super().__init__(name="protocol")
+        self.dense = keras.layers.Dense(4)
+        self.flatten = keras.layers.Flatten()
+
+    def call(self, x, training=False):
+        return self.dense(self.flatten(x))
+
+    def preprocessing_config(self):
+        return {"image_size": (6, 6), "preprocessing": "symmetric"}
+
+    def export_outputs(self, x):
+        h = self.dense(self.flatten(x))
+        return {"embedding": h, "level_H": 2.0 * h}
+
+
+def test_protocol_model_and_export_index(tmp_path):
+    model = ProtocolModel()
+    model(np.zeros((1, 6, 6, 3), np.float32))
+    path = E.export_saved_model(model, tmp_path)
+    meta = E.load_metadata(path)
+    assert meta["image_size"] == [6, 6] and meta["preprocessing"] == "symmetric"
+    assert meta["outputs"] == {"embedding": 4, "level_H": 4}
+
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (7, 6, 6, 3)).astype(np.uint8)
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(str(tmp_path / f"g{i}.png"))
+        tf.io.write_file(paths[-1], tf.io.encode_png(image))
+    index = E.export_index(paths, tmp_path, "protocol", labels=np.arange(7) % 2)
+    assert os.path.isdir(tmp_path / "protocol" / "index")
+    loaded = ScannIndex.load(tmp_path / "protocol" / "index")
+    assert loaded.metadata == {"model_version": 1, "model_name": "protocol"}
+    embedder = E.ExportedEmbedder(tmp_path / "protocol")
+    emb = embedder.embed(images)
+    np.testing.assert_allclose(emb, l2(model(images / 127.5 - 1.0).numpy()), atol=2e-5)
+    found, scores = loaded.search(emb, k=1)
+    assert found[:, 0].tolist() == [os.path.abspath(p) for p in paths]
+    np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
+    np.testing.assert_array_equal(loaded.labels, np.arange(7) % 2)
+    assert index.size == 7
+    # A tf.data gallery: unbatched {"image", "label"} dicts, and batched (images, labels) tuples.
+    dicts = tf.data.Dataset.from_tensor_slices({"image": images, "label": np.arange(7) % 3})
+    from_dicts = E.export_index(dicts, tmp_path, "protocol")
+    np.testing.assert_array_equal(from_dicts.labels, np.arange(7) % 3)
+    assert from_dicts.ids is None and from_dicts.search(emb[4], k=1)[0][0] == 4
+    tuples = tf.data.Dataset.from_tensor_slices((images, np.arange(7))).batch(3)
+    assert E.export_index(tuples, tmp_path, "protocol").labels.tolist() == list(range(7))

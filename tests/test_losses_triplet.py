@@ -1,0 +1,235 @@
+"""Triplet losses (`TripletLoss` all / hard / semi-hard, soft and squared variants, and the
+tensorflow-addons drop-ins): values vs. NumPy references and the shared reference file, gradients vs.
+finite differences, O(B^2) memory, degenerate input, XLA, training and serialisation."""
+
+import json
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests import loss_checks as checks
+from tests.references import numpy_losses as ref
+from tfdml.losses import (TripletHardLoss, TripletLoss, TripletSemiHardLoss, triplet_hard_loss, triplet_loss,
+                          triplet_semihard_loss)
+
+REFERENCE_FILE = "/work/shared/testdata/reference_losses.json"
+
+MINING_REFERENCES = {"all": ref.triplet_all, "hard": ref.triplet_batch_hard, "semi_hard": ref.triplet_semi_hard}
+BATCHES = [(0, 7, 2), (1, 12, 3), (2, 15, 5), (3, 10, 4), (4, 16, 3)]
+
+
+def _reference_cases():
+    with open(REFERENCE_FILE) as handle:
+        cases = json.load(handle)["cases"]
+    return [(case["labels"], case["embeddings"], expected["loss"], expected["params"], expected["value"])
+            for case in cases for expected in case["expected"]
+            if expected["loss"] in ("TripletLoss", "TripletSemiHardLoss")]
+
+
+@pytest.mark.parametrize("labels, embeddings, loss_name, params, expected", _reference_cases())
+def test_matches_shared_reference_file(labels, embeddings, loss_name, params, expected):
+    labels, embeddings = np.array(labels), np.array(embeddings, np.float64)
+    if loss_name == "TripletLoss":
+        values = [triplet_loss(labels, embeddings, **params), TripletLoss(**params)(labels, embeddings)]
+    else:
+        values = [triplet_semihard_loss(labels, embeddings, **params),
+                  TripletSemiHardLoss(**params)(labels, embeddings)]
+    for value in values:
+        np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mining", sorted(MINING_REFERENCES))
+@pytest.mark.parametrize("soft, squared, margin", [(False, False, 0.2), (False, True, 0.5), (True, False, 0.3),
+                                                   (False, False, 1.0)])
+@pytest.mark.parametrize("seed, batch_size, num_classes", BATCHES)
+def test_triplet_loss_matches_numpy_reference(mining, soft, squared, margin, seed, batch_size, num_classes):
+    labels, embeddings = checks.random_batch(seed, batch_size, num_classes)
+    expected = MINING_REFERENCES[mining](labels, embeddings, margin=margin, soft=soft, squared=squared)
+    value = TripletLoss(margin=margin, mining=mining, soft=soft, squared=squared)(labels, embeddings)
+    np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("margin", [0.1, 1.0, 2.5])
+@pytest.mark.parametrize("seed, batch_size, num_classes", BATCHES)
+def test_tfa_dropins_match_numpy_reference(margin, seed, batch_size, num_classes):
+    labels, embeddings = checks.random_batch(seed, batch_size, num_classes)
+    np.testing.assert_allclose(TripletSemiHardLoss(margin)(labels, embeddings).numpy(),
+                               ref.tfa_triplet_semihard(labels, embeddings, margin), rtol=1e-6, atol=1e-12)
+    for soft in (False, True):
+        np.testing.assert_allclose(TripletHardLoss(margin, soft=soft)(labels, embeddings).numpy(),
+                                   ref.tfa_triplet_hard(labels, embeddings, margin, soft=soft), rtol=1e-6)
+
+
+def test_tfa_semantics_on_anchors_without_negatives_or_positives():
+    # Class 0 has negatives; anchor 4 (class 2) has no positive; all classes have negatives except none.
+    labels = np.array([0, 0, 0, 1, 2, 1])
+    embeddings = checks.random_batch(9, 6, 3)[1]
+    np.testing.assert_allclose(triplet_semihard_loss(labels, embeddings).numpy(),
+                               ref.tfa_triplet_semihard(labels, embeddings), rtol=1e-6)
+    np.testing.assert_allclose(triplet_hard_loss(labels, embeddings).numpy(),
+                               ref.tfa_triplet_hard(labels, embeddings), rtol=1e-6)
+    # One class: no negatives at all. tfa: semi-hard uses d_an = 0; hard uses the row maximum -> margin.
+    one_class = np.zeros(5, np.int32)
+    x = embeddings[:5]
+    d = ref.distance_matrix(x)
+    expected = np.mean([1.0 + d[a, p] for a in range(5) for p in range(5) if a != p])
+    np.testing.assert_allclose(triplet_semihard_loss(one_class, x).numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(triplet_hard_loss(one_class, x, margin=0.7).numpy(), 0.7, rtol=1e-6)
+    # No positive pair at all: 0 instead of tfa's NaN.
+    distinct = np.arange(5)
+    assert triplet_semihard_loss(distinct, x).numpy() == 0.0
+    assert triplet_hard_loss(distinct, x).numpy() == 0.0
+
+
+def test_no_active_triplet_gives_zero():
+    labels = np.array([0, 0, 1, 1])
+    embeddings = np.array([[0.0, 0.0], [0.0, 0.01], [5.0, 0.0], [5.0, 0.01]])
+    for mining in ("all", "hard", "semi_hard"):
+        assert triplet_loss(labels, embeddings, mining=mining).numpy() == 0.0
+
+
+@pytest.mark.parametrize("mining", sorted(MINING_REFERENCES))
+@pytest.mark.parametrize("soft, squared", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_triplet_gradient_matches_finite_differences(mining, soft, squared, seed):
+    labels, x = checks.random_batch(seed, 9, 3, dim=3)
+    reference = lambda e: MINING_REFERENCES[mining](labels, e, margin=0.4, soft=soft, squared=squared)  # noqa: E731
+    checks.assert_gradient_matches(
+        lambda y, e: triplet_loss(y, e, margin=0.4, mining=mining, soft=soft, squared=squared), reference, labels, x)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tfa_dropin_gradients_match_finite_differences(seed):
+    labels, x = checks.random_batch(seed, 9, 3, dim=3)
+    checks.assert_gradient_matches(lambda y, e: triplet_semihard_loss(y, e, margin=0.5),
+                                   lambda e: ref.tfa_triplet_semihard(labels, e, 0.5), labels, x)
+    for soft in (False, True):
+        checks.assert_gradient_matches(lambda y, e: triplet_hard_loss(y, e, margin=0.5, soft=soft),
+                                       lambda e: ref.tfa_triplet_hard(labels, e, 0.5, soft=soft), labels, x)
+
+
+def _largest_tensor_in_graph(fn, batch_size, dim=8):
+    """Largest number of elements of any op output in `fn`'s graph, loop bodies and gradient included."""
+    spec = (tf.TensorSpec([batch_size], tf.int32), tf.TensorSpec([batch_size, dim], tf.float32))
+
+    @tf.function(input_signature=spec)
+    def value_and_grad(labels, embeddings):
+        with tf.GradientTape() as tape:
+            tape.watch(embeddings)
+            value = fn(labels, embeddings)
+        return value, tape.gradient(value, embeddings)
+
+    graph = value_and_grad.get_concrete_function().graph
+    graphs, largest = [graph], 0
+    seen = set()
+    while graphs:
+        current = graphs.pop()
+        for op in current.get_operations():
+            for output in op.outputs:
+                if output.shape.rank is not None and output.shape.is_fully_defined():
+                    largest = max(largest, output.shape.num_elements())
+        for function in getattr(current, "_functions", {}).values():
+            inner = getattr(function, "graph", None)
+            if inner is not None and id(inner) not in seen:
+                seen.add(id(inner))
+                graphs.append(inner)
+    return largest, len(seen)
+
+
+@pytest.mark.parametrize("loss", [TripletLoss(mining="all"), TripletLoss(mining="semi_hard"),
+                                  TripletLoss(mining="all", soft=True), TripletSemiHardLoss()])
+def test_no_cubic_tensor_is_built(loss):
+    batch_size = 64
+    largest, num_loop_bodies = _largest_tensor_in_graph(loss, batch_size)
+    assert num_loop_bodies >= 1  # the slot loop body was inspected too
+    assert largest <= batch_size * batch_size
+
+
+def test_all_triplets_at_batch_1024():
+    """3 million triplets, computed without a [B, B, B] tensor, against a per-anchor NumPy sum."""
+    labels = np.repeat(np.arange(256), 4).astype(np.int32)
+    embeddings = np.random.default_rng(0).normal(size=(1024, 8))
+    embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+    value, grad = checks.value_and_gradient(TripletLoss(margin=0.2, mining="all"), labels, embeddings)
+    total, count = 0.0, 0
+    for anchor in range(1024):
+        dist = np.linalg.norm(embeddings - embeddings[anchor], axis=1)
+        same = labels == labels[anchor]
+        same[anchor] = False
+        hinge = 0.2 + dist[same][:, None] - dist[labels != labels[anchor]][None, :]
+        total += hinge[hinge > 0].sum()
+        count += int((hinge > 0).sum())
+    np.testing.assert_allclose(value.numpy(), total / count, rtol=1e-6)
+    assert np.all(np.isfinite(grad.numpy()))
+
+
+@pytest.mark.parametrize("batch", sorted(checks.DEGENERATE_BATCHES))
+def test_degenerate_batches_are_finite(batch):
+    labels, embeddings = checks.DEGENERATE_BATCHES[batch]
+    for mining in ("all", "hard", "semi_hard"):
+        for soft in (False, True):
+            value, _ = checks.assert_finite(TripletLoss(mining=mining, soft=soft), labels, embeddings)
+            np.testing.assert_allclose(value.numpy(), MINING_REFERENCES[mining](labels, embeddings, soft=soft),
+                                       rtol=1e-6, atol=1e-7)
+    for loss, reference in ((TripletSemiHardLoss(), ref.tfa_triplet_semihard),
+                            (TripletHardLoss(), ref.tfa_triplet_hard)):
+        value, _ = checks.assert_finite(loss, labels, embeddings)
+        np.testing.assert_allclose(value.numpy(), reference(labels, embeddings), rtol=1e-6, atol=1e-7)
+
+
+def test_float16_and_mixed_precision():
+    for loss in (TripletLoss(mining="all"), TripletLoss(mining="semi_hard"), TripletLoss(mining="hard"),
+                 TripletSemiHardLoss(), TripletHardLoss()):
+        checks.assert_float16_ok(loss)
+
+
+@settings(max_examples=15)
+@given(labels=hnp.arrays(np.int32, st.integers(1, 9), elements=st.integers(0, 3)), data=st.data())
+def test_fuzzed_batches_are_finite(labels, data):
+    embeddings = data.draw(hnp.arrays(np.float64, (labels.size, 3),
+                                      elements=st.floats(-2, 2, allow_nan=False, width=32)))
+    for loss in (TripletLoss(mining="all"), TripletLoss(mining="semi_hard", soft=True), TripletLoss(mining="hard"),
+                 TripletSemiHardLoss(), TripletHardLoss(soft=True)):
+        value, _ = checks.assert_finite(loss, labels, embeddings)
+        assert value.numpy() >= 0.0
+
+
+def test_bad_inputs_are_rejected():
+    checks.assert_bad_inputs_rejected(TripletLoss())
+    checks.assert_bad_inputs_rejected(TripletSemiHardLoss())
+    with pytest.raises(ValueError, match="mining must be one of"):
+        TripletLoss(mining="hardest")
+    with pytest.raises(ValueError, match="mining must be one of"):
+        triplet_loss([0, 0], [[0.0], [1.0]], mining="batch_hard")
+
+
+def test_jit_compile_matches():
+    labels, embeddings = checks.random_batch(6, 13, 4)
+    for loss in (TripletLoss(mining="all"), TripletLoss(mining="semi_hard", soft=True), TripletLoss(mining="hard"),
+                 TripletSemiHardLoss()):
+        checks.assert_jit_matches_eager(loss, labels, embeddings)
+
+
+@pytest.mark.parametrize("loss", [TripletLoss(mining="all"), TripletLoss(mining="semi_hard", margin=0.5),
+                                  TripletSemiHardLoss(), TripletHardLoss(soft=True)],
+                         ids=["all", "semi_hard", "tfa_semihard", "tfa_hard"])
+def test_fit_lowers_the_loss(loss):
+    checks.assert_fit_lowers_loss(loss)
+
+
+def test_config_roundtrip():
+    restored = checks.assert_config_roundtrip(TripletLoss(margin=0.3, mining="semi_hard", soft=True, squared=True))
+    assert (restored.margin, restored.mining, restored.soft, restored.squared) == (0.3, "semi_hard", True, True)
+    checks.assert_config_roundtrip(TripletSemiHardLoss(margin=0.7))
+    restored = checks.assert_config_roundtrip(TripletHardLoss(margin=0.4, soft=True))
+    assert restored.soft is True and restored.margin == 0.4
+
+
+@pytest.mark.parametrize("loss", [TripletLoss(margin=0.3, mining="hard"), TripletSemiHardLoss(0.6),
+                                  TripletHardLoss(soft=True)])
+def test_keras_saving_roundtrip(loss, tmp_path):
+    checks.assert_saving_roundtrip(loss, tmp_path)

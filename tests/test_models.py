@@ -1,0 +1,234 @@
+"""Embedders: small-CNN multi-level and single-level models, heads, losses per level, classifier head,
+save/load, error messages. (ResNet50 / InceptionV3 shapes live in test_models_applications.py.)"""
+
+import numpy as np
+import pytest
+import keras
+import tensorflow as tf
+
+from tfdml.callbacks import ClassificationPretraining
+from tfdml.losses import GroupLoss, RankedListLoss
+from tfdml.models import Embedder, MultiLevelEmbedder, backbones, small_cnn
+from tfdml.models.heads import AuxiliaryEmbeddingHead, L2Normalize
+
+SHAPE = (16, 16, 1)
+DIM = 8
+
+
+def _batch(classes=4, per_class=6, seed=0):
+    rng = np.random.RandomState(seed)
+    labels = np.repeat(np.arange(classes), per_class).astype(np.int32)
+    images = (rng.rand(len(labels), *SHAPE) + 0.2 * labels[:, None, None, None]).astype("float32")
+    return images, labels
+
+
+def _normalise(x):
+    x = np.asarray(x, np.float64)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def multilevel():
+    keras.utils.set_random_seed(1)
+    return MultiLevelEmbedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, head_filters=8, head_units=16)
+
+
+@pytest.fixture(scope="module")
+def grouped():
+    keras.utils.set_random_seed(2)
+    return Embedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, num_classes=4)
+
+
+def test_small_cnn_names_its_taps_and_is_small():
+    model = small_cnn((32, 32, 1))
+    assert [model.get_layer(f"block{i}_out").output.shape[1:] for i in (1, 2, 3)] == \
+        [(16, 16, 8), (8, 8, 16), (4, 4, 32)]
+    assert model.count_params() < 10_000
+    assert backbones.default_taps(model) == {"L": "block1_out", "M": "block2_out", "H": "block3_out"}
+
+
+def test_multilevel_output_is_unit_norm_concat_of_levels(multilevel):
+    images, _ = _batch()
+    embedding = multilevel(images, training=False).numpy()
+    assert embedding.shape == (len(images), 3 * DIM)
+    np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, atol=1e-5)
+    raw, logits = multilevel.level_outputs(images, training=False)
+    assert logits == []
+    # inference embedding = l2_normalize(concat of the un-normalised level outputs)
+    np.testing.assert_allclose(embedding, _normalise(np.concatenate([r.numpy() for r in raw], axis=1)),
+                               atol=1e-5)
+    # each level's slice, renormalised, is that level's own normalised embedding (RLL-L, -M, -H)
+    levels = multilevel.split_levels(embedding)
+    for level, r in zip("LMH", raw):
+        np.testing.assert_allclose(levels[level].numpy(), _normalise(r.numpy()), atol=1e-5)
+    outputs = multilevel.export_outputs(images)
+    assert sorted(outputs) == ["H", "L", "M", "embedding"]
+    np.testing.assert_allclose(outputs["embedding"].numpy(), embedding, atol=1e-6)
+
+
+def test_head_structure_follows_the_official_prototxt(multilevel):
+    head = multilevel.get_layer("head_L")
+    assert isinstance(head, AuxiliaryEmbeddingHead)
+    # L tap 8x8x8 -> avg pool 5/3 -> 2x2 -> conv 1x1 (8) -> flatten 32 -> fc 16 -> projection 8, no biases
+    assert tuple(head.pool.pool_size) == (5, 5) and tuple(head.pool.strides) == (3, 3)
+    assert head.fc.kernel.shape == (2 * 2 * 8, 16)
+    assert not head.conv.use_bias and not head.fc.use_bias and not head.projection.use_bias
+    h_head = multilevel.get_layer("head_H")
+    assert [v.shape for v in h_head.trainable_variables] == [(32, DIM)]  # pool -> Dense(D, no bias)
+    # a map smaller than the 5x5 pool is pooled whole
+    small = AuxiliaryEmbeddingHead(4, filters=2, units=3)
+    assert small(tf.zeros([2, 3, 3, 5])).shape == (2, 4)
+    assert tuple(small.pool.pool_size) == (3, 3)
+
+
+def test_compute_loss_sums_level_losses_with_weights():
+    keras.utils.set_random_seed(3)
+    model = MultiLevelEmbedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, head_filters=8, head_units=16,
+                               level_weights=(1.0, 0.5, 2.0))
+    model.compile(keras.optimizers.SGD(0.0), loss=RankedListLoss())
+    images, labels = _batch()
+    prediction = model(images, training=False)
+    total = model.compute_loss(x=images, y=labels, y_pred=prediction, training=False)
+    raw, _ = model.level_outputs(images, training=False)
+    reference = [RankedListLoss()(labels, tf.math.l2_normalize(r, axis=-1)).numpy() for r in raw]
+    np.testing.assert_allclose(total.numpy(), reference[0] + 0.5 * reference[1] + 2.0 * reference[2],
+                               rtol=1e-4)
+    logged = model.evaluate(images, labels, batch_size=len(images), verbose=0, return_dict=True)
+    for level, value in zip("LMH", reference):
+        np.testing.assert_allclose(logged[f"loss_{level}"], value, rtol=1e-4)
+
+
+def test_multilevel_rll_training_lowers_each_level_loss():
+    keras.utils.set_random_seed(4)
+    model = MultiLevelEmbedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, head_filters=8, head_units=16)
+    model.compile(keras.optimizers.Adam(1e-2), loss=RankedListLoss())
+    images, labels = _batch(classes=4, per_class=8)
+    history = model.fit(images, labels, batch_size=len(images), epochs=8, shuffle=False, verbose=0).history
+    for level in "LMH":
+        assert history[f"loss_{level}"][-1] < 0.5 * history[f"loss_{level}"][0], (level, history[f"loss_{level}"])
+    total = np.array(history["loss_L"]) + np.array(history["loss_M"]) + np.array(history["loss_H"])
+    np.testing.assert_allclose(history["loss"], total, rtol=1e-4)
+
+
+def test_save_load_round_trip_keeps_outputs(multilevel, grouped, tmp_path):
+    images, _ = _batch()
+    for model in (multilevel, grouped):
+        path = str(tmp_path / f"{model.name}.keras")
+        model.save(path)
+        restored = keras.saving.load_model(path)
+        assert type(restored) is type(model)
+        np.testing.assert_array_equal(restored(images, training=False).numpy(), model(images, training=False).numpy())
+        assert restored.get_config() == model.get_config()
+    restored_outputs = restored.export_outputs(images)
+    assert sorted(restored_outputs) == ["embedding"]
+
+
+def test_serving_attributes(multilevel):
+    assert multilevel.image_shape == SHAPE and multilevel.input_shape_hw == SHAPE[:2]
+    assert multilevel.preprocessing == "unit"  # the small CNN sees pixels / 255, as tfdml.data produces
+    assert multilevel.preprocessing_config() == {"image_size": SHAPE[:2], "channels": 1, "preprocessing": "unit"}
+    pixels = np.full((1,) + SHAPE, 255.0, "float32")
+    np.testing.assert_allclose(multilevel.preprocess(pixels), np.ones_like(pixels))
+    assert backbones.preprocessing_name("resnet50") == "keras.applications.resnet50.preprocess_input"
+    assert backbones.preprocessing_name("EfficientNetV2B0") == "keras.applications.efficientnet_v2.preprocess_input"
+    assert backbones.preprocessing_name(keras.Sequential(name="custom")) is None
+
+
+def test_group_loss_layout_and_evaluation(grouped):
+    images, labels = _batch()
+    training_output = grouped(images, training=True)
+    assert training_output.shape == (len(images), DIM + 4)
+    assert grouped(images, training=False).shape == (len(images), DIM)
+    raw, logits = grouped.level_outputs(images, training=True)
+    np.testing.assert_allclose(training_output[:, DIM:], logits[0], atol=1e-5)
+    loss = GroupLoss(num_classes=4, temperature=10.0)
+    grouped.compile(keras.optimizers.SGD(0.0), loss=loss)
+    value = grouped.compute_loss(x=images, y=labels, y_pred=training_output)
+    np.testing.assert_allclose(value.numpy(), loss(labels, training_output).numpy(), rtol=1e-5)
+    # evaluation sees only the embedding; the logits are recomputed in inference mode
+    inference = grouped(images, training=False)
+    value = grouped.compute_loss(x=images, y=labels, y_pred=inference, training=False)
+    _, eval_logits = grouped.level_outputs(images, training=False)
+    expected = loss(labels, tf.concat([inference, eval_logits[0]], axis=-1))
+    np.testing.assert_allclose(value.numpy(), expected.numpy(), rtol=1e-5)
+
+
+def test_classification_pretraining_switches_loss():
+    keras.utils.set_random_seed(5)
+    model = Embedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, num_classes=4)
+    loss = GroupLoss(num_classes=4, temperature=10.0)
+    model.compile(keras.optimizers.SGD(0.0), loss=loss)  # lr 0: the weights stay, only the loss changes
+    images, labels = _batch()
+    history = model.fit(images, labels, batch_size=len(images), epochs=3, shuffle=False, verbose=0,
+                        callbacks=[ClassificationPretraining(epochs=2)]).history
+    assert history["pretraining"] == [1.0, 1.0, 0.0]
+    output = model(images, training=True)
+    cross_entropy = keras.losses.sparse_categorical_crossentropy(labels, output[:, DIM:], from_logits=True)
+    np.testing.assert_allclose(history["loss"][:2], [float(np.mean(cross_entropy))] * 2, rtol=1e-4)
+    np.testing.assert_allclose(history["loss"][2], loss(labels, output).numpy(), rtol=1e-4)
+    assert model.classification_pretraining is False
+    with pytest.raises(ValueError, match="num_classes"):
+        no_classifier = Embedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE)
+        no_classifier.compile("sgd", loss=RankedListLoss())
+        no_classifier.fit(images, labels, epochs=1, verbose=0, callbacks=[ClassificationPretraining(1)])
+
+
+def test_custom_backbone_tapped_by_layer_name():
+    inputs = keras.Input((12, 12, 3))
+    a = keras.layers.Conv2D(4, 3, padding="same", name="low")(inputs)
+    b = keras.layers.Conv2D(6, 3, strides=2, padding="same", name="mid")(a)
+    c = keras.layers.Conv2D(8, 3, strides=2, padding="same", name="high")(b)
+    backbone = keras.Model(inputs, c, name="custom")
+    model = MultiLevelEmbedder(backbone, taps={"L": "low", "M": "mid", "H": "high"}, embedding_dim=4,
+                               head_filters=4, head_units=8)
+    images = np.random.RandomState(0).rand(3, 12, 12, 3).astype("float32")
+    assert model(images).shape == (3, 12)
+    # the config carries the custom backbone, so from_config rebuilds the same architecture
+    clone = MultiLevelEmbedder.from_config(model.get_config())
+    clone.set_weights(model.get_weights())
+    np.testing.assert_allclose(clone(images).numpy(), model(images).numpy(), atol=1e-6)
+    single = Embedder(backbone, embedding_dim=5)  # no taps needed for the single level
+    assert single(images).shape == (3, 5)
+
+
+def test_errors_name_the_problem():
+    backbone = small_cnn((16, 16, 1))
+    with pytest.raises(ValueError, match="no layer named 'nope'"):
+        MultiLevelEmbedder(backbone, taps={"L": "nope", "M": "block2_out", "H": "block3_out"})
+    with pytest.raises(ValueError, match=r"no layer for the levels \['M'\]"):
+        MultiLevelEmbedder(backbone, taps={"L": "block1_out", "H": "block3_out"})
+    custom = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(2, 3, name="c")], name="seq")
+    with pytest.raises(ValueError, match="no default taps"):
+        MultiLevelEmbedder(custom)
+    with pytest.raises(ValueError, match="Unknown backbone 'resnet5'"):
+        Embedder("resnet5", weights=None)
+    with pytest.raises(ValueError, match="Unknown levels"):
+        MultiLevelEmbedder("small_cnn", levels=("L", "X"))
+    with pytest.raises(ValueError, match="small CNN has no pretrained weights"):
+        backbones.get_backbone("small_cnn", weights="imagenet")
+    model = MultiLevelEmbedder("small_cnn", embedding_dim=4, input_shape=SHAPE, head_filters=4, head_units=4)
+    images, labels = _batch()
+    with pytest.raises(ValueError, match="one loss to every level"):
+        model.compile("sgd", loss=[RankedListLoss()])
+        model.compute_loss(x=images, y=labels, y_pred=model(images))
+
+
+def test_imagenet_download_failure_names_cause_and_fix(monkeypatch):
+    from keras.src.utils import file_utils
+
+    def offline(*args, **kwargs):
+        raise Exception("URL fetch failure on https://storage.googleapis.com/...: None -- [Errno -3] "
+                        "Temporary failure in name resolution")
+
+    monkeypatch.setattr(file_utils, "get_file", offline)
+    with pytest.raises(RuntimeError) as error:
+        backbones.get_backbone("mobilenetv3small", input_shape=(32, 32, 3), weights="imagenet")
+    message = str(error.value)
+    assert "mobilenetv3small" in message and "Temporary failure in name resolution" in message
+    assert "weights=None" in message and "weights='/path/to/" in message
+
+
+def test_l2_normalize_layer():
+    layer = L2Normalize()
+    np.testing.assert_allclose(layer(tf.constant([[3.0, 4.0], [0.0, 0.0]])).numpy(), [[0.6, 0.8], [0.0, 0.0]])
+    assert L2Normalize.from_config(layer.get_config()).epsilon == layer.epsilon

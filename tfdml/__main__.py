@@ -1,0 +1,5 @@
+import sys
+
+from tfdml.cli import main
+
+sys.exit(main())

@@ -1,0 +1,23 @@
+"""Input pipelines for deep metric learning: image sources, class-balanced `C x K` batches, label-disjoint
+episodes for DML-ALA, evaluation batches and the papers' augmentation. See `tfdml.data.sampling` for how
+batches are built and why they keep whole classes per replica."""
+
+from tfdml.data.evaluation import eval_dataset
+from tfdml.data.preprocessing import Augment, eval_image, train_image
+from tfdml.data.sampling import class_balanced_dataset, episode_dataset, steps_per_epoch
+from tfdml.data.sources import Source, array_source, digits, image_folder, tfds_source
+
+__all__ = [
+    "Augment",
+    "Source",
+    "array_source",
+    "class_balanced_dataset",
+    "digits",
+    "episode_dataset",
+    "eval_dataset",
+    "eval_image",
+    "image_folder",
+    "steps_per_epoch",
+    "tfds_source",
+    "train_image",
+]

@@ -1,0 +1,297 @@
+"""Image sources: a label index plus a lazy per-item image loader.
+
+A `Source` keeps only what sampling needs in memory — one integer label per item and whatever locates an
+item (file paths, a random-access tfds reader, or the caller's own arrays) — and loads pixels on demand,
+inside `tf.data`, one item at a time. Every source yields `uint8` (or `[0, 255]` float) images of shape
+`[height, width, channels]`; the pipelines in `tfdml.data` turn them into float32 batches.
+
+Sources:
+
+- `image_folder(path)`: one sub-folder per class (sorted names are the classes, labels `0..n-1`).
+- `tfds_source(name, split)`: a TensorFlow Datasets builder read through its random-access data source;
+  CUB-200-2011 and Cars196 re-split by class (first / last half of the classes), Stanford Online Products
+  with its Ebay train/test split (labels from `class_id`).
+- `array_source(images, labels)`: in-memory arrays.
+- `digits(split)`: scikit-learn's 8x8 digits, classes 0-4 for `"train"`, 5-9 for `"test"` (no network).
+"""
+
+import logging
+import os
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+logger = logging.getLogger("tfdml.data")
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+
+# tfds builders whose official metric-learning protocol splits the classes, not the images.
+CLASS_SPLIT_DATASETS = {"caltech_birds2011": 200, "cars196": 196}
+LABEL_KEYS = {"stanford_online_products": "class_id"}
+
+
+class Source:
+    """Items addressed by index `0..n-1`: a label per item and a loader `index -> image`.
+
+    Args:
+      labels: integer class id per item, `[n]`, every id in `[0, num_classes)`.
+      load: function of a scalar int64 tensor returning the item's image tensor `[H, W, C]`
+        (`uint8`, or float in `[0, 255]`); traced by `tf.data`, so it must use TensorFlow ops
+        (or `tf.numpy_function`). A failing load (undecodable file) is skipped by the pipelines.
+      channels: number of image channels `C`.
+      image_shape: static `(H, W, C)` when every image has the same shape, else `None`.
+      num_classes: size of the label space; defaults to `max(labels) + 1`.
+      describe: function `index -> str` naming an item in reports (e.g. its file path).
+      name: short description used in messages.
+
+    Attributes:
+      class_counts: `{class_id: number_of_items}` for every class that has items.
+      corrupt_items: sorted indices of items that failed to load so far (filled during iteration).
+      skipped_count: how many load failures were skipped so far (a corrupt item met twice counts twice).
+    """
+
+    def __init__(self, labels, load, channels, image_shape=None, num_classes=None, describe=None,
+                 name="source"):
+        labels = np.asarray(labels)
+        if labels.ndim != 1:
+            raise ValueError(f"{name}: labels must be a 1-D array of class ids, got shape {labels.shape}.")
+        if labels.size and not np.issubdtype(labels.dtype, np.integer):
+            if not np.all(np.equal(np.mod(labels, 1), 0)):
+                raise ValueError(f"{name}: labels must be integer class ids, got dtype {labels.dtype}.")
+        labels = labels.astype(np.int64)
+        if labels.size and labels.min() < 0:
+            bad = int(labels.min())
+            raise ValueError(f"{name}: labels out of range: found {bad}; class ids must be >= 0.")
+        if num_classes is None:
+            num_classes = int(labels.max()) + 1 if labels.size else 0
+        elif labels.size and labels.max() >= num_classes:
+            raise ValueError(
+                f"{name}: labels out of range: found class id {int(labels.max())} but num_classes="
+                f"{num_classes} (ids must be in [0, {num_classes})).")
+        self.labels = labels
+        self.load = load
+        self.channels = int(channels)
+        self.image_shape = tuple(image_shape) if image_shape is not None else None
+        self.num_classes = int(num_classes)
+        self.name = name
+        self._describe = describe or (lambda i: f"item {i}")
+        self._lock = threading.Lock()
+        self._corrupt = set()
+        self._skipped = 0
+
+    def __len__(self):
+        return int(self.labels.size)
+
+    def __repr__(self):
+        return (f"<tfdml.data.Source {self.name}: {len(self)} items, {len(self.classes)} classes, "
+                f"image_shape={self.image_shape}>")
+
+    @property
+    def classes(self):
+        """Sorted class ids that have at least one item."""
+        return np.unique(self.labels)
+
+    @property
+    def class_counts(self):
+        ids, counts = np.unique(self.labels, return_counts=True)
+        return {int(c): int(n) for c, n in zip(ids, counts)}
+
+    @property
+    def corrupt_items(self):
+        with self._lock:
+            return sorted(self._corrupt)
+
+    @property
+    def skipped_count(self):
+        with self._lock:
+            return self._skipped
+
+    def describe(self, index):
+        return self._describe(int(index))
+
+    def record_skipped(self, indices):
+        """Called from the pipelines (through `tf.numpy_function`) with the indices that failed to load."""
+        indices = [int(i) for i in np.asarray(indices).ravel()]
+        with self._lock:
+            new = [i for i in indices if i not in self._corrupt]
+            self._corrupt.update(indices)
+            self._skipped += len(indices)
+            total = self._skipped
+        for i in new:
+            logger.warning("%s: skipped undecodable image %s (%d skipped so far)", self.name,
+                           self.describe(i), total)
+
+    def subset(self, indices, name=None):
+        """A source over `indices` of this one (same loader and label space; its own skip counts, with
+        items named as in this source)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        parent = self
+        table = tf.constant(indices)
+
+        def load(i):
+            return parent.load(tf.gather(table, i))
+
+        return Source(self.labels[indices], load, self.channels, self.image_shape, self.num_classes,
+                      describe=lambda i: parent.describe(indices[i]), name=name or self.name)
+
+
+def _decode_file(path, channels):
+    data = tf.io.read_file(path)
+    image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+    image.set_shape([None, None, channels])
+    return image
+
+
+def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS):
+    """A source over `path/<class_name>/<image files>`; class ids follow the sorted class folder names.
+
+    Only the file list and labels are held in memory; images are read and decoded lazily. Files that do
+    not decode are skipped and counted by the pipelines (`Source.skipped_count`). The class names are in
+    the returned source's `class_names` attribute.
+    """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"image_folder: {path!r} is not a directory.")
+    class_names = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+    if not class_names:
+        raise ValueError(f"image_folder: {path!r} has no class sub-folders (expected path/<class>/<image>).")
+    paths, labels = [], []
+    extensions = tuple(e.lower() for e in extensions)
+    for label, name in enumerate(class_names):
+        folder = os.path.join(path, name)
+        for file in sorted(os.listdir(folder)):
+            if file.lower().endswith(extensions):
+                paths.append(os.path.join(folder, file))
+                labels.append(label)
+    if not paths:
+        raise ValueError(f"image_folder: no image files ({', '.join(extensions)}) under {path!r}.")
+    table = tf.constant(paths)
+
+    def load(i):
+        return _decode_file(tf.gather(table, i), channels)
+
+    source = Source(labels, load, channels, num_classes=len(class_names),
+                    describe=lambda i: paths[i], name=f"image_folder({path})")
+    source.class_names = class_names
+    source.paths = paths
+    return source
+
+
+def array_source(images, labels, num_classes=None, name="array_source"):
+    """A source over in-memory `images [n, H, W]` or `[n, H, W, C]` (uint8 or floats in [0, 255]).
+
+    The arrays are the caller's; items are gathered one at a time inside `tf.data`.
+    """
+    images = np.asarray(images)
+    labels = np.asarray(labels)
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4:
+        raise ValueError(f"{name}: images must have shape [n, H, W] or [n, H, W, C], got {images.shape}.")
+    if labels.shape != (images.shape[0],):
+        raise ValueError(f"{name}: {images.shape[0]} images but labels has shape {labels.shape}; "
+                         "expected one label per image.")
+    if not (images.dtype == np.uint8 or np.issubdtype(images.dtype, np.floating)):
+        raise TypeError(f"{name}: images must be uint8 or float, got {images.dtype}.")
+    table = tf.constant(images)
+
+    def load(i):
+        return tf.gather(table, i)
+
+    return Source(labels, load, images.shape[-1], images.shape[1:], num_classes, name=name)
+
+
+def digits(split="train"):
+    """scikit-learn's 1,797 handwritten digits as a source of `uint8 [8, 8, 1]` images (0-255).
+
+    Split by class: `"train"` holds digits 0-4, `"test"` digits 5-9 (labels keep their digit value),
+    `"all"` every digit. Pass `image_size=32` (or any size) to the dataset functions to upscale.
+    """
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    images = np.round(data.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = data.target.astype(np.int64)
+    if split == "train":
+        keep = labels < 5
+    elif split == "test":
+        keep = labels >= 5
+    elif split == "all":
+        keep = np.ones_like(labels, dtype=bool)
+    else:
+        raise ValueError(f"digits: split must be 'train', 'test' or 'all', got {split!r}.")
+    return array_source(images[keep], labels[keep], num_classes=10, name=f"digits({split})")
+
+
+def _class_split(num_classes, split):
+    half = num_classes // 2
+    if split == "train":
+        return 0, half
+    if split == "test":
+        return half, num_classes
+    raise ValueError(f"split must be 'train' (first {half} classes) or 'test' (last {num_classes - half}) "
+                     f"for a class-split dataset, got {split!r}.")
+
+
+def tfds_source(name, split, data_dir=None, manual_dir=None, download=False, label_key=None,
+                image_key="image", class_split=None):
+    """A source over a TensorFlow Datasets split, read by random access (tfds `data_source`).
+
+    `caltech_birds2011` and `cars196` follow the metric-learning protocol: `split="train"` is the first
+    half of the classes (100 / 98) of all their images, `split="test"` the second half; pass
+    `class_split=False` to use the tfds splits as they are. `stanford_online_products` uses its own Ebay
+    train/test split with labels from `class_id`. Labels keep their dataset ids.
+
+    Random access needs the dataset prepared in ArrayRecord format: with `download=True` it is prepared
+    that way under `data_dir`; Cars196's upstream URL is dead, so put its archives in `manual_dir`.
+    Only the labels are read up front (one pass, images not decoded); images load lazily.
+    """
+    import tensorflow_datasets as tfds
+
+    label_key = label_key or LABEL_KEYS.get(name, "label")
+    if class_split is None:
+        class_split = name in CLASS_SPLIT_DATASETS
+    prepare_kwargs = {}
+    if manual_dir is not None:
+        prepare_kwargs["download_config"] = tfds.download.DownloadConfig(manual_dir=manual_dir)
+    tfds_split = "train+test" if class_split else split
+
+    def open_source(decoders=None):
+        try:
+            return tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=download,
+                                    decoders=decoders, builder_kwargs={"file_format": "array_record"},
+                                    download_and_prepare_kwargs=prepare_kwargs or None)
+        except Exception as err:  # tfds raises several types; all mean "not readable by random access"
+            raise RuntimeError(
+                f"tfds_source: cannot open {name!r} split {tfds_split!r} for random access ({err}). "
+                f"Prepare it in ArrayRecord format, e.g. tfds_source({name!r}, {split!r}, download=True"
+                + (", manual_dir=<folder with the archives>" if name == "cars196" else "")
+                + "), or `tfds build --file_format=array_record`.") from err
+
+    label_reader = open_source(tfds.decode.PartialDecoding({label_key: True}))
+    labels = np.fromiter((int(label_reader[i][label_key]) for i in range(len(label_reader))),
+                         dtype=np.int64, count=len(label_reader))
+    builder = tfds.builder(name, data_dir=data_dir)
+    num_classes = builder.info.features[label_key].num_classes
+    reader = open_source()
+    channels = builder.info.features[image_key].shape[-1]
+    describe = lambda i: f"{name}[{tfds_split}] record {i}"  # noqa: E731
+    source = Source(labels, _tfds_loader(reader, image_key, channels), channels,
+                    num_classes=num_classes, describe=describe, name=f"tfds({name}, {split})")
+    if class_split:
+        low, high = _class_split(num_classes, split)
+        keep = np.flatnonzero((labels >= low) & (labels < high))
+        source = source.subset(keep, name=f"tfds({name}, {split}: classes {low}-{high - 1})")
+    return source
+
+
+def _tfds_loader(reader, image_key, channels):
+    def read(i):
+        return np.asarray(reader[int(i)][image_key], dtype=np.uint8)
+
+    def load(i):
+        image = tf.numpy_function(read, [i], tf.uint8, stateful=False)
+        image.set_shape([None, None, channels])
+        return image
+
+    return load

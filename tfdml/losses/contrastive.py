@@ -1,0 +1,74 @@
+"""Contrastive loss (Hadsell et al. 2006) with pytorch-metric-learning's reduction.
+
+Over all ordered pairs `(i, j)`, `i != j`, of the batch:
+
+    pos_ij = [d_ij - pos_margin]+   for y_i == y_j
+    neg_ij = [neg_margin - d_ij]+   for y_i != y_j
+    L = mean of the non-zero pos_ij + mean of the non-zero neg_ij
+
+Each mean runs over its non-zero ("active") terms only and is 0 when none is active (PML's
+`AvgNonZeroReducer`), so easy pairs do not dilute the loss.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdml.losses.base import MetricLoss
+from tfdml.ops import as_scalar, euclidean_distance_matrix, mean_of_positive, negative_mask, positive_mask, \
+    validate_inputs
+
+
+def _contrastive_loss(labels, embeddings, pos_margin, neg_margin):
+    dist = euclidean_distance_matrix(embeddings)
+    dtype = dist.dtype
+    zeros = tf.zeros_like(dist)
+    pos_terms = tf.where(positive_mask(labels), tf.nn.relu(dist - as_scalar(pos_margin, dtype)), zeros)
+    neg_terms = tf.where(negative_mask(labels), tf.nn.relu(as_scalar(neg_margin, dtype) - dist), zeros)
+    return mean_of_positive(pos_terms) + mean_of_positive(neg_terms)
+
+
+def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
+    """Contrastive loss of a batch: mean active `[d - pos_margin]+` + mean active `[neg_margin - d]+`.
+
+    Args:
+        labels: integer class ids `[B]`.
+        embeddings: float `[B, D]`.
+        pos_margin: positive pairs are pulled until their distance is at most this.
+        neg_margin: negative pairs are pushed until their distance is at least this.
+
+    Returns:
+        Scalar loss; 0 when no pair is active.
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _contrastive_loss(labels, embeddings, pos_margin, neg_margin)
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class ContrastiveLoss(MetricLoss):
+    """Contrastive loss, `L = mean_{active} [d_ap - pos_margin]+ + mean_{active} [neg_margin - d_an]+`.
+
+    Same semantics and defaults as `pytorch_metric_learning.losses.ContrastiveLoss` with its Euclidean
+    distance (see `contrastive_loss`).
+
+    Args:
+        pos_margin: distance below which positive pairs cost nothing (default 0).
+        neg_margin: distance above which negative pairs cost nothing (default 1).
+        name: loss name.
+
+    Example:
+        >>> loss = ContrastiveLoss(pos_margin=0.0, neg_margin=1.0)
+        >>> model.compile(optimizer="adam", loss=loss)
+    """
+
+    def __init__(self, pos_margin=0.0, neg_margin=1.0, name="contrastive_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.pos_margin = float(pos_margin)
+        self.neg_margin = float(neg_margin)
+
+    def compute(self, labels, embeddings):
+        return _contrastive_loss(labels, embeddings, self.pos_margin, self.neg_margin)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(pos_margin=self.pos_margin, neg_margin=self.neg_margin)
+        return config

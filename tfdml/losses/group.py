@@ -1,0 +1,171 @@
+"""Group Loss (Elezi et al., ECCV 2020): label propagation by replicator dynamics over the batch.
+
+    W    = relu(pearson(f))                 W_ii = 1 (official code) or 0 (paper, `zero_diagonal=True`)
+    X(0) = softmax(logits / T)              anchors (first `num_anchors` samples of each class in the
+                                            batch) replaced by the one-hot row of their label
+    X   <- X * (W X), each row renormalised (`num_iterations` times; official: 1; a row with no
+                                            support, i.e. an isolated sample under W_ii = 0, is kept)
+    L    = mean_i -log(X[i, y_i] + 1e-12) + ce_weight * CE(logits, y)
+
+Gradients flow through `W` (the embeddings) and the prior (the logits).
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdml.losses.base import MetricLoss
+from tfdml.ops import pairwise_pearson_similarity, same_label_mask
+
+_LOG_EPSILON = 1e-12
+_LOG_ZERO = -1e30
+
+
+def anchor_mask(labels, num_anchors):
+    """`[B]` bool: true for the first `num_anchors` samples (in batch order) of each class."""
+    same = tf.cast(same_label_mask(labels), tf.int32)
+    # earlier[i, j] = 1 for j < i: rank of sample i among its class = same-class samples before it.
+    size = tf.shape(labels)[0]
+    earlier = tf.linalg.band_part(tf.ones([size, size], tf.int32), -1, 0) - tf.eye(size, dtype=tf.int32)
+    rank = tf.reduce_sum(same * earlier, axis=1)
+    return rank < num_anchors
+
+
+def replicator_dynamics(similarity, log_probabilities, num_iterations=1):
+    """`num_iterations` steps of `X <- X * (W X)`, rows renormalised, computed on log-probabilities.
+
+    Working in log space keeps the update exact when a row's mass moves to classes where it had (numerically)
+    none, e.g. a sharp prior (small temperature) against neighbours of another class: the plain
+    product underflows to 0/0 in float32 while the normalised result is well defined. `W X` is evaluated
+    as `exp(c) * (W @ exp(log X - c))` with `c` the column max, floored at `sqrt(tiny)` so its log and
+    gradient stay finite. A row with no support at all (an isolated sample under `W_ii = 0`) keeps its
+    distribution.
+
+    Args:
+        similarity: `[B, B]` non-negative `W`.
+        log_probabilities: `[B, m]` log of `X(0)` (rows sum to 1; very negative entries stand for 0).
+
+    Returns:
+        `[B, m]` log of `X(num_iterations)`.
+    """
+    log_x = log_probabilities
+    floor = tf.constant(np.sqrt(np.finfo(log_x.dtype.as_numpy_dtype).tiny), log_x.dtype)
+    for _ in range(num_iterations):
+        shift = tf.stop_gradient(tf.reduce_max(log_x, axis=0, keepdims=True))
+        support = tf.matmul(similarity, tf.exp(log_x - shift))
+        updated = tf.nn.log_softmax(log_x + shift + tf.math.log(tf.maximum(support, floor)), axis=1)
+        isolated = tf.reduce_all(support <= floor, axis=1, keepdims=True)
+        log_x = tf.where(isolated, log_x, updated)
+    return log_x
+
+
+def group_loss(labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0,
+               zero_diagonal=False):
+    """Group Loss on validated `labels [B]` int, `embeddings [B, D]` and `logits [B, m]` (same float dtype).
+
+    Args:
+        temperature: softmax temperature of the prior `X(0) = softmax(logits / T)` (official: 24 CUB,
+            79 Cars, 54 SOP).
+        num_iterations: replicator-dynamics steps (official: 1).
+        num_anchors: samples per class, in batch order, whose prior is their one-hot label (official: 2).
+        ce_weight: weight of the cross-entropy on the logits (official: 1).
+        zero_diagonal: `W_ii = 0` as in the paper; the default keeps `W_ii = 1` as the official code.
+
+    Returns:
+        Scalar loss.
+
+    Example:
+        >>> group_loss(labels, embeddings, logits, temperature=24.0)
+    """
+    if num_iterations < 0:
+        raise ValueError(f"num_iterations must be >= 0, got {num_iterations}.")
+    if num_anchors < 0:
+        raise ValueError(f"num_anchors must be >= 0, got {num_anchors}.")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}.")
+    embeddings = tf.convert_to_tensor(embeddings)
+    logits = tf.convert_to_tensor(logits, dtype=embeddings.dtype)
+    num_classes = tf.shape(logits)[1]
+    similarity = tf.nn.relu(pairwise_pearson_similarity(embeddings))
+    diagonal = tf.zeros if zero_diagonal else tf.ones
+    similarity = tf.linalg.set_diag(similarity, diagonal(tf.shape(labels), dtype=similarity.dtype))
+    log_prior = tf.nn.log_softmax(logits / tf.cast(temperature, logits.dtype), axis=1)
+    one_hot = tf.one_hot(labels, num_classes, dtype=log_prior.dtype)
+    # log of the anchors' one-hot rows; -1e30 stands for log 0 (exp gives exactly 0, sums stay finite).
+    log_zero = tf.fill(tf.shape(one_hot), tf.constant(_LOG_ZERO, one_hot.dtype))
+    log_one_hot = tf.where(one_hot > 0, tf.zeros_like(one_hot), log_zero)
+    log_prior = tf.where(anchor_mask(labels, num_anchors)[:, None], log_one_hot, log_prior)
+    log_probabilities = replicator_dynamics(similarity, log_prior, num_iterations)
+    true_class = tf.exp(tf.reduce_sum(log_probabilities * one_hot, axis=1))
+    propagation = -tf.reduce_mean(tf.math.log(true_class + _LOG_EPSILON))
+    cross_entropy = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    return propagation + ce_weight * cross_entropy
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class GroupLoss(MetricLoss):
+    """Group Loss over a model output that carries both the embedding and the class logits.
+
+    Convention: the model's training output is `concat([embeddings, logits], axis=-1)`, of width
+    `D + num_classes`; the LAST `num_classes` columns are the logits over the training classes, the rest the
+    embedding. At inference use the (L2-normalised) embedding only.
+
+    `L = mean_i -log(X(T)[i, y_i] + 1e-12) + ce_weight * CE(logits, y)` with `X(T)` the replicator dynamics
+    of `X(0) = softmax(logits / temperature)` over `W = relu(pearson(embeddings))` (see `tfdml.losses.group`).
+
+    Args:
+        num_classes: number of training classes `m` (width of the logits block); labels lie in `[0, m)`.
+        temperature: prior softmax temperature (24, the official CUB value).
+        num_iterations: replicator-dynamics steps (1).
+        num_anchors: labelled anchors per class in the batch (2).
+        ce_weight: weight of the cross-entropy term (1).
+        zero_diagonal: paper's `W_ii = 0` instead of the official `W_ii = 1`.
+
+    Example:
+        >>> features = backbone(inputs)
+        >>> embeddings = keras.layers.Dense(128)(features)
+        >>> logits = keras.layers.Dense(num_classes)(embeddings)
+        >>> model = keras.Model(inputs, keras.layers.Concatenate()([embeddings, logits]))
+        >>> model.compile(keras.optimizers.Adam(2e-4), loss=GroupLoss(num_classes, temperature=24.0))
+    """
+
+    def __init__(self, num_classes, temperature=24.0, num_iterations=1, num_anchors=2, ce_weight=1.0,
+                 zero_diagonal=False, name="group_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if int(num_classes) < 2:
+            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes}.")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        if int(num_iterations) < 0 or int(num_anchors) < 0:
+            raise ValueError(f"num_iterations and num_anchors must be >= 0, got {num_iterations} and "
+                             f"{num_anchors}.")
+        self.num_classes = int(num_classes)
+        self.temperature = float(temperature)
+        self.num_iterations = int(num_iterations)
+        self.num_anchors = int(num_anchors)
+        self.ce_weight = float(ce_weight)
+        self.zero_diagonal = bool(zero_diagonal)
+
+    def split(self, y_pred):
+        """`(embeddings, logits)` from the concatenated output `[B, D + num_classes]`."""
+        width = y_pred.shape[-1]
+        if width is not None and width <= self.num_classes:
+            raise ValueError(
+                f"{self.name}: y_pred must be concat([embeddings, logits]) of width D + num_classes with D >= 1 "
+                f"(the last num_classes={self.num_classes} columns are the logits); got width {width}.")
+        return y_pred[:, :-self.num_classes], y_pred[:, -self.num_classes:]
+
+    def compute(self, labels, embeddings):
+        embeddings, logits = self.split(embeddings)
+        tf.debugging.assert_less(labels, self.num_classes, message=(
+            f"{self.name}: labels must be < num_classes={self.num_classes}"))
+        tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
+        return group_loss(labels, embeddings, logits, self.temperature, self.num_iterations, self.num_anchors,
+                          self.ce_weight, self.zero_diagonal)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_classes=self.num_classes, temperature=self.temperature,
+                      num_iterations=self.num_iterations, num_anchors=self.num_anchors,
+                      ce_weight=self.ce_weight, zero_diagonal=self.zero_diagonal)
+        return config

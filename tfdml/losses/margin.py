@@ -1,0 +1,304 @@
+"""Margin loss with distance-weighted negative sampling (Wu et al. 2017, "Sampling Matters").
+
+For a triplet `(a, p, n)` (anchor, positive of the anchor's class, negative of another class) and a
+boundary `beta` (one scalar, or one per class indexed by the anchor's class as in the official code):
+
+    pos = [d_ap - beta + alpha]+        neg = [beta - d_an + alpha]+
+    L = sum_triplets (pos + neg) / (#(pos > 0) + #(neg > 0))  +  R
+
+with the regulariser `R = nu * beta` for a single beta and `R = nu * sum_triplets beta_{y_a} / (#(pos > 0) +
+#(neg > 0))` for per-class betas (official code; both as pytorch-metric-learning's `MarginLoss`). The hinge
+part is 0 when no term is active; everything is 0 for a batch without any triplet.
+
+Triplets come from one of two samplers:
+
+- `"distance_weighted"`: for every anchor-positive pair one negative is drawn in-graph with probability
+  proportional to `1 / q(d_an)`, where `log q(d) = (2 - n) log d - ((n - 3) / 2) log(1 - d^2 / 4)` is the
+  density of distances between uniform points on the unit sphere in `n` dimensions; `d` is clipped below at
+  `cutoff` and negatives at `d >= nonzero_loss_cutoff` get zero weight. An anchor whose negatives are all
+  beyond the cutoff falls back to a uniform draw, so the loss is never NaN.
+- `"all"`: every `(a, p, n)` triplet, computed in O(B^2) memory (the hinge terms separate, so each
+  anchor-positive term is counted once per negative of its anchor and vice versa).
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdml.losses.base import MetricLoss
+from tfdml.ops import negative_mask, pair_indices, pairwise_distance, positive_mask, safe_divide
+
+SAMPLING_MODES = ("distance_weighted", "all")
+
+
+def _as_beta(beta, dtype):
+    """beta as a tensor of the embedding dtype (Python numbers converted directly, no float32 round trip)."""
+    if isinstance(beta, (int, float, list, tuple, np.ndarray, np.floating)):
+        return tf.constant(beta, dtype)
+    beta = tf.cast(tf.convert_to_tensor(beta), dtype)
+    if beta.shape.rank not in (0, 1):
+        raise ValueError(f"beta must be a scalar or a [num_classes] vector, got shape {beta.shape}.")
+    return beta
+
+
+def _beta_per_anchor(beta, labels, dtype):
+    """Broadcastable beta for anchors `labels`: a scalar stays scalar, a per-class vector is gathered."""
+    beta = _as_beta(beta, dtype)
+    if beta.shape.rank == 0:
+        return beta
+    if beta.shape.rank != 1:
+        raise ValueError(f"beta must be a scalar or a [num_classes] vector, got shape {beta.shape}.")
+    # A one-hot product instead of tf.gather: beta's gradient stays dense (optimizers, all-reduce).
+    return tf.linalg.matvec(tf.one_hot(labels, tf.shape(beta)[0], dtype=dtype), beta)
+
+
+def _regulariser(beta, beta_sum, num_triplets, active, nu, dtype):
+    """`nu * beta` for a single beta; `nu * sum_triplets beta_{y_a} / (#pos>0 + #neg>0)` for per-class betas
+    (official code and pytorch-metric-learning). 0 without triplets."""
+    if nu == 0:
+        return tf.zeros([], dtype)
+    beta = _as_beta(beta, dtype)
+    if beta.shape.rank == 0:
+        return nu * tf.where(num_triplets > 0, beta, tf.zeros([], dtype))
+    return nu * safe_divide(beta_sum, active)
+
+
+def distance_weighted_log_weights(distances, negatives, dim, cutoff=0.5, nonzero_loss_cutoff=1.4):
+    """Log sampling weights `-log q(d)` over each row's negatives (`-inf` where a negative is not eligible).
+
+    Args:
+        distances: `[B, G]` anchor-to-candidate distances (treated as constants).
+        negatives: `[B, G]` bool mask of the candidates of another class.
+        dim: embedding dimension `n`.
+        cutoff: distances are clipped below at this value (avoids the huge weight of near-duplicates).
+        nonzero_loss_cutoff: candidates at this distance or farther get zero weight.
+
+    Returns:
+        `[B, G]` logits for `tf.random.categorical`. A row whose negatives all lie beyond
+        `nonzero_loss_cutoff` is uniform over its negatives; a row with no negative is uniform over all
+        candidates (its draws must be discarded by the caller).
+    """
+    distances = tf.stop_gradient(tf.convert_to_tensor(distances))
+    dtype = distances.dtype
+    dim = tf.cast(dim, dtype)
+    # Inside the eligible band the clipped distance lies in [cutoff, min(nonzero_loss_cutoff, 2)) where
+    # both logs are finite; outside it the value is masked anyway, so clip to keep the maths finite.
+    upper = tf.cast(min(float(nonzero_loss_cutoff), 2.0 - 1e-4), dtype)
+    d = tf.clip_by_value(distances, tf.cast(cutoff, dtype), upper)
+    log_q = (2.0 - dim) * tf.math.log(d) - ((dim - 3.0) / 2.0) * tf.math.log(1.0 - 0.25 * tf.square(d))
+    eligible = tf.logical_and(negatives, distances < tf.cast(nonzero_loss_cutoff, dtype))
+    any_eligible = tf.reduce_any(eligible, axis=1, keepdims=True)
+    any_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
+    # Fallbacks keep every row a valid categorical distribution: uniform over negatives, else over all.
+    support = tf.where(any_eligible, eligible, tf.where(any_negative, negatives, tf.ones_like(negatives)))
+    logits = tf.where(any_eligible, -log_q, tf.zeros_like(log_q))
+    neg_inf = tf.fill(tf.shape(logits), tf.constant(-np.inf, dtype))
+    return tf.where(support, logits, neg_inf)
+
+
+def sample_distance_weighted_triplets(labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None):
+    """One distance-weighted negative per ordered anchor-positive pair.
+
+    Returns:
+        `(triplets, valid)`: `[P, 3]` int32 `(anchor, positive, negative)` rows for the `P` ordered positive
+        pairs, and a `[P]` bool mask that is false where the anchor has no negative at all.
+        With an integer `seed` the draw is stateless (same batch, same triplets).
+    """
+    negatives = negative_mask(labels)
+    pairs = pair_indices(positive_mask(labels))
+    logits = distance_weighted_log_weights(distances, negatives, dim, cutoff, nonzero_loss_cutoff)
+    pair_logits = tf.gather(logits, pairs[:, 0])
+    # categorical needs float32/64 logits
+    pair_logits = tf.cast(pair_logits, tf.float64 if logits.dtype == tf.float64 else tf.float32)
+    if seed is None:
+        drawn = tf.random.categorical(pair_logits, 1, dtype=tf.int32)
+    else:
+        drawn = tf.random.stateless_categorical(pair_logits, 1, seed=[int(seed), 0], dtype=tf.int32)
+    triplets = tf.concat([pairs, drawn], axis=1)
+    valid = tf.gather(tf.reduce_any(negatives, axis=1), pairs[:, 0])
+    return triplets, valid
+
+
+def margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha=0.2, nu=0.0, valid=None, distances=None):
+    """Margin loss over explicit `[T, 3]` `(anchor, positive, negative)` index triplets.
+
+    `valid` (`[T]` bool, optional) drops rows; `distances` (optional) are the precomputed
+    `pairwise_distance(embeddings)`. Differentiable in `embeddings` and `beta`.
+    """
+    embeddings = tf.convert_to_tensor(embeddings)
+    dtype = embeddings.dtype
+    triplets = tf.cast(triplets, tf.int32)
+    distances = pairwise_distance(embeddings) if distances is None else distances
+    anchors, positives, negatives = triplets[:, 0], triplets[:, 1], triplets[:, 2]
+    d_ap = tf.gather_nd(distances, tf.stack([anchors, positives], axis=1))
+    d_an = tf.gather_nd(distances, tf.stack([anchors, negatives], axis=1))
+    beta_a = _beta_per_anchor(beta, tf.gather(labels, anchors), dtype) * tf.ones_like(d_ap)
+    keep = tf.ones_like(d_ap) if valid is None else tf.cast(valid, dtype)
+    pos = tf.nn.relu(d_ap - beta_a + alpha) * keep
+    neg = tf.nn.relu(beta_a - d_an + alpha) * keep
+    active = tf.reduce_sum(tf.cast(pos > 0, dtype)) + tf.reduce_sum(tf.cast(neg > 0, dtype))
+    loss = safe_divide(tf.reduce_sum(pos + neg), active)
+    return loss + _regulariser(beta, tf.reduce_sum(beta_a * keep), tf.reduce_sum(keep), active, nu, dtype)
+
+
+def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu):
+    """Every (a, p, n) triplet in O(B^2): pos_ap is repeated once per negative of a, neg_an once per positive."""
+    dtype = embeddings.dtype
+    distances = pairwise_distance(embeddings)
+    positives = tf.cast(positive_mask(labels), dtype)
+    negatives = tf.cast(negative_mask(labels), dtype)
+    num_pos = tf.reduce_sum(positives, axis=1, keepdims=True)  # [B, 1] positives per anchor
+    num_neg = tf.reduce_sum(negatives, axis=1, keepdims=True)
+    beta_a = _beta_per_anchor(beta, labels, dtype)
+    beta_a = beta_a[:, None] if beta_a.shape.rank == 1 else beta_a
+    pos = tf.nn.relu(distances - beta_a + alpha) * positives * num_neg
+    neg = tf.nn.relu(beta_a - distances + alpha) * negatives * num_pos
+    pos_active = tf.cast(distances - beta_a + alpha > 0, dtype) * positives * num_neg
+    neg_active = tf.cast(beta_a - distances + alpha > 0, dtype) * negatives * num_pos
+    active = tf.reduce_sum(pos_active) + tf.reduce_sum(neg_active)
+    loss = safe_divide(tf.reduce_sum(pos) + tf.reduce_sum(neg), active)
+    triplets_per_anchor = num_pos[:, 0] * num_neg[:, 0]
+    beta_rows = beta_a[:, 0] if beta_a.shape.rank == 2 else beta_a * tf.ones_like(triplets_per_anchor)
+    beta_sum = tf.reduce_sum(beta_rows * triplets_per_anchor)
+    return loss + _regulariser(beta, beta_sum, tf.reduce_sum(triplets_per_anchor), active, nu, dtype)
+
+
+def margin_loss(labels, embeddings, beta, alpha=0.2, nu=0.0, sampling="distance_weighted", cutoff=0.5,
+                nonzero_loss_cutoff=1.4, seed=None):
+    """Margin loss of Wu et al. 2017 on validated `labels [B]` int and `embeddings [B, D]`.
+
+    Args:
+        beta: scalar boundary, or a `[num_classes]` vector (one boundary per class, picked by the anchor).
+        alpha: margin around the boundary (0.2).
+        nu: weight of the `nu * beta` regulariser (0).
+        sampling: `"distance_weighted"` (one sampled negative per anchor-positive pair) or `"all"`.
+        cutoff, nonzero_loss_cutoff: distance-weighted sampler bounds (0.5, 1.4).
+        seed: integer for a reproducible (stateless) draw; `None` draws fresh negatives every call.
+
+    Returns:
+        Scalar loss; 0 when no triplet term is active.
+
+    Example:
+        >>> loss = margin_loss(labels, tf.math.l2_normalize(f, axis=1), beta=1.2, sampling="all")
+    """
+    if sampling not in SAMPLING_MODES:
+        raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}.")
+    if not 0.0 <= cutoff < nonzero_loss_cutoff:
+        raise ValueError(f"Need 0 <= cutoff < nonzero_loss_cutoff, got cutoff={cutoff}, "
+                         f"nonzero_loss_cutoff={nonzero_loss_cutoff}.")
+    embeddings = tf.convert_to_tensor(embeddings)
+    labels = tf.convert_to_tensor(labels)
+    if sampling == "all":
+        return _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu)
+    distances = pairwise_distance(embeddings)
+    dim = tf.shape(embeddings)[1]
+    triplets, valid = sample_distance_weighted_triplets(labels, distances, dim, cutoff,
+                                                        nonzero_loss_cutoff, seed)
+    return margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha, nu, valid, distances)
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class MarginLoss(MetricLoss):
+    """Margin loss (Wu et al. 2017) with a learnable boundary `beta`.
+
+    `pos = [d_ap - beta + alpha]+`, `neg = [beta - d_an + alpha]+`,
+    `L = sum(pos + neg) / (#pos>0 + #neg>0) + nu * beta` (per-class betas: the regulariser is
+    `nu * sum_triplets beta_{y_a} / (#pos>0 + #neg>0)`; see `tfdml.losses.margin`).
+
+    beta is a variable of the loss. `tfdml.models.MetricModel.compile` makes it part of the model (trained by
+    its own optimizer, saved, checkpointed); under a plain `keras.Model` it is not tracked and stays at its
+    initial value.
+
+    Args:
+        alpha: margin (0.2).
+        beta: initial boundary (1.2).
+        nu: regulariser weight on beta (0).
+        num_classes: if given, one beta per training class (official code), chosen by the anchor's class;
+            labels must then lie in `[0, num_classes)`.
+        learn_beta: make beta a trainable variable (`trainable_variables`), else a constant.
+        beta_learning_rate: learning rate of beta's own optimizer, `variable_optimizer` =
+            SGD(beta_learning_rate, momentum=0.9) as in the official code. `tfdml.models.MetricModel`
+            tracks beta (checkpoints, `model.save`) and routes it to that optimizer, whatever optimizer
+            trains the network.
+        sampling: `"distance_weighted"` or `"all"` (every triplet, deterministic).
+        cutoff, nonzero_loss_cutoff: bounds of the distance-weighted sampler (0.5, 1.4).
+        seed: integer for a stateless, reproducible draw (tests); `None` for fresh negatives every step.
+
+    Example:
+        >>> model = tfdml.models.MetricModel(inputs, l2_normalised_embeddings)
+        >>> model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=MarginLoss(num_classes=100))
+        >>> model.fit(class_balanced_dataset)   # trains beta with SGD(0.1, momentum 0.9)
+    """
+
+    def __init__(self, alpha=0.2, beta=1.2, nu=0.0, num_classes=None, learn_beta=True, beta_learning_rate=0.1,
+                 sampling="distance_weighted", cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None,
+                 name="margin_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if sampling not in SAMPLING_MODES:
+            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}.")
+        if num_classes is not None and int(num_classes) < 1:
+            raise ValueError(f"num_classes must be a positive integer or None, got {num_classes}.")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}.")
+        if not 0.0 <= cutoff < nonzero_loss_cutoff:
+            raise ValueError(f"Need 0 <= cutoff < nonzero_loss_cutoff, got cutoff={cutoff}, "
+                             f"nonzero_loss_cutoff={nonzero_loss_cutoff}.")
+        if beta_learning_rate <= 0:
+            raise ValueError(f"beta_learning_rate must be > 0, got {beta_learning_rate}.")
+        self.alpha = float(alpha)
+        self.initial_beta = float(beta)
+        self.nu = float(nu)
+        self.num_classes = None if num_classes is None else int(num_classes)
+        self.learn_beta = bool(learn_beta)
+        self.beta_learning_rate = float(beta_learning_rate)
+        self.sampling = sampling
+        self.cutoff = float(cutoff)
+        self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
+        self.seed = seed
+        self._beta = None
+        self._optimizer = None
+
+    @property
+    def beta(self):
+        """The boundary: a variable if `learn_beta`, else a constant (created on first use, so that a
+        loss built inside a `tf.distribute` scope gets a mirrored variable)."""
+        if self._beta is None:
+            shape = () if self.num_classes is None else (self.num_classes,)
+            value = np.full(shape, self.initial_beta, dtype="float64")
+            if self.learn_beta:
+                self._beta = keras.Variable(value.astype("float32"), trainable=True, dtype="float32",
+                                            name="margin_beta")
+            else:
+                self._beta = value  # cast to the embedding dtype at use
+        return self._beta
+
+    @property
+    def trainable_variables(self):
+        return [self.beta] if self.learn_beta else []
+
+    @property
+    def variable_optimizer(self):
+        if not self.learn_beta:
+            return None
+        if self._optimizer is None:
+            self._optimizer = keras.optimizers.SGD(self.beta_learning_rate, momentum=0.9,
+                                                   name="margin_beta_sgd")
+        return self._optimizer
+
+    def compute(self, labels, embeddings):
+        beta = self.beta
+        beta = beta.value if isinstance(beta, keras.Variable) else beta
+        if self.num_classes is not None:
+            tf.debugging.assert_less(labels, self.num_classes, message=(
+                f"{self.name}: labels must be < num_classes={self.num_classes} (one beta per class)"))
+            tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
+        return margin_loss(labels, embeddings, beta, alpha=self.alpha, nu=self.nu, sampling=self.sampling,
+                           cutoff=self.cutoff, nonzero_loss_cutoff=self.nonzero_loss_cutoff, seed=self.seed)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(alpha=self.alpha, beta=self.initial_beta, nu=self.nu, num_classes=self.num_classes,
+                      learn_beta=self.learn_beta, beta_learning_rate=self.beta_learning_rate,
+                      sampling=self.sampling, cutoff=self.cutoff, nonzero_loss_cutoff=self.nonzero_loss_cutoff,
+                      seed=self.seed)
+        return config

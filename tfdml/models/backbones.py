@@ -1,0 +1,165 @@
+"""Backbones for tfdml embedders: `keras.applications` by name, any functional Keras model, or the small CNN.
+
+`get_backbone(name_or_model, input_shape, weights)` returns a functional Keras model without its
+classification top. `default_taps(backbone)` gives the low / mid / high tap layers used by
+`MultiLevelEmbedder`: the output of the last block of three successive resolution stages, the same rule
+that picks `inception_3c`, `inception_4e` and `inception_5b` in the RLL authors' GoogLeNet-BN.
+
+| backbone       | L                  | M                   | H                  |
+|----------------|--------------------|---------------------|--------------------|
+| resnet50       | `conv3_block4_out` | `conv4_block6_out`  | `conv5_block3_out` |
+| resnet101      | `conv3_block4_out` | `conv4_block23_out` | `conv5_block3_out` |
+| resnet152      | `conv3_block8_out` | `conv4_block36_out` | `conv5_block3_out` |
+| inception_v3   | `mixed2`           | `mixed7`            | `mixed10`          |
+| small_cnn      | `block1_out`       | `block2_out`        | `block3_out`       |
+
+Any other functional backbone is tapped by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
+
+`preprocessing_name(backbone)` is the pixel preprocessing the backbone expects, as a `tfdml.export` spec
+applied to RGB pixels in [0, 255]: the dotted name of the `keras.applications` function (for example
+`keras.applications.resnet50.preprocess_input`), "unit" (pixels / 255) for the small CNN, None for
+custom backbones (pixels used as they come).
+"""
+
+import keras
+
+# normalised name -> (keras.applications constructor, module holding its preprocess_input)
+_APPLICATIONS = {
+    "resnet50": ("ResNet50", "resnet50"),
+    "resnet101": ("ResNet101", "resnet"),
+    "resnet152": ("ResNet152", "resnet"),
+    "resnet50v2": ("ResNet50V2", "resnet_v2"),
+    "resnet101v2": ("ResNet101V2", "resnet_v2"),
+    "inceptionv3": ("InceptionV3", "inception_v3"),
+    "inceptionresnetv2": ("InceptionResNetV2", "inception_resnet_v2"),
+    "densenet121": ("DenseNet121", "densenet"),
+    "densenet169": ("DenseNet169", "densenet"),
+    "mobilenetv2": ("MobileNetV2", "mobilenet_v2"),
+    "mobilenetv3small": ("MobileNetV3Small", "mobilenet_v3"),
+    "mobilenetv3large": ("MobileNetV3Large", "mobilenet_v3"),
+    "efficientnetb0": ("EfficientNetB0", "efficientnet"),
+    "efficientnetb3": ("EfficientNetB3", "efficientnet"),
+    "efficientnetv2b0": ("EfficientNetV2B0", "efficientnet_v2"),
+    "efficientnetv2b1": ("EfficientNetV2B1", "efficientnet_v2"),
+    "efficientnetv2b2": ("EfficientNetV2B2", "efficientnet_v2"),
+    "efficientnetv2b3": ("EfficientNetV2B3", "efficientnet_v2"),
+    "efficientnetv2s": ("EfficientNetV2S", "efficientnet_v2"),
+    "convnexttiny": ("ConvNeXtTiny", "convnext"),
+    "vgg16": ("VGG16", "vgg16"),
+}
+
+# keyed by the Keras model name that keras.applications gives each backbone
+DEFAULT_TAPS = {
+    "resnet50": {"L": "conv3_block4_out", "M": "conv4_block6_out", "H": "conv5_block3_out"},
+    "resnet101": {"L": "conv3_block4_out", "M": "conv4_block23_out", "H": "conv5_block3_out"},
+    "resnet152": {"L": "conv3_block8_out", "M": "conv4_block36_out", "H": "conv5_block3_out"},
+    "inception_v3": {"L": "mixed2", "M": "mixed7", "H": "mixed10"},
+    "small_cnn": {"L": "block1_out", "M": "block2_out", "H": "block3_out"},
+}
+
+SMALL_CNN = "small_cnn"
+DEFAULT_INPUT_SHAPE = (224, 224, 3)
+SMALL_CNN_INPUT_SHAPE = (32, 32, 1)
+
+
+def normalise_name(name):
+    """Backbone names compare without case, `_` or `-` ("InceptionV3" == "inception_v3")."""
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def is_small_cnn(backbone):
+    return isinstance(backbone, str) and normalise_name(backbone) == normalise_name(SMALL_CNN)
+
+
+def backbone_names():
+    """Names accepted by `get_backbone` (besides any functional Keras model)."""
+    return [SMALL_CNN] + sorted(_APPLICATIONS)
+
+
+def small_cnn(input_shape=SMALL_CNN_INPUT_SHAPE, widths=(8, 16, 32), name=SMALL_CNN):
+    """A tiny convolutional backbone (about 6k parameters with the default widths).
+
+    Each block is Conv3x3 (no bias) -> BatchNorm -> ReLU -> MaxPool 2x2; block `i`'s output layer is named
+    `block{i}_out`, so every block is a tap for `MultiLevelEmbedder`. Meant for tests, the embedded digits
+    job and CPU smoke runs, not for benchmarks.
+    """
+    inputs = keras.Input(shape=tuple(input_shape), name="images")
+    x = inputs
+    for i, width in enumerate(widths, start=1):
+        x = keras.layers.Conv2D(width, 3, padding="same", use_bias=False, name=f"block{i}_conv")(x)
+        x = keras.layers.BatchNormalization(name=f"block{i}_bn")(x)
+        x = keras.layers.ReLU(name=f"block{i}_relu")(x)
+        x = keras.layers.MaxPooling2D(2, padding="same", name=f"block{i}_out")(x)
+    return keras.Model(inputs, x, name=name)
+
+
+def _imagenet_error(name, cause):
+    return RuntimeError(
+        f"Could not load the ImageNet weights of backbone {name!r}: {type(cause).__name__}: {cause}. "
+        "keras.applications downloads them on first use, which needs network access (they are then "
+        "cached in ~/.keras/models). Offline, download the weights file elsewhere and pass its path, "
+        "e.g. weights='/path/to/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5' (a `notop` file), "
+        "or pass weights=None for a randomly initialised backbone.")
+
+
+def get_backbone(backbone, input_shape=None, weights="imagenet"):
+    """Resolves `backbone` to a functional Keras model without a classification top.
+
+    Args:
+      backbone: a `keras.applications` name ("resnet50", "inception_v3", "efficientnetv2b0",
+        "mobilenetv3small", ...; case, `_` and `-` are ignored), "small_cnn", or a Keras model (returned as
+        is; it must be functional or sequential so that its layers can be tapped).
+      input_shape: `(height, width, channels)`; defaults to (224, 224, 3) for `keras.applications` and
+        (32, 32, 1) for the small CNN. Ignored for a Keras model.
+      weights: "imagenet" (downloaded by Keras), None (random initialisation) or a path to a weights file.
+        Must be None for "small_cnn". Ignored for a Keras model.
+    """
+    if isinstance(backbone, keras.Model):
+        try:
+            inputs = backbone.inputs
+        except (AttributeError, ValueError):
+            inputs = None
+        if not inputs:
+            raise ValueError(
+                f"Backbone {backbone.name!r} has no symbolic inputs (a subclassed or unbuilt model): its "
+                "layers cannot be tapped. Pass a functional or built sequential model, or a "
+                "keras.applications name.")
+        return backbone
+    if not isinstance(backbone, str):
+        raise TypeError(f"backbone must be a keras.applications name or a keras.Model, got {backbone!r}.")
+    key = normalise_name(backbone)
+    if is_small_cnn(backbone):
+        if weights not in (None, "none"):
+            raise ValueError(f"The small CNN has no pretrained weights; pass weights=None (got {weights!r}).")
+        return small_cnn(input_shape or SMALL_CNN_INPUT_SHAPE)
+    if key not in _APPLICATIONS:
+        raise ValueError(f"Unknown backbone {backbone!r}. Known names: {', '.join(backbone_names())}; "
+                         "or pass a Keras model.")
+    constructor = getattr(keras.applications, _APPLICATIONS[key][0])
+    input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPE)
+    try:
+        return constructor(include_top=False, weights=weights, input_shape=input_shape)
+    except Exception as cause:  # keras raises bare Exception / URLError / OSError on a failed fetch
+        if weights == "imagenet":
+            raise _imagenet_error(backbone, cause) from cause
+        raise
+
+
+def preprocessing_name(backbone):
+    """Preprocessing spec of the backbone (as understood by `tfdml.export`), applied to 0-255 pixels.
+
+    A dotted function name for `keras.applications` backbones, "unit" (pixels / 255, the `tfdml.data`
+    default) for the small CNN, None (pixels used as they come) for other models.
+    """
+    name = backbone if isinstance(backbone, str) else getattr(backbone, "name", "")
+    key = normalise_name(name)
+    if key in _APPLICATIONS:
+        return f"keras.applications.{_APPLICATIONS[key][1]}.preprocess_input"
+    if key == normalise_name(SMALL_CNN):
+        return "unit"
+    return None
+
+
+def default_taps(backbone):
+    """`{"L": layer, "M": layer, "H": layer}` for backbones with known taps, else None."""
+    return dict(DEFAULT_TAPS[backbone.name]) if backbone.name in DEFAULT_TAPS else None

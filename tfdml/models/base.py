@@ -1,0 +1,90 @@
+"""`MetricModel`: the `keras.Model` base class of every tfdml embedder.
+
+It only changes `compile`, so the stock `train_step`, `fit`, `evaluate`, `model.save` and distribution
+support are untouched:
+
+- losses that own variables (`loss.trainable_variables`, e.g. the margin loss' learnable `beta`) have them
+  tracked by the model, so they appear in `model.trainable_variables`, receive gradients in the default
+  `train_step` and are saved by `model.save` / checkpoints. When the loss names a `variable_optimizer`, those
+  variables are trained by it (through `tfdml.optimizers.MultiOptimizer`), not by the model's optimizer;
+- losses with a `bind_step(step)` method (e.g. `RankedListLoss` with a temperature schedule) are bound to
+  `optimizer.iterations`.
+
+`get_compile_config` stores the optimizer the user passed, so `keras.saving.load_model` recompiles the same
+way (and restores the losses' variables and every inner optimizer's state).
+"""
+
+import keras
+
+from tfdml.optimizers import MultiOptimizer
+
+
+def _flat_losses(loss):
+    if loss is None:
+        return []
+    return [item for item in keras.tree.flatten(loss) if isinstance(item, keras.losses.Loss)]
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class MetricModel(keras.Model):
+    """A `keras.Model` (functional or subclassed) whose `compile` understands tfdml losses.
+
+    Example:
+        >>> inputs = keras.Input((64,))
+        >>> embeddings = keras.layers.UnitNormalization()(keras.layers.Dense(32)(inputs))
+        >>> model = MetricModel(inputs, embeddings)
+        >>> model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=tfdml.losses.MarginLoss())
+        >>> model.fit(class_balanced_dataset)   # beta trained by its own SGD(0.1, momentum 0.9)
+    """
+
+    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
+        optimizer = keras.optimizers.get(optimizer)
+        losses = _flat_losses(loss)
+        routes, loss_variables = [], []
+        for item in losses:
+            variables = list(getattr(item, "trainable_variables", None) or [])
+            loss_variables.extend(variables)
+            variable_optimizer = getattr(item, "variable_optimizer", None)
+            if variables and variable_optimizer is not None:
+                routes.append((variable_optimizer, variables))
+        self._track_loss_variables(loss_variables)
+        training_optimizer = optimizer
+        if routes:
+            if isinstance(optimizer, MultiOptimizer):
+                training_optimizer = optimizer.with_routes(routes)
+            else:
+                training_optimizer = MultiOptimizer(routes, default=optimizer)
+        super().compile(optimizer=training_optimizer, loss=loss, **kwargs)
+        # Serialise what the user passed: recompiling from it re-creates the routing.
+        self._compile_config.config["optimizer"] = optimizer
+        for item in losses:
+            if hasattr(item, "bind_step"):
+                item.bind_step(self.optimizer.iterations)
+
+    def compile_from_config(self, config):
+        # keras skips compile_from_config for models that override compile; ours is safe to replay.
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def _track_loss_variables(self, variables):
+        """Makes the current losses' variables part of this model's own state (the model may already be
+        built, hence the unlock) and drops those of losses from an earlier compile."""
+        previous = getattr(self, "_loss_variables", [])
+        keep = {id(v) for v in variables}
+        was_locked = self._tracker.locked
+        self._tracker.unlock()
+        try:
+            for variable in previous:
+                if id(variable) not in keep:
+                    self._tracker.untrack(variable)
+            tracked = {id(v) for v in self._trainable_variables + self._non_trainable_variables}
+            for variable in variables:
+                if id(variable) not in tracked:
+                    self._track_variable(variable)
+        finally:
+            if was_locked:
+                self._tracker.lock()
+        # A plain list on purpose: Keras would otherwise track the attribute as state.
+        object.__setattr__(self, "_loss_variables", list(variables))

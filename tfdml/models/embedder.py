@@ -1,0 +1,48 @@
+"""Single-level embedder: backbone -> global average pool -> Dense(D, no bias) -> L2 normalisation."""
+
+import keras
+
+from tfdml.models.multilevel import GLOBAL_HEAD_LEVEL, MultiLevelEmbedder
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class Embedder(MultiLevelEmbedder):
+    """`e = l2_normalize(W . avgpool(backbone(x)))`, the standard metric-learning embedder.
+
+    It is the one-level case of `MultiLevelEmbedder` (level "H" on the backbone's own output), so it shares
+    its loss handling, classifier option, export outputs and recipes.
+
+    Args:
+      backbone: a `keras.applications` name ("resnet50", "inception_v3", "efficientnetv2b0",
+        "mobilenetv3small", ...), "small_cnn", or a functional Keras model (see `tfdml.models.backbones`).
+      embedding_dim: D (512 by default).
+      input_shape: `(h, w, c)`; default (224, 224, 3), (32, 32, 1) for the small CNN.
+      weights: "imagenet" (default; downloaded by Keras, a clear error names the cause when that fails),
+        None for random initialisation (offline use, tests), or the path of a local weights file.
+      num_classes: adds a classifier head (Dense over the un-normalised embedding) for Group Loss:
+        `model(x, training=True)` returns `concat([embedding, logits], -1)`, `model(x, training=False)` the
+        embedding only. Combine with `tfdml.callbacks.ClassificationPretraining` for the paper's
+        cross-entropy pre-training stage.
+      freeze_batchnorm: freeze the backbone's BatchNorm layers.
+
+    Serving attributes: `preprocessing_config()` (`image_size`, `channels`, `preprocessing` spec, see
+    `MultiLevelEmbedder`), `image_shape`, `input_shape_hw`, `export_outputs(x)` -> `{"embedding": ...}`.
+
+    Example:
+      >>> model = Embedder("resnet50", embedding_dim=512, weights=None)
+      >>> model.compile(optimizer=keras.optimizers.Adam(1e-5), loss=tfdml.losses.MarginLoss())
+      >>> model.fit(dataset, epochs=20)
+      >>> embeddings = model.predict(images)        # [N, 512], unit norm
+    """
+
+    def __init__(self, backbone, embedding_dim=512, input_shape=None, weights="imagenet", num_classes=None,
+                 freeze_batchnorm=False, name=None, **kwargs):
+        super().__init__(backbone, taps=[None], embedding_dim=embedding_dim, levels=(GLOBAL_HEAD_LEVEL,),
+                         input_shape=input_shape, weights=weights, num_classes=num_classes,
+                         freeze_batchnorm=freeze_batchnorm, name=name, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("taps", "levels", "level_weights", "head_filters", "head_units"):
+            config.pop(key)
+        return config

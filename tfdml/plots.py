@@ -1,0 +1,155 @@
+"""PNG figures for reports: Recall@K curves, retrieval grids and training curves (matplotlib, Agg backend).
+
+Each function writes one PNG to `path`, closes its figure and returns `path`.
+"""
+
+import math
+import os
+import re
+
+import numpy as np
+
+_RECALL_KEY = re.compile(r"^recall@(\d+)$")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)  # files only: works without a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path):
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
+    return path
+
+
+def _recall_points(results):
+    points = sorted((int(m.group(1)), float(v)) for key, v in results.items()
+                    if (m := _RECALL_KEY.match(key)))
+    if not points:
+        raise ValueError(f"no 'recall@K' entries in the results (keys: {sorted(results)}).")
+    return points
+
+
+def plot_recall_curve(results, path, title="Recall@K"):
+    """Recall@K against K (log2 axis) from `evaluate` results.
+
+    Args:
+      results: one `evaluate` dict, or `{run_name: evaluate_dict}` to compare runs on one plot.
+      path: output PNG path.
+    """
+    plt = _pyplot()
+    runs = results if results and all(isinstance(v, dict) for v in results.values()) else {"": results}
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for label, run in runs.items():
+        ks, values = zip(*_recall_points(run))
+        ax.plot(ks, [100 * v for v in values], marker="o", label=label or None)
+        for k, v in zip(ks, values):
+            ax.annotate(f"{100 * v:.1f}", (k, 100 * v), textcoords="offset points", xytext=(0, 6),
+                        ha="center", fontsize=8)
+    ax.set_xscale("log", base=2)
+    all_ks = sorted({k for run in runs.values() for k, _ in _recall_points(run)})
+    ax.set_xticks(all_ks)
+    ax.set_xticklabels([str(k) for k in all_ks])
+    ax.set_xlabel("K")
+    ax.set_ylabel("Recall@K (%)")
+    ax.set_ylim(0, 105)
+    ax.grid(True, alpha=0.3)
+    extras = [f"{key} {100 * float(run[key]):.1f}" for run in list(runs.values())[:1]
+              for key in ("map@r", "r_precision", "nmi", "f1") if key in run]
+    ax.set_title(title + (f"\n{', '.join(extras)}" if extras else ""), fontsize=10)
+    if len(runs) > 1:
+        ax.legend()
+    return _save(fig, path)
+
+
+def _as_image(image):
+    image = np.asarray(image)
+    if image.ndim == 3 and image.shape[-1] == 1:
+        image = image[..., 0]
+    if image.dtype != np.uint8:
+        low, high = float(np.min(image)), float(np.max(image))
+        image = (image - low) / (high - low) if high > low else np.zeros_like(image, np.float32)
+    return image
+
+
+def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None):
+    """One row per query: the query, then its neighbours framed green (same class) or red (other class).
+
+    Args:
+      query_images: `Q` images (`[H, W, 3]` or `[H, W]`, uint8 or float; sizes may differ).
+      neighbour_images: `Q` lists of `k` images, nearest first.
+      same_class_flags: `[Q, k]` booleans, or `None` when labels are unknown (grey frames).
+      titles: optional `[Q, k]` strings under the neighbours (e.g. distances).
+    """
+    plt = _pyplot()
+    num_queries = len(query_images)
+    if num_queries == 0 or len(neighbour_images) != num_queries:
+        raise ValueError(f"need one neighbour list per query, got {num_queries} queries and "
+                         f"{len(neighbour_images)} lists.")
+    k = max(len(row) for row in neighbour_images)
+    fig, axes = plt.subplots(num_queries, k + 1, figsize=(1.6 * (k + 1), 1.75 * num_queries),
+                             squeeze=False)
+    for q in range(num_queries):
+        axes[q, 0].imshow(_as_image(query_images[q]), cmap="gray")
+        axes[q, 0].set_title("query", fontsize=8)
+        for j in range(k):
+            ax = axes[q, j + 1]
+            if j < len(neighbour_images[q]):
+                ax.imshow(_as_image(neighbour_images[q][j]), cmap="gray")
+                flag = None if same_class_flags is None else bool(same_class_flags[q][j])
+                colour = "grey" if flag is None else ("tab:green" if flag else "tab:red")
+                for spine in ax.spines.values():
+                    spine.set_edgecolor(colour)
+                    spine.set_linewidth(4)
+                label = f"#{j + 1}" + (f" {titles[q][j]}" if titles is not None else "")
+                ax.set_title(label, fontsize=8, color=colour if flag is not None else "black")
+            else:
+                ax.set_visible(False)
+        for ax in axes[q]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    for spine in axes[0, 0].spines.values():
+        spine.set_linewidth(2)
+    fig.suptitle("Retrieval: green = same class, red = other class", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_training_curves(history, path, title="Training"):
+    """Loss and metric curves per epoch from a Keras `History` (or its `.history` dict of lists).
+
+    Each metric gets one panel; `val_<name>` is drawn in the same panel as `<name>`.
+    """
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    history = getattr(history, "history", history)
+    if not history:
+        raise ValueError("history is empty: nothing to plot.")
+    names = [key for key in history if not key.startswith("val_")]
+    names += [key[4:] for key in history if key.startswith("val_") and key[4:] not in names]
+    columns = min(3, len(names))
+    rows = math.ceil(len(names) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, names):
+        for series, style in ((key, "-"), (f"val_{key}", "--")):
+            if series in history:
+                values = np.asarray(history[series], np.float64)
+                ax.plot(np.arange(1, len(values) + 1), values, style, marker=".", label=series)
+        ax.set_title(key, fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return _save(fig, path)

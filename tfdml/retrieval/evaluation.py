@@ -1,0 +1,138 @@
+"""`evaluate`: the retrieval protocol of the DML papers (Recall@K, MAP@R, R-precision, NMI, clustering F1).
+
+Two modes:
+
+- same set (CUB, Cars, SOP): every embedding queries all the others; only the query's own row is excluded
+  (other items at distance 0, e.g. duplicate images, stay in the ranking);
+- query / gallery (In-shop): `query_embeddings` search `embeddings`; nothing is excluded.
+
+Neighbours come from exact chunked search (`tfdml.ops.exact_search`: one matmul + top-k per block of
+queries, memory bounded, ties broken by the lower gallery index) or, with `exact=False`, from a ScaNN
+`ScannIndex` in approximate mode (dot-product scoring when the embeddings are unit-norm: the same ranking,
+and what ScaNN's anisotropic hashing is designed for). See `tfdml.retrieval.metrics` for the metric definitions.
+"""
+
+import numpy as np
+
+from tfdml.ops.neighbours import drop_own_rows, exact_search, validate_distance
+from tfdml.retrieval import metrics as M
+from tfdml.retrieval.index import ScannIndex
+
+METRICS = ("recall", "map@r", "r_precision", "nmi", "f1")
+
+
+def _labels(labels, rows, name):
+    labels = np.asarray(labels)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1 or labels.shape[0] != rows:
+        raise ValueError(f"{name} must have shape [{rows}] (one label per embedding), got {labels.shape}.")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise TypeError(f"{name} must be integer class ids, got dtype {labels.dtype}.")
+    return labels
+
+
+def _embeddings(x, name):
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must have shape [rows, dim], got shape {x.shape}.")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"{name} must be floating point, got dtype {x.dtype}.")
+    if not np.isfinite(x).all():
+        raise ValueError(f"{name} contain NaN or Inf values.")
+    return np.ascontiguousarray(x, np.float32)
+
+
+def _approximate_search(queries, gallery, k, distance, same_set, index_kwargs):
+    unit_norm = np.allclose(np.einsum("ij,ij->i", gallery, gallery), 1.0, atol=1e-3) and \
+        np.allclose(np.einsum("ij,ij->i", queries, queries), 1.0, atol=1e-3)
+    if unit_norm:
+        # Same ranking as squared L2 on the unit sphere, and ScaNN's anisotropic AH is built for it.
+        distance = "dot_product"
+    index = ScannIndex(gallery, distance=distance, mode="approximate", num_neighbors=k + same_set,
+                       **(index_kwargs or {}))
+    found, _ = index.search(queries, k + same_set)
+    return drop_own_rows(found, 0)[0] if same_set else found
+
+
+def evaluate(embeddings, labels, ks=(1, 2, 4, 8), query_embeddings=None, query_labels=None,
+             metrics=METRICS, exact=True, distance="squared_l2", chunk_size=None, index_kwargs=None,
+             seed=0, progress=False):
+    """Retrieval and clustering metrics of embeddings.
+
+    Args:
+      embeddings, labels: `[N, D]` gallery embeddings and their `[N]` integer labels (also the queries in
+        same-set mode).
+      ks: the K of Recall@K.
+      query_embeddings, query_labels: query set for query/gallery evaluation (In-shop).
+      metrics: any of `"recall"`, `"map@r"`, `"r_precision"`, `"nmi"`, `"f1"`.
+      exact: exact search (default) or ScaNN approximate search (`index_kwargs` go to `ScannIndex`).
+      distance: `"squared_l2"` (default, as faiss `IndexFlatL2`) or `"dot_product"`; the same ranking for
+        L2-normalised embeddings.
+      chunk_size: queries per exact-search block (default: bounded by 256 MiB of scores).
+      seed: k-means seed for NMI / F1.
+
+    Returns:
+      dict with `recall@K` for each K, `map@r`, `r_precision`, `nmi`, `f1` (those requested), as floats.
+      Retrieval metrics average over queries that have at least one same-class gallery item. NMI and F1
+      cluster the query set with k-means into as many clusters as it has classes.
+
+    Example:
+      >>> evaluate(emb, y, ks=(1, 10))
+      {'recall@1': 0.93, 'recall@10': 0.99, 'map@r': 0.71, 'r_precision': 0.74, 'nmi': 0.85, 'f1': 0.69}
+    """
+    validate_distance(distance)
+    metrics = tuple(metrics)
+    unknown = set(metrics) - set(METRICS)
+    if unknown:
+        raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {METRICS}.")
+    ks = tuple(int(k) for k in ks)
+    if "recall" in metrics and (not ks or min(ks) < 1):
+        raise ValueError(f"ks must be positive integers, got {ks}.")
+    gallery = _embeddings(embeddings, "embeddings")
+    gallery_labels = _labels(labels, gallery.shape[0], "labels")
+    same_set = query_embeddings is None
+    if same_set != (query_labels is None):
+        raise ValueError("query_embeddings and query_labels must be given together.")
+    if same_set:
+        queries, q_labels = gallery, gallery_labels
+    else:
+        queries = _embeddings(query_embeddings, "query_embeddings")
+        q_labels = _labels(query_labels, queries.shape[0], "query_labels")
+        if queries.shape[1] != gallery.shape[1]:
+            raise ValueError(f"query_embeddings have dimension {queries.shape[1]}, embeddings have "
+                             f"{gallery.shape[1]}.")
+
+    results = {}
+    retrieval = [m for m in metrics if m in ("recall", "map@r", "r_precision")]
+    if retrieval:
+        r = M.positives_per_query(q_labels, gallery_labels, same_set)
+        valid = r > 0
+        if not valid.any():
+            raise ValueError("no query has a same-class item in the gallery; retrieval metrics are undefined.")
+        needed = max(ks) if "recall" in metrics else 1
+        if "map@r" in metrics or "r_precision" in metrics:
+            needed = max(needed, int(r.max()))
+        available = gallery.shape[0] - same_set
+        if needed > available:
+            raise ValueError(f"max(ks)={needed} exceeds the {available} gallery items each query can see.")
+        if exact:
+            found, _ = exact_search(queries, None if same_set else gallery, k=needed, distance=distance,
+                                    chunk_size=chunk_size, progress=progress)
+        else:
+            found = _approximate_search(queries, gallery, needed, distance, same_set, index_kwargs)
+        hits = M.neighbour_hits(found[valid], q_labels[valid], gallery_labels)
+        if "recall" in metrics:
+            for k, value in M.recall_at_k(hits, ks).items():
+                results[f"recall@{k}"] = value
+        if "map@r" in metrics:
+            results["map@r"] = M.map_at_r(hits, r[valid])
+        if "r_precision" in metrics:
+            results["r_precision"] = M.r_precision(hits, r[valid])
+    if "nmi" in metrics or "f1" in metrics:
+        clusters = M.cluster_embeddings(queries, len(np.unique(q_labels)), seed=seed)
+        if "nmi" in metrics:
+            results["nmi"] = M.nmi(clusters, q_labels)
+        if "f1" in metrics:
+            results["f1"] = M.clustering_f1(clusters, q_labels)
+    return results
