@@ -87,7 +87,11 @@ def _single_device_gradients(make_loss, width, head, x, y):
 
 
 def _replica_gradients(strategy, make_loss, width, head, x, y, **loss_kwargs):
-    """Gradients summed over replicas (the optimizer's all-reduce) and the replica-mean loss value."""
+    """Gradients and loss values summed over replicas (what the optimizer's all-reduce applies).
+
+    Runs eagerly (replica threads): tracing every loss for every replica count would cost far more than
+    these tiny computations; the traced path is covered by `tests/test_distribute_training.py`.
+    """
     with strategy.scope():
         model, loss = _make_model(width), make_loss(**loss_kwargs)
         variables = model.trainable_variables + loss.trainable_variables  # beta: a mirrored variable
@@ -96,16 +100,13 @@ def _replica_gradients(strategy, make_loss, width, head, x, y, **loss_kwargs):
         lambda context: replica_slice((tf.constant(x), tf.constant(y)), context.replica_id_in_sync_group,
                                       replicas))
 
-    def step(batch):
-        def replica_step(features, labels):
-            with tf.GradientTape() as tape:
-                value = loss(labels, head(model(features)))
-            return value, tape.gradient(value, variables)
+    def replica_step(features, labels):
+        with tf.GradientTape() as tape:
+            value = loss(labels, head(model(features)))
+        return value, tape.gradient(value, variables)
 
-        values, gradients = strategy.run(replica_step, args=batch)
-        return strategy.reduce("SUM", values, axis=None), strategy.reduce("SUM", gradients, axis=None)
-
-    value, gradients = step(batch)
+    values, gradients = strategy.run(replica_step, args=batch)
+    value, gradients = strategy.reduce("SUM", values, axis=None), strategy.reduce("SUM", gradients, axis=None)
     return value.numpy(), [g.numpy() for g in gradients]
 
 

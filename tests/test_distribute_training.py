@@ -1,11 +1,14 @@
 """Training on N replicas and N machines equals training on one device on the same global batches.
 
-- `model.fit` under `MirroredStrategy` (2 and 4 logical CPUs from `tests/conftest.py`) ends with the
-  single-device weights for a `MetricModel` with the margin loss (its mirrored `beta`, trained by its own
-  optimizer), the multi-level embedder on class-balanced digits, and `ALAModel`;
-- `tfdml.training.fit_distributed` gives the same weights as `fit`, checkpoints and resumes;
+- `model.fit` under `MirroredStrategy` (logical CPUs from `tests/conftest.py`) ends with the single-device
+  weights for a `MetricModel` with the margin loss (its mirrored `beta`, trained by its own optimizer) on 2
+  replicas and for the multi-level embedder (RLL, Group Loss) on class-balanced digits on 2 replicas;
+- `tfdml.training.fit_distributed` gives the same weights as `fit` (without a strategy, on 2 replicas, and
+  for `ALAModel` on 4 replicas), follows `fit`'s `steps_per_epoch` semantics, checkpoints and resumes
+  mid-dataset;
 - two `MultiWorkerMirroredStrategy` worker processes on 127.0.0.1 end with identical weights equal to a
-  single-process run (this file doubles as the worker script: `python test_distribute_training.py worker`).
+  single-process run, and two new processes resume from the chief's checkpoint (this file doubles as the
+  worker script: `python test_distribute_training.py worker OUT_DIR EPOCHS`).
 """
 
 import json
@@ -277,7 +280,7 @@ def _free_ports(count):
             s.close()
 
 
-def _run_workers(out_dir, num_workers=2):
+def _run_workers(out_dir, epochs, num_workers=2):
     """Starts the workers, waits (bounded) and kills every one still running if anything fails."""
     ports = _free_ports(num_workers)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
@@ -288,8 +291,8 @@ def _run_workers(out_dir, num_workers=2):
                                                                                      "index": index}}),
                        TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
             log = open(os.path.join(out_dir, f"worker{index}.log"), "w")
-            processes.append((subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", out_dir],
-                                               env=env, stdout=log, stderr=subprocess.STDOUT), log))
+            command = [sys.executable, os.path.abspath(__file__), "worker", out_dir, str(epochs)]
+            processes.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
         for process, _ in processes:
             process.wait(timeout=WORKER_TIMEOUT_S)
     finally:
@@ -301,39 +304,42 @@ def _run_workers(out_dir, num_workers=2):
     logs = [open(os.path.join(out_dir, f"worker{i}.log")).read() for i in range(num_workers)]
     for index, (process, _) in enumerate(processes):
         assert process.returncode == 0, f"worker {index} failed:\n{logs[index][-4000:]}"
-    return logs
+    weights = [dict(np.load(os.path.join(out_dir, f"worker{i}.npz"))) for i in range(num_workers)]
+    return logs, weights
 
 
-def test_two_worker_processes_train_like_one_process_and_resume(margin_reference, tmp_path):
-    _, _, after_two = margin_reference
-    logs = _run_workers(str(tmp_path))
-    weights = [dict(np.load(tmp_path / f"worker{i}.npz")) for i in range(2)]
-    for path in after_two:  # npz keys cannot hold "/"
+def _assert_workers_match(weights, reference):
+    for path in reference:  # npz keys cannot hold "/"
         key = path.replace("/", "|")
         np.testing.assert_array_equal(weights[1][key], weights[0][key], err_msg=path)
-        np.testing.assert_allclose(weights[0][key], after_two[path], rtol=0, atol=TOLERANCE, err_msg=path)
-    # The chief reports progress and resumes from the chief's checkpoint; the other worker stays silent.
-    assert "Epoch 1/1 - 3 steps" in logs[0] and "Resumed from" in logs[0]
-    assert "Epoch" not in logs[1]
+        np.testing.assert_allclose(weights[0][key], reference[path], rtol=0, atol=TOLERANCE, err_msg=path)
+
+
+def test_two_worker_processes_train_like_one_process_and_resume_after_a_restart(margin_reference, tmp_path):
+    _, after_one, after_two = margin_reference
+    logs, weights = _run_workers(str(tmp_path), epochs=1)
+    _assert_workers_match(weights, after_one)
+    # The chief reports progress; the other worker stays silent.
+    assert "Epoch 1/1 - 3 steps" in logs[0] and "Epoch" not in logs[1]
+
+    logs, weights = _run_workers(str(tmp_path), epochs=2)  # new processes resume from the checkpoint
+    _assert_workers_match(weights, after_two)
+    assert "Resumed from" in logs[0] and "Epoch 2/2 - 3 steps" in logs[0] and "Epoch 1/" not in logs[0]
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-2")
 
 
-def _worker_main(out_dir):
-    """One MultiWorkerMirroredStrategy worker: 1 epoch, then a new model resuming to epoch 2."""
+def _worker_main(out_dir, epochs):
+    """One MultiWorkerMirroredStrategy worker: trains (or resumes) up to `epochs`, then saves its weights."""
     from tfdml.training import fit_distributed
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    checkpoint_dir = os.path.join(out_dir, "checkpoints")
     with strategy.scope():
         model = _margin_model()
-    fit_distributed(model, _margin_dataset(), epochs=1, checkpoint_dir=checkpoint_dir)
-    with strategy.scope():
-        model = _margin_model()
-    fit_distributed(model, _margin_dataset(), epochs=2, checkpoint_dir=checkpoint_dir)
+    fit_distributed(model, _margin_dataset(), epochs=epochs, checkpoint_dir=os.path.join(out_dir, "checkpoints"))
     index = strategy.cluster_resolver.task_id
     np.savez(os.path.join(out_dir, f"worker{index}.npz"),
              **{path.replace("/", "|"): value for path, value in _weights(model).items()})
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
-    _worker_main(sys.argv[2])
+    _worker_main(sys.argv[2], int(sys.argv[3]))

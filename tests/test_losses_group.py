@@ -1,7 +1,6 @@
 """Group Loss: values vs NumPy and the shared reference data, gradients vs finite differences, degenerate
 batches and temperatures, errors, XLA, config, and end-to-end training through `compile`/`fit`."""
 
-import json
 
 import hypothesis.extra.numpy as hnp
 import keras
@@ -12,10 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.references import numpy_margin_group as ref
+from tests.references import shared_reference_cases
+from tests.references.numpy_losses import numerical_gradient
 from tfdml.losses import GroupLoss, group_loss
 from tfdml.losses.group import anchor_mask
 
-REFERENCE = "/work/shared/testdata/reference_losses.json"
 
 
 def _batch(seed, batch=None, dim=5, classes=4):
@@ -25,23 +25,8 @@ def _batch(seed, batch=None, dim=5, classes=4):
     return labels, rng.normal(size=(batch, dim)), rng.normal(size=(batch, classes)) * 2
 
 
-def _central_difference(fn, x, eps=1e-6):
-    grad = np.zeros_like(x)
-    for index in np.ndindex(*x.shape):
-        up, down = x.copy(), x.copy()
-        up[index] += eps
-        down[index] -= eps
-        grad[index] = (fn(up) - fn(down)) / (2 * eps)
-    return grad
-
-
 def _reference_cases():
-    with open(REFERENCE) as handle:
-        data = json.load(handle)
-    for case in data["cases"]:
-        for expected in case["expected"]:
-            if expected["loss"] == "group_loss":
-                yield case, expected
+    return shared_reference_cases("group_loss")
 
 
 @pytest.mark.parametrize("case,expected", list(_reference_cases()))
@@ -82,8 +67,8 @@ def test_gradients_match_finite_differences(zero_diagonal):
         tape.watch([ft, zt])
         value = group_loss(tf.constant(labels), ft, zt, **params)
     grad_f, grad_z = tape.gradient(value, [ft, zt])
-    num_f = _central_difference(lambda x: float(graph_loss(tf.constant(x), zt).numpy()), f)
-    num_z = _central_difference(lambda x: float(graph_loss(ft, tf.constant(x)).numpy()), z)
+    num_f = numerical_gradient(lambda x: float(graph_loss(tf.constant(x), zt).numpy()), f)
+    num_z = numerical_gradient(lambda x: float(graph_loss(ft, tf.constant(x)).numpy()), z)
     np.testing.assert_allclose(grad_f.numpy(), num_f, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(grad_z.numpy(), num_z, rtol=1e-5, atol=1e-7)
     assert np.abs(grad_f.numpy()).max() > 0  # gradients do reach the embeddings through W

@@ -1,7 +1,6 @@
 """Margin loss (Wu et al. 2017): values vs NumPy and the shared reference data, gradients vs finite
 differences, the distance-weighted sampler's distribution, degenerate batches, errors, XLA, config."""
 
-import json
 
 import hypothesis.extra.numpy as hnp
 import keras
@@ -12,10 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.references import numpy_margin_group as ref
+from tests.references import shared_reference_cases
+from tests.references.numpy_losses import numerical_gradient
 from tfdml.losses import MarginLoss, margin_loss, margin_loss_for_triplets
 from tfdml.losses.margin import distance_weighted_log_weights, sample_distance_weighted_triplets
 
-REFERENCE = "/work/shared/testdata/reference_losses.json"
 
 
 def _batch(seed, batch=None, dim=6, classes=None, normalise=True):
@@ -29,24 +29,8 @@ def _batch(seed, batch=None, dim=6, classes=None, normalise=True):
     return labels, f
 
 
-def _central_difference(fn, x, eps=1e-6):
-    x = np.array(x, dtype=np.float64)
-    grad = np.zeros_like(x)
-    for index in np.ndindex(*x.shape):
-        up, down = x.copy(), x.copy()
-        up[index] += eps
-        down[index] -= eps
-        grad[index] = (fn(up) - fn(down)) / (2 * eps)
-    return grad
-
-
 def _reference_cases():
-    with open(REFERENCE) as handle:
-        data = json.load(handle)
-    for case in data["cases"]:
-        for expected in case["expected"]:
-            if expected["loss"] == "MarginLoss":
-                yield case, expected
+    return shared_reference_cases("MarginLoss")
 
 
 @pytest.mark.parametrize("case,expected", list(_reference_cases()))
@@ -63,8 +47,7 @@ PML_PER_CLASS_NU = [0.5310872569895259, 0.4245209130837688]
 
 
 def test_per_class_regulariser_matches_pytorch_metric_learning():
-    with open(REFERENCE) as handle:
-        cases = json.load(handle)["cases"]
+    cases = [case for case, _ in shared_reference_cases("MarginLoss")]
     for case, expected in zip(cases, PML_PER_CLASS_NU):
         loss = MarginLoss(sampling="all", nu=0.1, num_classes=10, learn_beta=False)
         value = loss(np.array(case["labels"]), np.array(case["embeddings"], dtype=np.float64))
@@ -155,9 +138,9 @@ def test_gradients_match_finite_differences(seed):
         tape.watch([ft, bt])
         value = margin_loss(tf.constant(labels), ft, bt, nu=0.2, sampling="all")
     grad_f, grad_b = tape.gradient(value, [ft, bt])
-    np.testing.assert_allclose(grad_f.numpy(), _central_difference(lambda x: loss_np(x, beta), f),
+    np.testing.assert_allclose(grad_f.numpy(), numerical_gradient(lambda x: loss_np(x, beta), f),
                                rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(grad_b.numpy(), _central_difference(lambda b: loss_np(f, b), beta),
+    np.testing.assert_allclose(grad_b.numpy(), numerical_gradient(lambda b: loss_np(f, b), beta),
                                rtol=1e-5, atol=1e-7)
 
 
@@ -175,7 +158,7 @@ def test_gradients_for_fixed_sampled_triplets_match_finite_differences():
         value = loss_tf(ft)
     grad = tape.gradient(value, ft).numpy()
     graph_loss = tf.function(loss_tf)
-    np.testing.assert_allclose(grad, _central_difference(lambda x: float(graph_loss(tf.constant(x)).numpy()), f),
+    np.testing.assert_allclose(grad, numerical_gradient(lambda x: float(graph_loss(tf.constant(x)).numpy()), f),
                                rtol=1e-5, atol=1e-7)
 
 

@@ -2,7 +2,6 @@
 differences (with and without the gallery stop-gradient), degenerate input, the temperature schedule in
 `model.fit`, XLA, training and serialisation."""
 
-import json
 import warnings
 
 import hypothesis.extra.numpy as hnp
@@ -15,10 +14,9 @@ from hypothesis import strategies as st
 
 from tests import loss_checks as checks
 from tests.references import numpy_losses as ref
+from tests.references import shared_reference_cases
 from tfdml.callbacks import DynamicTemperature
 from tfdml.losses import LinearTemperature, RankedListLoss, ranked_list_loss
-
-REFERENCE_FILE = "/work/shared/testdata/reference_losses.json"
 
 PARAMS = [
     dict(),
@@ -30,10 +28,8 @@ PARAMS = [
 
 
 def _reference_cases():
-    with open(REFERENCE_FILE) as handle:
-        cases = json.load(handle)["cases"]
     return [(case["labels"], case["embeddings"], expected["params"], expected["value"])
-            for case in cases for expected in case["expected"] if expected["loss"] == "RankedListLoss"]
+            for case, expected in shared_reference_cases("RankedListLoss")]
 
 
 @pytest.mark.parametrize("labels, embeddings, params, expected", _reference_cases())
@@ -128,6 +124,12 @@ def test_fuzzed_batches_are_finite(labels, data):
 
 def test_bad_inputs_are_rejected():
     checks.assert_bad_inputs_rejected(RankedListLoss())
+    with pytest.raises(ValueError, match="lam balances .* must lie in \\[0, 1\\], got 1.5"):
+        RankedListLoss(lam=1.5)
+    with pytest.raises(ValueError, match="tn must be >= 0"):
+        RankedListLoss(tn=-1.0)
+    with pytest.raises(ValueError, match="margin must be >= 0"):
+        RankedListLoss(margin=-0.1)
 
 
 def test_jit_compile_matches():

@@ -2,7 +2,6 @@
 tensorflow-addons drop-ins): values vs. NumPy references and the shared reference file, gradients vs.
 finite differences, O(B^2) memory, degenerate input, XLA, training and serialisation."""
 
-import json
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
@@ -13,21 +12,18 @@ from hypothesis import strategies as st
 
 from tests import loss_checks as checks
 from tests.references import numpy_losses as ref
+from tests.references import shared_reference_cases
 from tfdml.losses import (TripletHardLoss, TripletLoss, TripletSemiHardLoss, triplet_hard_loss, triplet_loss,
                           triplet_semihard_loss)
 
-REFERENCE_FILE = "/work/shared/testdata/reference_losses.json"
 
 MINING_REFERENCES = {"all": ref.triplet_all, "hard": ref.triplet_batch_hard, "semi_hard": ref.triplet_semi_hard}
 BATCHES = [(0, 7, 2), (1, 12, 3), (2, 15, 5), (3, 10, 4), (4, 16, 3)]
 
 
 def _reference_cases():
-    with open(REFERENCE_FILE) as handle:
-        cases = json.load(handle)["cases"]
     return [(case["labels"], case["embeddings"], expected["loss"], expected["params"], expected["value"])
-            for case in cases for expected in case["expected"]
-            if expected["loss"] in ("TripletLoss", "TripletSemiHardLoss")]
+            for case, expected in shared_reference_cases("TripletLoss", "TripletSemiHardLoss")]
 
 
 @pytest.mark.parametrize("labels, embeddings, loss_name, params, expected", _reference_cases())
@@ -203,6 +199,8 @@ def test_bad_inputs_are_rejected():
     checks.assert_bad_inputs_rejected(TripletSemiHardLoss())
     with pytest.raises(ValueError, match="mining must be one of"):
         TripletLoss(mining="hardest")
+    with pytest.raises(ValueError, match="margin must be >= 0"):
+        TripletLoss(margin=-1.0)
     with pytest.raises(ValueError, match="mining must be one of"):
         triplet_loss([0, 0], [[0.0], [1.0]], mining="batch_hard")
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tfdml.ops import exact_search, ranking_scores
+from tfdml.ops.neighbours import _block_size
 from tfdml.retrieval import ScannIndex, auto_settings, evaluate
 from tfdml.retrieval import metrics as M
 
@@ -127,6 +128,23 @@ def test_ranking_scores_formula():
     expected = q @ g.T - 0.5 * (g ** 2).sum(1)[None, :]
     np.testing.assert_allclose(ranking_scores(q, g, "squared_l2").numpy(), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ranking_scores(q, g, "dot_product").numpy(), q @ g.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("distance", ["squared_l2", "dot_product"])
+def test_blocked_top_k_is_exact_including_ties(distance):
+    rng = np.random.default_rng(17)
+    g = rng.normal(size=(3000, 8)).astype(np.float32)
+    q = rng.normal(size=(50, 8)).astype(np.float32)
+    plain, plain_values = exact_search(q, g, k=10, distance=distance, block_size=0)
+    blocked, blocked_values = exact_search(q, g, k=10, distance=distance, block_size=32)
+    np.testing.assert_array_equal(blocked, plain)
+    np.testing.assert_array_equal(blocked, ref_neighbours(q, g, distance)[:, :10])
+    np.testing.assert_allclose(blocked_values, plain_values, rtol=1e-6)
+    # Integer data: many exact ties, also across blocks; same-set mode (own row dropped).
+    ints = rng.integers(0, 3, size=(2000, 2)).astype(np.float32)
+    tied, _ = exact_search(ints, k=12, distance=distance, block_size=16)
+    np.testing.assert_array_equal(tied, ref_neighbours(ints, None, distance)[:, :12])
+    assert _block_size(60000, 102) == 64 and _block_size(900, 180) == 0
 
 
 def test_exact_search_chunking_is_invisible():

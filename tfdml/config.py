@@ -71,7 +71,7 @@ DEFAULTS = {
         "pretrain_epochs": 0,        # Group Loss classification pre-training
         "checkpoint_dir": None,      # default: <report_dir>/checkpoints
         "eval_every": 0,             # epochs between retrieval evaluations during training (0: never)
-        "distribute": "auto",        # auto | none | mirrored
+        "distribute": "auto",        # auto | none | mirrored | multi_worker (auto: TF_CONFIG -> multi_worker)
     },
     "evaluation": {
         "ks": [1, 2, 4, 8],

@@ -7,16 +7,18 @@ Stock TF Serving cannot load ScaNN's custom ops, so the model and the index are 
 
 Signatures of the SavedModel:
 
-- `serving_default`: input `images`, uint8 `[batch, height, width, 3]` of any size -> resized in the graph to
+- `serving_default`: input `images`, uint8 `[batch, height, width, channels]` (3, or 1 for grayscale models)
+  of any size -> resized in the graph to
   the model's input size (bilinear), cast to float32 (0-255), preprocessed -> outputs `embedding`
   (L2-normalised) plus any other named outputs of the model (e.g. `level_L`, `level_M`, `level_H`).
-- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, 3]` already resized and preprocessed ->
+- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, channels]` already resized and preprocessed ->
   the same outputs.
 
 Model protocol (any Keras model works; tfdml embedders implement the optional parts):
 
 - outputs: `model.export_outputs(x)` -> dict of named tensors containing `"embedding"` if defined, else
   `model(x, training=False)`: a tensor (becomes `embedding`) or a dict containing `"embedding"`;
+- channels: `model.preprocessing_config()["channels"]`, else a static `model.input_shape[-1]`, else 3;
 - input size: `image_size=` argument, else `model.preprocessing_config()["image_size"]`, else a static
   `model.input_shape[1:3]`;
 - preprocessing: `preprocess=` argument, else `model.preprocessing_config()["preprocessing"]`. A spec is
@@ -97,6 +99,15 @@ def _resolve_image_size(model, image_size, config):
     return size
 
 
+def _resolve_channels(model, config):
+    shape = getattr(model, "input_shape", None)
+    static = shape[-1] if isinstance(shape, tuple) and len(shape) == 4 else None
+    channels = int(config.get("channels") or static or 3)
+    if channels not in (1, 3):
+        raise ValueError(f"exported models take 1- or 3-channel images, the model wants {channels}.")
+    return channels
+
+
 def _named_outputs(model, images):
     if hasattr(model, "export_outputs"):
         outputs = model.export_outputs(images)
@@ -130,7 +141,7 @@ def _json_safe(value):
 def _compile_info(model):
     try:
         config = model.get_compile_config() if getattr(model, "compiled", False) else None
-    except (AttributeError, NotImplementedError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         config = None
     return _json_safe(config) if config else None
 
@@ -165,6 +176,7 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
     height, width = _resolve_image_size(model, image_size, config)
     preprocess_fn, preprocess_name = resolve_preprocessing(
         preprocess if preprocess is not None else config.get("preprocessing"))
+    channels = _resolve_channels(model, config)
 
     def embed_preprocessed(preprocessed):
         return _named_outputs(model, preprocessed)
@@ -173,14 +185,14 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         pixels = tf.image.resize(tf.cast(images, tf.float32), (height, width), method=resize_method)
         return _named_outputs(model, preprocess_fn(pixels))
 
-    image_spec = tf.TensorSpec([None, None, None, 3], tf.uint8, name=IMAGE_INPUT)
-    float_spec = tf.TensorSpec([None, height, width, 3], tf.float32, name=PREPROCESSED_INPUT)
+    image_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name=IMAGE_INPUT)
+    float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name=PREPROCESSED_INPUT)
     archive = keras.export.ExportArchive()
     archive.track(model)
-    serve = tf.function(lambda images: embed_images(images), input_signature=[image_spec])
+    # The argument names (`images`, `preprocessed`) become the signatures' input names.
+    serve = tf.function(embed_images, input_signature=[image_spec])
     archive.add_endpoint(SERVING_SIGNATURE, serve)
-    archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(
-        lambda preprocessed: embed_preprocessed(preprocessed), input_signature=[float_spec]))
+    archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
     output_shapes = serve.get_concrete_function().structured_outputs
     outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None
                for key, value in output_shapes.items()}
@@ -204,15 +216,16 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "embedding_normalized": True,
         "distance": "dot_product",
         "input": {"signature": SERVING_SIGNATURE, "name": IMAGE_INPUT, "dtype": "uint8",
-                  "shape": [None, None, None, 3]},
+                  "shape": [None, None, None, channels]},
         "image_size": [height, width],
         "resize_method": resize_method,
         "preprocessing": preprocess_name,
         "signatures": {
-            SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 3]"},
+            SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: f"uint8 [batch, height, width, {channels}]"},
                                 "outputs": sorted(outputs)},
-            PREPROCESSED_SIGNATURE: {"inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, 3]"},
-                                     "outputs": sorted(outputs)},
+            PREPROCESSED_SIGNATURE: {
+                "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
+                "outputs": sorted(outputs)},
         },
         "model": {"class": type(model).__name__, "name": model.name},
         "compile_config": _compile_info(model),
@@ -271,9 +284,10 @@ class ExportedEmbedder:
         self.output = output
         self._loaded = tf.saved_model.load(self.path)
         self._serve = self._loaded.signatures[SERVING_SIGNATURE]
+        self.channels = int(self.metadata["input"]["shape"][-1])
 
     def embed(self, images, batch_size=64):
-        """Embeds uint8 images: an array `[N, H, W, 3]` or a list of `[H, W, 3]` arrays of any sizes."""
+        """Embeds uint8 images: an array `[N, H, W, C]` or a list of `[H, W, C]` arrays of any sizes."""
         if isinstance(images, np.ndarray) and images.ndim == 4:
             batches = [images[i:i + batch_size] for i in range(0, len(images), batch_size)]
         else:
@@ -292,21 +306,22 @@ class ExportedEmbedder:
 def rest_request_body(images, signature_name=SERVING_SIGNATURE):
     """JSON body for TF Serving's REST predict API (`POST /v1/models/<name>:predict`), columnar format.
 
-    `images`: uint8 `[N, H, W, 3]`. The response is `{"outputs": {"embedding": [[...], ...], ...}}`.
+    `images`: uint8 `[N, H, W, channels]`. The response is `{"outputs": {"embedding": [[...], ...], ...}}`.
     """
     images = np.asarray(images)
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
-        raise ValueError(f"images must be uint8 [batch, height, width, 3], got {images.dtype} {images.shape}.")
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ValueError(f"images must be uint8 [batch, height, width, 3 or 1], got {images.dtype} "
+                         f"{images.shape}.")
     return {"signature_name": signature_name, "inputs": {IMAGE_INPUT: images.tolist()}}
 
 
-def read_image(path):
-    """Decodes a JPEG / PNG / BMP / GIF file to uint8 `[H, W, 3]`."""
+def read_image(path, channels=3):
+    """Decodes a JPEG / PNG / BMP / GIF file to uint8 `[H, W, channels]`."""
     data = tf.io.read_file(os.fspath(path))
-    return tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
+    return tf.io.decode_image(data, channels=channels, expand_animations=False).numpy()
 
 
-def _gallery_batches(gallery):
+def _gallery_batches(gallery, channels=3):
     """Yields `(uint8 images or list of images, labels or None)` from the supported gallery inputs."""
     if isinstance(gallery, tf.data.Dataset):
         for element in gallery.as_numpy_iterator():
@@ -321,7 +336,7 @@ def _gallery_batches(gallery):
     elif isinstance(gallery, np.ndarray):
         yield gallery, None
     else:
-        yield [read_image(p) for p in gallery], None
+        yield [read_image(p, channels) for p in gallery], None
 
 
 def export_index(gallery, base_dir="exported_models", name=None, version=None, ids=None, labels=None,
@@ -345,7 +360,7 @@ def export_index(gallery, base_dir="exported_models", name=None, version=None, i
     model_dir = os.path.join(os.fspath(base_dir), name)
     embedder = ExportedEmbedder(model_dir, version)
     embeddings, found_labels = [], []
-    for images, batch_labels in _gallery_batches(gallery):
+    for images, batch_labels in _gallery_batches(gallery, embedder.channels):
         embeddings.append(embedder.embed(images, batch_size=batch_size))
         if batch_labels is not None:
             found_labels.append(np.asarray(batch_labels).reshape(-1))

@@ -119,13 +119,28 @@ def resolve_paths(config):
 
 
 def _strategy(choice):
+    """The strategy for `training.distribute`: auto picks multi_worker when TF_CONFIG is set, mirrored with
+    several GPUs, else none."""
     import tensorflow as tf
 
-    if choice == "mirrored" or (choice == "auto" and len(tf.config.list_logical_devices("GPU")) > 1):
+    if choice not in ("auto", "none", "mirrored", "multi_worker"):
+        raise ValueError(f"training.distribute must be auto, none, mirrored or multi_worker, got {choice!r}")
+    if choice == "auto":
+        if os.environ.get("TF_CONFIG"):
+            choice = "multi_worker"
+        elif len(tf.config.list_physical_devices("GPU")) > 1:
+            choice = "mirrored"
+    if choice == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if choice == "mirrored":
         return tf.distribute.MirroredStrategy()
-    if choice not in ("auto", "none", "mirrored"):
-        raise ValueError(f"training.distribute must be auto, none or mirrored, got {choice!r}")
     return tf.distribute.get_strategy()
+
+
+def _is_chief(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is None or resolver.task_type in (None, "chief") or (
+        resolver.task_type == "worker" and resolver.task_id == 0)
 
 
 def run(config=None, verbose=1):
@@ -149,6 +164,10 @@ def run(config=None, verbose=1):
         yaml.safe_dump(config, f, sort_keys=False)
 
     train_source, eval_source = _sources(data_cfg)
+    num_classes, top_label = model_cfg["num_classes"], int(np.max(train_source.labels, initial=-1))
+    if num_classes is not None and top_label >= int(num_classes):
+        raise ValueError(f"model.num_classes={num_classes} but the training labels go up to "
+                         f"{top_label}: the classifier head needs every class id below it")
     input_shape = _input_shape(config, train_source)
     epochs, steps = int(train_cfg["epochs"]), int(train_cfg["steps_per_epoch"])
     total_steps = epochs * steps
@@ -163,6 +182,11 @@ def run(config=None, verbose=1):
         optimizer = recipes.make_optimizer(config["optimizer"], embedder, total_steps)
         if config["ala"]["enabled"]:
             ala_params = dict(config["ala"]["params"])
+            ala_params.setdefault("embedding_dim", embedder.output_dim)  # the embedder is not built yet
+            if float(config["optimizer"]["head_lr_multiplier"]) != 1.0:
+                # A multi-rate optimizer has no single learning rate for the look-ahead step of eq (10):
+                # it takes the backbone rate.
+                ala_params.setdefault("inner_learning_rate", float(config["optimizer"]["learning_rate"]))
             model = ALAModel(embedder, base_loss=config["loss"]["name"],
                              loss_params=config["loss"]["params"] or None, seed=int(config["seed"]),
                              **ala_params)
@@ -188,8 +212,8 @@ def run(config=None, verbose=1):
     # The same images as pixels in [0, 1]: the raw-pixel baseline, the index gallery and the report grid.
     pixel_ds = data_lib.eval_dataset(eval_source, eval_batch, image_size=data_cfg["image_size"])
 
-    # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen.
-    train_ds = callbacks_lib.resume_stream(train_ds, train_cfg["checkpoint_dir"], steps)
+    # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen
+    # (resume_stream below skips what the checkpointed epochs consumed).
     callbacks = [keras.callbacks.BackupAndRestore(train_cfg["checkpoint_dir"])]
     if train_cfg["eval_every"]:
         callbacks.append(callbacks_lib.RetrievalEvaluation(
@@ -198,9 +222,22 @@ def run(config=None, verbose=1):
         callbacks.append(callbacks_lib.ClassificationPretraining(int(train_cfg["pretrain_epochs"])))
     callbacks.append(keras.callbacks.TensorBoard(os.path.join(report_dir, "tensorboard")))
 
-    history = model.fit(train_ds, epochs=epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose,
-                        shuffle=False)  # batches come shuffled and class-balanced from tfdml.data
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if multi_worker:
+        # Keras 3 fit fails under MultiWorkerMirroredStrategy: tfdml's strategy.run loop trains the same
+        # model, checkpoints on the chief and resumes by itself (no Keras callbacks in this mode).
+        from tfdml.training import fit_distributed
+
+        history_dict = fit_distributed(model, train_ds, epochs=epochs, steps_per_epoch=steps,
+                                       checkpoint_dir=train_cfg["checkpoint_dir"], strategy=strategy,
+                                       verbose=verbose)
+    else:
+        train_ds = callbacks_lib.resume_stream(train_ds, train_cfg["checkpoint_dir"], steps)
+        history_dict = model.fit(train_ds, epochs=epochs, steps_per_epoch=steps, callbacks=callbacks,
+                                 verbose=verbose, shuffle=False).history  # tfdml.data batches come shuffled
     train_seconds = time.time() - started
+    if not _is_chief(strategy):
+        return {"name": config["name"], "chief": False, "train_seconds": round(train_seconds, 2)}
 
     ks = [int(k) for k in config["evaluation"]["ks"]]
     metrics = list(config["evaluation"]["metrics"])
@@ -219,7 +256,7 @@ def run(config=None, verbose=1):
         "eval_items": int(len(labels)),
         "eval_classes": int(len(np.unique(labels))),
         "train_seconds": round(train_seconds, 2),
-        "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+        "history": {k: [float(v) for v in vs] for k, vs in history_dict.items()},
     }
 
     if config["export"]["enabled"]:
@@ -232,15 +269,13 @@ def run(config=None, verbose=1):
         summary["export_dir"] = path
         if export_cfg["index"]:
             gallery = np.clip(np.round(pixels * 255.0), 0, 255).astype(np.uint8)
-            if gallery.shape[-1] == 1:
-                gallery = np.repeat(gallery, 3, axis=-1)
             index = export_lib.export_index(gallery, base_dir=export_cfg["base_dir"], name=export_cfg["name"],
                                             labels=pixel_labels, mode="exact")
             summary["index_size"] = int(index.size) if hasattr(index, "size") else int(len(pixel_labels))
 
     plots.plot_recall_curve({"tfdml": results, "raw pixels": baseline},
                             os.path.join(report_dir, "recall_at_k.png"))
-    plots.plot_training_curves(history.history, os.path.join(report_dir, "training_curves.png"))
+    plots.plot_training_curves(history_dict, os.path.join(report_dir, "training_curves.png"))
     _retrieval_grid(embeddings, labels, pixels, config["report"], os.path.join(report_dir, "retrieval_grid.png"))
     summary["wall_seconds"] = round(time.time() - started, 2)
     with open(os.path.join(report_dir, "metrics.json"), "w") as f:

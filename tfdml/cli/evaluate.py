@@ -14,7 +14,6 @@ import numpy as np
 
 HELP = "Compute Recall@K, MAP@R, R-precision, NMI and F1 of embeddings or of an exported model."
 DIGITS_TEST_CLASSES = tuple(range(5, 10))
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
 def register(subparsers):
@@ -67,30 +66,10 @@ def load_digits_split(classes=DIGITS_TEST_CLASSES):
     return np.repeat(gray[..., None], 3, axis=-1), digits.target[keep].astype(np.int64)
 
 
-def list_image_dir(directory, class_names=None):
-    """`(paths, labels, class_names)` for a directory with one sub-directory of images per class."""
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"image directory {directory!r} does not exist.")
-    names = class_names or sorted(d for d in os.listdir(directory)
-                                  if os.path.isdir(os.path.join(directory, d)))
-    paths, labels = [], []
-    for label, name in enumerate(names):
-        folder = os.path.join(directory, name)
-        if not os.path.isdir(folder):
-            continue
-        for file in sorted(os.listdir(folder)):
-            if file.lower().endswith(IMAGE_SUFFIXES):
-                paths.append(os.path.join(folder, file))
-                labels.append(label)
-    if not paths:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in class sub-directories of {directory!r}.")
-    return paths, np.asarray(labels, np.int64), names
-
-
 def _embed_paths(embedder, paths, batch_size):
     from tfdml.export import read_image
 
-    return embedder.embed([read_image(p) for p in paths], batch_size=batch_size)
+    return embedder.embed([read_image(p, embedder.channels) for p in paths], batch_size=batch_size)
 
 
 def _load_inputs(args):
@@ -104,6 +83,7 @@ def _load_inputs(args):
             arrays = {key: data[key] for key in data.files}
         return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"),
                 arrays.get("query_labels"))
+    from tfdml.data.sources import list_class_folders
     from tfdml.export import ExportedEmbedder
 
     if bool(args.dataset) == bool(args.image_dir):
@@ -111,12 +91,13 @@ def _load_inputs(args):
     embedder = ExportedEmbedder(args.model, args.version)
     if args.dataset == "digits":
         images, labels = load_digits_split()
+        images = images[..., :embedder.channels]  # grayscale models take one channel
         return embedder.embed(images, batch_size=args.batch_size), labels, None, None
-    paths, labels, names = list_image_dir(args.image_dir)
+    paths, labels, names = list_class_folders(args.image_dir)
     gallery = _embed_paths(embedder, paths, args.batch_size)
     if not args.query_image_dir:
         return gallery, labels, None, None
-    query_paths, query_labels, _ = list_image_dir(args.query_image_dir, class_names=names)
+    query_paths, query_labels, _ = list_class_folders(args.query_image_dir, class_names=names)
     return gallery, labels, _embed_paths(embedder, query_paths, args.batch_size), query_labels
 
 

@@ -57,19 +57,10 @@ def run(args):
         overwrite=args.version is not None)
     print(f"exported SavedModel: {path}")
     if args.gallery_dir:
-        files, labels = _gallery_files(args.gallery_dir)
+        from tfdml.data.sources import list_class_folders
+
+        files, labels, _ = list_class_folders(args.gallery_dir)
         export_lib.export_index(files, base_dir=args.base_dir, name=args.name, labels=labels)
         print(f"ScaNN index of {len(files)} images: {os.path.join(args.base_dir, args.name, 'index')}")
     return 0
 
-
-def _gallery_files(root):
-    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
-    if not classes:
-        raise SystemExit(f"tfdml export: {root} has no class sub-folders")
-    files, labels = [], []
-    for label, name in enumerate(classes):
-        for file in sorted(os.listdir(os.path.join(root, name))):
-            files.append(os.path.join(root, name, file))
-            labels.append(label)
-    return files, labels

@@ -54,7 +54,7 @@ def run(args):
                              f"{len(args.queries)} queries.")
         embedder = ExportedEmbedder(args.model, args.version)
         index = ScannIndex.load(args.index or default_index_dir(args.model, args.version))
-        images = [read_image(path) for path in args.queries]
+        images = [read_image(path, embedder.channels) for path in args.queries]
         ids, values = index.search(embedder.embed(images), k=min(args.k, index.size))
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f"tfdml search: error: {error}", file=sys.stderr)
@@ -88,7 +88,7 @@ def run(args):
         else:
             from tfdml.plots import plot_retrieval_grid
 
-            neighbour_images = [[read_image(i) for i in row] for row in ids.tolist()]
+            neighbour_images = [[read_image(i, embedder.channels) for i in row] for row in ids.tolist()]
             plot_retrieval_grid(images, neighbour_images, flags, args.grid,
                                 titles=[[f"{v:.2f}" for v in row] for row in values])
             print(f"retrieval grid written to {args.grid}")

@@ -143,6 +143,35 @@ def _decode_file(path, channels):
     return image
 
 
+def list_class_folders(path, class_names=None, extensions=IMAGE_EXTENSIONS):
+    """`(paths, labels, class_names)` of the images in `path/<class_name>/<image files>`.
+
+    Class ids follow the sorted sub-folder names, or the order of `class_names` when given (e.g. to match
+    query classes to gallery classes; missing class folders are then skipped). Files are sorted.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"image folder {path!r} is not a directory.")
+    if class_names is None:
+        class_names = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+        if not class_names:
+            raise ValueError(f"image folder {path!r} has no class sub-folders (expected path/<class>/<image>).")
+    paths, labels = [], []
+    extensions = tuple(e.lower() for e in extensions)
+    for label, name in enumerate(class_names):
+        folder = os.path.join(path, name)
+        if not os.path.isdir(folder):
+            continue
+        for file in sorted(os.listdir(folder)):
+            if file.lower().endswith(extensions):
+                paths.append(os.path.join(folder, file))
+                labels.append(label)
+    if not paths:
+        raise ValueError(f"image folder {path!r}: no image files ({', '.join(extensions)}) in its class "
+                         "sub-folders.")
+    return paths, np.asarray(labels, np.int64), list(class_names)
+
+
 def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS):
     """A source over `path/<class_name>/<image files>`; class ids follow the sorted class folder names.
 
@@ -150,21 +179,7 @@ def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS):
     not decode are skipped and counted by the pipelines (`Source.skipped_count`). The class names are in
     the returned source's `class_names` attribute.
     """
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"image_folder: {path!r} is not a directory.")
-    class_names = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
-    if not class_names:
-        raise ValueError(f"image_folder: {path!r} has no class sub-folders (expected path/<class>/<image>).")
-    paths, labels = [], []
-    extensions = tuple(e.lower() for e in extensions)
-    for label, name in enumerate(class_names):
-        folder = os.path.join(path, name)
-        for file in sorted(os.listdir(folder)):
-            if file.lower().endswith(extensions):
-                paths.append(os.path.join(folder, file))
-                labels.append(label)
-    if not paths:
-        raise ValueError(f"image_folder: no image files ({', '.join(extensions)}) under {path!r}.")
+    paths, labels, class_names = list_class_folders(path, extensions=extensions)
     table = tf.constant(paths)
 
     def load(i):

@@ -14,12 +14,12 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import as_scalar, euclidean_distance_matrix, mean_of_positive, negative_mask, positive_mask, \
+from tfdml.ops import as_scalar, mean_of_positive, negative_mask, pairwise_distance, positive_mask, \
     validate_inputs
 
 
 def _contrastive_loss(labels, embeddings, pos_margin, neg_margin):
-    dist = euclidean_distance_matrix(embeddings)
+    dist = pairwise_distance(embeddings)
     dtype = dist.dtype
     zeros = tf.zeros_like(dist)
     pos_terms = tf.where(positive_mask(labels), tf.nn.relu(dist - as_scalar(pos_margin, dtype)), zeros)
@@ -62,6 +62,8 @@ class ContrastiveLoss(MetricLoss):
 
     def __init__(self, pos_margin=0.0, neg_margin=1.0, name="contrastive_loss", **kwargs):
         super().__init__(name=name, **kwargs)
+        if pos_margin < 0 or neg_margin < 0:
+            raise ValueError(f"pos_margin and neg_margin must be >= 0, got {pos_margin} and {neg_margin}.")
         self.pos_margin = float(pos_margin)
         self.neg_margin = float(neg_margin)
 

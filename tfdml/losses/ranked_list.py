@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, euclidean_distance_matrix, masked_softmax, negative_mask, positive_mask,
+from tfdml.ops import (as_scalar, masked_softmax, negative_mask, pairwise_distance, positive_mask,
                        safe_divide, validate_inputs)
 
 
@@ -72,9 +72,9 @@ def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_galle
     alpha = _default_alpha(margin, alpha)
     if stop_gallery_gradient:
         # Sec. 3.2: "in the ranked list of x_i we regard the features of other examples as constants".
-        dist = euclidean_distance_matrix(embeddings, tf.stop_gradient(embeddings))
+        dist = pairwise_distance(embeddings, tf.stop_gradient(embeddings))
     else:
-        dist = euclidean_distance_matrix(embeddings)
+        dist = pairwise_distance(embeddings)
     alpha = as_scalar(alpha, dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     lam = as_scalar(lam, dtype)
@@ -145,6 +145,12 @@ class RankedListLoss(MetricLoss):
             tn = keras.saving.deserialize_keras_object(tn)
         if not isinstance(tn, LinearTemperature):
             tn = float(tn)
+            if tn < 0:
+                raise ValueError(f"tn must be >= 0 (0 weighs mined negatives equally), got {tn}.")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}.")
+        if not 0.0 <= lam <= 1.0:
+            raise ValueError(f"lam balances the positive and negative terms and must lie in [0, 1], got {lam}.")
         self.margin = float(margin)
         self.alpha = None if alpha is None else float(alpha)
         self.tn = tn

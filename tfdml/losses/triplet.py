@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, euclidean_distance_matrix, masked_max, masked_mean, masked_min, negative_mask,
+from tfdml.ops import (as_scalar, masked_max, masked_mean, masked_min, negative_mask,
                        pairwise_distance, positive_mask, safe_divide, validate_inputs)
 
 MINING_STRATEGIES = ("all", "hard", "semi_hard")
@@ -92,7 +92,7 @@ def _triplet_sums(dist, pos, neg, margin, semi_hard, soft):
 
 
 def _distances(embeddings, squared):
-    return pairwise_distance(embeddings, squared=True) if squared else euclidean_distance_matrix(embeddings)
+    return pairwise_distance(embeddings, squared=squared)
 
 
 def _check_mining(mining):
@@ -162,6 +162,8 @@ class TripletLoss(MetricLoss):
     def __init__(self, margin=0.2, mining="all", soft=False, squared=False, name="triplet_loss", **kwargs):
         super().__init__(name=name, **kwargs)
         _check_mining(mining)
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}.")
         self.margin = float(margin)
         self.mining = mining
         self.soft = bool(soft)
@@ -222,7 +224,7 @@ def _semihard_negative_sums(dist, pos, neg, margin):
 
 
 def _triplet_semihard_loss(labels, embeddings, margin):
-    dist = euclidean_distance_matrix(embeddings)
+    dist = pairwise_distance(embeddings)
     pos = positive_mask(labels)
     total = _semihard_negative_sums(dist, pos, negative_mask(labels), margin)
     return safe_divide(total, tf.reduce_sum(tf.cast(pos, dist.dtype)))
@@ -240,7 +242,7 @@ def triplet_semihard_loss(labels, embeddings, margin=1.0):
 
 
 def _triplet_hard_loss(labels, embeddings, margin, soft):
-    dist = euclidean_distance_matrix(embeddings)
+    dist = pairwise_distance(embeddings)
     pos = positive_mask(labels)
     neg = negative_mask(labels)
     # As in tfa: an anchor without positive uses hardest_pos = 0, one without negative uses its row maximum.

@@ -15,6 +15,8 @@ way (and restores the losses' variables and every inner optimizer's state).
 """
 
 import keras
+from keras.src.models.functional import Functional
+from keras.src.models.model import Trainer, functional_init_arguments
 
 from tfdml.optimizers import MultiOptimizer
 
@@ -36,6 +38,14 @@ class MetricModel(keras.Model):
         >>> model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=tfdml.losses.MarginLoss())
         >>> model.fit(class_balanced_dataset)   # beta trained by its own SGD(0.1, momentum 0.9)
     """
+
+    def __new__(cls, *args, **kwargs):
+        # Functional use, `MetricModel(inputs, outputs)`: left to Keras, it would rewrite MetricModel's own
+        # bases to `Functional` for good (`inject_functional_model_class`), and every subclassed tfdml
+        # embedder created afterwards would fail. A dedicated functional subclass leaves MetricModel intact.
+        if cls is MetricModel and functional_init_arguments(args, kwargs):
+            return keras.Model.__new__(FunctionalMetricModel)
+        return super().__new__(cls, *args, **kwargs)
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         optimizer = keras.optimizers.get(optimizer)
@@ -88,3 +98,13 @@ class MetricModel(keras.Model):
                 self._tracker.lock()
         # A plain list on purpose: Keras would otherwise track the attribute as state.
         object.__setattr__(self, "_loss_variables", list(variables))
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class FunctionalMetricModel(MetricModel, Functional):
+    """What `MetricModel(inputs, outputs)` builds: a functional model with `MetricModel.compile`."""
+
+    def __init__(self, inputs, outputs, *args, **kwargs):
+        # What keras.Model.__init__ does for a subclass called with functional arguments.
+        Trainer.__init__(self)
+        Functional.__init__(self, inputs, outputs, *args, **kwargs)

@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.models import backbones as backbones_lib
+from tfdml.distribute import scale_for_replicas
 from tfdml.models.base import MetricModel
 from tfdml.models.heads import AuxiliaryEmbeddingHead, GlobalEmbeddingHead, L2Normalize
 
@@ -259,8 +260,8 @@ class MultiLevelEmbedder(MetricModel):
             value = tf.cast(value, tf.float32)
             tracker.update_state(_per_replica_to_global(value))
             total = total + weight * value
-        for extra in self.losses:  # regularisers and add_loss terms
-            total = total + tf.cast(tf.reduce_sum(extra), tf.float32)
+        for extra in self.losses:  # regularisers and add_loss terms, 1/N each so N replicas sum to one
+            total = total + scale_for_replicas(tf.cast(tf.reduce_sum(extra), tf.float32))
         return total
 
     # --- config --------------------------------------------------------------------------------------------

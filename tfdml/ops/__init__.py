@@ -27,7 +27,6 @@ from tfdml.ops.neighbours import (
     ranking_scores,
 )
 from tfdml.ops.scalars import as_scalar
-from tfdml.ops.euclidean import euclidean_distance_matrix
 from tfdml.ops.tuples import (
     triplet_indices,
     pair_indices_with_targets,
@@ -44,7 +43,6 @@ from tfdml.ops.validation import (
 
 __all__ = [
     "as_scalar",
-    "euclidean_distance_matrix",
     "pairwise_distance",
     "pairwise_squared_distance",
     "pairwise_pearson_similarity",

@@ -8,6 +8,8 @@ Ranking uses a *score* where larger means nearer, computed with one matmul per c
   column (`ranking_operands`), so each block costs one matmul and one top-k, with no elementwise pass.
 
 In same-set mode each query takes its top `k + 1` and drops its own row (not other rows at distance 0).
+On large galleries the top-k runs only on the column blocks with the largest maxima (exact, see
+`_blocked_search_chunk`): a full top-k over every column costs ~40% of the matmul, this ~5%.
 
 Ties are broken by the lower gallery index (`tf.math.top_k` is stable), like a stable sort of the distances.
 """
@@ -53,9 +55,49 @@ def _chunk_rows(num_gallery, k, memory_budget):
     return int(max(1, min(65536, memory_budget // max(per_row, 1))))
 
 
+# Padding rows of the blocked search score about -5e29: never among the top k of real rows.
+_PAD_NORM = 1e30
+
+
 @tf.function(reduce_retracing=True)
 def _search_chunk(queries, gallery, k):
     return tf.math.top_k(tf.matmul(queries, gallery, transpose_b=True), k=k, sorted=True)
+
+
+@tf.function(reduce_retracing=True)
+def _blocked_search_chunk(queries, gallery, k, block):
+    """Exact top-k that runs the full top-k only on the `k` column blocks with the largest maxima.
+
+    Each of those blocks holds an element >= their smallest maximum, so the top k lie inside them unless an
+    element elsewhere ties with the k-th value: any element outside is <= `outside_max` (the (k+1)-th
+    largest block maximum). Rows where the k-th value is not strictly above it are flagged for a plain
+    top-k. Selected blocks are kept in column order, so ties still go to the lower index.
+    """
+    scores = tf.matmul(queries, gallery, transpose_b=True)
+    blocks = tf.reshape(scores, [tf.shape(scores)[0], -1, block])
+    block_max, top_blocks = tf.math.top_k(tf.reduce_max(blocks, axis=2), k=k + 1)
+    selected = tf.sort(top_blocks[:, :k], axis=1)
+    candidates = tf.reshape(tf.gather(blocks, selected, batch_dims=1), [tf.shape(scores)[0], -1])
+    values, positions = tf.math.top_k(candidates, k=k, sorted=True)
+    columns = tf.gather(selected, positions // block, batch_dims=1) * block + positions % block
+    return values, columns, values[:, -1] <= block_max[:, -1]
+
+
+def _block_size(num_gallery, width):
+    """Column block for `_blocked_search_chunk`: candidates at most 1/8 of the gallery, else 0 (plain)."""
+    block = min(64, num_gallery // (8 * (width + 1)))
+    return block if block >= 16 else 0
+
+
+def _pad_for_blocks(query_ops, gallery_ops, block, augmented):
+    """Adds a (-1/2, 0) column pair if absent and pads the gallery to whole blocks with very far rows."""
+    if not augmented:
+        query_ops = np.concatenate([query_ops, np.full((len(query_ops), 1), -0.5, np.float32)], axis=1)
+        gallery_ops = np.concatenate([gallery_ops, np.zeros((len(gallery_ops), 1), np.float32)], axis=1)
+    missing = -len(gallery_ops) % block
+    pad = np.zeros((missing, gallery_ops.shape[1]), np.float32)
+    pad[:, -1] = _PAD_NORM
+    return query_ops, np.concatenate([gallery_ops, pad], axis=0)
 
 
 def drop_own_rows(found, first_row, *aligned):
@@ -72,7 +114,7 @@ def drop_own_rows(found, first_row, *aligned):
 
 
 def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=None,
-                 memory_budget=DEFAULT_MEMORY_BUDGET, progress=False):
+                 memory_budget=DEFAULT_MEMORY_BUDGET, progress=False, block_size=None):
     """Exact top-`k` neighbours of each query row among the gallery rows.
 
     Args:
@@ -83,6 +125,8 @@ def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=
       distance: `"squared_l2"` or `"dot_product"`.
       chunk_size: queries per block; default chosen so one `[chunk, G]` block fits `memory_budget` bytes.
       progress: show a `keras.utils.Progbar`.
+      block_size: column block of the blocked top-k (`_blocked_search_chunk`); default automatic (used
+        when the candidate blocks are at most 1/8 of the gallery), 0 forces a plain top-k over all columns.
 
     Returns:
       `(indices, distances)`: int64 `[Q, k]` gallery indices, nearest first, and their squared L2 distances
@@ -109,8 +153,11 @@ def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=
     num_queries = queries.shape[0]
     chunk = chunk_size or _chunk_rows(gallery.shape[0], k, memory_budget)
     query_ops, gallery_ops = ranking_operands(queries, gallery, distance)
+    width = k + 1 if same_set else k
+    block = _block_size(gallery.shape[0], width) if block_size is None else block_size
+    if block:
+        query_ops, gallery_ops = _pad_for_blocks(query_ops, gallery_ops, block, distance == "squared_l2")
     gallery_t = tf.constant(gallery_ops)
-    width = tf.constant(k + 1 if same_set else k)
     out_idx = np.empty((num_queries, k), np.int64)
     out_val = np.empty((num_queries, k), np.float32)
     bar = None
@@ -119,8 +166,20 @@ def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=
         bar = keras.utils.Progbar(num_queries, unit_name="query")
     for start in range(0, num_queries, chunk):
         stop = min(start + chunk, num_queries)
-        scores, indices = _search_chunk(tf.constant(query_ops[start:stop]), gallery_t, width)
-        indices, scores = indices.numpy(), scores.numpy()
+        chunk_queries = tf.constant(query_ops[start:stop])
+        if block:
+            scores, indices, ties = _blocked_search_chunk(chunk_queries, gallery_t, tf.constant(width),
+                                                          tf.constant(block))
+            scores, indices, ties = scores.numpy(), indices.numpy(), ties.numpy()
+            if ties.any():  # a tie at the k-th value may sit outside the selected blocks
+                redo = np.flatnonzero(ties)
+                plain_scores, plain_indices = _search_chunk(tf.gather(chunk_queries, redo), gallery_t,
+                                                            tf.constant(width))
+                scores[redo], indices[redo] = plain_scores.numpy(), plain_indices.numpy()
+        else:
+            scores, indices = _search_chunk(chunk_queries, gallery_t, tf.constant(width))
+            indices, scores = indices.numpy(), scores.numpy()
+        indices = indices.astype(np.int64)
         if same_set:
             indices, scores = drop_own_rows(indices, start, scores)
         out_idx[start:stop], out_val[start:stop] = indices, scores

@@ -6,13 +6,15 @@ Automatic settings (`mode="auto"`), by database size `N` (see `auto_settings`):
   thousand queries and leaves nothing to tune.
 - `N >= 20,000`: partitioning tree + anisotropic hashing (AH, 2 dimensions per 4-bit block, anisotropic
   threshold 0.2 for dot products) + exact re-ordering. `num_leaves ~ sqrt(N)` (ScaNN's guidance, so a leaf
-  holds ~sqrt(N) points); 10% of the leaves are searched up to 200k points, 3% above (finer trees); at
+  holds ~sqrt(N) points); 10% of the leaves are searched up to 200k points, 1% above (finer trees); at
   search time this is raised so the searched leaves hold at least 8x the candidates, and
   `max(reorder, 2 * k)` AH candidates are re-scored exactly (`8 * k` below 128 dimensions, where AH
   codes are coarse). Trees and codebooks train on 20k samples
   (100k above 200k points). Tuned on `scripts/bench_retrieval.py`: on 60,000 x 512 clustered SOP-like data
   (k = 101) Recall@1 / MAP@R stay within 0.05 points of exact search; fewer leaves cost accuracy fast
-  (8% of the leaves: -0.3 points Recall@1 and -0.5 MAP@R; 6%: -2 points), more re-ordering does not help. Pass `num_leaves`, `leaves_to_search`, `reorder`, ... to override.
+  (8% of the leaves: -0.3 points Recall@1 and -0.5 MAP@R; 6%: -2 points), more re-ordering does not help.
+  On 1,000,000 x 128 clustered vectors (k = 10), 10 of 1,000 leaves give neighbour recall@10 0.986 at ~31k
+  queries/s on 2 cores. Pass `num_leaves`, `leaves_to_search`, `reorder`, ... to override.
 
 Values returned by `search` follow ScaNN: dot products (larger = nearer) for `"dot_product"`, squared
 Euclidean distances (smaller = nearer) for `"squared_l2"`.
@@ -37,9 +39,9 @@ _SCANN_DIR = "scann"
 def auto_settings(num_points, dim, distance="dot_product"):
     """Tree / AH / reorder parameters for an approximate index of `num_points` vectors of size `dim`."""
     num_leaves = int(min(max(round(math.sqrt(num_points)), 16), 4000))
-    # Searching ~10% of the leaves of a small tree (~3% of a 1M-point tree) keeps the recall of clustered
+    # Searching ~10% of the leaves of a small tree (1% of a 1M-point tree) keeps the recall of clustered
     # data high: neighbours of a query are spread over fewer leaves as the tree gets finer.
-    fraction = 0.1 if num_points <= 200000 else 0.03
+    fraction = 0.1 if num_points <= 200000 else 0.01
     leaves_to_search = int(max(4, min(num_leaves, round(num_leaves * fraction))))
     return {
         "num_leaves": num_leaves,

@@ -13,7 +13,7 @@ replica and the tfdml losses (which gather the replicas' shares) see exactly the
 The dataset must therefore yield the same batches on every worker (fixed shuffle seeds).
 
 Checkpoints (`tf.train.CheckpointManager`) hold the model, its optimizer, the epoch counter and the
-position in the dataset (see `data_position`); they are written at the end of every epoch by the chief (under
+position in the dataset (see `data_position`); the chief writes one at the end of every epoch (under
 `MultiWorkerMirroredStrategy` the other workers write to temporary directories that are deleted right
 away, as the strategy requires every worker to save). A new call with the same `checkpoint_dir` resumes
 from the latest checkpoint: it restores the weights, the optimizer state and the data position and runs
@@ -162,16 +162,18 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset of global batches, got {type(dataset).__name__}.")
 
+    if data_position not in _DATA_POSITIONS:
+        raise ValueError(f"data_position must be one of {_DATA_POSITIONS}, got {data_position!r}.")
+
     task_type, task_id = _task(strategy)
     chief = _is_chief(task_type, task_id)
     progress = _Progress(verbose, chief, epochs)
 
-    if data_position not in _DATA_POSITIONS:
-        raise ValueError(f"data_position must be one of {_DATA_POSITIONS}, got {data_position!r}.")
-
     iterator = iter(dataset)
     _build(model, strategy, dataset.element_spec)
-    if data_position == "auto":
+    if checkpoint_dir is None:
+        data_position = None
+    elif data_position == "auto":
         data_position = "iterator" if _is_checkpointable(iterator) else "skip"
 
     epoch_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
