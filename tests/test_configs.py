@@ -18,7 +18,7 @@ import tensorflow_datasets as tfds
 
 from tfdml import pipeline
 from tfdml.config import ConfigError, load_config
-from tfdml.data.sources import LABEL_KEYS
+from tfdml.data.sources import CLASS_SPLIT_DATASETS, LABEL_KEYS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, "*.yaml")))
@@ -27,7 +27,7 @@ IMAGES_PER_CLASS = 6
 TINY = [
     "model.backbone=small_cnn", "model.weights=null", "model.embedding_dim=8", "model.head_filters=4",
     "model.head_units=8", "data.image_size=32", "data.classes_per_batch=3", "data.samples_per_class=2",
-    "training.epochs=1", "training.steps_per_epoch=2", "training.eval_every=1", "export.enabled=false",
+    "training.epochs=1", "training.steps_per_epoch=2", "training.eval_every=0", "export.enabled=false",
     "evaluation.batch_size=16", "evaluation.ks=[1,2]", "report.grid_queries=3", "report.grid_neighbours=2",
 ]
 
@@ -55,12 +55,13 @@ def _fake_data_source(builder, split, decoders=None, **kwargs):
 def _tiny(config):
     """Overrides for this configuration's optional parts (Group Loss pre-training, ALA episodes)."""
     extra = []
-    if config["training"]["pretrain_epochs"]:
-        extra.append("training.pretrain_epochs=1")
+    if config["training"]["pretrain_epochs"]:  # with the retrieval evaluation callback after the epoch
+        extra += ["training.pretrain_epochs=1", "training.eval_every=1"]
     if config["loss"]["name"] == "group":
         extra.append("loss.params.num_anchors=1")
     if config["ala"]["enabled"]:
         extra += ["ala.params.max_tuples=16", "ala.params.assessor_units=4", "ala.params.assessor_layers=1",
+                  "ala.params.assessor_steps=1",
                   "ala.episode.train_size=6", "ala.episode.val_size=4", "ala.episode.samples_per_class=2"]
     return extra
 
@@ -78,7 +79,7 @@ def test_config_loads(path):
     assert config["name"] == os.path.basename(path)[:-5]
     assert config["loss"]["name"] in pipeline.LOSSES
     if config["data"]["source"] == "tfds":
-        assert config["data"]["name"] in LABEL_KEYS or config["data"]["name"] == "caltech_birds2011"
+        assert config["data"]["name"] in set(CLASS_SPLIT_DATASETS) | set(LABEL_KEYS)
         assert config["paper_target"], "paper configurations state the number they aim at"
     if config["loss"]["name"] == "group":
         assert config["model"]["num_classes"] and config["training"]["pretrain_epochs"] > 0
@@ -89,7 +90,10 @@ def test_config_loads(path):
         load_config(path, ["training.epoch=2"])
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-5])
+# digits_rll (the default job, see test_digits_rll_is_the_embedded_default) runs from its file in a
+# subprocess in tests/test_cli_train.py.
+@pytest.mark.parametrize("path", [p for p in CONFIGS if not p.endswith("digits_rll.yaml")],
+                         ids=lambda p: os.path.basename(p)[:-5])
 def test_config_runs_tiny(path, tmp_path):
     config = load_config(path, TINY)
     config = load_config(path, TINY + _tiny(config) + [f"report.dir={tmp_path}"])
@@ -97,8 +101,7 @@ def test_config_runs_tiny(path, tmp_path):
         summary = pipeline.run(config, verbose=0)
 
     assert summary["name"] == config["name"]
-    if config["data"]["source"] == "tfds":  # 5 unseen classes x 6 images
-        assert (summary["eval_items"], summary["eval_classes"]) == (5 * IMAGES_PER_CLASS, 5)
+    assert (summary["eval_items"], summary["eval_classes"]) == (5 * IMAGES_PER_CLASS, 5)  # the unseen classes
     for results in (summary["model"], summary["raw_pixels"]):
         assert set(results) == {"recall@1", "recall@2", "map@r", "r_precision", "nmi", "f1"}
         assert all(0.0 <= value <= 1.0 for value in results.values()), results
@@ -108,3 +111,21 @@ def test_config_runs_tiny(path, tmp_path):
         assert json.load(f)["model"] == summary["model"]
     for name in ("config.yaml", "model.keras", "recall_at_k.png", "training_curves.png", "retrieval_grid.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_classifier_head_too_small_for_the_labels(tmp_path):
+    path = os.path.join(CONFIG_DIR, "group_loss_sop.yaml")
+    config = load_config(path, TINY + ["model.num_classes=3", f"report.dir={tmp_path}"])
+    with tfds.testing.mock_data(as_data_source_fn=_fake_data_source):
+        with pytest.raises(ValueError, match="model.num_classes=3 but the training labels go up to 4"):
+            pipeline.run(config, verbose=0)
+
+
+def test_digits_rll_is_the_embedded_default():
+    """configs/digits_rll.yaml writes out the job `tfdml train` runs with no options."""
+    written = pipeline.resolve_paths(load_config(os.path.join(CONFIG_DIR, "digits_rll.yaml")))
+    default = pipeline.resolve_paths(load_config())
+    assert pipeline.build_loss(written["loss"]).get_config() == pipeline.build_loss(default["loss"]).get_config()
+    for config in (written, default):
+        del config["description"], config["loss"]["params"]
+    assert written == default

@@ -137,6 +137,12 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
     def _routes(self):
         return self._optimizer_map.routes
 
+    def finalize_variable_values(self, var_list):
+        # Keras' fit passes every trainable weight of the model; a model that trains some of them with
+        # another optimizer (ALAModel's assessor) must not fail here on variables this one never built.
+        known = getattr(self, "_var_to_optimizer_idx", {})
+        super().finalize_variable_values([v for v in var_list if self._var_key(v) in known])
+
     def with_routes(self, optimizers_and_selectors):
         """A new `MultiOptimizer` whose extra `(optimizer, selector)` pairs take precedence over these ones
         (same inner optimizer objects, same default)."""

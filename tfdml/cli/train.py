@@ -8,6 +8,7 @@
 import argparse
 import json
 import os
+import sys
 
 HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, export it and write a report."
 
@@ -62,8 +63,13 @@ def run(args):
     import yaml
 
     from tfdml import pipeline
+    from tfdml.config import ConfigError
 
-    config = resolve(args)
+    try:
+        config = resolve(args)
+    except ConfigError as error:
+        print(f"tfdml train: error: {error}", file=sys.stderr)
+        return 2
     if args.print_config:
         print(yaml.safe_dump(pipeline.resolve_paths(config), sort_keys=False), end="")
         return 0
@@ -81,8 +87,6 @@ def run(args):
 
 
 if __name__ == "__main__":
-    import sys
-
     p = argparse.ArgumentParser(prog="tfdml")
     register(p.add_subparsers(dest="command"))
     a = p.parse_args(["train"] + sys.argv[1:])

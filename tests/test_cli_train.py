@@ -1,0 +1,269 @@
+"""`tfdml train` end to end: the default job in a subprocess, its report, its export (reloaded without tfdml),
+`tfdml search` / `tfdml evaluate` / `tfdml export` on what it wrote, determinism, and the CLI surface.
+
+The subprocess runs are shortened to 2 epochs of 10 steps; three of them (seed 0 with export; seed 1; seed 0
+killed after its first epoch and started again) run concurrently once per module.
+"""
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from tfdml import cli
+from tfdml.config import DEFAULTS
+from tfdml.pipeline import resolve_paths
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHORT = ["--epochs", "2", "--steps-per-epoch", "10", "--quiet"]
+REPORT_FILES = ("metrics.json", "config.yaml", "recall_at_k.png", "training_curves.png", "retrieval_grid.png",
+                "model.keras")
+
+
+def _env():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _start(cwd, *extra):
+    return subprocess.Popen([sys.executable, "-m", "tfdml", "train", *SHORT, *extra], cwd=cwd, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _kill_after_first_epoch(proc, checkpoints):
+    """SIGKILLs `proc` as soon as its BackupAndRestore state records a finished first epoch (written last,
+    after the weights); returns that state, or None when the run ended before."""
+    metadata = checkpoints / "training_metadata.json"
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with open(metadata) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            state = None
+        if state and state.get("epoch") == 1:
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            return state
+        time.sleep(0.01)
+    return None
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Three concurrent `tfdml train` runs: "main" (seed 0, exported), "other_seed" (configs/digits_rll.yaml,
+    seed 1) and "resumed" (seed 0, SIGKILLed after its first epoch, then started again with the same report
+    directory)."""
+    base = tmp_path_factory.mktemp("train")
+    procs = {"main": _start(base, "--report-dir", "report", "--export-dir", "exported"),
+             # the default job written out as a file (see tests/test_configs.py), run from that file
+             "other_seed": _start(base, "--config", os.path.join(ROOT, "configs", "digits_rll.yaml"),
+                                  "--report-dir", "report_other", "--no-export", "--seed", "1")}
+    killed = _start(base, "--report-dir", "report_resumed", "--no-export", "--seed", "0")
+    kill_state = _kill_after_first_epoch(killed, base / "report_resumed" / "checkpoints")
+    killed_rc = killed.wait()
+    procs["resumed"] = _start(base, "--report-dir", "report_resumed", "--no-export", "--seed", "0")
+    outputs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
+    for name, proc in procs.items():
+        assert proc.returncode == 0, f"tfdml train ({name}) failed:\n{outputs[name][-3000:]}"
+    return {"base": base, "output": outputs["main"], "main": base / "report", "other_seed": base / "report_other",
+            "resumed": base / "report_resumed", "kill_state": kill_state, "killed_rc": killed_rc,
+            "resumed_output": outputs["resumed"]}
+
+
+def _metrics(report_dir):
+    with open(report_dir / "metrics.json") as f:
+        return json.load(f)
+
+
+def _export_dir(runs):
+    return runs["base"] / "exported" / "digits_rll"
+
+
+def _eval_images(channels):
+    """The first 16 evaluation images (digits 5-9) as the uint8 pixels the export serves."""
+    from tfdml import data
+
+    images, labels = next(iter(data.eval_dataset(data.digits("test"), 16, image_size=32)))
+    pixels = np.clip(np.round(images.numpy() * 255.0), 0, 255).astype(np.uint8)
+    assert pixels.shape[-1] == channels
+    return pixels, labels.numpy()
+
+
+def test_report_files(runs):
+    report = runs["main"]
+    for name in REPORT_FILES:
+        assert (report / name).stat().st_size > 0, name
+    assert any(files for _, _, files in os.walk(report / "tensorboard"))
+    summary = _metrics(report)
+    assert summary["name"] == "digits_rll"
+    assert summary["eval_classes"] == 5 and summary["eval_items"] > 800  # the unseen digits 5-9
+    for key in ("model", "raw_pixels"):
+        assert {"recall@1", "recall@8", "map@r", "r_precision", "nmi", "f1"} <= set(summary[key])
+        assert all(0.0 <= v <= 1.0 for v in summary[key].values()), summary[key]
+    assert len(summary["history"]["loss"]) == 2
+    with open(report / "config.yaml") as f:
+        config = yaml.safe_load(f)
+    assert config["training"]["epochs"] == 2 and config["training"]["steps_per_epoch"] == 10
+    assert '"recall@1"' in runs["output"] and "exported SavedModel" in runs["output"]
+
+
+def test_export_reloads_without_tfdml(runs, tmp_path):
+    import keras
+
+    import tfdml.models  # noqa: F401  (registers the classes model.keras needs)
+
+    export = _export_dir(runs)
+    version = export / "1"
+    assert (version / "saved_model.pb").exists()
+    with open(version / "tfdml_metadata.json") as f:
+        metadata = json.load(f)
+    assert metadata["name"] == "digits_rll" and metadata["version"] == 1
+    assert (export / "index").is_dir() and os.listdir(export / "index")
+    channels = metadata["input"]["shape"][-1]
+    pixels, _ = _eval_images(channels)
+    np.save(tmp_path / "images.npy", pixels)
+
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        import tensorflow as tf
+        model = tf.saved_model.load({str(version)!r})
+        images = tf.constant(np.load({str(tmp_path / "images.npy")!r}))
+        outputs = model.signatures["serving_default"](images=images)
+        np.save({str(tmp_path / "served.npy")!r}, outputs["embedding"].numpy())
+        assert not any(name == "tfdml" or name.startswith("tfdml.") for name in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=dict(_env(), PYTHONPATH=""),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    served = np.load(tmp_path / "served.npy")
+
+    model = keras.saving.load_model(runs["main"] / "model.keras", compile=False)
+    expected = np.asarray(model(pixels.astype(np.float32) / 255.0, training=False))  # "unit" preprocessing
+    assert served.shape == expected.shape == (16, metadata["embedding_dim"])
+    np.testing.assert_allclose(served, expected, atol=1e-4)
+    np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-4)
+
+
+def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
+    import tensorflow as tf
+
+    export = _export_dir(runs)
+    pixels, labels = _eval_images(channels=1)
+    queries = []
+    for i in (0, 5):
+        path = tmp_path / f"query{i}.png"
+        tf.io.write_file(str(path), tf.io.encode_png(pixels[i]))
+        queries.append(str(path))
+    rc = cli.main(["search", *queries, "--model", str(export), "-k", "3", "--json", str(tmp_path / "s.json"),
+                   "--query-labels", str(labels[0]), str(labels[5])])
+    assert rc == 0, capsys.readouterr().err
+    with open(tmp_path / "s.json") as f:
+        found = json.load(f)
+    # the gallery is the evaluation set in order: each query finds itself first, with its own label
+    for entry, i in zip(found, (0, 5)):
+        first = entry["neighbours"][0]
+        assert (first["id"], first["label"]) == (i, int(labels[i]))
+        assert first["score"] == pytest.approx(1.0, abs=1e-4)
+        assert len(entry["neighbours"]) == 3
+
+    rc = cli.main(["evaluate", "--model", str(export), "--dataset", "digits", "--json", str(tmp_path / "e.json")])
+    assert rc == 0, capsys.readouterr().err
+    with open(tmp_path / "e.json") as f:
+        evaluated = json.load(f)
+    trained = _metrics(runs["main"])["model"]
+    # the same model on the same images, resized in the serving graph instead of the input pipeline
+    assert evaluated["recall@1"] == pytest.approx(trained["recall@1"], abs=0.03)
+    assert evaluated["map@r"] == pytest.approx(trained["map@r"], abs=0.05)
+
+
+def test_export_command_reexports(runs, tmp_path, capsys):
+    import tensorflow as tf
+
+    rc = cli.main(["export", "--model", str(runs["main"] / "model.keras"), "--name", "x",
+                   "--base-dir", str(tmp_path)])
+    assert rc == 0
+    assert "exported SavedModel" in capsys.readouterr().out
+    assert (tmp_path / "x" / "1" / "saved_model.pb").exists()
+    pixels, _ = _eval_images(channels=1)
+    original = tf.saved_model.load(str(_export_dir(runs) / "1")).signatures["serving_default"]
+    again = tf.saved_model.load(str(tmp_path / "x" / "1")).signatures["serving_default"]
+    np.testing.assert_allclose(again(images=tf.constant(pixels))["embedding"].numpy(),
+                               original(images=tf.constant(pixels))["embedding"].numpy(), atol=1e-5)
+
+
+def test_killed_run_resumes_to_the_same_result(runs):
+    """A run killed after epoch 1 and started again ends exactly where the uninterrupted run (same seed, another
+    process) ends: same epoch-2 loss, same metrics. This also shows that a seed fixes the whole run."""
+    assert runs["killed_rc"] == -signal.SIGKILL and runs["kill_state"] == {"epoch": 1, "batch": 0}, \
+        "the run finished before it could be killed after its first epoch"
+    main, resumed = _metrics(runs["main"]), _metrics(runs["resumed"])
+    assert "Epoch 2/2" in runs["resumed_output"] and "Epoch 1/2" not in runs["resumed_output"]
+    assert len(resumed["history"]["loss"]) == 1  # only the epoch that was left
+    np.testing.assert_allclose(resumed["history"]["loss"], main["history"]["loss"][1:], rtol=1e-5)
+    assert resumed["model"] == main["model"]
+    assert not os.path.exists(runs["resumed"] / "checkpoints" / "training_metadata.json")  # done: cleared
+
+
+def test_other_seed_differs(runs):
+    main, other = _metrics(runs["main"]), _metrics(runs["other_seed"])
+    assert other["name"] == "digits_rll" and len(other["history"]["loss"]) == 2
+    assert other["model"] != main["model"]
+    assert other["history"]["loss"] != main["history"]["loss"]
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("train", "evaluate", "export", "search"):
+        assert command in out
+    assert cli.main([]) == 0  # no command: the overview, not an error
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--help"])
+    assert exit_info.value.code == 0
+    assert "--print-config" in capsys.readouterr().out
+
+
+def test_every_option_has_help():
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and "train" in a.choices)
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            assert action.help and action.help.strip(), f"tfdml {name} {action.option_strings or action.dest}"
+
+
+def test_print_config_is_the_defaults(capsys):
+    assert cli.main(["train", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == resolve_paths(copy.deepcopy(DEFAULTS))
+    assert cli.main(["train", "--print-config", "--config", os.path.join(ROOT, "configs", "digits_rll.yaml"),
+                     "--epochs", "3", "--set", "loss.params.margin=0.5"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["training"]["epochs"] == 3 and printed["loss"]["params"]["margin"] == 0.5
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.epoch=2", "unknown configuration key 'training.epoch'"),
+    ("training", "must look like key.path=value"),
+])
+def test_bad_override_fails_clearly(override, message, capsys):
+    assert cli.main(["train", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_missing_config_file_fails_clearly(tmp_path, capsys):
+    assert cli.main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "configuration file not found" in capsys.readouterr().err
