@@ -65,9 +65,10 @@ def runs(tmp_path_factory):
     directory)."""
     base = tmp_path_factory.mktemp("train")
     procs = {"main": _start(base, "--report-dir", "report", "--export-dir", "exported"),
-             # the default job written out as a file (see tests/test_configs.py), run from that file
+             # the default job written out as a file (see tests/test_configs.py), run from that file, with
+             # the default report directory (reports/<name> under the working directory)
              "other_seed": _start(base, "--config", os.path.join(ROOT, "configs", "digits_rll.yaml"),
-                                  "--report-dir", "report_other", "--no-export", "--seed", "1")}
+                                  "--no-export", "--seed", "1")}
     killed = _start(base, "--report-dir", "report_resumed", "--no-export", "--seed", "0")
     kill_state = _kill_after_first_epoch(killed, base / "report_resumed" / "checkpoints")
     killed_rc = killed.wait()
@@ -75,7 +76,7 @@ def runs(tmp_path_factory):
     outputs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
     for name, proc in procs.items():
         assert proc.returncode == 0, f"tfdml train ({name}) failed:\n{outputs[name][-3000:]}"
-    return {"base": base, "output": outputs["main"], "main": base / "report", "other_seed": base / "report_other",
+    return {"base": base, "output": outputs["main"], "main": base / "report", "other_seed": base / "reports" / "digits_rll",
             "resumed": base / "report_resumed", "kill_state": kill_state, "killed_rc": killed_rc,
             "resumed_output": outputs["resumed"]}
 

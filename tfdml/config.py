@@ -29,14 +29,18 @@ DEFAULTS = {
         "image_size": 32,
         "classes_per_batch": 5,
         "samples_per_class": 12,
-        "augment": False,
+        # Random crops of 70-100 % of the area, no flip (a mirrored digit is another shape): without
+        # them the embedder overfits digits 0-4 (see configs/digits_rll.yaml).
+        # True: the papers' crop + flip; False: plain resize; a mapping: tfdml.data.Augment fields.
+        "augment": {"resize": None, "random_crop": True, "scale": [0.7, 1.0],
+                    "aspect_ratio": [0.75, 1.3333333333333333], "flip": False},
         "small_class_policy": "replace",  # replace | drop
     },
     "model": {
         "type": "multilevel",        # multilevel | single
         "backbone": "small_cnn",
         "weights": None,             # imagenet | None | path to a weights file
-        "embedding_dim": 32,
+        "embedding_dim": 128,
         "taps": None,                # {L: layer, M: layer, H: layer} for backbones without defaults
         "levels": ["L", "M", "H"],
         "level_weights": None,
@@ -44,10 +48,11 @@ DEFAULTS = {
         "num_classes": None,         # classifier head (Group Loss)
         "head_filters": 32,          # auxiliary (L, M) heads: 1x1 conv width (official 128)
         "head_units": 128,           # auxiliary heads: hidden Dense width (official 1024)
+        "widths": [16, 32, 64],      # small_cnn block widths (other backbones ignore it)
     },
     "loss": {
         "name": "ranked_list",       # ranked_list | triplet | margin | contrastive | group
-        "params": {},
+        "params": {"margin": 0.05, "alpha": 0.9},  # RLL: a tight margin transfers best to unseen digits
         "dynamic_temperature": None, # {t1: .., t2: ..} for RLL (eq. 15)
     },
     "ala": {
@@ -66,7 +71,7 @@ DEFAULTS = {
         "factor": 0.1,               # step schedule: multiplier at each boundary
     },
     "training": {
-        "epochs": 8,
+        "epochs": 16,
         "steps_per_epoch": 30,
         "pretrain_epochs": 0,        # Group Loss classification pre-training
         "checkpoint_dir": None,      # default: <report_dir>/checkpoints
@@ -99,6 +104,9 @@ class ConfigError(ValueError):
 
 
 def _merge(base, update, path=""):
+    if path == "loss." and "name" in update and update["name"] != base.get("name"):
+        # Loss parameters belong to the loss they were set for: another loss starts from its own defaults.
+        base["params"] = {}
     for key, value in update.items():
         where = f"{path}{key}"
         if key not in base:

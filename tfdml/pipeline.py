@@ -15,6 +15,7 @@ its ScaNN gallery index, and writes a report folder:
 """
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -79,6 +80,20 @@ def build_loss(section, num_classes=None, total_steps=None):
         if params["num_classes"] is None:
             raise ValueError("the group loss needs model.num_classes (the classifier head size)")
     return getattr(losses, LOSSES[name])(**params)
+
+
+def augment_setting(augment):
+    """`data.augment` -> what `tfdml.data` takes: `True`/`False` as they are, a mapping of `tfdml.data.Augment`
+    fields (`{flip: false, scale: [0.7, 1.0]}`; unset fields keep their defaults) -> an `Augment`."""
+    from tfdml import data as data_lib
+
+    if not isinstance(augment, dict):
+        return augment
+    fields = {f.name for f in dataclasses.fields(data_lib.Augment)}
+    unknown = sorted(set(augment) - fields)
+    if unknown:
+        raise ValueError(f"data.augment has unknown keys {unknown}; valid keys: {sorted(fields)}")
+    return data_lib.Augment(**{k: tuple(v) if isinstance(v, list) else v for k, v in augment.items()})
 
 
 def _input_shape(config, source):
@@ -196,7 +211,8 @@ def run(config=None, verbose=1):
             model.compile(optimizer=optimizer,
                           loss=build_loss(config["loss"], model_cfg["num_classes"], total_steps))
 
-    common = dict(image_size=data_cfg["image_size"], augment=data_cfg["augment"], preprocess=preprocess,
+    common = dict(image_size=data_cfg["image_size"], augment=augment_setting(data_cfg["augment"]),
+                  preprocess=preprocess,
                   seed=int(config["seed"]), drop_small_classes=data_cfg["small_class_policy"] == "drop")
     if config["ala"]["enabled"]:
         train_ds = data_lib.episode_dataset(train_source, **common, **{
@@ -250,6 +266,7 @@ def run(config=None, verbose=1):
     embedder.save(os.path.join(report_dir, "model.keras"))
     summary = {
         "name": config["name"],
+        "report_dir": report_dir,
         "paper_target": config["paper_target"],
         "model": results,
         "raw_pixels": baseline,

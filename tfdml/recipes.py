@@ -114,6 +114,7 @@ MODEL_DEFAULTS = {
     "num_classes": None,
     "head_filters": 128,
     "head_units": 1024,
+    "widths": None,
 }
 
 
@@ -122,24 +123,30 @@ def make_embedder(config, input_shape=None):
 
     Keys (missing ones take `MODEL_DEFAULTS`): type, backbone, weights, embedding_dim, taps, levels,
     level_weights, freeze_batchnorm, num_classes, head_filters, head_units (the last three only for
-    `multilevel`). `input_shape` is `(h, w, c)`.
+    `multilevel`), widths (the small CNN's block widths, default (8, 16, 32); other backbones ignore it).
+    `input_shape` is `(h, w, c)`.
 
     Example:
       >>> make_embedder({"type": "multilevel", "backbone": "small_cnn", "embedding_dim": 32}, (32, 32, 1))
     """
-    from tfdml.models import Embedder, MultiLevelEmbedder  # models import recipes: import here
+    from tfdml.models import Embedder, MultiLevelEmbedder, backbones  # models import recipes: import here
 
     unknown = set(config) - set(MODEL_DEFAULTS)
     if unknown:
         raise ValueError(f"Unknown model keys {sorted(unknown)}; known: {sorted(MODEL_DEFAULTS)}.")
     config = {**MODEL_DEFAULTS, **dict(config)}
+    backbone = config["backbone"]
+    if config["widths"] is not None and backbones.is_small_cnn(backbone):
+        # A small CNN of other widths is passed as a built model (saved in full by get_config).
+        backbone = backbones.small_cnn(input_shape or backbones.SMALL_CNN_INPUT_SHAPE,
+                                       widths=tuple(int(w) for w in config["widths"]))
     common = dict(embedding_dim=config["embedding_dim"], input_shape=input_shape, weights=config["weights"],
                   num_classes=config["num_classes"], freeze_batchnorm=config["freeze_batchnorm"])
     if config["type"] == "single":
-        return Embedder(config["backbone"], **common)
+        return Embedder(backbone, **common)
     if config["type"] != "multilevel":
         raise ValueError(f"Unknown model type {config['type']!r}; use 'single' or 'multilevel'.")
-    return MultiLevelEmbedder(config["backbone"], taps=config["taps"], levels=tuple(config["levels"]),
+    return MultiLevelEmbedder(backbone, taps=config["taps"], levels=tuple(config["levels"]),
                               level_weights=config["level_weights"], head_filters=config["head_filters"],
                               head_units=config["head_units"], **common)
 

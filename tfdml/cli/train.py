@@ -74,6 +74,9 @@ def run(args):
         print(yaml.safe_dump(pipeline.resolve_paths(config), sort_keys=False), end="")
         return 0
     summary = pipeline.run(config, verbose=2 if args.quiet else 1)
+    if not summary.get("chief", True):
+        print(f"worker done in {summary['train_seconds']:.1f} s (the chief evaluates, exports and reports)")
+        return 0
     model, raw = summary["model"], summary["raw_pixels"]
     print(f"\n{'metric':<14}{'model':>10}{'raw pixels':>12}")
     for key in model:
@@ -81,7 +84,7 @@ def run(args):
     print(f"\ntrained in {summary['train_seconds']:.1f} s, whole job {summary['wall_seconds']:.1f} s")
     if "export_dir" in summary:
         print(f"exported SavedModel: {summary['export_dir']}")
-    print(f"report: {os.path.join(config['report']['dir'], 'metrics.json')}")
+    print(f"report: {os.path.join(summary['report_dir'], 'metrics.json')}")
     print(json.dumps({"recall@1": model.get("recall@1"), "map@r": model.get("map@r")}))
     return 0
 
