@@ -1,5 +1,5 @@
-"""Checks shared by the tests of the RLL, triplet and contrastive losses (values, gradients, training,
-saving). The NumPy references they compare against live in `tests/references/`."""
+"""Checks shared by the loss tests (values, gradients, degenerate batches, training, saving). The NumPy
+references they compare against live in `tests/references/`."""
 
 import keras
 import numpy as np

@@ -10,6 +10,7 @@ import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests import loss_checks as checks
 from tests.references import numpy_margin_group as ref
 from tests.references import shared_reference_cases
 from tests.references.numpy_losses import numerical_gradient
@@ -75,19 +76,11 @@ def test_gradients_match_finite_differences(zero_diagonal):
 
 
 @pytest.mark.parametrize("zero_diagonal", [False, True])
-@pytest.mark.parametrize("case", ["one_class", "all_distinct", "duplicates", "zeros", "t_small", "t_large",
-                                  "float16"])
+@pytest.mark.parametrize("case", sorted(checks.DEGENERATE_BATCHES) + ["t_small", "t_large", "float16"])
 def test_degenerate_inputs_are_finite(case, zero_diagonal):
-    labels, f, z = _batch(0, batch=6, dim=4, classes=6)
+    labels, f = checks.DEGENERATE_BATCHES.get(case, checks.DEGENERATE_BATCHES["duplicates"])
+    z = np.random.default_rng(0).normal(size=(len(labels), 6)) * 2
     temperature = {"t_small": 1e-3, "t_large": 1e3}.get(case, 1.0)
-    if case == "one_class":
-        labels = np.zeros(6, dtype=np.int32)
-    elif case == "all_distinct":
-        labels = np.arange(6, dtype=np.int32)
-    elif case == "duplicates":
-        f = np.repeat(f[:1], 6, axis=0)
-    elif case == "zeros":
-        f = np.zeros_like(f)
     dtype = tf.float16 if case == "float16" else tf.float64
     y_pred = tf.constant(np.concatenate([f, z * 10], axis=1), dtype=dtype)
     loss = GroupLoss(6, temperature=temperature, num_iterations=3, num_anchors=1, zero_diagonal=zero_diagonal)

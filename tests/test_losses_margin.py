@@ -10,6 +10,7 @@ import tensorflow as tf
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests import loss_checks as checks
 from tests.references import numpy_margin_group as ref
 from tests.references import shared_reference_cases
 from tests.references.numpy_losses import numerical_gradient
@@ -163,19 +164,9 @@ def test_gradients_for_fixed_sampled_triplets_match_finite_differences():
 
 
 @pytest.mark.parametrize("sampling", ["all", "distance_weighted"])
-@pytest.mark.parametrize("case", ["one_class", "all_distinct", "duplicates", "zeros", "float16"])
+@pytest.mark.parametrize("case", sorted(checks.DEGENERATE_BATCHES) + ["float16"])
 def test_degenerate_batches_are_finite(sampling, case):
-    rng = np.random.default_rng(0)
-    labels = np.array([0, 0, 1, 1, 2, 2], dtype=np.int32)
-    f = rng.normal(size=(6, 4))
-    if case == "one_class":
-        labels = np.zeros(6, dtype=np.int32)
-    elif case == "all_distinct":
-        labels = np.arange(6, dtype=np.int32)
-    elif case == "duplicates":
-        f = np.repeat(f[:1], 6, axis=0)
-    elif case == "zeros":
-        f = np.zeros_like(f)
+    labels, f = checks.DEGENERATE_BATCHES["duplicates" if case == "float16" else case]
     dtype = tf.float16 if case == "float16" else tf.float64
     ft = tf.constant(f, dtype=dtype)
     loss = MarginLoss(sampling=sampling, num_classes=6, nu=0.1)
@@ -186,7 +177,7 @@ def test_degenerate_batches_are_finite(sampling, case):
     assert np.isfinite(value.numpy())
     for grad in grads:
         assert grad is None or np.all(np.isfinite(tf.convert_to_tensor(grad).numpy()))
-    if case in ("one_class", "all_distinct"):  # no triplet at all
+    if case in ("one_class", "all_distinct", "single_sample"):  # no triplet at all
         assert value.numpy() == 0.0
 
 
