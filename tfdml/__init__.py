@@ -9,7 +9,7 @@ import importlib
 __version__ = "0.1.0"
 
 _SUBMODULES = ("ops", "losses", "data", "models", "retrieval", "export", "optimizers", "callbacks",
-               "distribute", "training", "cli", "plots", "config")
+               "distribute", "training", "cli", "plots", "config", "pipeline", "recipes")
 
 
 def __getattr__(name):
