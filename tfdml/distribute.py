@@ -87,6 +87,15 @@ def scale_for_replicas(loss):
     return loss * tf.cast(1.0 / replicas, loss.dtype)
 
 
+def unscale_for_replicas(loss):
+    """Undoes `scale_for_replicas`: the global value of a loss scaled by `1 / N` (for logging)."""
+    replicas = num_replicas()
+    if replicas == 1:
+        return loss
+    loss = tf.convert_to_tensor(loss)
+    return loss * tf.cast(replicas, loss.dtype)
+
+
 def labels_for_symbolic_build(labels):
     """Casts labels back to int32 while Keras builds a model under a strategy on averaged labels.
 

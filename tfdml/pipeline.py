@@ -102,14 +102,6 @@ def _input_shape(config, source):
     return (int(size), int(size), int(channels))
 
 
-def _embed(model, dataset):
-    embeddings, labels = [], []
-    for images, batch_labels in dataset:
-        embeddings.append(np.asarray(model(images, training=False)))
-        labels.append(np.asarray(batch_labels).reshape(-1))
-    return np.concatenate(embeddings), np.concatenate(labels)
-
-
 def _pixels(dataset):
     images, labels = [], []
     for batch_images, batch_labels in dataset:
@@ -257,7 +249,7 @@ def run(config=None, verbose=1):
 
     ks = [int(k) for k in config["evaluation"]["ks"]]
     metrics = list(config["evaluation"]["metrics"])
-    embeddings, labels = _embed(embedder, eval_ds)
+    embeddings, labels = retrieval.embed_batches(embedder, eval_ds)
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics,
                                  exact=bool(config["evaluation"]["exact"]))
     pixels, pixel_labels = _pixels(pixel_ds)

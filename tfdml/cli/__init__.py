@@ -37,5 +37,10 @@ def main(argv=None):
     return int(args.func(args) or 0)
 
 
+def main_for(command, argv=None):
+    """`tfdml COMMAND ...` for `python -m tfdml.cli.COMMAND ...` entry points."""
+    return main([command, *(sys.argv[1:] if argv is None else argv)])
+
+
 if __name__ == "__main__":
     sys.exit(main())

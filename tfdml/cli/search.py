@@ -95,12 +95,7 @@ def run(args):
     return 0
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="tfdml")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["search", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from tfdml.cli import main_for
+
+    sys.exit(main_for("search"))

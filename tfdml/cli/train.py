@@ -90,7 +90,6 @@ def run(args):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(prog="tfdml")
-    register(p.add_subparsers(dest="command"))
-    a = p.parse_args(["train"] + sys.argv[1:])
-    sys.exit(a.func(a))
+    from tfdml.cli import main_for
+
+    sys.exit(main_for("train"))

@@ -26,7 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import negative_mask, pair_indices, pairwise_distance, positive_mask, safe_divide
+from tfdml.ops import (negative_mask, pair_indices, pairwise_distance, positive_mask, safe_divide,
+                       triplet_distances)
 
 SAMPLING_MODES = ("distance_weighted", "all")
 
@@ -129,10 +130,8 @@ def margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha=0.2, nu=0
     dtype = embeddings.dtype
     triplets = tf.cast(triplets, tf.int32)
     distances = pairwise_distance(embeddings) if distances is None else distances
-    anchors, positives, negatives = triplets[:, 0], triplets[:, 1], triplets[:, 2]
-    d_ap = tf.gather_nd(distances, tf.stack([anchors, positives], axis=1))
-    d_an = tf.gather_nd(distances, tf.stack([anchors, negatives], axis=1))
-    beta_a = _beta_per_anchor(beta, tf.gather(labels, anchors), dtype) * tf.ones_like(d_ap)
+    d_ap, d_an = triplet_distances(distances, triplets)
+    beta_a = _beta_per_anchor(beta, tf.gather(labels, triplets[:, 0]), dtype) * tf.ones_like(d_ap)
     keep = tf.ones_like(d_ap) if valid is None else tf.cast(valid, dtype)
     pos = tf.nn.relu(d_ap - beta_a + alpha) * keep
     neg = tf.nn.relu(beta_a - d_an + alpha) * keep

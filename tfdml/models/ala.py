@@ -34,6 +34,7 @@ small).
 import keras
 import tensorflow as tf
 
+from tfdml.distribute import gather_replicas, num_replicas
 from tfdml.models.assessor import TupleAssessor
 from tfdml.ops import safe_divide, validate_labels
 from tfdml.ops.tuples import (
@@ -388,13 +389,7 @@ class _EpisodeDerivatives:
 def _whole_episode(data):
     """The episode and the number of replicas; under a distribution strategy each replica receives a share
     of the episode, and all of it is gathered back (tuples span the whole subset)."""
-    episode = _unpack_episode(data)
-    context = tf.distribute.get_replica_context()
-    replicas = context.num_replicas_in_sync if context is not None else 1
-    if replicas > 1:
-        # tf.identity: all_gather fails on tensors straight from a distributed iterator (STACK.md).
-        episode = tuple(context.all_gather(tf.identity(t), axis=0) for t in episode)
-    return episode, replicas
+    return gather_replicas(*_unpack_episode(data)), num_replicas()
 
 
 def _unpack_episode(data):

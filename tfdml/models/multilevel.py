@@ -16,17 +16,12 @@ import keras
 import tensorflow as tf
 
 from tfdml.models import backbones as backbones_lib
-from tfdml.distribute import scale_for_replicas
+from tfdml.distribute import scale_for_replicas, unscale_for_replicas
 from tfdml.models.base import MetricModel
 from tfdml.models.heads import AuxiliaryEmbeddingHead, GlobalEmbeddingHead, L2Normalize
 
 LEVELS = ("L", "M", "H")
 GLOBAL_HEAD_LEVEL = "H"
-
-
-def _per_replica_to_global(value):
-    """Undo Keras' 1/num_replicas loss scaling for logging (what `train_step` does for `loss`)."""
-    return value * tf.cast(tf.distribute.get_strategy().num_replicas_in_sync, value.dtype)
 
 
 def _resolve_taps(backbone, levels, taps):
@@ -258,7 +253,7 @@ class MultiLevelEmbedder(MetricModel):
         total = tf.constant(0.0, dtype=tf.float32)
         for value, weight, tracker in zip(values, self.level_weights, self.level_loss_trackers):
             value = tf.cast(value, tf.float32)
-            tracker.update_state(_per_replica_to_global(value))
+            tracker.update_state(unscale_for_replicas(value))  # as Keras logs `loss`
             total = total + weight * value
         for extra in self.losses:  # regularisers and add_loss terms, 1/N each so N replicas sum to one
             total = total + scale_for_replicas(tf.cast(tf.reduce_sum(extra), tf.float32))

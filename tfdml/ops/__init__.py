@@ -29,6 +29,7 @@ from tfdml.ops.neighbours import (
 from tfdml.ops.scalars import as_scalar
 from tfdml.ops.tuples import (
     triplet_indices,
+    triplet_distances,
     pair_indices_with_targets,
     triplet_tuple_losses,
     margin_tuple_losses,
@@ -58,6 +59,7 @@ __all__ = [
     "safe_divide",
     "mean_of_positive",
     "triplet_indices",
+    "triplet_distances",
     "pair_indices_with_targets",
     "triplet_tuple_losses",
     "margin_tuple_losses",

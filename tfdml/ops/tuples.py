@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfdml.ops.distances import pairwise_distance
 from tfdml.ops.masks import negative_mask, pair_indices, positive_mask
+from tfdml.ops.scalars import as_scalar
 
 
 def _cap(tuples, max_tuples, seed):
@@ -71,30 +72,24 @@ def pair_indices_with_targets(labels, max_tuples=None, seed=None):
     return pairs, is_positive
 
 
-def _as(value, like):
-    """A margin in the dtype of `like`, without a float32 round trip (0.3 stays 0.3 in float64)."""
-    if isinstance(value, (int, float)):
-        return tf.constant(value, like.dtype)
-    return tf.cast(value, like.dtype)
-
-
-def _anchor_distances(embeddings, triplets):
-    dist = pairwise_distance(embeddings)
-    d_ap = tf.gather_nd(dist, tf.stack([triplets[:, 0], triplets[:, 1]], axis=1))
-    d_an = tf.gather_nd(dist, tf.stack([triplets[:, 0], triplets[:, 2]], axis=1))
+def triplet_distances(distances, triplets):
+    """`(d_ap, d_an)`, each `[T]`, of `[T, 3]` `(anchor, positive, negative)` rows of a distance matrix."""
+    triplets = tf.cast(triplets, tf.int32)
+    d_ap = tf.gather_nd(distances, tf.stack([triplets[:, 0], triplets[:, 1]], axis=1))
+    d_an = tf.gather_nd(distances, tf.stack([triplets[:, 0], triplets[:, 2]], axis=1))
     return d_ap, d_an
 
 
 def triplet_tuple_losses(embeddings, triplets, margin=0.2):
     """`[d_ap - d_an + margin]+` of each triplet: float `[T]`."""
-    d_ap, d_an = _anchor_distances(embeddings, triplets)
-    return tf.nn.relu(d_ap - d_an + _as(margin, d_ap))
+    d_ap, d_an = triplet_distances(pairwise_distance(embeddings), triplets)
+    return tf.nn.relu(d_ap - d_an + as_scalar(margin, d_ap.dtype))
 
 
 def margin_tuple_losses(embeddings, triplets, alpha=0.2, beta=1.2):
     """`[d_ap - beta + alpha]+ + [beta - d_an + alpha]+` of each triplet (Wu et al. 2017): float `[T]`."""
-    d_ap, d_an = _anchor_distances(embeddings, triplets)
-    alpha, beta = _as(alpha, d_ap), _as(beta, d_ap)
+    d_ap, d_an = triplet_distances(pairwise_distance(embeddings), triplets)
+    alpha, beta = as_scalar(alpha, d_ap.dtype), as_scalar(beta, d_ap.dtype)
     return tf.nn.relu(d_ap - beta + alpha) + tf.nn.relu(beta - d_an + alpha)
 
 
@@ -102,5 +97,5 @@ def contrastive_tuple_losses(embeddings, pairs, is_positive, pos_margin=0.0, neg
     """`[d - pos_margin]+` for positive pairs, `[neg_margin - d]+` for negative pairs: float `[P]`."""
     dist = pairwise_distance(embeddings)
     d = tf.gather_nd(dist, pairs)
-    return tf.where(is_positive, tf.nn.relu(d - _as(pos_margin, d)),
-                    tf.nn.relu(_as(neg_margin, d) - d))
+    return tf.where(is_positive, tf.nn.relu(d - as_scalar(pos_margin, d.dtype)),
+                    tf.nn.relu(as_scalar(neg_margin, d.dtype) - d))

@@ -55,6 +55,16 @@ def _approximate_search(queries, gallery, k, distance, same_set, index_kwargs):
     return drop_own_rows(found, 0)[0] if same_set else found
 
 
+def embed_batches(model, batches):
+    """`(embeddings [N, D], labels [N])` of `(images, labels)` batches (e.g. `tfdml.data.eval_dataset`),
+    with `model(images, training=False)`."""
+    embeddings, labels = [], []
+    for images, batch_labels in batches:
+        embeddings.append(np.asarray(model(images, training=False)))
+        labels.append(np.asarray(batch_labels).reshape(-1))
+    return np.concatenate(embeddings), np.concatenate(labels)
+
+
 def evaluate(embeddings, labels, ks=(1, 2, 4, 8), query_embeddings=None, query_labels=None,
              metrics=METRICS, exact=True, distance="squared_l2", chunk_size=None, index_kwargs=None,
              seed=0, progress=False):
