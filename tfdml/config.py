@@ -1,128 +1,518 @@
-"""Training configuration: nested dictionaries from YAML files with `key.path=value` overrides.
+"""Training configuration: typed, validated once, at the edge.
 
-The defaults below describe the embedded default job (multi-level small-CNN embedder trained with Ranked
-List Loss on digits 0-4, evaluated on the unseen digits 5-9). A YAML file under `configs/` overrides any
-subset of them, and command-line overrides (`--set optimizer.learning_rate=0.01`) override the file.
-Unknown keys are errors, so a typo cannot silently fall back to a default.
+A job is a `Config` of typed sections (`DataConfig`, `ModelConfig`, `LossConfig`, `ALAConfig`,
+`OptimizerConfig`, `TrainingConfig`, `EvaluationConfig`, `ExportConfig`, `ReportConfig`). `load_config` builds
+one from the embedded default job (`DEFAULT_JOB`: a multi-level small-CNN embedder trained with Ranked List
+Loss on digits 0-4, evaluated on the unseen digits 5-9), a YAML file under `configs/` that overrides any
+subset of it, and command-line overrides (`--set optimizer.learning_rate=0.01`) that override the file.
+
+Every value is checked before anything is built: unknown keys (also inside `loss.params`, checked against
+the loss class's constructor), wrong types, out-of-range numbers and unknown names raise a `ConfigError`
+whose message is one line that names the key and what is allowed, e.g.
+`optimizer.learning_rate: expected a number, got 'abc'`. `Config.to_dict()` is plain YAML/JSON data and
+`Config.from_dict(config.to_dict()) == config`.
 """
 
 import copy
+import dataclasses
+import difflib
+import inspect
 import os
+import typing
+from typing import Any, Dict, List, Optional
 
 import yaml
 
-DEFAULTS = {
+
+class ConfigError(ValueError):
+    """A configuration value that does not fit the schema; the message is one line naming the key."""
+
+
+# Loss names of the configuration -> class names in `tfdml.losses` (one line per loss).
+LOSSES = {
+    "ranked_list": "RankedListLoss",
+    "triplet": "TripletLoss",
+    "triplet_semihard": "TripletSemiHardLoss",
+    "triplet_hard": "TripletHardLoss",
+    "margin": "MarginLoss",
+    "contrastive": "ContrastiveLoss",
+    "group": "GroupLoss",
+}
+# Losses DML-ALA weights per tuple (`tfdml.models.ALAModel` base losses).
+ALA_LOSSES = ("triplet", "margin", "contrastive")
+OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
+
+
+def _field(default=None, *, factory=None, choices=None, minimum=None, above=None, convert=None):
+    """A dataclass field with its validation rules: `choices` (allowed values), `minimum` (>=), `above`
+    (>), `convert(value, key)` (a custom parser)."""
+    metadata = {"choices": choices, "minimum": minimum, "above": above, "convert": convert}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _augment(value, key):
+    """`data.augment`: true (the papers' crop + flip), false (plain resize) or a mapping of
+    `tfdml.data.Augment` fields -> `True`, `False` or an `Augment`."""
+    from tfdml.data.preprocessing import Augment
+
+    if isinstance(value, (bool, Augment)):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected true, false or a mapping of {_names(dataclasses.fields(Augment))}, "
+                          f"got {value!r}")
+    known = {f.name: f for f in dataclasses.fields(Augment)}
+    _check_keys(value, known, key)
+    fields = {}
+    for name, item in value.items():
+        where = f"{key}.{name}"
+        default = known[name].default
+        if isinstance(default, tuple):
+            if not (isinstance(item, (list, tuple)) and len(item) == len(default)):
+                raise ConfigError(f"{where}: expected a list of {len(default)} numbers, got {item!r}")
+            fields[name] = tuple(_convert(v, float, f"{where}[{i}]") for i, v in enumerate(item))
+        else:
+            fields[name] = _convert(item, bool if isinstance(default, bool) else Optional[int], where)
+    try:
+        return Augment(**fields)
+    except ValueError as error:
+        raise ConfigError(f"{key}: {error}") from None
+
+
+def _names(items):
+    return ", ".join(sorted(getattr(i, "name", i) for i in items))
+
+
+def _check_keys(mapping, known, key):
+    for name in mapping:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), list(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            where = f"{key}.{name}" if key else str(name)
+            raise ConfigError(f"unknown configuration key '{where}'{hint}; valid keys here: {_names(known)}")
+
+
+def _type_name(tp):
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if tp in names:
+        return names[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        return " or ".join([_type_name(a) for a in args if a is not type(None)] + ["null"])
+    if origin in (list, List):
+        return f"a list of {_type_name(args[0]).replace('an ', '').replace('a ', '')}s"
+    return "a mapping"
+
+
+def _convert(value, tp, key):
+    """`value` as type `tp` (int, float, bool, str, Optional/List/Dict of these, a dataclass) or a
+    `ConfigError` naming `key`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        if value is None:
+            return None
+        return _convert(value, next(a for a in args if a is not type(None)), key)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    ok = None
+    if tp is bool:
+        ok = value if isinstance(value, bool) else None
+    elif tp is int:
+        ok = value if isinstance(value, int) and not isinstance(value, bool) else None
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            ok = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                ok = float(value)
+            except ValueError:
+                ok = None
+    elif tp is str:
+        ok = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    elif origin in (list, List):
+        if isinstance(value, (list, tuple)):
+            return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    elif origin in (dict, Dict) or tp is Any:
+        if isinstance(value, dict) or tp is Any:
+            return copy.deepcopy(value)
+    if ok is None:
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    return ok
+
+
+def _check_value(value, meta, key):
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if item is None:
+            continue
+        choices = meta.get("choices")
+        if choices and item not in choices:
+            raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))}, got {item!r}")
+        if meta.get("minimum") is not None and item < meta["minimum"]:
+            raise ConfigError(f"{key}: must be >= {meta['minimum']}, got {item!r}")
+        if meta.get("above") is not None and item <= meta["above"]:
+            raise ConfigError(f"{key}: must be > {meta['above']}, got {item!r}")
+
+
+def _build(cls, mapping, key=""):
+    """An instance of the dataclass `cls` from `mapping` (missing keys keep their defaults), validated."""
+    if isinstance(mapping, cls):
+        return mapping
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{key or 'the configuration'}: expected a mapping, got {mapping!r}")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    _check_keys(mapping, known, key)
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in mapping.items():
+        where = f"{key}.{name}" if key else name
+        meta = known[name].metadata
+        try:
+            value = meta["convert"](value, where) if meta.get("convert") else _convert(value, hints[name], where)
+        except ConfigError:
+            if meta.get("choices") and typing.get_origin(hints[name]) in (list, List):
+                raise ConfigError(f"{where}: expected a list drawn from {', '.join(meta['choices'])} "
+                                  f"(e.g. [{meta['choices'][-1]}]), got {value!r}") from None
+            raise
+        _check_value(value, meta, where)
+        values[name] = value
+    instance = cls(**values)
+    check = getattr(instance, "check", None)
+    if check is not None:
+        check(key)
+    return instance
+
+
+def _plain(value):
+    """Dataclasses and tuples -> dicts and lists (YAML- and JSON-safe)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+class _Section:
+    """Mapping-style helpers shared by every section."""
+
+    @classmethod
+    def from_dict(cls, mapping, key=None):
+        return _build(cls, mapping, cls._KEY if key is None else key)
+
+    def to_dict(self):
+        return _plain(self)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass
+class DataConfig(_Section):
+    _KEY = "data"
+    source: str = _field("digits", choices=("digits", "tfds", "folder", "glyphs"))
+    name: Optional[str] = None            # tfds builder name (caltech_birds2011, cars196, stanford_online_products)
+    path: Optional[str] = None            # image folder, one sub-folder per class
+    eval_path: Optional[str] = None       # image folder of the evaluation classes (null: second half of path's)
+    data_dir: Optional[str] = None        # tfds data_dir
+    manual_dir: Optional[str] = None      # tfds manual_dir (Cars196)
+    download: bool = False                # let tfds download and prepare the dataset (needs the network)
+    train_split: str = "train"
+    eval_split: str = "test"
+    image_size: int = _field(224, minimum=1)
+    classes_per_batch: int = _field(8, minimum=2)  # a batch needs negatives
+    samples_per_class: int = _field(4, minimum=1)
+    # true: the papers' crop + flip; false: plain resize; a mapping: tfdml.data.Augment fields.
+    augment: Any = _field(True, convert=_augment)
+    small_class_policy: str = _field("replace", choices=("replace", "drop"))
+    images_per_class: Optional[int] = _field(None, minimum=1)  # generated data sets (glyphs)
+
+    def check(self, key):
+        if self.source == "tfds":
+            _check_tfds_name(self.name, f"{key}.name")
+        if self.source == "folder":
+            if not self.path:
+                raise ConfigError(f"{key}.path: data.source=folder needs an image folder with one sub-folder "
+                                  "per class (tfdml train --image-dir DIR)")
+            for name in ("path", "eval_path"):
+                folder = getattr(self, name)
+                if folder is not None and not os.path.isdir(folder):
+                    raise ConfigError(f"{key}.{name}: no such directory: {folder}")
+
+
+def _check_tfds_name(name, key):
+    if not name:
+        raise ConfigError(f"{key}: data.source=tfds needs a tfds builder name, e.g. caltech_birds2011, cars196, "
+                          "stanford_online_products")
+    import tensorflow_datasets as tfds
+
+    builders = tfds.list_builders()
+    if name.split(":")[0].split("/")[0] not in builders:
+        close = difflib.get_close_matches(name, builders, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see tfds.list_builders()"
+        raise ConfigError(f"{key}: unknown tfds data set {name!r}{hint}")
+
+
+@dataclasses.dataclass
+class ModelConfig(_Section):
+    _KEY = "model"
+    type: str = _field("multilevel", choices=("multilevel", "single"))
+    backbone: str = "small_cnn"
+    weights: Optional[str] = None         # imagenet | null | path to a weights file
+    embedding_dim: Optional[int] = _field(512, minimum=1)  # null: the pooled backbone feature
+    taps: Optional[Dict[str, str]] = None  # {L: layer, M: layer, H: layer} for backbones without defaults
+    levels: List[str] = _field(factory=lambda: ["L", "M", "H"], choices=("L", "M", "H"))
+    level_weights: Optional[List[float]] = _field(None, minimum=0.0)
+    freeze_batchnorm: bool = False
+    num_classes: Optional[int] = _field(None, minimum=1)  # classifier head (Group Loss)
+    head_filters: int = _field(128, minimum=1)  # auxiliary (L, M) heads: 1x1 conv width
+    head_units: int = _field(1024, minimum=1)   # auxiliary heads: hidden Dense width
+    widths: Optional[List[int]] = _field(None, minimum=1)  # small_cnn block widths (default 8, 16, 32)
+
+    def check(self, key):
+        if not self.levels:
+            raise ConfigError(f"{key}.levels: expected a non-empty list drawn from L, M, H, e.g. [H]")
+        if self.level_weights is not None and len(self.level_weights) != len(self.levels):
+            raise ConfigError(f"{key}.level_weights: expected one weight per level ({len(self.levels)}), "
+                              f"got {len(self.level_weights)}")
+
+
+@dataclasses.dataclass
+class TemperatureConfig(_Section):
+    _KEY = "loss.dynamic_temperature"
+    t1: float = _field(20.0, above=0.0)
+    t2: float = _field(5.0, above=0.0)
+    max_steps: Optional[int] = _field(None, minimum=1)  # null: the whole run
+
+
+@dataclasses.dataclass
+class LossConfig(_Section):
+    _KEY = "loss"
+    name: str = _field("ranked_list", choices=tuple(LOSSES))
+    params: Dict[str, Any] = _field(factory=dict)  # arguments of the loss class (checked against it)
+    dynamic_temperature: Optional[TemperatureConfig] = None  # RLL eq. 15
+
+    def check(self, key):
+        if self.dynamic_temperature is not None and self.name != "ranked_list":
+            raise ConfigError(f"{key}.dynamic_temperature: applies to loss.name=ranked_list only, "
+                              f"not {self.name}")
+        from tfdml import losses
+
+        _check_arguments(getattr(losses, LOSSES[self.name]), self.params, f"{key}.params",
+                         skip=("self", "name"))
+
+
+def _check_arguments(function, params, key, skip=()):
+    """`params` against the named arguments of `function`: unknown names and values of the wrong kind
+    (a number where the default is a number, true/false where it is a bool) are `ConfigError`s."""
+    signature = inspect.signature(function)
+    known = {name: p for name, p in signature.parameters.items()
+             if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    _check_keys(params, known, key)
+    for name, value in params.items():
+        default = known[name].default
+        if isinstance(default, bool):
+            _convert(value, bool, f"{key}.{name}")
+        elif isinstance(default, (int, float)) and value is not None:
+            _convert(value, float, f"{key}.{name}")
+
+
+@dataclasses.dataclass
+class ALAParams(_Section):
+    """`tfdml.models.ALAModel` arguments; null keeps the ALAModel default."""
+    _KEY = "ala.params"
+    assessor_units: Optional[int] = _field(None, minimum=1)
+    assessor_layers: Optional[int] = _field(None, minimum=1)
+    inner_learning_rate: Optional[float] = _field(None, above=0.0)
+    assessor_learning_rate: Optional[float] = _field(None, above=0.0)
+    assessor_steps: Optional[int] = _field(None, minimum=0)
+    max_tuples: Optional[int] = _field(None, minimum=1)
+    state: Optional[str] = _field(None, choices=("per_tuple", "per_step"))
+
+    def arguments(self):
+        return {k: v for k, v in self.to_dict().items() if v is not None}
+
+
+@dataclasses.dataclass
+class EpisodeConfig(_Section):
+    """`tfdml.data.episode_dataset` arguments: a training and a validation subset per step."""
+    _KEY = "ala.episode"
+    train_size: int = _field(100, minimum=1)
+    val_size: int = _field(20, minimum=1)
+    samples_per_class: int = _field(5, minimum=1)
+    train_classes: Optional[int] = _field(None, minimum=1)  # null: train_size // samples_per_class
+    val_classes: Optional[int] = _field(None, minimum=1)    # null: val_size // samples_per_class
+    disjoint_labels: Optional[bool] = None  # null: the episode_dataset default
+
+    def check(self, key):
+        for subset in ("train", "val"):
+            size, classes = getattr(self, f"{subset}_size"), getattr(self, f"{subset}_classes")
+            classes = classes or max(1, size // self.samples_per_class)
+            if size % classes:
+                raise ConfigError(f"{key}.{subset}_size: {size} images do not split evenly over {classes} "
+                                  f"classes ({key}.{subset}_classes or {subset}_size // samples_per_class)")
+
+    def arguments(self):
+        return {k: v for k, v in self.to_dict().items() if v is not None}
+
+
+@dataclasses.dataclass
+class ALAConfig(_Section):
+    _KEY = "ala"
+    enabled: bool = False
+    params: ALAParams = _field(factory=ALAParams)
+    episode: EpisodeConfig = _field(factory=EpisodeConfig)
+
+
+def _optimizer_name(value, key):
+    name = _convert(value, str, key).lower()
+    if name == "radam":
+        raise ConfigError(f"{key}: RAdam is not available in keras.optimizers (Keras 3); use adam (the Group "
+                          "Loss paper's optimizer) or adamw")
+    return name
+
+
+@dataclasses.dataclass
+class OptimizerConfig(_Section):
+    _KEY = "optimizer"
+    name: str = _field("sgd", choices=OPTIMIZERS, convert=_optimizer_name)
+    learning_rate: float = _field(1e-2, above=0.0)
+    momentum: float = _field(0.9, minimum=0.0)
+    weight_decay: float = _field(0.0, minimum=0.0)
+    head_lr_multiplier: float = _field(1.0, above=0.0)  # new layers at this multiple of the backbone rate
+    schedule: Optional[str] = _field(None, choices=("cosine", "step", "constant", "none"))
+    boundaries: List[float] = _field(factory=lambda: [0.5], above=0.0)  # step: fractions of the run or steps
+    factor: float = _field(0.1, above=0.0)  # step schedule: multiplier at each boundary
+
+
+@dataclasses.dataclass
+class TrainingConfig(_Section):
+    _KEY = "training"
+    epochs: int = _field(16, minimum=1)
+    steps_per_epoch: Optional[int] = _field(None, minimum=1)  # null: one pass over the training images
+    pretrain_epochs: int = _field(0, minimum=0)  # Group Loss classification pre-training
+    checkpoint_dir: Optional[str] = None         # default: <report_dir>/checkpoints
+    eval_every: int = _field(0, minimum=0)       # epochs between retrieval evaluations (0: never)
+    distribute: str = _field("auto", choices=("auto", "none", "mirrored", "multi_worker"))
+
+    def check(self, key):
+        if self.pretrain_epochs > self.epochs:
+            raise ConfigError(f"{key}.pretrain_epochs: must be <= training.epochs ({self.epochs}), "
+                              f"got {self.pretrain_epochs}")
+
+
+def _metric_names():
+    from tfdml.retrieval.evaluation import METRICS
+
+    return METRICS
+
+
+@dataclasses.dataclass
+class EvaluationConfig(_Section):
+    _KEY = "evaluation"
+    ks: List[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1)
+    metrics: List[str] = _field(factory=lambda: ["recall", "map@r", "r_precision", "nmi", "f1"])
+    exact: bool = True
+    batch_size: int = _field(256, minimum=1)
+
+    def check(self, key):
+        if not self.ks:
+            raise ConfigError(f"{key}.ks: expected a non-empty list of positive integers, e.g. [1, 2, 4, 8]")
+        allowed = _metric_names()
+        for i, name in enumerate(self.metrics):
+            _check_value(name, {"choices": allowed}, f"{key}.metrics[{i}]")
+
+
+@dataclasses.dataclass
+class ExportConfig(_Section):
+    _KEY = "export"
+    enabled: bool = True
+    base_dir: str = "exported_models"
+    name: Optional[str] = None            # default: the configuration's name
+    version: Optional[int] = _field(None, minimum=1)  # default: the next integer version
+    index: bool = True
+
+
+@dataclasses.dataclass
+class ReportConfig(_Section):
+    _KEY = "report"
+    dir: Optional[str] = None             # default: reports/<name>
+    grid_queries: int = _field(8, minimum=1)
+    grid_neighbours: int = _field(5, minimum=1)
+
+
+@dataclasses.dataclass
+class Config(_Section):
+    """A whole job. Sections are typed; `Config.from_dict` validates, `to_dict` gives plain data back."""
+    _KEY = ""
+    name: str = "job"
+    description: Optional[str] = None
+    paper_target: Optional[str] = None
+    seed: int = _field(0, minimum=0)
+    data: DataConfig = _field(factory=DataConfig)
+    model: ModelConfig = _field(factory=ModelConfig)
+    loss: LossConfig = _field(factory=LossConfig)
+    ala: ALAConfig = _field(factory=ALAConfig)
+    optimizer: OptimizerConfig = _field(factory=OptimizerConfig)
+    training: TrainingConfig = _field(factory=TrainingConfig)
+    evaluation: EvaluationConfig = _field(factory=EvaluationConfig)
+    export: ExportConfig = _field(factory=ExportConfig)
+    report: ReportConfig = _field(factory=ReportConfig)
+
+    def check(self, key):
+        if self.loss.name == "group" and self.model.num_classes is None and "num_classes" not in self.loss.params:
+            raise ConfigError("model.num_classes: the group loss needs the classifier head size (the number of "
+                              "training classes)")
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"name: expected a job name usable as a folder name, got {self.name!r}")
+        if self.ala.enabled:
+            if self.loss.name not in ALA_LOSSES:
+                raise ConfigError(f"loss.name: DML-ALA (ala.enabled) weights {', '.join(ALA_LOSSES)} tuples, "
+                                  f"not {self.loss.name}")
+            from tfdml.models.ala import resolve_base_loss
+
+            try:
+                resolve_base_loss(self.loss.name, self.loss.params or None)
+            except ValueError as error:
+                raise ConfigError(f"loss.params: {error}") from None
+
+
+# The embedded default job (what `tfdml train` runs with no options; configs/digits_rll.yaml writes it out).
+DEFAULT_JOB = {
     "name": "digits_rll",
     "description": "Embedded default: multi-level small-CNN embedder, RLL, digits 0-4 -> unseen 5-9.",
-    "paper_target": None,
-    "seed": 0,
     "data": {
-        "source": "digits",          # digits | tfds | folder
-        "name": None,                # tfds builder name (caltech_birds2011, cars196, stanford_online_products)
-        "path": None,                # image folder (one sub-folder per class)
-        "eval_path": None,           # image folder of the evaluation classes
-        "data_dir": None,            # tfds data_dir
-        "manual_dir": None,          # tfds manual_dir (Cars196)
-        "download": False,           # let tfds download and prepare the dataset (needs the network)
-        "train_split": "train",
-        "eval_split": "test",
-        "image_size": 32,
-        "classes_per_batch": 5,
-        "samples_per_class": 12,
+        "source": "digits", "image_size": 32, "classes_per_batch": 5, "samples_per_class": 12,
         # Random crops of 70-100 % of the area, no flip (a mirrored digit is another shape): without
         # them the embedder overfits digits 0-4 (see configs/digits_rll.yaml).
-        # True: the papers' crop + flip; False: plain resize; a mapping: tfdml.data.Augment fields.
         "augment": {"resize": None, "random_crop": True, "scale": [0.7, 1.0],
                     "aspect_ratio": [0.75, 1.3333333333333333], "flip": False},
-        "small_class_policy": "replace",  # replace | drop
     },
-    "model": {
-        "type": "multilevel",        # multilevel | single
-        "backbone": "small_cnn",
-        "weights": None,             # imagenet | None | path to a weights file
-        "embedding_dim": 128,
-        "taps": None,                # {L: layer, M: layer, H: layer} for backbones without defaults
-        "levels": ["L", "M", "H"],
-        "level_weights": None,
-        "freeze_batchnorm": False,
-        "num_classes": None,         # classifier head (Group Loss)
-        "head_filters": 32,          # auxiliary (L, M) heads: 1x1 conv width (official 128)
-        "head_units": 128,           # auxiliary heads: hidden Dense width (official 1024)
-        "widths": [16, 32, 64],      # small_cnn block widths (other backbones ignore it)
-    },
-    "loss": {
-        "name": "ranked_list",       # ranked_list | triplet | margin | contrastive | group
-        "params": {"margin": 0.05, "alpha": 0.9},  # RLL: a tight margin transfers best to unseen digits
-        "dynamic_temperature": None, # {t1: .., t2: ..} for RLL (eq. 15)
-    },
-    "ala": {
-        "enabled": False,
-        "params": {},                # ALAModel arguments (assessor_units, assessor_steps, max_tuples, ...)
-        "episode": {},               # episode_dataset arguments (train_size, val_size, samples_per_class)
-    },
-    "optimizer": {
-        "name": "adam",              # sgd | adam | adamw | lamb
-        "learning_rate": 1e-3,
-        "momentum": 0.9,
-        "weight_decay": 0.0,
-        "head_lr_multiplier": 1.0,   # new layers at this multiple of the backbone learning rate
-        "schedule": None,            # None | cosine | step
-        "boundaries": [0.5],         # step schedule: fractions of the run (or step numbers)
-        "factor": 0.1,               # step schedule: multiplier at each boundary
-    },
-    "training": {
-        "epochs": 16,
-        "steps_per_epoch": 30,
-        "pretrain_epochs": 0,        # Group Loss classification pre-training
-        "checkpoint_dir": None,      # default: <report_dir>/checkpoints
-        "eval_every": 0,             # epochs between retrieval evaluations during training (0: never)
-        "distribute": "auto",        # auto | none | mirrored | multi_worker (auto: TF_CONFIG -> multi_worker)
-    },
-    "evaluation": {
-        "ks": [1, 2, 4, 8],
-        "metrics": ["recall", "map@r", "r_precision", "nmi", "f1"],
-        "exact": True,
-        "batch_size": 256,
-    },
-    "export": {
-        "enabled": True,
-        "base_dir": "exported_models",
-        "name": None,                # default: the config name
-        "version": None,             # default: next integer version
-        "index": True,
-    },
-    "report": {
-        "dir": None,                 # default: reports/<name>
-        "grid_queries": 8,
-        "grid_neighbours": 5,
-    },
+    "model": {"embedding_dim": 128, "head_filters": 32, "head_units": 128, "widths": [16, 32, 64]},
+    "loss": {"name": "ranked_list", "params": {"margin": 0.05, "alpha": 0.9}},  # a tight margin transfers best
+    "optimizer": {"name": "adam", "learning_rate": 1e-3},
+    "training": {"epochs": 16, "steps_per_epoch": 30},
 }
 
 
-class ConfigError(ValueError):
-    """A configuration file or override that does not fit the schema."""
+def default_config():
+    """The embedded default job as a `Config`."""
+    return Config.from_dict(copy.deepcopy(DEFAULT_JOB))
 
 
 def _merge(base, update, path=""):
+    """`update` merged into the plain mapping `base` (nested mappings key by key, other values replaced)."""
     if path == "loss." and "name" in update and update["name"] != base.get("name"):
         # Loss parameters belong to the loss they were set for: another loss starts from its own defaults.
         base["params"] = {}
     for key, value in update.items():
-        where = f"{path}{key}"
-        if key not in base:
-            valid = ", ".join(sorted(base))
-            raise ConfigError(f"unknown configuration key '{where}' (valid keys here: {valid})")
-        if isinstance(base[key], dict) and isinstance(value, dict):
-            if where in _FREE_FORM:  # keys depend on the chosen loss/model: merged, not checked here
-                base[key].update(copy.deepcopy(value))
-            else:
-                _merge(base[key], value, where + ".")
+        if isinstance(base.get(key), dict) and isinstance(value, dict):
+            _merge(base[key], value, f"{path}{key}.")
         else:
             base[key] = copy.deepcopy(value)
     return base
-
-
-_FREE_FORM = {"loss.params", "ala.params", "ala.episode", "model.taps", "loss.dynamic_temperature"}
 
 
 def parse_override(text):
@@ -130,24 +520,44 @@ def parse_override(text):
     if "=" not in text:
         raise ConfigError(f"override '{text}' must look like key.path=value")
     key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw  # not YAML (e.g. an unbalanced bracket): the string itself, checked like any value
+    return key.strip().split("."), value
 
 
 def load_config(path=None, overrides=()):
-    """Defaults <- YAML file at `path` <- each `key.path=value` override, validated against the schema."""
-    config = copy.deepcopy(DEFAULTS)
+    """`DEFAULT_JOB` <- YAML file at `path` <- each override, as a validated `Config`. An override is a
+    `"key.path=value"` string (the value parsed as YAML) or a `("key.path", value)` pair."""
+    config = default_config().to_dict()
     if path is not None:
         if not os.path.exists(path):
             raise ConfigError(f"configuration file not found: {path}")
-        with open(path) as f:
-            loaded = yaml.safe_load(f) or {}
+        try:
+            with open(path) as f:
+                loaded = yaml.safe_load(f) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path} must hold a mapping at the top level")
         _merge(config, loaded)
-    for text in overrides:
-        keys, value = parse_override(text)
+    for override in overrides:
+        keys, value = (override[0].split("."), override[1]) if isinstance(override, tuple) else parse_override(override)
         nested = value
         for key in reversed(keys):
             nested = {key: nested}
         _merge(config, nested)
-    return config
+    return Config.from_dict(config)
+
+
+def differences(old, new, prefix=""):
+    """Dotted keys whose values differ between two plain configuration mappings."""
+    keys = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            keys.append(f"{prefix}{key}")
+    return keys

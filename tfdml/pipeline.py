@@ -1,137 +1,216 @@
 """The main job: train an embedder from a configuration, evaluate it, export it, and write a report.
 
-`run(config)` is what `tfdml train` runs. With the defaults of `tfdml.config` it trains a multi-level
+`run(config)` is what `tfdml train` runs. With the default job of `tfdml.config` it trains a multi-level
 small-CNN embedder with Ranked List Loss on class-balanced batches of digits 0-4, evaluates retrieval on the
 unseen digits 5-9 (exact ScaNN search) beside a raw-pixel baseline, exports a TF Serving SavedModel plus
 its ScaNN gallery index, and writes a report folder:
 
-    <report_dir>/metrics.json          metrics of the model and of the raw-pixel baseline, timings
-    <report_dir>/config.yaml           the resolved configuration
+    <report_dir>/metrics.json          metrics of the model and of the raw-pixel baseline, timings, history
+    <report_dir>/config.yaml           the resolved configuration (`load_config` reads it back)
     <report_dir>/recall_at_k.png       Recall@K curves (model vs raw pixels)
     <report_dir>/training_curves.png   loss (and per-level losses) per epoch
     <report_dir>/retrieval_grid.png    query images and their nearest neighbours
     <report_dir>/tensorboard/          TensorBoard logs
-    <report_dir>/checkpoints/          BackupAndRestore state: a killed run resumes where it stopped
+    <report_dir>/checkpoints/          state of an unfinished run: started again, it resumes where it stopped
+
+The job runs in stages, each a function of the typed `Config`: `prepare_report_dir` (resume or refuse),
+`load_sources`, `build_model`, `make_datasets`, `train`, `evaluate`, `export`, `write_report`.
 """
 
-import copy
 import dataclasses
 import json
 import logging
 import os
+import shutil
 import time
 
 import numpy as np
 import yaml
 
-from tfdml.config import DEFAULTS
+from tfdml.config import LOSSES, Config, ConfigError, default_config, differences
 
 logger = logging.getLogger("tfdml.pipeline")
 
-LOSSES = {
-    "ranked_list": "RankedListLoss",
-    "triplet": "TripletLoss",
-    "triplet_semihard": "TripletSemiHardLoss",
-    "triplet_hard": "TripletHardLoss",
-    "margin": "MarginLoss",
-    "contrastive": "ContrastiveLoss",
-    "group": "GroupLoss",
-}
-
-
-def _sources(data):
-    """`(train source, evaluation source)` from the data section."""
-    from tfdml import data as data_lib
-
-    kind = data["source"]
-    if kind == "digits":
-        return data_lib.digits("train"), data_lib.digits("test")
-    if kind == "tfds":
-        if not data["name"]:
-            raise ValueError("data.source=tfds needs data.name (caltech_birds2011, cars196, "
-                             "stanford_online_products, ...)")
-        common = dict(data_dir=data["data_dir"], manual_dir=data["manual_dir"], download=data["download"])
-        return (data_lib.tfds_source(data["name"], data["train_split"], **common),
-                data_lib.tfds_source(data["name"], data["eval_split"], **common))
-    if kind == "folder":
-        if not data["path"] or not data["eval_path"]:
-            raise ValueError("data.source=folder needs data.path (training classes) and data.eval_path "
-                             "(evaluation classes), each with one sub-folder per class")
-        return data_lib.image_folder(data["path"]), data_lib.image_folder(data["eval_path"])
-    raise ValueError(f"unknown data.source {kind!r}; use digits, tfds or folder")
+# Sections that do not change what is trained: a resumed run may change them.
+_RESUMABLE_CHANGES = ("description", "paper_target", "evaluation", "export", "report", "training.eval_every")
+CONFIG_SNAPSHOT = "tfdml_config.yaml"
 
 
 def build_loss(section, num_classes=None, total_steps=None):
-    """A tfdml loss from the loss section (`name`, `params`, optional `dynamic_temperature`)."""
+    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`)."""
     from tfdml import losses
 
-    name = section["name"]
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss.name {name!r}; choose from {sorted(LOSSES)}")
-    params = dict(section.get("params") or {})
-    schedule = section.get("dynamic_temperature")
-    if schedule:
-        if name != "ranked_list":
-            raise ValueError("loss.dynamic_temperature applies to the ranked_list loss only")
-        params["tn"] = losses.LinearTemperature(
-            float(schedule["t1"]), float(schedule["t2"]), int(schedule.get("max_steps") or total_steps))
-    if name == "group":
+    params = dict(section.params)
+    schedule = section.dynamic_temperature
+    if schedule is not None:
+        params["tn"] = losses.LinearTemperature(schedule.t1, schedule.t2, schedule.max_steps or total_steps)
+    if section.name == "group":
         params.setdefault("num_classes", num_classes)
         if params["num_classes"] is None:
-            raise ValueError("the group loss needs model.num_classes (the classifier head size)")
-    return getattr(losses, LOSSES[name])(**params)
+            raise ConfigError("model.num_classes: the group loss needs the classifier head size")
+    return getattr(losses, LOSSES[section.name])(**params)
 
 
 def augment_setting(augment):
-    """`data.augment` -> what `tfdml.data` takes: `True`/`False` as they are, a mapping of `tfdml.data.Augment`
-    fields (`{flip: false, scale: [0.7, 1.0]}`; unset fields keep their defaults) -> an `Augment`."""
-    from tfdml import data as data_lib
+    """`data.augment` (true, false, an `Augment` or a mapping of its fields) -> what `tfdml.data` takes."""
+    from tfdml.config import DataConfig
 
-    if not isinstance(augment, dict):
-        return augment
-    fields = {f.name for f in dataclasses.fields(data_lib.Augment)}
-    unknown = sorted(set(augment) - fields)
-    if unknown:
-        raise ValueError(f"data.augment has unknown keys {unknown}; valid keys: {sorted(fields)}")
-    return data_lib.Augment(**{k: tuple(v) if isinstance(v, list) else v for k, v in augment.items()})
-
-
-def _input_shape(config, source):
-    size = config["data"]["image_size"]
-    channels = getattr(source, "channels", 3)
-    return (int(size), int(size), int(channels))
-
-
-def _pixels(dataset):
-    images, labels = [], []
-    for batch_images, batch_labels in dataset:
-        images.append(np.asarray(batch_images))
-        labels.append(np.asarray(batch_labels).reshape(-1))
-    return np.concatenate(images), np.concatenate(labels)
-
-
-def _l2_normalise(x):
-    x = x.reshape(len(x), -1).astype(np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return DataConfig.from_dict({"augment": augment}).augment
 
 
 def resolve_paths(config):
-    """Fills the derived paths (report dir, checkpoints, export name) in place and returns the config."""
-    report = config["report"]
-    report["dir"] = report["dir"] or os.path.join("reports", config["name"])
-    training = config["training"]
-    training["checkpoint_dir"] = training["checkpoint_dir"] or os.path.join(report["dir"], "checkpoints")
-    config["export"]["name"] = config["export"]["name"] or config["name"]
-    return config
+    """A copy of `config` with the derived paths filled (report dir, checkpoints, export name)."""
+    report_dir = config.report.dir or os.path.join("reports", config.name)
+    return dataclasses.replace(
+        config,
+        report=config.report.replace(dir=report_dir),
+        training=config.training.replace(
+            checkpoint_dir=config.training.checkpoint_dir or os.path.join(report_dir, "checkpoints")),
+        export=config.export.replace(name=config.export.name or config.name))
 
+
+# ---- report directory and resume ----------------------------------------------------------------------------
+
+def _changed_keys(old, new):
+    return [key for key in differences(old, new)
+            if not any(key == s or key.startswith(s + ".") for s in _RESUMABLE_CHANGES)]
+
+
+def prepare_report_dir(config, restart=False, say=print):
+    """Creates the report directory and decides between a fresh start and a resume.
+
+    An unfinished run in `training.checkpoint_dir` resumes only with the configuration it was started
+    with (apart from evaluation, export and report settings); otherwise this raises a `ConfigError` naming
+    the keys that differ. `restart=True` deletes that run's checkpoints first. Returns the number of epochs
+    already done."""
+    from tfdml.callbacks import completed_epochs
+
+    checkpoints = config.training.checkpoint_dir
+    done = completed_epochs(checkpoints)
+    if done and restart:
+        shutil.rmtree(checkpoints)
+        say(f"--restart: removed the unfinished run's checkpoints ({done} epoch(s) done) in {checkpoints}; "
+            "training from epoch 1")
+        done = 0
+    if done:
+        snapshot = os.path.join(checkpoints, CONFIG_SNAPSHOT)
+        if not os.path.exists(snapshot):
+            raise ConfigError(f"{checkpoints} holds an unfinished run without a record of its configuration; "
+                              "start afresh with --restart or use another --report-dir")
+        with open(snapshot) as f:
+            changed = _changed_keys(yaml.safe_load(f), config.to_dict())
+        if changed:
+            raise ConfigError(
+                f"{checkpoints} holds an unfinished run ({done} epoch(s) done) with another configuration "
+                f"({', '.join(changed)} differ); run it again unchanged to resume, add --restart to discard "
+                "it, or use another --report-dir")
+        say(f"resuming from epoch {done + 1}/{config.training.epochs} "
+            f"({done} epoch(s) restored from {checkpoints})")
+    else:
+        os.makedirs(checkpoints, exist_ok=True)
+        with open(os.path.join(checkpoints, CONFIG_SNAPSHOT), "w") as f:
+            yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    os.makedirs(config.report.dir, exist_ok=True)
+    with open(os.path.join(config.report.dir, "config.yaml"), "w") as f:
+        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    return done
+
+
+# ---- data ---------------------------------------------------------------------------------------------------
+
+def _class_halves(source):
+    """`(first half, second half)` of the classes of a folder source, by sorted class-folder name (the
+    zero-shot protocol: train on one half, evaluate on the unseen other half)."""
+    classes = source.classes
+    if len(classes) < 2:
+        raise ConfigError(f"data.path: {len(source.class_names)} class folder(s) in {source.name}; the train/"
+                          "evaluation split by halves needs at least 2 (or give data.eval_path)")
+    cut = classes[len(classes) // 2]
+    halves = []
+    for keep, part in ((source.labels < cut, "first"), (source.labels >= cut, "second")):
+        half = source.subset(np.flatnonzero(keep), name=f"{source.name}, {part} half of the classes")
+        half.class_names, half.paths = source.class_names, [source.paths[i] for i in np.flatnonzero(keep)]
+        halves.append(half)
+    return tuple(halves)
+
+
+def load_sources(data):
+    """`(train source, evaluation source)` from a `DataConfig`."""
+    from tfdml import data as data_lib
+
+    if data.source == "digits":
+        return data_lib.digits("train"), data_lib.digits("test")
+    if data.source == "glyphs":
+        from tfdml.data.glyphs import glyphs  # the function, whatever tfdml.data re-exports
+
+        options = {} if data.images_per_class is None else {"images_per_class": data.images_per_class}
+        return (glyphs("train", image_size=data.image_size, **options),
+                glyphs("test", image_size=data.image_size, **options))
+    if data.source == "tfds":
+        common = dict(data_dir=data.data_dir, manual_dir=data.manual_dir, download=data.download)
+        return (data_lib.tfds_source(data.name, data.train_split, **common),
+                data_lib.tfds_source(data.name, data.eval_split, **common))
+    train = data_lib.image_folder(data.path)
+    if data.eval_path is None:
+        return _class_halves(train)
+    return train, data_lib.image_folder(data.eval_path)
+
+
+def _check_data_fits(config, train_source):
+    num_classes, top_label = config.model.num_classes, int(np.max(train_source.labels, initial=-1))
+    if num_classes is not None and top_label >= num_classes:
+        raise ConfigError(f"model.num_classes={num_classes} but the training labels go up to {top_label}: the "
+                          "classifier head needs every class id below it")
+    available = len(train_source.classes)
+    if not config.ala.enabled and config.data.classes_per_batch > available:
+        raise ConfigError(f"data.classes_per_batch: {config.data.classes_per_batch} classes per batch, but the "
+                          f"training data ({train_source.name}) has {available}")
+
+
+def steps_per_epoch(config, train_source):
+    """`training.steps_per_epoch`, or (null) the batches of one pass over the training images."""
+    from tfdml import data as data_lib
+
+    if config.training.steps_per_epoch is not None:
+        return config.training.steps_per_epoch
+    data = config.data
+    return data_lib.steps_per_epoch(train_source, data.classes_per_batch, data.samples_per_class,
+                                    drop_small_classes=data.small_class_policy == "drop")
+
+
+@dataclasses.dataclass
+class Datasets:
+    train: object       # class-balanced batches or ALA episodes, endless
+    eval: object        # evaluation images, preprocessed for the model
+    pixels: object      # the same images as pixels in [0, 1] (baseline, index gallery, report grid)
+
+
+def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1):
+    from tfdml import data as data_lib
+
+    data = config.data
+    common = dict(image_size=data.image_size, augment=data.augment, preprocess=preprocess, seed=config.seed,
+                  drop_small_classes=data.small_class_policy == "drop")
+    if config.ala.enabled:
+        train = data_lib.episode_dataset(train_source, **common, **config.ala.episode.arguments())
+    else:
+        train = data_lib.class_balanced_dataset(
+            train_source, data.classes_per_batch, data.samples_per_class,
+            num_replicas=num_replicas if num_replicas > 1 else None, **common)
+    batch = config.evaluation.batch_size
+    return Datasets(
+        train=train,
+        eval=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, preprocess=preprocess),
+        pixels=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size))
+
+
+# ---- model --------------------------------------------------------------------------------------------------
 
 def _strategy(choice):
     """The strategy for `training.distribute`: auto picks multi_worker when TF_CONFIG is set, mirrored with
     several GPUs, else none."""
     import tensorflow as tf
 
-    if choice not in ("auto", "none", "mirrored", "multi_worker"):
-        raise ValueError(f"training.distribute must be auto, none, mirrored or multi_worker, got {choice!r}")
     if choice == "auto":
         if os.environ.get("TF_CONFIG"):
             choice = "multi_worker"
@@ -150,159 +229,200 @@ def _is_chief(strategy):
         resolver.task_type == "worker" and resolver.task_id == 0)
 
 
-def run(config=None, verbose=1):
-    """Runs the whole job; returns the metrics dict also written to `<report_dir>/metrics.json`."""
+def build_model(config, input_shape, total_steps):
+    """`(trainable model, embedder)`, compiled, in the current strategy scope."""
+    from tfdml import recipes
+    from tfdml.models import ALAModel
+
+    embedder = recipes.make_embedder(config.model, input_shape)
+    optimizer = recipes.make_optimizer(config.optimizer, embedder, total_steps)
+    if not config.ala.enabled:
+        embedder.compile(optimizer=optimizer, loss=build_loss(config.loss, config.model.num_classes, total_steps))
+        return embedder, embedder
+    ala_params = config.ala.params.arguments()
+    ala_params.setdefault("embedding_dim", embedder.output_dim)  # the embedder is not built yet
+    if config.optimizer.head_lr_multiplier != 1.0:
+        # A multi-rate optimizer has no single learning rate for the look-ahead step of eq (10): it takes
+        # the backbone rate.
+        ala_params.setdefault("inner_learning_rate", config.optimizer.learning_rate)
+    model = ALAModel(embedder, base_loss=config.loss.name, loss_params=config.loss.params or None,
+                     seed=config.seed, **ala_params)
+    model.compile(optimizer=optimizer)
+    return model, embedder
+
+
+# ---- training -----------------------------------------------------------------------------------------------
+
+def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
+    """Fits `model`; returns `(history {metric: [per epoch]}, training seconds)` over every epoch of the run,
+    including the epochs of the runs it resumed."""
     import keras
     import tensorflow as tf
 
     from tfdml import callbacks as callbacks_lib
-    from tfdml import data as data_lib
-    from tfdml import export as export_lib
-    from tfdml import plots, recipes, retrieval
-    from tfdml.models import ALAModel
 
-    config = resolve_paths(copy.deepcopy(config or DEFAULTS))
-    started = time.time()
-    keras.utils.set_random_seed(int(config["seed"]))
-    data_cfg, model_cfg, train_cfg = config["data"], config["model"], config["training"]
-    report_dir = config["report"]["dir"]
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, "config.yaml"), "w") as f:
-        yaml.safe_dump(config, f, sort_keys=False)
-
-    train_source, eval_source = _sources(data_cfg)
-    num_classes, top_label = model_cfg["num_classes"], int(np.max(train_source.labels, initial=-1))
-    if num_classes is not None and top_label >= int(num_classes):
-        raise ValueError(f"model.num_classes={num_classes} but the training labels go up to "
-                         f"{top_label}: the classifier head needs every class id below it")
-    input_shape = _input_shape(config, train_source)
-    epochs, steps = int(train_cfg["epochs"]), int(train_cfg["steps_per_epoch"])
-    total_steps = epochs * steps
-
-    strategy = _strategy(train_cfg["distribute"])
-    with strategy.scope():
-        embedder = recipes.make_embedder(
-            {k: v for k, v in model_cfg.items() if v is not None or k in ("weights", "taps")}, input_shape)
-        # One preprocessing spec serves the input pipeline here and the exported serving graph.
-        preprocess_name = embedder.preprocessing
-        preprocess = export_lib.resolve_preprocessing(preprocess_name)[0]
-        optimizer = recipes.make_optimizer(config["optimizer"], embedder, total_steps)
-        if config["ala"]["enabled"]:
-            ala_params = dict(config["ala"]["params"])
-            ala_params.setdefault("embedding_dim", embedder.output_dim)  # the embedder is not built yet
-            if float(config["optimizer"]["head_lr_multiplier"]) != 1.0:
-                # A multi-rate optimizer has no single learning rate for the look-ahead step of eq (10):
-                # it takes the backbone rate.
-                ala_params.setdefault("inner_learning_rate", float(config["optimizer"]["learning_rate"]))
-            model = ALAModel(embedder, base_loss=config["loss"]["name"],
-                             loss_params=config["loss"]["params"] or None, seed=int(config["seed"]),
-                             **ala_params)
-            model.compile(optimizer=optimizer)
-        else:
-            model = embedder
-            model.compile(optimizer=optimizer,
-                          loss=build_loss(config["loss"], model_cfg["num_classes"], total_steps))
-
-    common = dict(image_size=data_cfg["image_size"], augment=augment_setting(data_cfg["augment"]),
-                  preprocess=preprocess,
-                  seed=int(config["seed"]), drop_small_classes=data_cfg["small_class_policy"] == "drop")
-    if config["ala"]["enabled"]:
-        train_ds = data_lib.episode_dataset(train_source, **common, **{
-            k: v for k, v in config["ala"]["episode"].items()})
-    else:
-        train_ds = data_lib.class_balanced_dataset(
-            train_source, int(data_cfg["classes_per_batch"]), int(data_cfg["samples_per_class"]),
-            num_replicas=strategy.num_replicas_in_sync if strategy.num_replicas_in_sync > 1 else None,
-            **common)
-    eval_batch = int(config["evaluation"]["batch_size"])
-    eval_ds = data_lib.eval_dataset(eval_source, eval_batch, image_size=data_cfg["image_size"],
-                                    preprocess=preprocess)
-    # The same images as pixels in [0, 1]: the raw-pixel baseline, the index gallery and the report grid.
-    pixel_ds = data_lib.eval_dataset(eval_source, eval_batch, image_size=data_cfg["image_size"])
-
-    # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen
-    # (resume_stream below skips what the checkpointed epochs consumed).
-    callbacks = [keras.callbacks.BackupAndRestore(train_cfg["checkpoint_dir"])]
-    if train_cfg["eval_every"]:
-        callbacks.append(callbacks_lib.RetrievalEvaluation(
-            eval_ds, every_n_epochs=int(train_cfg["eval_every"]), ks=config["evaluation"]["ks"]))
-    if train_cfg["pretrain_epochs"]:
-        callbacks.append(callbacks_lib.ClassificationPretraining(int(train_cfg["pretrain_epochs"])))
-    callbacks.append(keras.callbacks.TensorBoard(os.path.join(report_dir, "tensorboard")))
-
-    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-    if multi_worker:
+    training, checkpoints = config.training, config.training.checkpoint_dir
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         # Keras 3 fit fails under MultiWorkerMirroredStrategy: tfdml's strategy.run loop trains the same
         # model, checkpoints on the chief and resumes by itself (no Keras callbacks in this mode).
         from tfdml.training import fit_distributed
 
-        history_dict = fit_distributed(model, train_ds, epochs=epochs, steps_per_epoch=steps,
-                                       checkpoint_dir=train_cfg["checkpoint_dir"], strategy=strategy,
-                                       verbose=verbose)
-    else:
-        train_ds = callbacks_lib.resume_stream(train_ds, train_cfg["checkpoint_dir"], steps)
-        history_dict = model.fit(train_ds, epochs=epochs, steps_per_epoch=steps, callbacks=callbacks,
-                                 verbose=verbose, shuffle=False).history  # tfdml.data batches come shuffled
-    train_seconds = time.time() - started
-    if not _is_chief(strategy):
-        return {"name": config["name"], "chief": False, "train_seconds": round(train_seconds, 2)}
+        started = time.perf_counter()
+        history = fit_distributed(model, datasets.train, epochs=training.epochs, steps_per_epoch=steps,
+                                  checkpoint_dir=checkpoints, strategy=strategy, verbose=verbose)
+        return history, time.perf_counter() - started
 
-    ks = [int(k) for k in config["evaluation"]["ks"]]
-    metrics = list(config["evaluation"]["metrics"])
-    embeddings, labels = retrieval.embed_batches(embedder, eval_ds)
-    results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics,
-                                 exact=bool(config["evaluation"]["exact"]))
-    pixels, pixel_labels = _pixels(pixel_ds)
+    callbacks = []
+    if training.eval_every:
+        callbacks.append(callbacks_lib.RetrievalEvaluation(eval_ds, every_n_epochs=training.eval_every,
+                                                           ks=config.evaluation.ks))
+    if training.pretrain_epochs:
+        callbacks.append(callbacks_lib.ClassificationPretraining(training.pretrain_epochs))
+    # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen
+    # (resume_stream skips what the checkpointed epochs consumed); EpochLog keeps the earlier epochs' logs.
+    epoch_log = callbacks_lib.EpochLog(checkpoints)
+    callbacks += [epoch_log, keras.callbacks.BackupAndRestore(checkpoints),
+                  keras.callbacks.TensorBoard(os.path.join(config.report.dir, "tensorboard"))]
+    train_ds = callbacks_lib.resume_stream(datasets.train, checkpoints, steps)
+    model.fit(train_ds, epochs=training.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose,
+              shuffle=False)  # tfdml.data batches come shuffled
+    return epoch_log.history(), epoch_log.seconds()
+
+
+# ---- evaluation, export, report -----------------------------------------------------------------------------
+
+def _pixels(dataset):
+    images, labels = [], []
+    for batch_images, batch_labels in dataset:
+        images.append(np.asarray(batch_images))
+        labels.append(np.asarray(batch_labels).reshape(-1))
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _l2_normalise(x):
+    x = x.reshape(len(x), -1).astype(np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+@dataclasses.dataclass
+class Evaluation:
+    results: dict        # the model's metrics
+    baseline: dict       # raw pixels' metrics
+    embeddings: np.ndarray
+    labels: np.ndarray
+    pixels: np.ndarray   # evaluation images in [0, 1]
+    pixel_labels: np.ndarray
+
+
+def evaluate(config, embedder, datasets):
+    """Retrieval metrics of the embedder and of raw pixels on the evaluation images."""
+    from tfdml import retrieval
+
+    ks, metrics = config.evaluation.ks, config.evaluation.metrics
+    embeddings, labels = retrieval.embed_batches(embedder, datasets.eval)
+    results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
+    pixels, pixel_labels = _pixels(datasets.pixels)
     baseline = retrieval.evaluate(_l2_normalise(pixels), pixel_labels, ks=ks, metrics=metrics, exact=True)
+    return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels)
 
-    embedder.save(os.path.join(report_dir, "model.keras"))
-    summary = {
-        "name": config["name"],
-        "report_dir": report_dir,
-        "paper_target": config["paper_target"],
-        "model": results,
-        "raw_pixels": baseline,
-        "eval_items": int(len(labels)),
-        "eval_classes": int(len(np.unique(labels))),
-        "train_seconds": round(train_seconds, 2),
-        "history": {k: [float(v) for v in vs] for k, vs in history_dict.items()},
-    }
 
-    if config["export"]["enabled"]:
-        export_cfg = config["export"]
-        path = export_lib.export_saved_model(
-            embedder, base_dir=export_cfg["base_dir"], name=export_cfg["name"], version=export_cfg["version"],
-            image_size=(data_cfg["image_size"], data_cfg["image_size"]),
-            preprocess=preprocess_name,
-            training_config=config, metrics=results, overwrite=export_cfg["version"] is not None)
-        summary["export_dir"] = path
-        if export_cfg["index"]:
-            gallery = np.clip(np.round(pixels * 255.0), 0, 255).astype(np.uint8)
-            index = export_lib.export_index(gallery, base_dir=export_cfg["base_dir"], name=export_cfg["name"],
-                                            labels=pixel_labels, mode="exact")
-            summary["index_size"] = int(index.size) if hasattr(index, "size") else int(len(pixel_labels))
+def export(config, embedder, preprocess_name, evaluation):
+    """Exports the SavedModel (and the gallery index); returns the summary entries it adds."""
+    from tfdml import export as export_lib
 
-    plots.plot_recall_curve({"tfdml": results, "raw pixels": baseline},
+    settings, size = config.export, config.data.image_size
+    path = export_lib.export_saved_model(
+        embedder, base_dir=settings.base_dir, name=settings.name, version=settings.version,
+        image_size=(size, size), preprocess=preprocess_name, training_config=config.to_dict(),
+        metrics=evaluation.results, overwrite=settings.version is not None)
+    added = {"export_dir": path}
+    if settings.index:
+        gallery = np.clip(np.round(evaluation.pixels * 255.0), 0, 255).astype(np.uint8)
+        index = export_lib.export_index(gallery, base_dir=settings.base_dir, name=settings.name,
+                                        labels=evaluation.pixel_labels, mode="exact")
+        added["index_size"] = int(getattr(index, "size", len(evaluation.pixel_labels)))
+    return added
+
+
+def write_report(config, summary, history, evaluation):
+    """Plots and metrics.json in the report directory."""
+    from tfdml import plots
+
+    report_dir = config.report.dir
+    plots.plot_recall_curve({"tfdml": evaluation.results, "raw pixels": evaluation.baseline},
                             os.path.join(report_dir, "recall_at_k.png"))
-    plots.plot_training_curves(history_dict, os.path.join(report_dir, "training_curves.png"))
-    _retrieval_grid(embeddings, labels, pixels, config["report"], os.path.join(report_dir, "retrieval_grid.png"))
-    summary["wall_seconds"] = round(time.time() - started, 2)
+    plots.plot_training_curves(history, os.path.join(report_dir, "training_curves.png"))
+    _retrieval_grid(evaluation, config.report, os.path.join(report_dir, "retrieval_grid.png"))
     with open(os.path.join(report_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    return summary
 
 
-def _retrieval_grid(embeddings, labels, images, report_cfg, path):
+def _retrieval_grid(evaluation, report_cfg, path):
     """Nearest neighbours of one query per class (then more), for `plot_retrieval_grid`."""
     from tfdml import plots
     from tfdml.ops.neighbours import exact_search
 
-    num_queries, k = int(report_cfg["grid_queries"]), int(report_cfg["grid_neighbours"])
+    labels, images = evaluation.labels, evaluation.pixels
     first_of_class = [int(np.flatnonzero(labels == c)[0]) for c in np.unique(labels)]
     rest = [i for i in range(len(labels)) if i not in set(first_of_class)]
-    queries = (first_of_class + rest)[:num_queries]
-    neighbours, _ = exact_search(embeddings[queries], embeddings, k=k + 1, distance="squared_l2")
+    queries = (first_of_class + rest)[:report_cfg.grid_queries]
+    k = report_cfg.grid_neighbours
+    neighbours, _ = exact_search(evaluation.embeddings[queries], evaluation.embeddings, k=k + 1,
+                                 distance="squared_l2")
     neighbours = [[j for j in row if j != q][:k] for q, row in zip(queries, np.asarray(neighbours))]
     plots.plot_retrieval_grid(
         [images[q] for q in queries], [[images[j] for j in row] for row in neighbours],
         np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]), path)
+
+
+# ---- the job ------------------------------------------------------------------------------------------------
+
+def run(config=None, verbose=1, restart=False, say=print):
+    """Runs the whole job; returns the metrics dict also written to `<report_dir>/metrics.json`.
+
+    `config`: a `Config` (default: the embedded default job); `restart`: discard an unfinished run in the
+    report directory instead of resuming it; `say`: where the one-line notices (resuming ...) go."""
+    import keras
+
+    from tfdml import export as export_lib
+
+    config = resolve_paths(config if isinstance(config, Config) else
+                           Config.from_dict(config) if config is not None else default_config())
+    started = time.time()
+    keras.utils.set_random_seed(config.seed)
+    prepare_report_dir(config, restart, say)
+    train_source, eval_source = load_sources(config.data)
+    _check_data_fits(config, train_source)
+    steps = steps_per_epoch(config, train_source)
+    input_shape = (config.data.image_size, config.data.image_size, getattr(train_source, "channels", 3))
+
+    strategy = _strategy(config.training.distribute)
+    with strategy.scope():
+        model, embedder = build_model(config, input_shape, config.training.epochs * steps)
+    # One preprocessing spec serves the input pipeline here and the exported serving graph.
+    preprocess_name = embedder.preprocessing
+    preprocess = export_lib.resolve_preprocessing(preprocess_name)[0]
+    datasets = make_datasets(config, train_source, eval_source, preprocess, strategy.num_replicas_in_sync)
+    history, train_seconds = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
+    if not _is_chief(strategy):
+        return {"name": config.name, "chief": False, "train_seconds": round(train_seconds, 2)}
+
+    evaluation = evaluate(config, embedder, datasets)
+    embedder.save(os.path.join(config.report.dir, "model.keras"))
+    summary = {
+        "name": config.name,
+        "report_dir": config.report.dir,
+        "paper_target": config.paper_target,
+        "model": evaluation.results,
+        "raw_pixels": evaluation.baseline,
+        "eval_items": int(len(evaluation.labels)),
+        "eval_classes": int(len(np.unique(evaluation.labels))),
+        "steps_per_epoch": int(steps),
+        "train_seconds": round(train_seconds, 2),  # every epoch, across resumed runs
+        "history": {k: [float(v) for v in vs] for k, vs in history.items()},
+    }
+    if config.export.enabled:
+        summary.update(export(config, embedder, preprocess_name, evaluation))
+    summary["wall_seconds"] = round(time.time() - started, 2)  # this process
+    write_report(config, summary, history, evaluation)
+    return summary

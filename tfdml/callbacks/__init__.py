@@ -3,4 +3,4 @@
 from tfdml.callbacks.temperature import DynamicTemperature
 from tfdml.callbacks.retrieval import RetrievalEvaluation
 from tfdml.callbacks.pretraining import ClassificationPretraining
-from tfdml.callbacks.checkpoint import completed_epochs, resume_stream
+from tfdml.callbacks.checkpoint import EpochLog, completed_epochs, previous_epochs, resume_stream

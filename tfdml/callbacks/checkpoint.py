@@ -20,6 +20,9 @@ anew anyway.
 
 import json
 import os
+import time
+
+import keras
 
 METADATA_FILE = "training_metadata.json"
 
@@ -38,3 +41,50 @@ def resume_stream(dataset, backup_dir, steps_per_epoch):
     if int(steps_per_epoch) < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}.")
     return dataset.skip(completed_epochs(backup_dir) * int(steps_per_epoch))
+
+
+HISTORY_FILE = "tfdml_history.json"
+
+
+class EpochLog(keras.callbacks.Callback):
+    """Keeps every epoch's logs and duration in `<backup_dir>/tfdml_history.json`, so that a resumed run
+    reports the whole history and training time, not only its last segment.
+
+    List it before `BackupAndRestore`: an epoch is then logged before it is checkpointed, and
+    `previous_epochs` drops a logged epoch whose checkpoint was never written.
+    """
+
+    def __init__(self, backup_dir):
+        super().__init__()
+        self.backup_dir = os.fspath(backup_dir)
+        self.epochs = previous_epochs(self.backup_dir)
+        self._started = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.perf_counter() - (self._started or time.perf_counter())
+        self.epochs = self.epochs[:epoch] + [
+            {"epoch": epoch + 1, "seconds": seconds, "logs": {k: float(v) for k, v in (logs or {}).items()}}]
+        os.makedirs(self.backup_dir, exist_ok=True)
+        with open(os.path.join(self.backup_dir, HISTORY_FILE), "w") as f:
+            json.dump(self.epochs, f)
+
+    def history(self):
+        """`{metric: [value per epoch]}` over every epoch logged so far (this run and the ones it resumed)."""
+        keys = sorted({k for entry in self.epochs for k in entry["logs"]})
+        return {k: [entry["logs"].get(k, float("nan")) for entry in self.epochs] for k in keys}
+
+    def seconds(self):
+        """Training time of every epoch logged so far, summed."""
+        return sum(entry["seconds"] for entry in self.epochs)
+
+
+def previous_epochs(backup_dir):
+    """The logged epochs that `BackupAndRestore` in `backup_dir` checkpointed (`[]` without a backup)."""
+    path = os.path.join(os.fspath(backup_dir), HISTORY_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)[:completed_epochs(backup_dir)]

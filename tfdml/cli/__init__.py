@@ -12,7 +12,28 @@ import sys
 _COMMANDS = ("train", "evaluate", "export", "search")
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows an option's default once: appended as "(default: X)" unless the help text already says what
+    the default is, and never for defaults that mean "not given" (None, False, empty)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or "%(default)" in text or default in (None, False, [], argparse.SUPPRESS)
+                or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def quiet_tensorflow():
+    """Silences TensorFlow's C++ start-up lines (cuInit on a machine without a GPU, oneDNN, CPU feature
+    guard) unless the user chose a log level; must run before TensorFlow is imported."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
 def build_parser():
+    from tfdml import __version__
+
     parser = argparse.ArgumentParser(
         prog="tfdml",
         description="Deep metric learning for TensorFlow/Keras: train embedders with Ranked List Loss, "
@@ -20,14 +41,18 @@ def build_parser():
                     "SavedModels for TF Serving.",
         epilog="Run 'tfdml COMMAND --help' for the options of each command.",
     )
+    parser.add_argument("--version", action="version", version=f"tfdml {__version__}",
+                        help="print the tfdml version and exit.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMANDS:
         importlib.import_module(f"tfdml.cli.{name}").register(subparsers)
+    for sub in subparsers.choices.values():
+        sub.formatter_class = HelpFormatter  # one rule for every command's defaults
     return parser
 
 
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_tensorflow()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

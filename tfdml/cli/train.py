@@ -1,14 +1,16 @@
 """`tfdml train`: train, evaluate, export and report from a configuration.
 
     tfdml train                                   # the embedded default: digits, no network needed
+    tfdml train --image-dir photos/               # your own images: one sub-folder per class
     tfdml train --config configs/rll_lmh_cub.yaml --set data.data_dir=/data/tfds
     tfdml train --set loss.name=triplet --set loss.params.mining=semi_hard --epochs 4
 """
 
-import argparse
 import json
 import os
 import sys
+
+from tfdml.config import ConfigError, load_config
 
 HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, export it and write a report."
 
@@ -20,72 +22,99 @@ def register(subparsers):
         "embedder trained with Ranked List Loss on scikit-learn's digits 0-4 and evaluated on the unseen "
         "digits 5-9, exported to exported_models/digits_rll/<version>/ with its ScaNN index, and a report "
         "in reports/digits_rll/. A killed run resumes from its checkpoints when started again with the "
-        "same report directory.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "same report directory and configuration. Configuration errors exit with status 2.")
     parser.add_argument("--config", metavar="YAML",
                         help="configuration file (see configs/); its values override the built-in defaults "
                              "printed by --print-config.")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one configuration value, e.g. --set optimizer.learning_rate=0.01 or "
                              "--set model.levels=[H]; values are parsed as YAML; repeatable.")
+    parser.add_argument("--image-dir", metavar="DIR",
+                        help="train on your own images: DIR/<class name>/<image files>. Without "
+                             "--eval-image-dir the classes are split in halves by sorted folder name: the "
+                             "model trains on the first half and is evaluated on the unseen second half. "
+                             "The job is named after DIR.")
+    parser.add_argument("--eval-image-dir", metavar="DIR",
+                        help="evaluation images laid out like --image-dir (classes unseen in training).")
     parser.add_argument("--epochs", type=int, help="shortcut for --set training.epochs=N.")
     parser.add_argument("--steps-per-epoch", type=int, help="shortcut for --set training.steps_per_epoch=N.")
     parser.add_argument("--seed", type=int, help="shortcut for --set seed=N (same seed, same run).")
     parser.add_argument("--report-dir", metavar="DIR",
-                        help="where the report and checkpoints go (default reports/<name>).")
+                        help="where the report and checkpoints go (default: reports/<name>).")
+    parser.add_argument("--restart", action="store_true",
+                        help="discard an unfinished run's checkpoints in the report directory and train from "
+                             "epoch 1 (without it, such a run resumes, and a changed configuration is refused).")
     parser.add_argument("--export-dir", metavar="DIR",
-                        help="TF Serving base directory of the export (default exported_models).")
+                        help="TF Serving base directory of the export (default: exported_models).")
     parser.add_argument("--export-version", type=int,
                         help="version directory to write (default: the next free integer); an existing "
                              "version is replaced.")
     parser.add_argument("--no-export", action="store_true", help="skip the SavedModel and index export.")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved configuration as YAML and exit without training.")
-    parser.add_argument("--quiet", action="store_true", help="no per-step progress bars (one line per epoch).")
+    parser.add_argument("--quiet", action="store_true",
+                        help="one line per epoch instead of progress bars (the default when the output is "
+                             "not a terminal).")
     parser.set_defaults(func=run)
     return parser
 
 
-def resolve(args):
-    from tfdml.config import load_config
+def _folder_job(args):
+    """Overrides that `--image-dir` / `--eval-image-dir` stand for (before --set, which may change them)."""
+    if args.image_dir is None:
+        if args.eval_image_dir is not None:
+            raise ConfigError("--eval-image-dir needs --image-dir (the training images)")
+        return []
+    name = os.path.basename(os.path.normpath(os.path.abspath(args.image_dir))) or "images"
+    return [("data.source", "folder"), ("data.path", args.image_dir), ("data.eval_path", args.eval_image_dir),
+            ("name", name), ("description", f"images of {args.image_dir}")]
 
-    overrides = list(args.overrides)
+
+def resolve(args):
+    """The validated `Config` of the command line (defaults <- --config <- --image-dir <- --set <- shortcuts)."""
     shortcuts = {"training.epochs": args.epochs, "training.steps_per_epoch": args.steps_per_epoch,
                  "seed": args.seed, "report.dir": args.report_dir, "export.base_dir": args.export_dir,
                  "export.version": args.export_version}
-    overrides += [f"{key}={value}" for key, value in shortcuts.items() if value is not None]
+    overrides = _folder_job(args) + list(args.overrides)
+    overrides += [(key, value) for key, value in shortcuts.items() if value is not None]
     if args.no_export:
-        overrides.append("export.enabled=false")
+        overrides.append(("export.enabled", False))
     return load_config(args.config, overrides)
+
+
+def _print_summary(summary):
+    model, raw = summary["model"], summary["raw_pixels"]
+    print(f"\n{'metric':<14}{'model':>10}{'raw pixels':>12}")
+    for key in model:
+        print(f"{key:<14}{model[key]:>10.4f}{raw.get(key, float('nan')):>12.4f}")
+    print(f"\ntrained in {summary['train_seconds']:.1f} s ({len(summary['history'].get('loss', []))} epochs), "
+          f"whole job {summary['wall_seconds']:.1f} s")
+    if "export_dir" in summary:
+        print(f"exported SavedModel: {summary['export_dir']}")
+    print(f"report: {os.path.join(summary['report_dir'], 'metrics.json')}")
+    print(json.dumps({"recall@1": model.get("recall@1"), "map@r": model.get("map@r")}))
 
 
 def run(args):
     import yaml
 
-    from tfdml import pipeline
-    from tfdml.config import ConfigError
-
     try:
         config = resolve(args)
+        from tfdml import pipeline
+
+        if args.print_config:
+            print(yaml.safe_dump(pipeline.resolve_paths(config).to_dict(), sort_keys=False), end="")
+            return 0
+        # Progress bars only on a terminal: redirected logs get one line per epoch.
+        verbose = 2 if args.quiet or not sys.stdout.isatty() else 1
+        summary = pipeline.run(config, verbose=verbose, restart=args.restart)
     except ConfigError as error:
         print(f"tfdml train: error: {error}", file=sys.stderr)
         return 2
-    if args.print_config:
-        print(yaml.safe_dump(pipeline.resolve_paths(config), sort_keys=False), end="")
-        return 0
-    summary = pipeline.run(config, verbose=2 if args.quiet else 1)
     if not summary.get("chief", True):
         print(f"worker done in {summary['train_seconds']:.1f} s (the chief evaluates, exports and reports)")
         return 0
-    model, raw = summary["model"], summary["raw_pixels"]
-    print(f"\n{'metric':<14}{'model':>10}{'raw pixels':>12}")
-    for key in model:
-        print(f"{key:<14}{model[key]:>10.4f}{raw.get(key, float('nan')):>12.4f}")
-    print(f"\ntrained in {summary['train_seconds']:.1f} s, whole job {summary['wall_seconds']:.1f} s")
-    if "export_dir" in summary:
-        print(f"exported SavedModel: {summary['export_dir']}")
-    print(f"report: {os.path.join(summary['report_dir'], 'metrics.json')}")
-    print(json.dumps({"recall@1": model.get("recall@1"), "map@r": model.get("map@r")}))
+    _print_summary(summary)
     return 0
 
 
