@@ -17,7 +17,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tfdml import pipeline
-from tfdml.config import ConfigError, load_config
+from tfdml.config import LOSSES, ConfigError, load_config
 from tfdml.data.sources import CLASS_SPLIT_DATASETS, LABEL_KEYS
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -55,11 +55,11 @@ def _fake_data_source(builder, split, decoders=None, **kwargs):
 def _tiny(config):
     """Overrides for this configuration's optional parts (Group Loss pre-training, ALA episodes)."""
     extra = []
-    if config["training"]["pretrain_epochs"]:  # with the retrieval evaluation callback after the epoch
+    if config.training.pretrain_epochs:  # with the retrieval evaluation callback after the epoch
         extra += ["training.pretrain_epochs=1", "training.eval_every=1"]
-    if config["loss"]["name"] == "group":
+    if config.loss.name == "group":
         extra.append("loss.params.num_anchors=1")
-    if config["ala"]["enabled"]:
+    if config.ala.enabled:
         extra += ["ala.params.max_tuples=16", "ala.params.assessor_units=4", "ala.params.assessor_layers=1",
                   "ala.params.assessor_steps=1",
                   "ala.episode.train_size=6", "ala.episode.val_size=4", "ala.episode.samples_per_class=2"]
@@ -76,16 +76,15 @@ def test_configs_exist():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-5])
 def test_config_loads(path):
     config = load_config(path)
-    assert config["name"] == os.path.basename(path)[:-5]
-    assert config["loss"]["name"] in pipeline.LOSSES
-    if config["data"]["source"] == "tfds":
-        assert config["data"]["name"] in set(CLASS_SPLIT_DATASETS) | set(LABEL_KEYS)
-        assert config["paper_target"], "paper configurations state the number they aim at"
-    if config["loss"]["name"] == "group":
-        assert config["model"]["num_classes"] and config["training"]["pretrain_epochs"] > 0
-    # the resolved configuration is what the report writes; loading it again gives the same job
+    assert config.name == os.path.basename(path)[:-5]
+    assert config.loss.name in LOSSES
+    if config.data.source == "tfds":
+        assert config.data.name in set(CLASS_SPLIT_DATASETS) | set(LABEL_KEYS)
+        assert config.paper_target, "paper configurations state the number they aim at"
+    if config.loss.name == "group":
+        assert config.model.num_classes and config.training.pretrain_epochs > 0
     resolved = pipeline.resolve_paths(config)
-    assert resolved["report"]["dir"] == os.path.join("reports", config["name"])
+    assert resolved.report.dir == os.path.join("reports", config.name)
     with pytest.raises(ConfigError, match="unknown configuration key 'training.epoch'"):
         load_config(path, ["training.epoch=2"])
 
@@ -95,12 +94,11 @@ def test_config_loads(path):
 @pytest.mark.parametrize("path", [p for p in CONFIGS if not p.endswith("digits_rll.yaml")],
                          ids=lambda p: os.path.basename(p)[:-5])
 def test_config_runs_tiny(path, tmp_path):
-    config = load_config(path, TINY)
-    config = load_config(path, TINY + _tiny(config) + [f"report.dir={tmp_path}"])
+    config = load_config(path, TINY + _tiny(load_config(path)) + [f"report.dir={tmp_path}"])
     with tfds.testing.mock_data(as_data_source_fn=_fake_data_source):
         summary = pipeline.run(config, verbose=0)
 
-    assert summary["name"] == config["name"]
+    assert summary["name"] == config.name
     assert (summary["eval_items"], summary["eval_classes"]) == (5 * IMAGES_PER_CLASS, 5)  # the unseen classes
     for results in (summary["model"], summary["raw_pixels"]):
         assert set(results) == {"recall@1", "recall@2", "map@r", "r_precision", "nmi", "f1"}
@@ -109,15 +107,17 @@ def test_config_runs_tiny(path, tmp_path):
     assert len(losses) == 1 and np.isfinite(losses).all()
     with open(tmp_path / "metrics.json") as f:
         assert json.load(f)["model"] == summary["model"]
+    # the report's config.yaml is the job: loading it again gives the same configuration
+    assert load_config(str(tmp_path / "config.yaml")) == pipeline.resolve_paths(config)
     for name in ("config.yaml", "model.keras", "recall_at_k.png", "training_curves.png", "retrieval_grid.png"):
         assert (tmp_path / name).stat().st_size > 0, name
 
 
 def test_classifier_head_too_small_for_the_labels(tmp_path):
     path = os.path.join(CONFIG_DIR, "group_loss_sop.yaml")
-    config = load_config(path, TINY + ["model.num_classes=3", f"report.dir={tmp_path}"])
+    config = load_config(path, TINY + ["training.pretrain_epochs=0", "model.num_classes=3", f"report.dir={tmp_path}"])
     with tfds.testing.mock_data(as_data_source_fn=_fake_data_source):
-        with pytest.raises(ValueError, match="model.num_classes=3 but the training labels go up to 4"):
+        with pytest.raises(ConfigError, match="model.num_classes=3 but the training labels go up to 4"):
             pipeline.run(config, verbose=0)
 
 
@@ -125,7 +125,8 @@ def test_digits_rll_is_the_embedded_default():
     """configs/digits_rll.yaml writes out the job `tfdml train` runs with no options."""
     written = pipeline.resolve_paths(load_config(os.path.join(CONFIG_DIR, "digits_rll.yaml")))
     default = pipeline.resolve_paths(load_config())
-    assert pipeline.build_loss(written["loss"]).get_config() == pipeline.build_loss(default["loss"]).get_config()
+    assert pipeline.build_loss(written.loss).get_config() == pipeline.build_loss(default.loss).get_config()
+    written, default = written.to_dict(), default.to_dict()
     for config in (written, default):
         del config["description"], config["loss"]["params"]
     assert written == default

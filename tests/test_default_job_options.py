@@ -41,26 +41,25 @@ def test_augment_mapping_becomes_an_augment():
     augment = pipeline.augment_setting({"flip": False, "scale": [0.7, 1.0]})
     assert augment == data_lib.Augment(flip=False, scale=(0.7, 1.0))
     assert pipeline.augment_setting(True) is True and pipeline.augment_setting(False) is False
-    with pytest.raises(ValueError, match=r"unknown keys \['flips'\]"):
+    with pytest.raises(ValueError, match=r"unknown configuration key 'data.augment.flips'"):
         pipeline.augment_setting({"flips": False})
     with pytest.raises(ValueError, match="scale"):
         pipeline.augment_setting({"scale": [0.0, 1.0]})
 
 
 def test_default_augment_is_the_digits_setting():
-    augment = pipeline.augment_setting(load_config()["data"]["augment"])
+    augment = load_config().data.augment
     assert augment == data_lib.Augment(flip=False, scale=(0.7, 1.0))
 
 
 def test_loss_params_reset_when_the_loss_changes():
-    default = load_config()["loss"]["params"]
+    default = load_config().loss.params
     assert default == {"margin": 0.05, "alpha": 0.9}
-    assert load_config(overrides=["loss.name=triplet"])["loss"]["params"] == {}
-    assert load_config(overrides=["loss.name=triplet", "loss.params.margin=0.2"])["loss"]["params"] == {
-        "margin": 0.2}
+    assert load_config(overrides=["loss.name=triplet"]).loss.params == {}
+    assert load_config(overrides=["loss.name=triplet", "loss.params.margin=0.2"]).loss.params == {"margin": 0.2}
     # Same loss: a single parameter is merged into the defaults.
-    assert load_config(overrides=["loss.params.margin=0.5"])["loss"]["params"] == {"margin": 0.5, "alpha": 0.9}
+    assert load_config(overrides=["loss.params.margin=0.5"]).loss.params == {"margin": 0.5, "alpha": 0.9}
     # A configuration file for another loss sees none of the default job's RLL parameters.
-    margin = load_config(os.path.join(CONFIG_DIR, "margin_cub.yaml"))["loss"]["params"]
+    margin = load_config(os.path.join(CONFIG_DIR, "margin_cub.yaml")).loss.params
     assert "margin" not in margin and margin["alpha"] == 0.2
-    pipeline.build_loss(load_config(overrides=["loss.name=triplet"])["loss"])  # accepted by TripletLoss
+    pipeline.build_loss(load_config(overrides=["loss.name=triplet"]).loss)  # accepted by TripletLoss

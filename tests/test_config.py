@@ -1,0 +1,117 @@
+"""The typed configuration: every bad value is one `ConfigError` line naming the key and what is allowed
+(checked before anything is built), YAML round trips, and the options other parts of tfdml rely on."""
+
+import glob
+import os
+
+import pytest
+import yaml
+
+from tfdml import config as config_lib
+from tfdml.config import Config, ConfigError, load_config
+
+CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                                        "*.yaml")))
+
+BAD = [
+    (["loss.params.margn=0.1"],
+     "unknown configuration key 'loss.params.margn' (did you mean 'margin'?); valid keys here: alpha, lam, "
+     "margin, stop_gallery_gradient, tn, tp"),
+    (["loss.params.margin=big"], "loss.params.margin: expected a number, got 'big'"),
+    (["optimizer.learning_rate=abc"], "optimizer.learning_rate: expected a number, got 'abc'"),
+    (["optimizer.learning_rate=-1"], "optimizer.learning_rate: must be > 0.0, got -1.0"),
+    (["optimizer.name=adagrad2"], "optimizer.name: must be one of sgd, adam, adamw, lamb, rmsprop, got 'adagrad2'"),
+    (["optimizer.name=RAdam"], "optimizer.name: RAdam is not available in keras.optimizers"),
+    (["training.epochs=two"], "training.epochs: expected an integer, got 'two'"),
+    (["training.epochs=0"], "training.epochs: must be >= 1, got 0"),
+    (["training.epoch=2"], "unknown configuration key 'training.epoch' (did you mean 'epochs'?)"),
+    (["seed=1.5"], "seed: expected an integer, got 1.5"),
+    (["model.levels=H"], "model.levels: expected a list drawn from L, M, H (e.g. [H]), got 'H'"),
+    (["model.levels=[H, X]"], "model.levels: must be one of L, M, H, got 'X'"),
+    (["model.level_weights=[1, 2]"], "model.level_weights: expected one weight per level (3), got 2"),
+    (["model.embedding_dim=-4"], "model.embedding_dim: must be >= 1, got -4"),
+    (["data.samples_per_class=-2"], "data.samples_per_class: must be >= 1, got -2"),
+    (["data.image_size=0"], "data.image_size: must be >= 1, got 0"),
+    (["data.source=imagenet"], "data.source: must be one of digits, tfds, folder, glyphs, got 'imagenet'"),
+    (["data.augment.flips=false"], "unknown configuration key 'data.augment.flips' (did you mean 'flip'?)"),
+    (["data.augment.scale=[0, 1]"], "data.augment: Augment.scale must satisfy 0 < low <= high <= 1"),
+    (["data.source=folder"], "data.path: data.source=folder needs an image folder"),
+    (["data.source=folder", "data.path=/no/such/dir"], "data.path: no such directory: /no/such/dir"),
+    (["data.source=tfds", "data.name=caltech_birds"],
+     "data.name: unknown tfds data set 'caltech_birds'; did you mean caltech_birds2011"),
+    (["ala.episode.trian_size=10"], "unknown configuration key 'ala.episode.trian_size' (did you mean 'train_size'?)"),
+    (["ala.episode.train_size=abc"], "ala.episode.train_size: expected an integer, got 'abc'"),
+    (["ala.episode.train_size=10", "ala.episode.train_classes=3"],
+     "ala.episode.train_size: 10 images do not split evenly over 3 classes"),
+    (["ala.params.state=per_batch"], "ala.params.state: must be one of per_tuple, per_step, got 'per_batch'"),
+    (["ala.enabled=true"], "loss.name: DML-ALA (ala.enabled) weights triplet, margin, contrastive tuples, not "
+                           "ranked_list"),
+    (["ala.enabled=true", "loss.name=triplet", "loss.params.mining=hard"], "loss.params: Unknown parameters"),
+    (["loss.name=group"], "model.num_classes: the group loss needs the classifier head size"),
+    (["loss.name=arcface_typo"], "loss.name: must be one of ranked_list, triplet"),
+    (["loss.name=triplet", "loss.dynamic_temperature={t1: 20, t2: 5}"],
+     "loss.dynamic_temperature: applies to loss.name=ranked_list only, not triplet"),
+    (["training.pretrain_epochs=20"], "training.pretrain_epochs: must be <= training.epochs (16), got 20"),
+    (["evaluation.metrics=[recall, map]"], "evaluation.metrics[1]: must be one of recall, map@r"),
+    (["evaluation.ks=[]"], "evaluation.ks: expected a non-empty list"),
+    (["training"], "override 'training' must look like key.path=value"),
+    (["training=3"], "training: expected a mapping, got 3"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_value_is_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=overrides)
+    text = str(error.value)
+    assert text.startswith(message) or message in text, text
+    assert "\n" not in text
+
+
+def test_bad_yaml_file_is_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("training: {epochs: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML") as error:
+        load_config(str(path))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-5])
+def test_yaml_round_trip(path, tmp_path):
+    config = load_config(path)
+    assert isinstance(config.data, config_lib.DataConfig) and isinstance(config.optimizer.learning_rate, float)
+    reloaded = Config.from_dict(yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False)))
+    assert reloaded == config
+    # and as a configuration file (what the report's config.yaml is)
+    written = tmp_path / "config.yaml"
+    written.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    assert load_config(str(written)) == config
+
+
+def test_values_other_parts_of_tfdml_rely_on():
+    glyph_job = load_config(overrides=["data.source=glyphs", "data.images_per_class=10"])
+    assert (glyph_job.data.source, glyph_job.data.images_per_class) == ("glyphs", 10)
+    nulls = load_config(overrides=["model.embedding_dim=null", "training.steps_per_epoch=null"])
+    assert nulls.model.embedding_dim is None and nulls.training.steps_per_epoch is None
+    ala = load_config(overrides=["ala.enabled=true", "loss.name=margin", "ala.params.state=per_step",
+                                 "ala.episode.disjoint_labels=false"])
+    assert ala.ala.params.arguments() == {"state": "per_step"}
+    assert ala.ala.episode.arguments()["disjoint_labels"] is False
+    assert "disjoint_labels" not in load_config().ala.episode.arguments()  # unset: the library's default
+    # YAML 1.1 reads 1e-3 as a string; a number key takes it
+    assert load_config(overrides=["optimizer.learning_rate=1e-3"]).optimizer.learning_rate == 1e-3
+
+
+def test_every_loss_name_is_a_tfdml_loss():
+    from tfdml import losses
+
+    for name, class_name in config_lib.LOSSES.items():
+        loss_class = getattr(losses, class_name)
+        assert load_config(overrides=[f"loss.name={name}", "model.num_classes=5"]).loss.name == name
+        assert loss_class.__init__.__code__.co_varnames  # a class whose arguments are checked
+
+
+def test_differences_name_nested_keys():
+    old = load_config().to_dict()
+    new = load_config(overrides=["optimizer.learning_rate=0.01", "model.embedding_dim=64"]).to_dict()
+    assert config_lib.differences(old, new) == ["model.embedding_dim", "optimizer.learning_rate"]
