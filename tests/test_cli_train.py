@@ -2,10 +2,10 @@
 `tfdml search` / `tfdml evaluate` / `tfdml export` on what it wrote, determinism, and the CLI surface.
 
 The subprocess runs are shortened to 2 epochs of 10 steps; three of them (seed 0 with export; seed 1; seed 0
-killed after its first epoch and started again) run concurrently once per module.
+killed after its first epoch and started again) run concurrently once per module, with TensorFlow's log level
+left to the CLI and their output in a pipe (so they also show what a redirected log looks like).
 """
 
-import copy
 import json
 import os
 import signal
@@ -18,18 +18,22 @@ import numpy as np
 import pytest
 import yaml
 
-from tfdml import cli
-from tfdml.config import DEFAULTS
+from tfdml import cli, pipeline
+from tfdml.config import default_config, load_config
 from tfdml.pipeline import resolve_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHORT = ["--epochs", "2", "--steps-per-epoch", "10", "--quiet"]
+SHORT = ["--epochs", "2", "--steps-per-epoch", "10"]
+# What a user did not cause and should not see: TensorFlow's start-up lines on a machine without a GPU,
+# Keras warnings about the input, progress-bar escape codes in a redirected log.
+NOISE = ("cuInit", "oneDNN", "cpu_feature_guard", "shuffle=True", "ran out of data", "\x1b[", "Traceback")
 REPORT_FILES = ("metrics.json", "config.yaml", "recall_at_k.png", "training_curves.png", "retrieval_grid.png",
                 "model.keras")
 
 
 def _env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI's own default
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -116,6 +120,15 @@ def test_report_files(runs):
         config = yaml.safe_load(f)
     assert config["training"]["epochs"] == 2 and config["training"]["steps_per_epoch"] == 10
     assert '"recall@1"' in runs["output"] and "exported SavedModel" in runs["output"]
+
+
+def test_output_is_quiet_and_clean(runs):
+    for name in ("output", "resumed_output"):
+        for noise in NOISE:
+            assert noise not in runs[name], f"{noise!r} in the output of tfdml train:\n{runs[name][-3000:]}"
+    # one line per epoch in a redirected log
+    progress = [line for line in runs["output"].splitlines() if "/10 " in line]
+    assert len(progress) == 2 and all(line.startswith("10/10 - ") for line in progress), progress
 
 
 def test_export_reloads_without_tfdml(runs, tmp_path):
@@ -209,9 +222,14 @@ def test_killed_run_resumes_to_the_same_result(runs):
     assert runs["killed_rc"] == -signal.SIGKILL and runs["kill_state"] == {"epoch": 1, "batch": 0}, \
         "the run finished before it could be killed after its first epoch"
     main, resumed = _metrics(runs["main"]), _metrics(runs["resumed"])
+    assert "resuming from epoch 2/2 (1 epoch(s) restored from report_resumed/checkpoints)" in runs["resumed_output"]
     assert "Epoch 2/2" in runs["resumed_output"] and "Epoch 1/2" not in runs["resumed_output"]
-    assert len(resumed["history"]["loss"]) == 1  # only the epoch that was left
-    np.testing.assert_allclose(resumed["history"]["loss"], main["history"]["loss"][1:], rtol=1e-5)
+    # the whole history: the killed run's first epoch and the resumed second one
+    assert set(resumed["history"]) == set(main["history"])
+    for key, values in main["history"].items():
+        np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
+    assert resumed["train_seconds"] > 0 and "trained in" in runs["resumed_output"] and "(2 epochs)" in \
+        runs["resumed_output"]
     assert resumed["model"] == main["model"]
     assert not os.path.exists(runs["resumed"] / "checkpoints" / "training_metadata.json")  # done: cleared
 
@@ -245,26 +263,148 @@ def test_every_option_has_help():
             assert action.help and action.help.strip(), f"tfdml {name} {action.option_strings or action.dest}"
 
 
+def test_version(capsys):
+    from tfdml import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"tfdml {__version__}"
+
+
+def test_help_states_each_default_once():
+    parser = cli.build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and "train" in a.choices)
+    for name, sub in subparsers.choices.items():
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            text = formatter._expand_help(action) if action.help else ""
+            where = f"tfdml {name} {action.option_strings}: {text}"
+            assert text.count("default") <= 1 and "(default: None)" not in text, where
+        assert "(default: None)" not in sub.format_help()
+
+
 def test_print_config_is_the_defaults(capsys):
     assert cli.main(["train", "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed == resolve_paths(copy.deepcopy(DEFAULTS))
+    assert printed == resolve_paths(default_config()).to_dict()
     assert cli.main(["train", "--print-config", "--config", os.path.join(ROOT, "configs", "digits_rll.yaml"),
                      "--epochs", "3", "--set", "loss.params.margin=0.5"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["training"]["epochs"] == 3 and printed["loss"]["params"]["margin"] == 0.5
 
 
-@pytest.mark.parametrize("override, message", [
-    ("training.epoch=2", "unknown configuration key 'training.epoch'"),
-    ("training", "must look like key.path=value"),
+@pytest.mark.parametrize("arguments, message", [
+    (["--set", "training.epoch=2"], "unknown configuration key 'training.epoch' (did you mean 'epochs'?)"),
+    (["--set", "training"], "must look like key.path=value"),
+    (["--epochs", "0"], "training.epochs: must be >= 1, got 0"),
+    (["--set", "seed=1.5"], "seed: expected an integer, got 1.5"),
+    (["--set", "loss.params.margn=0.1"], "unknown configuration key 'loss.params.margn'"),
+    (["--eval-image-dir", "x"], "--eval-image-dir needs --image-dir"),
 ])
-def test_bad_override_fails_clearly(override, message, capsys):
-    assert cli.main(["train", "--set", override]) == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+def test_bad_value_exits_2_with_one_line(arguments, message, capsys):
+    assert cli.main(["train", *arguments]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("tfdml train: error: ") and message in captured.err
+    assert captured.err.count("\n") == 1 and not captured.out
 
 
 def test_missing_config_file_fails_clearly(tmp_path, capsys):
     assert cli.main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
     assert "configuration file not found" in capsys.readouterr().err
+
+
+def _unfinished_run(report_dir):
+    """A report directory holding an unfinished run of the default job, as BackupAndRestore leaves it after one
+    epoch (the decision to resume or refuse comes before anything is built, so no weights are needed)."""
+    config = resolve_paths(load_config(overrides=[f"report.dir={report_dir}"]))
+    assert pipeline.prepare_report_dir(config, say=lambda text: None) == 0
+    (report_dir / "checkpoints" / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')
+    return config
+
+
+def test_changed_configuration_is_refused(tmp_path, capsys):
+    _unfinished_run(tmp_path)
+    assert cli.main(["train", "--report-dir", str(tmp_path), "--set", "optimizer.learning_rate=0.01",
+                     "--epochs", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "holds an unfinished run (1 epoch(s) done) with another configuration (optimizer.learning_rate, " \
+           "training.epochs differ)" in err and "--restart" in err
+    assert cli.main(["train", "--report-dir", str(tmp_path), "--set", "model.embedding_dim=64"]) == 2
+    assert "(model.embedding_dim differ)" in capsys.readouterr().err
+
+
+def test_resume_and_restart_decisions(tmp_path):
+    config = _unfinished_run(tmp_path)
+    said = []
+    assert pipeline.prepare_report_dir(config, say=said.append) == 1
+    assert said == [f"resuming from epoch 2/16 (1 epoch(s) restored from {tmp_path}/checkpoints)"]
+    # evaluation, export and report settings do not change what is trained
+    assert pipeline.prepare_report_dir(config.replace(evaluation=config.evaluation.replace(ks=[1])),
+                                       say=said.append) == 1
+    changed = config.replace(optimizer=config.optimizer.replace(learning_rate=0.5))
+    assert pipeline.prepare_report_dir(changed, restart=True, say=said.append) == 0
+    assert said[-1].startswith("--restart: removed the unfinished run's checkpoints (1 epoch(s) done)")
+    assert not (tmp_path / "checkpoints" / "training_metadata.json").exists()
+    with open(tmp_path / "checkpoints" / pipeline.CONFIG_SNAPSHOT) as f:  # what the new run is compared with
+        assert yaml.safe_load(f) == changed.to_dict()
+    with open(tmp_path / "config.yaml") as f:
+        assert load_config(f.name) == changed
+
+
+def test_history_keeps_the_checkpointed_epochs(tmp_path):
+    from tfdml.callbacks import EpochLog, previous_epochs
+
+    log = EpochLog(tmp_path)
+    for epoch in range(2):
+        log.on_epoch_begin(epoch)
+        log.on_epoch_end(epoch, {"loss": float(epoch)})
+    # killed after logging epoch 2 but before its checkpoint: only epoch 1 is part of the run
+    (tmp_path / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')
+    assert [entry["logs"] for entry in previous_epochs(tmp_path)] == [{"loss": 0.0}]
+    resumed = EpochLog(tmp_path)
+    resumed.on_epoch_begin(1)
+    resumed.on_epoch_end(1, {"loss": 5.0})
+    assert resumed.history() == {"loss": [0.0, 5.0]}
+    assert resumed.seconds() == pytest.approx(sum(entry["seconds"] for entry in resumed.epochs))
+
+
+def _class_folders(root, names, per_class=5, size=12):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(names):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            image = rng.integers(0, 60, size=(size, size, 3)) + 40 * label
+            tf.io.write_file(str(root / name / f"{i}.png"), tf.io.encode_png(image.astype(np.uint8)))
+    return root
+
+
+TINY_MODEL = [f"--set={item}" for item in (
+    "model.widths=[4,4,4]", "model.embedding_dim=4", "model.head_filters=2", "model.head_units=4",
+    "data.image_size=16", "data.classes_per_batch=2", "data.samples_per_class=2", "evaluation.ks=[1]",
+    "report.grid_queries=2", "report.grid_neighbours=2")]
+
+
+def test_train_on_an_image_folder(tmp_path, capsys):
+    """`tfdml train --image-dir DIR`: the first half of the classes (by sorted folder name) trains, the unseen
+    second half is evaluated; the job is named after the folder."""
+    folder = _class_folders(tmp_path / "photos", ["dog", "ant", "cat", "bee"])
+    rc = cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report"), "--no-export",
+                   "--epochs", "1", "--steps-per-epoch", "1", *TINY_MODEL])
+    assert rc == 0, capsys.readouterr().err
+    summary = _metrics(tmp_path / "report")
+    assert summary["name"] == "photos" and (summary["eval_classes"], summary["eval_items"]) == (2, 10)
+    config = load_config(str(tmp_path / "report" / "config.yaml"))
+    train, evaluation = pipeline.load_sources(config.data)
+    names = train.class_names
+    assert names == ["ant", "bee", "cat", "dog"]
+    assert [names[c] for c in train.classes] == ["ant", "bee"] and [names[c] for c in evaluation.classes] == [
+        "cat", "dog"]
+    assert all(os.path.basename(os.path.dirname(p)) in ("cat", "dog") for p in evaluation.paths)
+    # with --eval-image-dir every class of --image-dir trains
+    other = _class_folders(tmp_path / "other", ["eel", "fox"])
+    args = cli.build_parser().parse_args(["train", "--image-dir", str(folder), "--eval-image-dir", str(other)])
+    train, evaluation = pipeline.load_sources(cli.train.resolve(args).data)
+    assert len(train.classes) == 4 and evaluation.class_names == ["eel", "fox"]

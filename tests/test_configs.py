@@ -115,7 +115,8 @@ def test_config_runs_tiny(path, tmp_path):
 
 def test_classifier_head_too_small_for_the_labels(tmp_path):
     path = os.path.join(CONFIG_DIR, "group_loss_sop.yaml")
-    config = load_config(path, TINY + ["training.pretrain_epochs=0", "model.num_classes=3", f"report.dir={tmp_path}"])
+    config = load_config(path, TINY + ["training.pretrain_epochs=0", "model.num_classes=3",
+                                       f"report.dir={tmp_path}"])
     with tfds.testing.mock_data(as_data_source_fn=_fake_data_source):
         with pytest.raises(ConfigError, match="model.num_classes=3 but the training labels go up to 4"):
             pipeline.run(config, verbose=0)
