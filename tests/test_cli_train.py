@@ -391,6 +391,9 @@ def test_train_on_an_image_folder(tmp_path, capsys):
     """`tfdml train --image-dir DIR`: the first half of the classes (by sorted folder name) trains, the unseen
     second half is evaluated; the job is named after the folder."""
     folder = _class_folders(tmp_path / "photos", ["dog", "ant", "cat", "bee"])
+    # the default job's 5 classes per batch do not fit 2 training classes: said before anything is built
+    assert cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report")]) == 2
+    assert "data.classes_per_batch: 5 classes per batch, but the training data" in capsys.readouterr().err
     rc = cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report"), "--no-export",
                    "--epochs", "1", "--steps-per-epoch", "1", *TINY_MODEL])
     assert rc == 0, capsys.readouterr().err

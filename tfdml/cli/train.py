@@ -36,9 +36,10 @@ def register(subparsers):
                              "The job is named after DIR.")
     parser.add_argument("--eval-image-dir", metavar="DIR",
                         help="evaluation images laid out like --image-dir (classes unseen in training).")
-    parser.add_argument("--epochs", type=int, help="shortcut for --set training.epochs=N.")
-    parser.add_argument("--steps-per-epoch", type=int, help="shortcut for --set training.steps_per_epoch=N.")
-    parser.add_argument("--seed", type=int, help="shortcut for --set seed=N (same seed, same run).")
+    parser.add_argument("--epochs", type=int, metavar="N", help="shortcut for --set training.epochs=N.")
+    parser.add_argument("--steps-per-epoch", type=int, metavar="N",
+                        help="shortcut for --set training.steps_per_epoch=N.")
+    parser.add_argument("--seed", type=int, metavar="N", help="shortcut for --set seed=N (same seed, same run).")
     parser.add_argument("--report-dir", metavar="DIR",
                         help="where the report and checkpoints go (default: reports/<name>).")
     parser.add_argument("--restart", action="store_true",
@@ -46,7 +47,7 @@ def register(subparsers):
                              "epoch 1 (without it, such a run resumes, and a changed configuration is refused).")
     parser.add_argument("--export-dir", metavar="DIR",
                         help="TF Serving base directory of the export (default: exported_models).")
-    parser.add_argument("--export-version", type=int,
+    parser.add_argument("--export-version", type=int, metavar="N",
                         help="version directory to write (default: the next free integer); an existing "
                              "version is replaced.")
     parser.add_argument("--no-export", action="store_true", help="skip the SavedModel and index export.")
