@@ -331,7 +331,7 @@ def test_changed_configuration_is_refused(tmp_path, capsys):
     assert "holds an unfinished run (1 epoch(s) done) with another configuration (optimizer.learning_rate, " \
            "training.epochs differ)" in err and "--restart" in err
     assert cli.main(["train", "--report-dir", str(tmp_path), "--set", "model.embedding_dim=64"]) == 2
-    assert "(model.embedding_dim differ)" in capsys.readouterr().err
+    assert "(model.embedding_dim differs)" in capsys.readouterr().err
 
 
 def test_resume_and_restart_decisions(tmp_path):

@@ -102,8 +102,8 @@ def prepare_report_dir(config, restart=False, say=print):
         if changed:
             raise ConfigError(
                 f"{checkpoints} holds an unfinished run ({done} epoch(s) done) with another configuration "
-                f"({', '.join(changed)} differ); run it again unchanged to resume, add --restart to discard "
-                "it, or use another --report-dir")
+                f"({', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'}); run it again unchanged "
+                "to resume, add --restart to discard it, or use another --report-dir")
         say(f"resuming from epoch {done + 1}/{config.training.epochs} "
             f"({done} epoch(s) restored from {checkpoints})")
     else:
@@ -191,12 +191,17 @@ def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1)
     data = config.data
     common = dict(image_size=data.image_size, augment=data.augment, preprocess=preprocess, seed=config.seed,
                   drop_small_classes=data.small_class_policy == "drop")
-    if config.ala.enabled:
-        train = data_lib.episode_dataset(train_source, **common, **config.ala.episode.arguments())
-    else:
-        train = data_lib.class_balanced_dataset(
-            train_source, data.classes_per_batch, data.samples_per_class,
-            num_replicas=num_replicas if num_replicas > 1 else None, **common)
+    # What the sampler cannot do with this data (too few classes or images) is a setting of that section.
+    section = "ala.episode" if config.ala.enabled else "data"
+    try:
+        if config.ala.enabled:
+            train = data_lib.episode_dataset(train_source, **common, **config.ala.episode.arguments())
+        else:
+            train = data_lib.class_balanced_dataset(
+                train_source, data.classes_per_batch, data.samples_per_class,
+                num_replicas=num_replicas if num_replicas > 1 else None, **common)
+    except ValueError as error:
+        raise ConfigError(f"{section}: {error}") from None
     batch = config.evaluation.batch_size
     return Datasets(
         train=train,
