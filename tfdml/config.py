@@ -248,8 +248,10 @@ def _check_tfds_name(name, key):
                           "stanford_online_products")
     import tensorflow_datasets as tfds
 
-    builders = tfds.list_builders()
-    if name.split(":")[0].split("/")[0] not in builders:
+    if ":" in name:  # a namespaced (community) data set: tfds resolves it when it opens it
+        return
+    builders = tfds.list_builders(with_community_datasets=False)  # offline: the registered builders
+    if name.split("/")[0] not in builders:  # "cars196/2.1.0": builder, then version or config
         close = difflib.get_close_matches(name, builders, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; see tfds.list_builders()"
         raise ConfigError(f"{key}: unknown tfds data set {name!r}{hint}")
