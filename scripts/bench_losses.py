@@ -70,9 +70,13 @@ def _pml_with_miner(loss, miner):
 
 # name -> (tfdml loss factory, PML description, PML loss factory)
 LOSSES = {
-    "ranked_list": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0),
+    # PML has no query weighting: compare like with like (uniform, eq. 14); "official" costs the same.
+    "ranked_list": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0, query_weighting="uniform"),
                     "RankedListLoss(margin=0.4, Tn=10)",
                     lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10)),
+    "ranked_list_official": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0),
+                             "RankedListLoss(margin=0.4, Tn=10) (tfdml: official query weighting)",
+                             lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10)),
     "triplet_all": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="all"),
                     "TripletMarginLoss(margin=0.2), all triplets",
                     lambda: pml_losses.TripletMarginLoss(margin=0.2)),
@@ -92,12 +96,26 @@ LOSSES = {
 }
 
 
-def make_batch(batch_size, dim, seed=0):
-    """Class-balanced labels (4 per class, shuffled) and L2-normalised float32 embeddings."""
+# Losses timed on a mid-training-like batch instead of uniform random vectors: in 512-D uniform points all
+# lie ~sqrt(2) apart, so RLL (alpha = 1.2) mines no negative at all and its query weights are all equal.
+CLUSTERED = {"ranked_list", "ranked_list_official"}
+
+
+def make_batch(batch_size, dim, seed=0, clustered=False):
+    """Class-balanced labels (4 per class, shuffled) and L2-normalised float32 embeddings.
+
+    `clustered`: class centres in a random 16-D subspace plus isotropic noise, so that every query has
+    close negatives and far positives at different distances (RLL mines both sets, as in training)."""
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(batch_size // SAMPLES_PER_CLASS + 1), SAMPLES_PER_CLASS)[:batch_size]
     rng.shuffle(labels)
-    embeddings = rng.normal(size=(batch_size, dim)).astype(np.float32)
+    if clustered:
+        basis = np.linalg.qr(rng.normal(size=(dim, min(16, dim))))[0]
+        centres = rng.normal(size=(labels.max() + 1, basis.shape[1])) @ basis.T
+        centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+        embeddings = (centres[labels] + 0.75 * rng.normal(size=(batch_size, dim)) / np.sqrt(dim)).astype(np.float32)
+    else:
+        embeddings = rng.normal(size=(batch_size, dim)).astype(np.float32)
     embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
     return labels.astype(np.int32), embeddings
 
@@ -152,7 +170,7 @@ def bench(name, batch_size, dim, repeats):
     loss = make_tfdml()
     if loss is None:
         return {"loss": name, "B": batch_size, "D": dim, "skipped": "tfdml has no such loss yet"}
-    labels, embeddings = make_batch(batch_size, dim)
+    labels, embeddings = make_batch(batch_size, dim, clustered=name in CLUSTERED)
     eager = tfdml_runner(loss, labels, embeddings, jit_compile=False)
     xla = tfdml_runner(make_tfdml(), labels, embeddings, jit_compile=True)
     peer = pml_runner(make_peer(), labels, embeddings)
