@@ -287,6 +287,15 @@ def test_bad_inputs_raise_clear_errors():
         MarginLoss(num_classes=2)(np.array([0, 0, 2, 2]), f)
     with pytest.raises(ValueError, match="scalar or a \\[num_classes\\] vector"):
         margin_loss(tf.constant(labels), f, np.ones((2, 2)), sampling="all")
+    # The public function validates its input like every loss.
+    with pytest.raises(TypeError, match="integer class ids"):
+        margin_loss(labels.astype(np.float32), f, 1.2)
+    with pytest.raises(ValueError, match="labels has 3 entries but embeddings has 4 rows"):
+        margin_loss(labels[:3], f, 1.2, sampling="all")
+    with pytest.raises(ValueError, match="embeddings must have shape \\[batch, dim\\]"):
+        margin_loss(labels, np.ones(4), 1.2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="embeddings contain NaN"):
+        margin_loss(labels, np.full((4, 4), np.nan), 1.2)
 
 
 def test_jit_compile_gives_the_same_values():
