@@ -1,7 +1,14 @@
 """Multi-level embedder of the Ranked List Loss papers: RLL-L, RLL-M, RLL-H and RLL-(L,M,H).
 
 Heads on a low, a mid and a high layer of the backbone (official Caffe code, see `tfdml.models.heads`),
-one loss per level, and at inference the L2-normalised concatenation of the un-normalised level outputs:
+one loss per level, and at inference the L2-normalised concatenation of the un-normalised level outputs.
+The taps are those of the authors' GoogLeNet-BN prototxt: L = `inception_3c` and M = `inception_4e`, the
+reduction blocks that open stages 4 and 5 (stride 16 and 32: 14x14 and 7x7 at 224 px), and H = `inception_5b`,
+the last block. Their defaults on Keras backbones (`tfdml.models.backbones.DEFAULT_TAPS`) are the same
+positions: ResNet50/101/152 `conv4_block1_out`, `conv5_block1_out`, `conv5_block3_out`; InceptionV3
+`mixed3`, `mixed8`, `mixed10`. The L and M heads pool 5x5/3 with Caffe's rounded-up output size (7x7 -> 2x2,
+14x14 -> 4x4).
+
 
     u_l = head_l(tap_l(x))                      (un-normalised, D each)
     embedding = l2_normalize(concat(u_L, u_M, u_H))           (the model output, [B, K*D])
@@ -54,8 +61,8 @@ class MultiLevelEmbedder(MetricModel):
     """Embedder with one head per backbone level; output `l2_normalize(concat(u_L, u_M, u_H))`.
 
     The "H" level gets the global head (avg pool -> Dense(D, no bias)); every other level gets the auxiliary
-    head (avg pool 5x5/3 -> 1x1 conv 128 + BN + ReLU -> Dense 1024 + BN + ReLU -> Dense(D, no bias)), as in the
-    official RLL code. Each level output is L2-normalised for its own loss; the inference embedding normalises
+    head (avg pool 5x5/3 rounded up as Caffe -> 1x1 conv 128 + BN + ReLU -> Dense 1024 + BN + ReLU ->
+    Dense(D, no bias)), as in the official RLL code. Each level output is L2-normalised for its own loss; the inference embedding normalises
     the concatenation of the un-normalised outputs.
 
     Compile with any tfdml loss: `model.compile(optimizer, loss=RankedListLoss())` applies the loss to each
@@ -65,8 +72,11 @@ class MultiLevelEmbedder(MetricModel):
     Args:
       backbone: a `keras.applications` name, "small_cnn", or a functional Keras model (see
         `tfdml.models.backbones`).
-      taps: `{level: layer_name}` or a list aligned with `levels`; default taps exist for ResNet50/101/152,
-        InceptionV3 and the small CNN (`tfdml.models.backbones.DEFAULT_TAPS`).
+      taps: `{level: layer_name}` or a list aligned with `levels`; default taps exist for ResNet50/101/152
+        (`conv4_block1_out`, `conv5_block1_out`, `conv5_block3_out`), InceptionV3 (`mixed3`, `mixed8`,
+        `mixed10`) and the small CNN: the positions of GoogLeNet-BN's `inception_3c` (opens the stride-16
+        stage), `inception_4e` (opens the stride-32 stage) and `inception_5b` (last block) in the official net
+        (`tfdml.models.backbones.DEFAULT_TAPS`).
       embedding_dim: D, the size of each level's embedding (output size `len(levels) * D`).
       levels: level names, any of "L", "M", "H" (e.g. `("H",)` for RLL-H alone).
       level_weights: one loss weight per level (default 1 each).
