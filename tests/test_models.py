@@ -276,3 +276,33 @@ def test_l2_normalize_layer():
     layer = L2Normalize()
     np.testing.assert_allclose(layer(tf.constant([[3.0, 4.0], [0.0, 0.0]])).numpy(), [[0.6, 0.8], [0.0, 0.0]])
     assert L2Normalize.from_config(layer.get_config()).epsilon == layer.epsilon
+
+
+def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tmp_path):
+    """Group Loss's official layout (`embedding_dim=None`): the L2-normalised global average pool of the
+    backbone is the embedding, and the classifier reads that pooled feature directly."""
+    keras.utils.set_random_seed(5)
+    model = Embedder("small_cnn", embedding_dim=None, input_shape=SHAPE, num_classes=4)
+    images, labels = _batch()
+    feature_map = model.backbone(images, training=False).numpy()  # small CNN: 2x2x32
+    pooled = feature_map.mean(axis=(1, 2))
+    assert model.embedding_dim == model.output_dim == 32 and model.get_layer("head_H").projection is None
+    np.testing.assert_allclose(model(images, training=False).numpy(), _normalise(pooled), atol=1e-5)
+    classifier = model.classifiers[0]
+    assert classifier.kernel.shape == (32, 4)
+    training_output = model(images, training=True).numpy()
+    assert training_output.shape == (len(images), 32 + 4)
+    pooled_train = model.backbone(images, training=True).numpy().mean(axis=(1, 2))  # BatchNorm in training mode
+    np.testing.assert_allclose(training_output[:, :32], _normalise(pooled_train), atol=1e-5)
+    np.testing.assert_allclose(training_output[:, 32:], classifier(pooled_train).numpy(), rtol=1e-4, atol=1e-5)
+    # No layer between the backbone and the classifier: the heads own only the classifier's variables.
+    assert [v.shape for v in model.head_variables] == [(32, 4), (4,)]
+    model.compile(keras.optimizers.Adam(1e-3), loss=GroupLoss(4, temperature=2.0))
+    assert np.isfinite(model.fit(images, labels, batch_size=len(images), epochs=1, verbose=0).history["loss"][0])
+    path = str(tmp_path / "unprojected.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    assert restored.get_config()["embedding_dim"] is None
+    np.testing.assert_array_equal(restored(images, training=False).numpy(), model(images, training=False).numpy())
+    with pytest.raises(ValueError, match="embedding_dim=None .* needs the single level"):
+        MultiLevelEmbedder("small_cnn", embedding_dim=None, input_shape=SHAPE)

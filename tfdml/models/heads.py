@@ -1,7 +1,8 @@
 """Embedding heads of the RLL authors' multi-level GoogLeNet-BN (official Caffe prototxt), as Keras layers.
 
 - `GlobalEmbeddingHead` (the H head and the single-level `Embedder`):
-  global average pool -> Dense(D, no bias). Output un-normalised.
+  global average pool -> Dense(D, no bias), or the pooled feature itself (`embedding_dim=None`, Group
+  Loss's official layout). Output un-normalised.
 - `AuxiliaryEmbeddingHead` (the L and M heads, GoogLeNet's auxiliary-classifier branch):
   AvgPool 5x5 stride 3 (Caffe's pooling, `CaffeAveragePooling2D`: output size rounded UP, 7x7 -> 2x2 and
   14x14 -> 4x4) -> Conv 1x1 (128, no bias) + BN + ReLU -> flatten -> Dense 1024 (no bias) + BN + ReLU
@@ -44,8 +45,11 @@ class L2Normalize(keras.layers.Layer):
 class GlobalEmbeddingHead(keras.layers.Layer):
     """Global average pool -> Dense(`embedding_dim`, no bias): the RLL H head.
 
+    With `embedding_dim=None` there is no projection: the pooled feature itself is the (un-normalised)
+    embedding, as in the Group Loss authors' code (BN-Inception's 1024-d pooled feature).
+
     Args:
-      embedding_dim: output size D.
+      embedding_dim: output size D, or None for the pooled feature (size = the map's channels).
       use_bias: the official head has no bias (default False).
 
     Example: `GlobalEmbeddingHead(64)(feature_map)` with `feature_map` `[B, h, w, C]` -> `[B, 64]`.
@@ -53,12 +57,15 @@ class GlobalEmbeddingHead(keras.layers.Layer):
 
     def __init__(self, embedding_dim, use_bias=False, **kwargs):
         super().__init__(**kwargs)
-        self.embedding_dim = int(embedding_dim)
+        self.embedding_dim = None if embedding_dim is None else int(embedding_dim)
         self.use_bias = bool(use_bias)
         self.pool = keras.layers.GlobalAveragePooling2D(name="pool")
-        self.projection = keras.layers.Dense(self.embedding_dim, use_bias=self.use_bias, name="projection")
+        self.projection = None if self.embedding_dim is None else keras.layers.Dense(
+            self.embedding_dim, use_bias=self.use_bias, name="projection")
 
     def build(self, input_shape):
+        if self.projection is None:
+            return
         if len(input_shape) == 2:  # already pooled features
             self.projection.build(input_shape)
         else:
@@ -66,10 +73,10 @@ class GlobalEmbeddingHead(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         x = self.pool(inputs) if len(inputs.shape) == 4 else inputs
-        return self.projection(x)
+        return x if self.projection is None else self.projection(x)
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], self.embedding_dim)
+        return (input_shape[0], input_shape[-1] if self.embedding_dim is None else self.embedding_dim)
 
     def get_config(self):
         return {**super().get_config(), "embedding_dim": self.embedding_dim, "use_bias": self.use_bias}

@@ -126,7 +126,10 @@ class MultiLevelEmbedder(MetricModel):
         if len(self.level_weights) != len(self.levels):
             raise ValueError(f"Got {len(self.level_weights)} level_weights for levels {self.levels}.")
         self.taps = _resolve_taps(self.backbone, self.levels, taps)
-        self.embedding_dim = int(embedding_dim)
+        if embedding_dim is None and self.levels != (GLOBAL_HEAD_LEVEL,):
+            raise ValueError("embedding_dim=None (the pooled backbone feature is the embedding) needs the single "
+                             f"level ('H',); got levels {self.levels}. Pass an integer embedding_dim.")
+        self.projected = embedding_dim is not None
         self.head_filters = int(head_filters)
         self.head_units = int(head_units)
         self.num_classes = None if num_classes is None else int(num_classes)
@@ -140,8 +143,11 @@ class MultiLevelEmbedder(MetricModel):
                        for tap in self.taps]
         inputs = self.backbone.inputs[0] if len(self.backbone.inputs) == 1 else self.backbone.inputs
         self.feature_extractor = keras.Model(inputs, tap_outputs, name="taps")
+        # No projection: the embedding is the pooled feature, as wide as the tapped map has channels.
+        self.embedding_dim = int(embedding_dim) if self.projected else int(tap_outputs[0].shape[-1])
         self.level_heads = [
-            GlobalEmbeddingHead(self.embedding_dim, name=f"head_{level}") if level == GLOBAL_HEAD_LEVEL else
+            GlobalEmbeddingHead(self.embedding_dim if self.projected else None, name=f"head_{level}")
+            if level == GLOBAL_HEAD_LEVEL else
             AuxiliaryEmbeddingHead(self.embedding_dim, filters=self.head_filters, units=self.head_units,
                                    name=f"head_{level}")
             for level in self.levels]
@@ -277,7 +283,7 @@ class MultiLevelEmbedder(MetricModel):
             "name": self.name,
             "backbone": backbone,
             "taps": dict(zip(self.levels, self.taps)) if None not in self.taps else None,
-            "embedding_dim": self.embedding_dim,
+            "embedding_dim": self.embedding_dim if self.projected else None,
             "levels": list(self.levels),
             "level_weights": list(self.level_weights),
             "input_shape": list(self.image_shape),
