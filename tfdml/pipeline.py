@@ -61,6 +61,19 @@ def _sources(data):
     raise ValueError(f"unknown data.source {kind!r}; use digits, tfds or folder")
 
 
+ONE_PASS = "one_pass"
+
+
+def steps_per_epoch(train_cfg, data_cfg, num_train_images):
+    """`training.steps_per_epoch`: an integer, or "one_pass" for epochs of one pass over the training
+    images (Group Loss's epochs): `ceil(num_train_images / (classes_per_batch * samples_per_class))`."""
+    steps = train_cfg["steps_per_epoch"]
+    if steps == ONE_PASS:
+        batch = int(data_cfg["classes_per_batch"]) * int(data_cfg["samples_per_class"])
+        return max(1, -(-int(num_train_images) // batch))
+    return int(steps)
+
+
 def build_loss(section, num_classes=None, total_steps=None):
     """A tfdml loss from the loss section (`name`, `params`, optional `dynamic_temperature`)."""
     from tfdml import losses
@@ -176,13 +189,14 @@ def run(config=None, verbose=1):
         raise ValueError(f"model.num_classes={num_classes} but the training labels go up to "
                          f"{top_label}: the classifier head needs every class id below it")
     input_shape = _input_shape(config, train_source)
-    epochs, steps = int(train_cfg["epochs"]), int(train_cfg["steps_per_epoch"])
+    epochs, steps = int(train_cfg["epochs"]), steps_per_epoch(train_cfg, data_cfg, len(train_source.labels))
     total_steps = epochs * steps
 
     strategy = _strategy(train_cfg["distribute"])
     with strategy.scope():
         embedder = recipes.make_embedder(
-            {k: v for k, v in model_cfg.items() if v is not None or k in ("weights", "taps")}, input_shape)
+            {k: v for k, v in model_cfg.items() if v is not None or k in ("weights", "taps", "embedding_dim")},
+            input_shape)
         # One preprocessing spec serves the input pipeline here and the exported serving graph.
         preprocess_name = embedder.preprocessing
         preprocess = export_lib.resolve_preprocessing(preprocess_name)[0]
