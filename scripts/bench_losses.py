@@ -6,7 +6,7 @@ with respect to the (L2-normalised) embeddings: tfdml inside `tf.function`, with
 number of threads (`--threads`, default 2). One JSON line per configuration:
 
     {"loss", "B", "D", "tfdml_ms", "tfdml_xla_ms", "peer", "peer_ms", "speedup", "*_median_ms",
-     "speedup_median", "tfdml_value", "peer_value", "threads", "load_avg_1min"}
+     "speedup_median", "*_cpu_ms", "speedup_cpu", "tfdml_value", "peer_value", "threads", "load_avg_1min"}
 
 Times are the best of the timed calls (`*_median_ms`: the median), the least disturbed by other processes
 on a shared machine (spinning thread pools make loaded 2-thread timings erratic, PML's most). `speedup` is
@@ -121,19 +121,22 @@ def make_batch(batch_size, dim, seed=0, clustered=False):
 
 
 def time_call(fn, repeats, min_seconds=0.5):
-    """`(best, median)` wall time in ms of `fn()` after two warm-up calls; at least `repeats` calls (or
-    `min_seconds`). The best call is the least disturbed by other processes on a shared machine."""
+    """`(best, median, median CPU)` time in ms of `fn()` after two warm-up calls; at least `repeats` calls
+    (or `min_seconds`). The best call is the least disturbed by other processes on a shared machine; the CPU
+    time (this process, all threads) is what the call costs regardless of waiting for a core, but counts
+    spinning thread pools as work (compare CPU times with `--threads 1`)."""
     fn()
     fn()
-    times = []
+    times, cpu_times = [], []
     start = time.perf_counter()
     while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < 10 * repeats):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         if times[-1] > 5.0 and len(times) >= 3:  # very slow configurations: three calls are enough
             break
-    return 1000.0 * float(np.min(times)), 1000.0 * float(np.median(times))
+    return 1000.0 * float(np.min(times)), 1000.0 * float(np.median(times)), 1000.0 * float(np.median(cpu_times))
 
 
 def tfdml_runner(loss, labels, embeddings, jit_compile):
@@ -174,9 +177,9 @@ def bench(name, batch_size, dim, repeats):
     eager = tfdml_runner(loss, labels, embeddings, jit_compile=False)
     xla = tfdml_runner(make_tfdml(), labels, embeddings, jit_compile=True)
     peer = pml_runner(make_peer(), labels, embeddings)
-    tfdml_ms, tfdml_median = time_call(eager, repeats)
-    tfdml_xla_ms, tfdml_xla_median = time_call(xla, repeats)
-    peer_ms, peer_median = time_call(peer, max(5, repeats // 2))
+    tfdml_ms, tfdml_median, tfdml_cpu = time_call(eager, repeats)
+    tfdml_xla_ms, tfdml_xla_median, tfdml_xla_cpu = time_call(xla, repeats)
+    peer_ms, peer_median, peer_cpu = time_call(peer, max(5, repeats // 2))
     return {
         "loss": name, "B": batch_size, "D": dim,
         "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
@@ -185,6 +188,8 @@ def bench(name, batch_size, dim, repeats):
         "tfdml_median_ms": round(tfdml_median, 3), "tfdml_xla_median_ms": round(tfdml_xla_median, 3),
         "peer_median_ms": round(peer_median, 3),
         "speedup_median": round(peer_median / min(tfdml_median, tfdml_xla_median), 2),
+        "tfdml_cpu_ms": round(tfdml_cpu, 3), "tfdml_xla_cpu_ms": round(tfdml_xla_cpu, 3),
+        "peer_cpu_ms": round(peer_cpu, 3), "speedup_cpu": round(peer_cpu / min(tfdml_cpu, tfdml_xla_cpu), 2),
         "tfdml_value": eager()[0], "peer_value": peer()[0],
         "threads": THREADS,
         "load_avg_1min": round(os.getloadavg()[0], 2),  # other processes on the machine skew all timings

@@ -130,7 +130,14 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
     # positive_mask excludes j == i, which also matters with a separate gallery (its diagonal is not 0).
     mined_pos = tf.logical_and(positive_mask(labels), dist > pos_boundary)
     mined_neg = tf.logical_and(negative_mask(labels), dist < alpha)
-    pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary), mined_pos)
+    if isinstance(tp, (int, float)) and tp == 0:
+        # The default tp = 0 weighs every mined positive 1: S_P is their count (cheaper than the softmax).
+        pos_exp = tf.cast(mined_pos, dtype)
+        pos_sum = tf.reduce_sum(pos_exp, axis=1, keepdims=True)
+        log_s_pos = tf.math.log(pos_sum)  # -inf without mined positive
+    else:
+        pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary),
+                                                              mined_pos)
     neg_exp, neg_sum, log_s_neg = _masked_exp_and_log_sum(as_scalar(tn, dtype) * (alpha - dist), mined_neg)
     w_pos = safe_divide(pos_exp, pos_sum)
     w_neg = safe_divide(neg_exp, neg_sum)
