@@ -6,7 +6,7 @@ with respect to the (L2-normalised) embeddings: tfdml inside `tf.function`, with
 number of threads (`--threads`, default 2). One JSON line per configuration:
 
     {"loss", "B", "D", "tfdml_ms", "tfdml_xla_ms", "peer", "peer_ms", "speedup", "*_median_ms",
-     "speedup_median", "tfdml_value", "peer_value", "threads", "load_avg_1min"}
+     "speedup_median", "*_cpu_ms", "speedup_cpu", "tfdml_value", "peer_value", "threads", "load_avg_1min"}
 
 Times are the best of the timed calls (`*_median_ms`: the median), the least disturbed by other processes
 on a shared machine (spinning thread pools make loaded 2-thread timings erratic, PML's most). `speedup` is
@@ -70,9 +70,13 @@ def _pml_with_miner(loss, miner):
 
 # name -> (tfdml loss factory, PML description, PML loss factory)
 LOSSES = {
-    "ranked_list": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0),
+    # PML has no query weighting: compare like with like (uniform, eq. 14); "official" costs the same.
+    "ranked_list": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0, query_weighting="uniform"),
                     "RankedListLoss(margin=0.4, Tn=10)",
                     lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10)),
+    "ranked_list_official": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0),
+                             "RankedListLoss(margin=0.4, Tn=10) (tfdml: official query weighting)",
+                             lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10)),
     "triplet_all": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="all"),
                     "TripletMarginLoss(margin=0.2), all triplets",
                     lambda: pml_losses.TripletMarginLoss(margin=0.2)),
@@ -92,30 +96,47 @@ LOSSES = {
 }
 
 
-def make_batch(batch_size, dim, seed=0):
-    """Class-balanced labels (4 per class, shuffled) and L2-normalised float32 embeddings."""
+# Losses timed on a mid-training-like batch instead of uniform random vectors: in 512-D uniform points all
+# lie ~sqrt(2) apart, so RLL (alpha = 1.2) mines no negative at all and its query weights are all equal.
+CLUSTERED = {"ranked_list", "ranked_list_official"}
+
+
+def make_batch(batch_size, dim, seed=0, clustered=False):
+    """Class-balanced labels (4 per class, shuffled) and L2-normalised float32 embeddings.
+
+    `clustered`: class centres in a random 16-D subspace plus isotropic noise, so that every query has
+    close negatives and far positives at different distances (RLL mines both sets, as in training)."""
     rng = np.random.default_rng(seed)
     labels = np.repeat(np.arange(batch_size // SAMPLES_PER_CLASS + 1), SAMPLES_PER_CLASS)[:batch_size]
     rng.shuffle(labels)
-    embeddings = rng.normal(size=(batch_size, dim)).astype(np.float32)
+    if clustered:
+        basis = np.linalg.qr(rng.normal(size=(dim, min(16, dim))))[0]
+        centres = rng.normal(size=(labels.max() + 1, basis.shape[1])) @ basis.T
+        centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+        embeddings = (centres[labels] + 0.75 * rng.normal(size=(batch_size, dim)) / np.sqrt(dim)).astype(np.float32)
+    else:
+        embeddings = rng.normal(size=(batch_size, dim)).astype(np.float32)
     embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
     return labels.astype(np.int32), embeddings
 
 
 def time_call(fn, repeats, min_seconds=0.5):
-    """`(best, median)` wall time in ms of `fn()` after two warm-up calls; at least `repeats` calls (or
-    `min_seconds`). The best call is the least disturbed by other processes on a shared machine."""
+    """`(best, median, median CPU)` time in ms of `fn()` after two warm-up calls; at least `repeats` calls
+    (or `min_seconds`). The best call is the least disturbed by other processes on a shared machine; the CPU
+    time (this process, all threads) is what the call costs regardless of waiting for a core, but counts
+    spinning thread pools as work (compare CPU times with `--threads 1`)."""
     fn()
     fn()
-    times = []
+    times, cpu_times = [], []
     start = time.perf_counter()
     while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < 10 * repeats):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         if times[-1] > 5.0 and len(times) >= 3:  # very slow configurations: three calls are enough
             break
-    return 1000.0 * float(np.min(times)), 1000.0 * float(np.median(times))
+    return 1000.0 * float(np.min(times)), 1000.0 * float(np.median(times)), 1000.0 * float(np.median(cpu_times))
 
 
 def tfdml_runner(loss, labels, embeddings, jit_compile):
@@ -152,13 +173,13 @@ def bench(name, batch_size, dim, repeats):
     loss = make_tfdml()
     if loss is None:
         return {"loss": name, "B": batch_size, "D": dim, "skipped": "tfdml has no such loss yet"}
-    labels, embeddings = make_batch(batch_size, dim)
+    labels, embeddings = make_batch(batch_size, dim, clustered=name in CLUSTERED)
     eager = tfdml_runner(loss, labels, embeddings, jit_compile=False)
     xla = tfdml_runner(make_tfdml(), labels, embeddings, jit_compile=True)
     peer = pml_runner(make_peer(), labels, embeddings)
-    tfdml_ms, tfdml_median = time_call(eager, repeats)
-    tfdml_xla_ms, tfdml_xla_median = time_call(xla, repeats)
-    peer_ms, peer_median = time_call(peer, max(5, repeats // 2))
+    tfdml_ms, tfdml_median, tfdml_cpu = time_call(eager, repeats)
+    tfdml_xla_ms, tfdml_xla_median, tfdml_xla_cpu = time_call(xla, repeats)
+    peer_ms, peer_median, peer_cpu = time_call(peer, max(5, repeats // 2))
     return {
         "loss": name, "B": batch_size, "D": dim,
         "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
@@ -167,6 +188,8 @@ def bench(name, batch_size, dim, repeats):
         "tfdml_median_ms": round(tfdml_median, 3), "tfdml_xla_median_ms": round(tfdml_xla_median, 3),
         "peer_median_ms": round(peer_median, 3),
         "speedup_median": round(peer_median / min(tfdml_median, tfdml_xla_median), 2),
+        "tfdml_cpu_ms": round(tfdml_cpu, 3), "tfdml_xla_cpu_ms": round(tfdml_xla_cpu, 3),
+        "peer_cpu_ms": round(peer_cpu, 3), "speedup_cpu": round(peer_cpu / min(tfdml_cpu, tfdml_xla_cpu), 2),
         "tfdml_value": eager()[0], "peer_value": peer()[0],
         "threads": THREADS,
         "load_avg_1min": round(os.getloadavg()[0], 2),  # other processes on the machine skew all timings

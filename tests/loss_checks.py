@@ -145,11 +145,12 @@ def assert_saving_roundtrip(loss, tmp_path):
     return loaded
 
 
-def assert_float16_ok(loss):
-    """float16 embeddings (computed in float32 inside) and a `mixed_float16` model: finite loss/gradients."""
+def assert_float16_ok(loss, value_dtype=tf.float32):
+    """float16 embeddings (computed in float32 inside) and a `mixed_float16` model: finite loss/gradients.
+    The value comes back in `value_dtype` (float16 for the tensorflow-addons drop-ins, as tfa)."""
     x, y = clustered_data()
     value, grad = value_and_gradient(loss, y, tf.constant(x[:, :4], tf.float16))
-    assert value.dtype == tf.float32 and np.isfinite(value.numpy())
+    assert value.dtype == value_dtype and np.isfinite(value.numpy())
     assert np.all(np.isfinite(grad.numpy()))
 
     inputs = keras.Input((x.shape[1],))

@@ -63,6 +63,26 @@ def test_within_class_sampling_is_uniform_without_replacement():
     assert all(sorted(set(row)) == [0, 1] and row[0] == row[2] for row in small)
 
 
+def test_within_class_order_is_a_uniform_random_permutation():
+    """Group Loss takes the first samples of each class as its anchors, "randomly chosen": every item of a
+    class must be equally likely in every position. Drawing 3 of 10, Floyd's order never puts items 8 and 9
+    first (slot 0 draws from items 0..7): a chi-square over (position, item) counts catches that."""
+    source = tagged_source([10, 10])
+    batches = 800
+    counts = np.zeros((3, 20), np.int64)  # position in the class block x item
+    for images, labels in take(data.class_balanced_dataset(source, 2, 3, seed=4, parallel_batches=1), batches):
+        _, items = decode_tags(images)
+        for block in items.reshape(2, 3):
+            counts[np.arange(3), block] += 1
+    for position in range(3):
+        for cls in range(2):
+            observed = counts[position, 10 * cls:10 * (cls + 1)]
+            expected = observed.sum() / 10.0  # 800 draws per class and position, 80 per item
+            chi2 = np.sum((observed - expected) ** 2 / expected)
+            assert chi2 < 33.7, (position, cls, observed)  # 9 degrees of freedom: p = 1e-4
+            assert observed.min() > 0.5 * expected
+
+
 def test_epoch_visits_every_class_before_any_repeat():
     source = tagged_source(COUNTS)
     c, k = 4, 2

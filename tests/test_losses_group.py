@@ -126,6 +126,25 @@ def test_bad_inputs_raise_clear_errors():
         GroupLoss(3)(labels[:3], np.ones((4, 6)))
 
 
+def test_group_loss_function_validates_its_inputs():
+    """The public function checks its input as every tfdml loss does (it used to compute on anything)."""
+    labels, f, z = np.array([0, 1, 1, 2]), np.ones((4, 2)), np.ones((4, 3))
+    with pytest.raises(TypeError, match="integer class ids"):
+        group_loss(labels.astype(np.float32), f, z, 1.0)
+    with pytest.raises(ValueError, match="labels has 3 entries but embeddings has 4 rows"):
+        group_loss(labels[:3], f, z[:3], 1.0)
+    with pytest.raises(ValueError, match="labels has 4 entries but logits has 3 rows"):
+        group_loss(labels, f, z[:3], 1.0)
+    with pytest.raises(ValueError, match="logits must have shape \\[batch, dim\\]"):
+        group_loss(labels, f, np.ones(4), 1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="logits contain NaN"):
+        group_loss(labels, f, np.full((4, 3), np.nan), 1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="embeddings contain NaN"):
+        group_loss(labels, np.full((4, 2), np.inf), z, 1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="labels must be < the number of logits"):
+        group_loss(np.array([0, 1, 3, 2]), f, z, 1.0)
+
+
 def test_jit_compile_gives_the_same_values():
     labels, f, z = _batch(4, batch=9, classes=4)
     loss = GroupLoss(4, temperature=3.0, num_iterations=2)

@@ -4,6 +4,7 @@ finite differences, O(B^2) memory, degenerate input, XLA, training and serialisa
 
 
 import hypothesis.extra.numpy as hnp
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from tests import loss_checks as checks
 from tests.references import numpy_losses as ref
 from tests.references import shared_reference_cases
+from tests.references import tfa_triplet
 from tfdml.losses import (TripletHardLoss, TripletLoss, TripletSemiHardLoss, triplet_hard_loss, triplet_loss,
                           triplet_semihard_loss)
 
@@ -108,6 +110,87 @@ def test_tfa_dropin_gradients_match_finite_differences(seed):
                                        lambda e: ref.tfa_triplet_hard(labels, e, 0.5, soft=soft), labels, x)
 
 
+# ------------------------------------------------------- tensorflow-addons' own test cases (distance metrics)
+
+# tfa's `assert_allclose_according_to_type`: tolerances follow the dtype of the returned loss.
+TFA_TOLERANCE = {tf.float32: 1e-6, tf.float16: 1e-3, tf.bfloat16: 1e-2}
+
+
+def _tfa_batch(seed, num_data):
+    """tfa's test inputs: uniform [0, 1) embeddings of dim 6 (not normalised), labels from 4 classes."""
+    rng = np.random.RandomState(seed)
+    return rng.randint(0, 4, size=num_data), rng.rand(num_data, 6).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("distance_metric", sorted(tfa_triplet.DISTANCES))
+@pytest.mark.parametrize("seed", range(3))
+def test_tfa_semihard_test_cases(dtype, distance_metric, seed):
+    labels, embeddings = _tfa_batch(seed, 10)
+    if not any(labels[i] == labels[j] for i in range(10) for j in range(i)):
+        pytest.skip("no positive pair (tfa's reference divides by 0)")
+    expected = tfa_triplet.semihard(labels, embeddings, 1.0, tfa_triplet.DISTANCES[distance_metric])
+    loss = TripletSemiHardLoss(distance_metric=distance_metric)(tf.constant(labels), tf.constant(embeddings, dtype))
+    assert loss.dtype == dtype
+    tol = TFA_TOLERANCE[dtype]
+    np.testing.assert_allclose(float(loss.numpy()), expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16], ids=lambda d: d.name)
+@pytest.mark.parametrize("soft", [False, True])
+@pytest.mark.parametrize("distance_metric", sorted(tfa_triplet.DISTANCES))
+@pytest.mark.parametrize("seed", range(3))
+def test_tfa_hard_test_cases(dtype, soft, distance_metric, seed):
+    labels, embeddings = _tfa_batch(seed, 20)
+    expected = tfa_triplet.hard(labels, embeddings, 1.0, tfa_triplet.DISTANCES[distance_metric], soft)
+    loss = TripletHardLoss(soft=soft, distance_metric=distance_metric)(tf.constant(labels),
+                                                                      tf.constant(embeddings, dtype))
+    assert loss.dtype == dtype
+    tol = TFA_TOLERANCE[dtype]
+    np.testing.assert_allclose(float(loss.numpy()), expected, rtol=tol, atol=tol)
+
+
+@keras.saving.register_keras_serializable(package="tfdml_tests")
+def one_minus_dot(batch):
+    """tfa's docstring example of a custom distance: `1 - batch @ batch.T`."""
+    return 1.0 - tf.matmul(batch, batch, transpose_b=True)
+
+
+def test_tfa_callable_distance_metric():
+    labels, embeddings = _tfa_batch(7, 12)
+    numpy_metric = lambda f: 1.0 - np.asarray(f, np.float64) @ np.asarray(f, np.float64).T  # noqa: E731
+    np.testing.assert_allclose(
+        triplet_semihard_loss(labels, embeddings, distance_metric=one_minus_dot).numpy(),
+        tfa_triplet.semihard(labels, embeddings, 1.0, numpy_metric), rtol=1e-5)
+    for soft in (False, True):
+        np.testing.assert_allclose(
+            triplet_hard_loss(labels, embeddings, soft=soft, distance_metric=one_minus_dot).numpy(),
+            tfa_triplet.hard(labels, embeddings, 1.0, numpy_metric, soft), rtol=1e-5)
+    # Gradients flow through the callable's matrix.
+    _, grad = checks.assert_finite(TripletSemiHardLoss(distance_metric=one_minus_dot), labels, embeddings)
+    assert np.abs(grad.numpy()).max() > 0
+    restored = checks.assert_config_roundtrip(TripletHardLoss(distance_metric=one_minus_dot))
+    assert restored.distance_metric is one_minus_dot
+    restored = checks.assert_config_roundtrip(TripletSemiHardLoss(0.5, distance_metric="angular"))
+    assert restored.distance_metric == "angular"
+    with pytest.raises(ValueError, match="distance_metric must be one of"):
+        TripletHardLoss(distance_metric="L1")
+    with pytest.raises(ValueError, match="distance_metric must be one of"):
+        triplet_semihard_loss(labels, embeddings, distance_metric="cosine")
+
+
+@pytest.mark.parametrize("distance_metric", ["squared-L2", "angular"])
+def test_tfa_distance_metric_gradients_match_finite_differences(distance_metric):
+    labels, x = checks.random_batch(4, 9, 3, dim=3)
+    metric = tfa_triplet.DISTANCES[distance_metric]
+    checks.assert_gradient_matches(
+        lambda y, e: triplet_semihard_loss(y, e, margin=0.5, distance_metric=distance_metric),
+        lambda e: tfa_triplet.semihard(labels, e, 0.5, metric), labels, x)
+    checks.assert_gradient_matches(
+        lambda y, e: triplet_hard_loss(y, e, margin=0.5, distance_metric=distance_metric),
+        lambda e: tfa_triplet.hard(labels, e, 0.5, metric), labels, x)
+
+
 def _largest_tensor_in_graph(fn, batch_size, dim=8):
     """Largest number of elements of any op output in `fn`'s graph, loop bodies and gradient included."""
     spec = (tf.TensorSpec([batch_size], tf.int32), tf.TensorSpec([batch_size, dim], tf.float32))
@@ -178,9 +261,10 @@ def test_degenerate_batches_are_finite(batch):
 
 
 def test_float16_and_mixed_precision():
-    for loss in (TripletLoss(mining="all"), TripletLoss(mining="semi_hard"), TripletLoss(mining="hard"),
-                 TripletSemiHardLoss(), TripletHardLoss()):
+    for loss in (TripletLoss(mining="all"), TripletLoss(mining="semi_hard"), TripletLoss(mining="hard")):
         checks.assert_float16_ok(loss)
+    for loss in (TripletSemiHardLoss(), TripletHardLoss()):  # tfa returns the input dtype
+        checks.assert_float16_ok(loss, value_dtype=tf.float16)
 
 
 @settings(max_examples=15)

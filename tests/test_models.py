@@ -9,7 +9,7 @@ import tensorflow as tf
 from tfdml.callbacks import ClassificationPretraining
 from tfdml.losses import GroupLoss, RankedListLoss
 from tfdml.models import Embedder, MultiLevelEmbedder, backbones, small_cnn
-from tfdml.models.heads import AuxiliaryEmbeddingHead, L2Normalize
+from tfdml.models.heads import AuxiliaryEmbeddingHead, CaffeAveragePooling2D, L2Normalize
 
 SHAPE = (16, 16, 1)
 DIM = 8
@@ -78,7 +78,51 @@ def test_head_structure_follows_the_official_prototxt(multilevel):
     # a map smaller than the 5x5 pool is pooled whole
     small = AuxiliaryEmbeddingHead(4, filters=2, units=3)
     assert small(tf.zeros([2, 3, 3, 5])).shape == (2, 4)
-    assert tuple(small.pool.pool_size) == (3, 3)
+    assert small.pool.compute_output_shape((2, 3, 3, 5)) == (2, 1, 1, 5)
+
+
+def _caffe_ave_pool(x, kernel, stride, pad=0):
+    """Caffe's PoolingLayer<Dtype>::Forward_cpu, PoolingParameter_PoolMethod_AVE, on one NHWC array: output
+    size ceil((H + 2 pad - k) / s) + 1 (minus one if the last window starts in the padding), and the
+    divisor `pool_size` taken BEFORE clipping the window to the map, with `hend = min(hstart + k, H + pad)`."""
+    n, height, width, c = x.shape
+    out_h = int(np.ceil((height + 2 * pad - kernel) / stride)) + 1
+    out_w = int(np.ceil((width + 2 * pad - kernel) / stride)) + 1
+    if pad and (out_h - 1) * stride >= height + pad:
+        out_h -= 1
+    if pad and (out_w - 1) * stride >= width + pad:
+        out_w -= 1
+    out = np.zeros((n, out_h, out_w, c))
+    for ph in range(out_h):
+        for pw in range(out_w):
+            hstart, wstart = ph * stride - pad, pw * stride - pad
+            hend, wend = min(hstart + kernel, height + pad), min(wstart + kernel, width + pad)
+            pool_size = (hend - hstart) * (wend - wstart)
+            hstart, wstart = max(hstart, 0), max(wstart, 0)
+            hend, wend = min(hend, height), min(wend, width)
+            out[:, ph, pw, :] = x[:, hstart:hend, wstart:wend, :].sum(axis=(1, 2)) / pool_size
+    return out
+
+
+@pytest.mark.parametrize("size, expected", [(7, 2), (14, 4), (8, 2), (12, 4), (6, 2), (5, 1), (9, 3), (17, 5)])
+def test_caffe_average_pooling_matches_caffe(size, expected):
+    """GoogLeNet's 5x5/3 auxiliary pool rounds the output size up (7x7 -> 2x2, 14x14 -> 4x4; a "valid" pool
+    gives 1x1 and 3x3) and averages each clipped border window over the elements it covers."""
+    x = np.random.default_rng(size).normal(size=(2, size, size, 3))
+    reference = _caffe_ave_pool(x, 5, 3)
+    assert reference.shape[1:3] == (expected, expected)
+    layer = CaffeAveragePooling2D(5, 3)
+    pooled = layer(tf.constant(x))
+    assert layer.compute_output_shape(x.shape) == pooled.shape == reference.shape
+    np.testing.assert_allclose(pooled.numpy(), reference, rtol=1e-5, atol=1e-6)  # the layer computes in float32
+    # Rectangular maps and the head that uses it.
+    x = np.random.default_rng(0).normal(size=(1, 7, 14, 2)).astype("float32")
+    np.testing.assert_allclose(CaffeAveragePooling2D(5, 3)(x).numpy(), _caffe_ave_pool(x, 5, 3), rtol=1e-6)
+    head = AuxiliaryEmbeddingHead(4, filters=2, units=3)
+    head.build((None, 14, 14, 6))
+    assert head.fc.kernel.shape == (4 * 4 * 2, 3)
+    restored = CaffeAveragePooling2D.from_config(layer.get_config())
+    assert restored.pool_size == (5, 5) and restored.strides == (3, 3)
 
 
 def test_compute_loss_sums_level_losses_with_weights():
@@ -232,3 +276,33 @@ def test_l2_normalize_layer():
     layer = L2Normalize()
     np.testing.assert_allclose(layer(tf.constant([[3.0, 4.0], [0.0, 0.0]])).numpy(), [[0.6, 0.8], [0.0, 0.0]])
     assert L2Normalize.from_config(layer.get_config()).epsilon == layer.epsilon
+
+
+def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tmp_path):
+    """Group Loss's official layout (`embedding_dim=None`): the L2-normalised global average pool of the
+    backbone is the embedding, and the classifier reads that pooled feature directly."""
+    keras.utils.set_random_seed(5)
+    model = Embedder("small_cnn", embedding_dim=None, input_shape=SHAPE, num_classes=4)
+    images, labels = _batch()
+    feature_map = model.backbone(images, training=False).numpy()  # small CNN: 2x2x32
+    pooled = feature_map.mean(axis=(1, 2))
+    assert model.embedding_dim == model.output_dim == 32 and model.get_layer("head_H").projection is None
+    np.testing.assert_allclose(model(images, training=False).numpy(), _normalise(pooled), atol=1e-5)
+    classifier = model.classifiers[0]
+    assert classifier.kernel.shape == (32, 4)
+    training_output = model(images, training=True).numpy()
+    assert training_output.shape == (len(images), 32 + 4)
+    pooled_train = model.backbone(images, training=True).numpy().mean(axis=(1, 2))  # BatchNorm in training mode
+    np.testing.assert_allclose(training_output[:, :32], _normalise(pooled_train), atol=1e-5)
+    np.testing.assert_allclose(training_output[:, 32:], classifier(pooled_train).numpy(), rtol=1e-4, atol=1e-5)
+    # No layer between the backbone and the classifier: the heads own only the classifier's variables.
+    assert [v.shape for v in model.head_variables] == [(32, 4), (4,)]
+    model.compile(keras.optimizers.Adam(1e-3), loss=GroupLoss(4, temperature=2.0))
+    assert np.isfinite(model.fit(images, labels, batch_size=len(images), epochs=1, verbose=0).history["loss"][0])
+    path = str(tmp_path / "unprojected.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    assert restored.get_config()["embedding_dim"] is None
+    np.testing.assert_array_equal(restored(images, training=False).numpy(), model(images, training=False).numpy())
+    with pytest.raises(ValueError, match="embedding_dim=None .* needs the single level"):
+        MultiLevelEmbedder("small_cnn", embedding_dim=None, input_shape=SHAPE)

@@ -19,3 +19,16 @@ def shared_reference_cases(*loss_names):
     with open(REFERENCE_FILE) as handle:
         cases = json.load(handle)["cases"]
     return [(case, expected) for case in cases for expected in case["expected"] if expected["loss"] in loss_names]
+
+
+OFFICIAL_FILE = os.path.join(SHARED_DIR, "testdata", "reference_official.json")
+
+
+def official_reference_cases(name):
+    """Cases `name` (`"rll_official_gradient"`, `"margin_sampling_probabilities"`) of the outputs of the
+    papers' official code in `../shared/testdata/reference_official.json`."""
+    if not os.path.exists(OFFICIAL_FILE):
+        raise FileNotFoundError(f"{OFFICIAL_FILE} not found: the tests expect the shared folder beside the "
+                                "checkout (or set TFDML_SHARED_DIR).")
+    with open(OFFICIAL_FILE) as handle:
+        return json.load(handle)[name]

@@ -58,7 +58,8 @@ def distance_weighted_probabilities(labels, embeddings, anchor, cutoff=0.5, nonz
     for j in range(len(labels)):
         if labels[j] != labels[anchor] and d[j] < nonzero_loss_cutoff:
             dc = max(d[j], cutoff)
-            log_q = (2.0 - n) * np.log(dc) - ((n - 3.0) / 2.0) * np.log(1.0 - dc * dc / 4.0)
+            # q(d) ~ d^(n-2) (1 - d^2/4)^((n-3)/2) is the density of distances on the unit sphere; w = 1/q.
+            log_q = (n - 2.0) * np.log(dc) + ((n - 3.0) / 2.0) * np.log(1.0 - dc * dc / 4.0)
             w[j] = np.exp(-log_q)
     if w.sum() == 0:
         w = (labels != labels[anchor]).astype(float)

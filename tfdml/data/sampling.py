@@ -246,6 +246,22 @@ def _warn_dropped(labels):
     return np.int32(0)
 
 
+class _UniformOrderBatchSampler(_BatchSampler):
+    """`_BatchSampler` whose K items of each class come in a uniform random order.
+
+    Floyd's draw gives a uniform random SET but not a uniform order (drawing 3 of 10, items 8 and 9 never
+    come first), and Group Loss takes "the first k samples of each class" as its randomly chosen anchors:
+    each class's items are therefore permuted (independent uniform permutation per class and batch).
+    """
+
+    def items(self, class_positions, slot_ids):
+        items = super().items(class_positions, slot_ids)
+        keys = tf.random.stateless_uniform([self.total], _fold(_fold(self.sample_seed, slot_ids[0]), 1),
+                                           dtype=tf.float64)
+        # slot + key (key in [0, 1)) sorts by slot first, then in random order within each slot.
+        return tf.gather(items, tf.argsort(tf.cast(self.slot_of, tf.float64) + keys))
+
+
 def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_size=None, augment=False,
                            preprocess=None, seed=None, epochs=None, drop_small_classes=False,
                            num_replicas=None, parallel_batches=None, prefetch=True):
@@ -272,8 +288,10 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_s
 
     Returns:
       `tf.data.Dataset` of `(images [C*K, h, w, c] float32, labels [C*K] int64)`, class-major: items
-      `j*K .. j*K + K - 1` share one label. Undecodable images are skipped and replaced by other images of
-      their class; see `source.skipped_count` / `source.corrupt_items`.
+      `j*K .. j*K + K - 1` share one label, and within a class the K images are a uniform random choice in
+      a uniform random order (so "the first n of each class", e.g. Group Loss's anchors, are a uniform
+      random choice too). Undecodable images are skipped and replaced by other images of their class; see
+      `source.skipped_count` / `source.corrupt_items`.
 
     Example:
       >>> source = tfdml.data.digits("train")
@@ -297,8 +315,8 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_s
             f"{classes_per_batch}" + (" after dropping small classes" if drop_small_classes else "") + ".")
     seed = _base_seed(seed)
     schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    sampler = _BatchSampler(source, classes, [samples_per_class] * classes_per_batch, sample_seed,
-                            image_size, augment, preprocess)
+    sampler = _UniformOrderBatchSampler(source, classes, [samples_per_class] * classes_per_batch, sample_seed,
+                                        image_size, augment, preprocess)
     schedule = _slot_schedule(len(classes), classes_per_batch, schedule_seed, epochs)
     ds = _batches(sampler, schedule, classes_per_batch, parallel_batches)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds

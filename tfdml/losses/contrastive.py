@@ -1,6 +1,11 @@
-"""Contrastive loss (Hadsell et al. 2006) with pytorch-metric-learning's reduction.
+"""Contrastive loss in pytorch-metric-learning's form (`losses.ContrastiveLoss` with its default Euclidean
+distance): NON-squared hinges on the distance, a positive margin, and means over the active pairs.
 
-Over all ordered pairs `(i, j)`, `i != j`, of the batch:
+This is not the formula of Hadsell, Chopra and LeCun 2006, which uses squared terms,
+`1/2 d^2` for a positive pair and `1/2 [m - d]+^2` for a negative pair, summed over all pairs. The
+non-squared form with `pos_margin` is the one of pytorch-metric-learning and of the benchmarks built on it
+(Musgrave et al. 2020, "A Metric Learning Reality Check"). Over all ordered pairs
+`(i, j)`, `i != j`, of the batch:
 
     pos_ij = [d_ij - pos_margin]+   for y_i == y_j
     neg_ij = [neg_margin - d_ij]+   for y_i != y_j
@@ -48,7 +53,8 @@ class ContrastiveLoss(MetricLoss):
     """Contrastive loss, `L = mean_{active} [d_ap - pos_margin]+ + mean_{active} [neg_margin - d_an]+`.
 
     Same semantics and defaults as `pytorch_metric_learning.losses.ContrastiveLoss` with its Euclidean
-    distance (see `contrastive_loss`).
+    distance (see `contrastive_loss`): non-squared hinges, unlike Hadsell et al. 2006's squared
+    `1/2 d^2` / `1/2 [m - d]+^2` terms.
 
     Args:
         pos_margin: distance below which positive pairs cost nothing (default 0).

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import pairwise_pearson_similarity, same_label_mask
+from tfdml.ops import pairwise_pearson_similarity, same_label_mask, validate_embeddings, validate_inputs
 
 _LOG_EPSILON = 1e-12
 _LOG_ZERO = -1e30
@@ -59,32 +59,17 @@ def replicator_dynamics(similarity, log_probabilities, num_iterations=1):
     return log_x
 
 
-def group_loss(labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0,
-               zero_diagonal=False):
-    """Group Loss on validated `labels [B]` int, `embeddings [B, D]` and `logits [B, m]` (same float dtype).
-
-    Args:
-        temperature: softmax temperature of the prior `X(0) = softmax(logits / T)` (official: 24 CUB,
-            79 Cars, 54 SOP).
-        num_iterations: replicator-dynamics steps (official: 1).
-        num_anchors: samples per class, in batch order, whose prior is their one-hot label (official: 2).
-        ce_weight: weight of the cross-entropy on the logits (official: 1).
-        zero_diagonal: `W_ii = 0` as in the paper; the default keeps `W_ii = 1` as the official code.
-
-    Returns:
-        Scalar loss.
-
-    Example:
-        >>> group_loss(labels, embeddings, logits, temperature=24.0)
-    """
+def _check_group_params(temperature, num_iterations, num_anchors):
     if num_iterations < 0:
         raise ValueError(f"num_iterations must be >= 0, got {num_iterations}.")
     if num_anchors < 0:
         raise ValueError(f"num_anchors must be >= 0, got {num_anchors}.")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}.")
-    embeddings = tf.convert_to_tensor(embeddings)
-    logits = tf.convert_to_tensor(logits, dtype=embeddings.dtype)
+
+
+def _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anchors, ce_weight, zero_diagonal):
+    """Group Loss on validated inputs (int32 labels, float embeddings and logits of the same dtype)."""
     num_classes = tf.shape(logits)[1]
     similarity = tf.nn.relu(pairwise_pearson_similarity(embeddings))
     diagonal = tf.zeros if zero_diagonal else tf.ones
@@ -100,6 +85,42 @@ def group_loss(labels, embeddings, logits, temperature, num_iterations=1, num_an
     propagation = -tf.reduce_mean(tf.math.log(true_class + _LOG_EPSILON))
     cross_entropy = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
     return propagation + ce_weight * cross_entropy
+
+
+def group_loss(labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0,
+               zero_diagonal=False):
+    """Group Loss of `labels [B]` int, `embeddings [B, D]` and classifier `logits [B, m]`.
+
+    Inputs are validated as by every tfdml loss (integer labels, rank-2 float embeddings and logits with the
+    batch size of the labels, no NaN/Inf); labels must lie in `[0, m)`.
+
+    Args:
+        temperature: softmax temperature of the prior `X(0) = softmax(logits / T)` (official: 24 CUB,
+            79 Cars, 54 SOP).
+        num_iterations: replicator-dynamics steps (official: 1).
+        num_anchors: samples per class, in batch order, whose prior is their one-hot label (official: 2).
+        ce_weight: weight of the cross-entropy on the logits (official: 1).
+        zero_diagonal: `W_ii = 0` as in the paper; the default keeps `W_ii = 1` as the official code.
+
+    Returns:
+        Scalar loss.
+
+    Example:
+        >>> group_loss(labels, embeddings, logits, temperature=24.0)
+    """
+    _check_group_params(temperature, num_iterations, num_anchors)
+    labels, embeddings = validate_inputs(labels, embeddings)
+    logits = validate_embeddings(logits, name="logits", dtype=embeddings.dtype)
+    if labels.shape[0] is not None and logits.shape[0] is not None and labels.shape[0] != logits.shape[0]:
+        raise ValueError(f"labels has {labels.shape[0]} entries but logits has {logits.shape[0]} rows; "
+                         "they must match.")
+    tf.debugging.assert_equal(tf.shape(logits)[0], tf.shape(labels)[0],
+                              message="labels and logits must have the same batch size")
+    tf.debugging.assert_less(labels, tf.shape(logits, out_type=labels.dtype)[1],
+                             message="group_loss: labels must be < the number of logits columns")
+    tf.debugging.assert_non_negative(labels, message="group_loss: labels must be >= 0")
+    return _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anchors, ce_weight,
+                       zero_diagonal)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -134,11 +155,7 @@ class GroupLoss(MetricLoss):
         super().__init__(name=name, **kwargs)
         if int(num_classes) < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes}.")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
-        if int(num_iterations) < 0 or int(num_anchors) < 0:
-            raise ValueError(f"num_iterations and num_anchors must be >= 0, got {num_iterations} and "
-                             f"{num_anchors}.")
+        _check_group_params(temperature, int(num_iterations), int(num_anchors))
         self.num_classes = int(num_classes)
         self.temperature = float(temperature)
         self.num_iterations = int(num_iterations)
@@ -160,8 +177,8 @@ class GroupLoss(MetricLoss):
         tf.debugging.assert_less(labels, self.num_classes, message=(
             f"{self.name}: labels must be < num_classes={self.num_classes}"))
         tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
-        return group_loss(labels, embeddings, logits, self.temperature, self.num_iterations, self.num_anchors,
-                          self.ce_weight, self.zero_diagonal)
+        return _group_loss(labels, embeddings, logits, self.temperature, self.num_iterations, self.num_anchors,
+                           self.ce_weight, self.zero_diagonal)
 
     def get_config(self):
         config = super().get_config()

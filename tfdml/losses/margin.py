@@ -7,16 +7,21 @@ boundary `beta` (one scalar, or one per class indexed by the anchor's class as i
     L = sum_triplets (pos + neg) / (#(pos > 0) + #(neg > 0))  +  R
 
 with the regulariser `R = nu * beta` for a single beta and `R = nu * sum_triplets beta_{y_a} / (#(pos > 0) +
-#(neg > 0))` for per-class betas (official code; both as pytorch-metric-learning's `MarginLoss`). The hinge
-part is 0 when no term is active; everything is 0 for a batch without any triplet.
+#(neg > 0))` for per-class betas (official code; both as pytorch-metric-learning's `MarginLoss`). `MarginLoss`
+adds `R` only when beta is learned (`learn_beta=True`), as the official code and pytorch-metric-learning do;
+the function `margin_loss` always adds it when `nu > 0`. The hinge part is 0 when no term is active;
+everything is 0 for a batch without any triplet.
 
 Triplets come from one of two samplers:
 
 - `"distance_weighted"`: for every anchor-positive pair one negative is drawn in-graph with probability
-  proportional to `1 / q(d_an)`, where `log q(d) = (2 - n) log d - ((n - 3) / 2) log(1 - d^2 / 4)` is the
-  density of distances between uniform points on the unit sphere in `n` dimensions; `d` is clipped below at
-  `cutoff` and negatives at `d >= nonzero_loss_cutoff` get zero weight. An anchor whose negatives are all
-  beyond the cutoff falls back to a uniform draw, so the loss is never NaN.
+  proportional to `1 / q(d_an)`, where `q(d) ~ d^(n-2) (1 - d^2/4)^((n-3)/2)` is the density of distances
+  between uniform points on the unit sphere in `n` dimensions. The categorical logits are the official
+  code's `log_weights = -log q(d) = (2 - n) log d - ((n - 3) / 2) log(1 - d^2 / 4)`; `d` is clipped below at
+  `cutoff` and negatives at `d >= nonzero_loss_cutoff` get zero weight. Inverse-density weights undo the
+  concentration of distances around sqrt(2) in high dimension: the draws spread over `[cutoff,
+  nonzero_loss_cutoff)` and lean towards the nearer (harder) negatives. An anchor whose negatives are all
+  beyond the cutoff falls back to a uniform draw over its negatives, so the loss is never NaN.
 - `"all"`: every `(a, p, n)` triplet, computed in O(B^2) memory (the hinge terms separate, so each
   anchor-positive term is counted once per negative of its anchor and vice versa).
 """
@@ -27,7 +32,7 @@ import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (negative_mask, pair_indices, pairwise_distance, positive_mask, safe_divide,
-                       triplet_distances)
+                       triplet_distances, validate_inputs)
 
 SAMPLING_MODES = ("distance_weighted", "all")
 
@@ -67,6 +72,10 @@ def _regulariser(beta, beta_sum, num_triplets, active, nu, dtype):
 def distance_weighted_log_weights(distances, negatives, dim, cutoff=0.5, nonzero_loss_cutoff=1.4):
     """Log sampling weights `-log q(d)` over each row's negatives (`-inf` where a negative is not eligible).
 
+    `log w(d) = (2 - n) log d - ((n - 3) / 2) log(1 - d^2 / 4)`: the inverse of the density of distances
+    on the unit sphere (the official code's `log_weights`), so near negatives, rare in high dimension, are
+    drawn far more often than their frequency.
+
     Args:
         distances: `[B, G]` anchor-to-candidate distances (treated as constants).
         negatives: `[B, G]` bool mask of the candidates of another class.
@@ -86,15 +95,31 @@ def distance_weighted_log_weights(distances, negatives, dim, cutoff=0.5, nonzero
     # both logs are finite; outside it the value is masked anyway, so clip to keep the maths finite.
     upper = tf.cast(min(float(nonzero_loss_cutoff), 2.0 - 1e-4), dtype)
     d = tf.clip_by_value(distances, tf.cast(cutoff, dtype), upper)
-    log_q = (2.0 - dim) * tf.math.log(d) - ((dim - 3.0) / 2.0) * tf.math.log(1.0 - 0.25 * tf.square(d))
+    log_weights = (2.0 - dim) * tf.math.log(d) - ((dim - 3.0) / 2.0) * tf.math.log(1.0 - 0.25 * tf.square(d))
     eligible = tf.logical_and(negatives, distances < tf.cast(nonzero_loss_cutoff, dtype))
     any_eligible = tf.reduce_any(eligible, axis=1, keepdims=True)
     any_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
     # Fallbacks keep every row a valid categorical distribution: uniform over negatives, else over all.
     support = tf.where(any_eligible, eligible, tf.where(any_negative, negatives, tf.ones_like(negatives)))
-    logits = tf.where(any_eligible, -log_q, tf.zeros_like(log_q))
+    logits = tf.where(any_eligible, log_weights, tf.zeros_like(log_weights))
     neg_inf = tf.fill(tf.shape(logits), tf.constant(-np.inf, dtype))
     return tf.where(support, logits, neg_inf)
+
+
+def distance_weighted_probabilities(labels, embeddings, cutoff=0.5, nonzero_loss_cutoff=1.4):
+    """`[B, B]` probability that the distance-weighted sampler draws negative `j` for anchor `i`.
+
+    Row `i` is the softmax of `distance_weighted_log_weights` (what `tf.random.categorical` samples from):
+    proportional to `1 / q(max(d_ij, cutoff))` over the negatives closer than `nonzero_loss_cutoff`
+    (Wu et al.'s `DistanceWeightedSampling`), uniform over the negatives when none is.
+
+    Example:
+        >>> p = distance_weighted_probabilities(labels, tf.math.l2_normalize(f, axis=1))
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    logits = distance_weighted_log_weights(pairwise_distance(embeddings), negative_mask(labels),
+                                           tf.shape(embeddings)[1], cutoff, nonzero_loss_cutoff)
+    return tf.nn.softmax(logits, axis=1)
 
 
 def sample_distance_weighted_triplets(labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None):
@@ -162,31 +187,16 @@ def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu):
     return loss + _regulariser(beta, beta_sum, tf.reduce_sum(triplets_per_anchor), active, nu, dtype)
 
 
-def margin_loss(labels, embeddings, beta, alpha=0.2, nu=0.0, sampling="distance_weighted", cutoff=0.5,
-                nonzero_loss_cutoff=1.4, seed=None):
-    """Margin loss of Wu et al. 2017 on validated `labels [B]` int and `embeddings [B, D]`.
-
-    Args:
-        beta: scalar boundary, or a `[num_classes]` vector (one boundary per class, picked by the anchor).
-        alpha: margin around the boundary (0.2).
-        nu: weight of the `nu * beta` regulariser (0).
-        sampling: `"distance_weighted"` (one sampled negative per anchor-positive pair) or `"all"`.
-        cutoff, nonzero_loss_cutoff: distance-weighted sampler bounds (0.5, 1.4).
-        seed: integer for a reproducible (stateless) draw; `None` draws fresh negatives every call.
-
-    Returns:
-        Scalar loss; 0 when no triplet term is active.
-
-    Example:
-        >>> loss = margin_loss(labels, tf.math.l2_normalize(f, axis=1), beta=1.2, sampling="all")
-    """
+def _check_sampling(sampling, cutoff, nonzero_loss_cutoff):
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}.")
     if not 0.0 <= cutoff < nonzero_loss_cutoff:
         raise ValueError(f"Need 0 <= cutoff < nonzero_loss_cutoff, got cutoff={cutoff}, "
                          f"nonzero_loss_cutoff={nonzero_loss_cutoff}.")
-    embeddings = tf.convert_to_tensor(embeddings)
-    labels = tf.convert_to_tensor(labels)
+
+
+def _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed):
+    """Margin loss on validated inputs (int32 labels, float embeddings); see `margin_loss`."""
     if sampling == "all":
         return _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu)
     distances = pairwise_distance(embeddings)
@@ -196,13 +206,44 @@ def margin_loss(labels, embeddings, beta, alpha=0.2, nu=0.0, sampling="distance_
     return margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha, nu, valid, distances)
 
 
+def margin_loss(labels, embeddings, beta, alpha=0.2, nu=0.0, sampling="distance_weighted", cutoff=0.5,
+                nonzero_loss_cutoff=1.4, seed=None):
+    """Margin loss of Wu et al. 2017 on `labels [B]` int and `embeddings [B, D]`.
+
+    Args:
+        labels: integer class ids `[B]` (validated: integer dtype, rank 1, same batch size).
+        embeddings: float `[B, D]`, normally L2-normalised (NaN/Inf are rejected).
+        beta: scalar boundary, or a `[num_classes]` vector (one boundary per class, picked by the anchor).
+        alpha: margin around the boundary (0.2).
+        nu: weight of the `nu * beta` regulariser (0); added whenever `nu > 0` (`MarginLoss` adds it only
+            for a learned beta).
+        sampling: `"distance_weighted"` (one negative per anchor-positive pair, drawn with probability
+            ~ `1 / q(d)`, see `distance_weighted_probabilities`) or `"all"`.
+        cutoff, nonzero_loss_cutoff: distance-weighted sampler bounds (0.5, 1.4).
+        seed: integer for a reproducible (stateless) draw; `None` draws fresh negatives every call.
+
+    Returns:
+        Scalar loss; 0 when no triplet term is active.
+
+    Example:
+        >>> loss = margin_loss(labels, tf.math.l2_normalize(f, axis=1), beta=1.2, sampling="all")
+    """
+    _check_sampling(sampling, cutoff, nonzero_loss_cutoff)
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed)
+
+
 @keras.saving.register_keras_serializable(package="tfdml")
 class MarginLoss(MetricLoss):
     """Margin loss (Wu et al. 2017) with a learnable boundary `beta`.
 
     `pos = [d_ap - beta + alpha]+`, `neg = [beta - d_an + alpha]+`,
     `L = sum(pos + neg) / (#pos>0 + #neg>0) + nu * beta` (per-class betas: the regulariser is
-    `nu * sum_triplets beta_{y_a} / (#pos>0 + #neg>0)`; see `tfdml.losses.margin`).
+    `nu * sum_triplets beta_{y_a} / (#pos>0 + #neg>0)`; see `tfdml.losses.margin`). The regulariser applies
+    only to a learned beta (`learn_beta=True`), as in the official code; with a constant beta `nu` is ignored.
+
+    The default sampler draws one negative per anchor-positive pair with probability ~ `1 / q(d_an)` (inverse
+    density of distances on the unit sphere, Wu et al.): it favours the nearer, harder negatives.
 
     beta is a variable of the loss. `tfdml.models.MetricModel.compile` makes it part of the model (trained by
     its own optimizer, saved, checkpointed); under a plain `keras.Model` it is not tracked and stays at its
@@ -211,7 +252,7 @@ class MarginLoss(MetricLoss):
     Args:
         alpha: margin (0.2).
         beta: initial boundary (1.2).
-        nu: regulariser weight on beta (0).
+        nu: regulariser weight on a learned beta (0; no effect with `learn_beta=False`).
         num_classes: if given, one beta per training class (official code), chosen by the anchor's class;
             labels must then lie in `[0, num_classes)`.
         learn_beta: make beta a trainable variable (`trainable_variables`), else a constant.
@@ -219,7 +260,8 @@ class MarginLoss(MetricLoss):
             SGD(beta_learning_rate, momentum=0.9) as in the official code. `tfdml.models.MetricModel`
             tracks beta (checkpoints, `model.save`) and routes it to that optimizer, whatever optimizer
             trains the network.
-        sampling: `"distance_weighted"` or `"all"` (every triplet, deterministic).
+        sampling: `"distance_weighted"` (one negative per anchor-positive pair drawn ~ `1 / q(d)`, see
+            `distance_weighted_probabilities`) or `"all"` (every triplet, deterministic).
         cutoff, nonzero_loss_cutoff: bounds of the distance-weighted sampler (0.5, 1.4).
         seed: integer for a stateless, reproducible draw (tests); `None` for fresh negatives every step.
 
@@ -233,15 +275,11 @@ class MarginLoss(MetricLoss):
                  sampling="distance_weighted", cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None,
                  name="margin_loss", **kwargs):
         super().__init__(name=name, **kwargs)
-        if sampling not in SAMPLING_MODES:
-            raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}.")
+        _check_sampling(sampling, cutoff, nonzero_loss_cutoff)
         if num_classes is not None and int(num_classes) < 1:
             raise ValueError(f"num_classes must be a positive integer or None, got {num_classes}.")
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}.")
-        if not 0.0 <= cutoff < nonzero_loss_cutoff:
-            raise ValueError(f"Need 0 <= cutoff < nonzero_loss_cutoff, got cutoff={cutoff}, "
-                             f"nonzero_loss_cutoff={nonzero_loss_cutoff}.")
         if beta_learning_rate <= 0:
             raise ValueError(f"beta_learning_rate must be > 0, got {beta_learning_rate}.")
         self.alpha = float(alpha)
@@ -291,8 +329,10 @@ class MarginLoss(MetricLoss):
             tf.debugging.assert_less(labels, self.num_classes, message=(
                 f"{self.name}: labels must be < num_classes={self.num_classes} (one beta per class)"))
             tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
-        return margin_loss(labels, embeddings, beta, alpha=self.alpha, nu=self.nu, sampling=self.sampling,
-                           cutoff=self.cutoff, nonzero_loss_cutoff=self.nonzero_loss_cutoff, seed=self.seed)
+        # The official code (and pytorch-metric-learning) regularises beta only when it is learned.
+        nu = self.nu if self.learn_beta else 0.0
+        return _margin_loss(labels, embeddings, beta, self.alpha, nu, self.sampling, self.cutoff,
+                            self.nonzero_loss_cutoff, self.seed)
 
     def get_config(self):
         config = super().get_config()

@@ -7,9 +7,23 @@ For every query `i` of the batch (every sample is a query, the others form its g
     w_ij = softmax over P*_i of tp * (d_ij - (alpha - m))  (positives)
            softmax over N*_i of tn * (alpha - d_ij)         (negatives), both treated as constants
     L_P(i) = sum_{P*_i} w_ij (d_ij - (alpha - m)),   L_N(i) = sum_{N*_i} w_ij (alpha - d_ij)
-    L = mean_i [(1 - lam) L_P(i) + lam L_N(i)]
+    L = sum_i q_i [(1 - lam) L_P(i) + lam L_N(i)]
 
-An empty mined set contributes 0.
+An empty mined set contributes 0. The query weights `q_i` (constants, like the pair weights) are
+
+- `query_weighting="official"` (default): `q_i = S(i) / sum_k S(k)` with
+  `S(i) = sum_{P*_i} exp(tp (d_ij - (alpha - m))) + sum_{N*_i} exp(tn (alpha - d_ij))`, the query's
+  un-normalised weight sum. This is what the authors' Caffe layer (`DistanceWeightedValidPairLossV12`)
+  computes in its backward pass: its gradient is exactly the gradient of this `L`. Queries with many close
+  negatives (hard queries) get most of the gradient: with `tn = 10`, `B q_i` ranges from about 0.04 to 3.5
+  in a mid-training batch. `q` is a softmax over queries of `log S(i)` (log-sums), finite for `tn = 50`.
+- `query_weighting="uniform"`: `q_i = 1 / B`, the mean over queries of eq. 14 of the paper.
+
+The loss value under `"official"` is `sum_i q_i L(i)`, a weighted mean of the per-query losses (the weights
+sum to 1), so it lies on the same scale as the uniform mean but emphasises the hard queries; it is the value
+whose gradient (with `q` and the pair weights held constant) is the official layer's gradient. The Caffe layer
+itself reports a different number (its forward pass), so loss curves are not comparable across the two
+weightings, only their gradients' directions per query.
 """
 
 import warnings
@@ -18,8 +32,8 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, masked_softmax, negative_mask, pairwise_distance, positive_mask,
-                       safe_divide, validate_inputs)
+from tfdml.ops import (as_scalar, negative_mask, pairwise_distance, positive_mask, safe_divide,
+                       validate_inputs)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -62,43 +76,100 @@ class LinearTemperature:
         return f"LinearTemperature(t1={self.t1}, t2={self.t2}, max_steps={self.max_steps})"
 
 
+QUERY_WEIGHTINGS = ("official", "uniform")
+
+
 def _default_alpha(margin, alpha):
     return 1.0 + margin / 2.0 if alpha is None else alpha
 
 
-def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient):
+def _check_query_weighting(query_weighting):
+    if query_weighting not in QUERY_WEIGHTINGS:
+        raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}, got {query_weighting!r}.")
+
+
+def _masked_exp_and_log_sum(logits, mask):
+    """`(e, log_sum)`: `e = exp(logits - row_max)` on `mask` (0 elsewhere) and the row's
+    `log sum_mask exp(logits)` (`-inf` for an empty row). Subtracting the row max keeps `tn = 50` finite."""
+    dtype = logits.dtype
+    lowest = tf.constant(dtype.min, dtype)
+    row_max = tf.reduce_max(tf.where(mask, logits, lowest), axis=1, keepdims=True)
+    exp = tf.where(mask, tf.exp(tf.where(mask, logits - row_max, tf.zeros_like(logits))), tf.zeros_like(logits))
+    total = tf.reduce_sum(exp, axis=1, keepdims=True)
+    has_any = total > 0
+    log_sum = tf.where(has_any, row_max + tf.math.log(tf.where(has_any, total, tf.ones_like(total))),
+                       tf.fill(tf.shape(total), tf.constant(-float("inf"), dtype)))
+    return exp, total, log_sum
+
+
+def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5,
+                        query_weighting="official"):
+    """Constant per-pair coefficients `(c_pos, c_neg)` of RLL: the loss is
+    `sum_ij c_pos_ij (d_ij - (alpha - m)) + c_neg_ij (alpha - d_ij)` with `c` held constant.
+
+    `c_pos = (1 - lam) q_i w_ij` on the mined positives, `c_neg = lam q_i w_ij` on the mined negatives (0
+    elsewhere), `w` the pair weights normalised over each mined set and `q_i` the query weight: `1 / B`
+    (`"uniform"`, eq. 14) or `S(i) / sum_k S(k)` (`"official"`, the authors' Caffe layer), with
+    `S(i) = sum_{P*_i} exp(tp (d - (alpha - m))) + sum_{N*_i} exp(tn (alpha - d))` the query's un-normalised
+    weight sum. `q` is a softmax over queries of `log S(i)`, computed from log-sums, so `tn = 50` cannot
+    overflow; queries with empty mined sets get `q = 0`.
+
+    Args:
+        labels: int32 `[B]`.
+        distances: `[B, B]` (or `[B, G]` with the same labels) distances; only their values are used.
+
+    Returns:
+        `(c_pos, c_neg, q)`: `[B, B]`, `[B, B]` and `[B]`, all without gradient.
+    """
+    _check_query_weighting(query_weighting)
+    dist = tf.stop_gradient(distances)
+    dtype = dist.dtype
+    alpha = as_scalar(_default_alpha(margin, alpha), dtype)
+    pos_boundary = alpha - as_scalar(margin, dtype)
+    lam = as_scalar(lam, dtype)
+    # positive_mask excludes j == i, which also matters with a separate gallery (its diagonal is not 0).
+    mined_pos = tf.logical_and(positive_mask(labels), dist > pos_boundary)
+    mined_neg = tf.logical_and(negative_mask(labels), dist < alpha)
+    if isinstance(tp, (int, float)) and tp == 0:
+        # The default tp = 0 weighs every mined positive 1: S_P is their count (cheaper than the softmax).
+        pos_exp = tf.cast(mined_pos, dtype)
+        pos_sum = tf.reduce_sum(pos_exp, axis=1, keepdims=True)
+        log_s_pos = tf.math.log(pos_sum)  # -inf without mined positive
+    else:
+        pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary),
+                                                              mined_pos)
+    neg_exp, neg_sum, log_s_neg = _masked_exp_and_log_sum(as_scalar(tn, dtype) * (alpha - dist), mined_neg)
+    w_pos = safe_divide(pos_exp, pos_sum)
+    w_neg = safe_divide(neg_exp, neg_sum)
+    size = tf.shape(dist)[0]
+    if query_weighting == "uniform":
+        q = tf.fill([size], 1.0 / tf.cast(size, dtype))
+    else:
+        log_s = tf.reduce_logsumexp(tf.concat([log_s_pos, log_s_neg], axis=1), axis=1)  # -inf: nothing mined
+        mined = tf.math.is_finite(log_s)
+        top = tf.reduce_max(tf.where(mined, log_s, tf.fill([size], tf.constant(dtype.min, dtype))))
+        s = tf.where(mined, tf.exp(tf.where(mined, log_s - top, tf.zeros_like(log_s))), tf.zeros_like(log_s))
+        q = safe_divide(s, tf.reduce_sum(s))
+    return (1.0 - lam) * q[:, None] * w_pos, lam * q[:, None] * w_neg, q
+
+
+def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting):
     """RLL on validated inputs (int32 labels, float embeddings); see the module docstring."""
     dtype = embeddings.dtype
-    alpha = _default_alpha(margin, alpha)
     if stop_gallery_gradient:
         # Sec. 3.2: "in the ranked list of x_i we regard the features of other examples as constants".
         dist = pairwise_distance(embeddings, tf.stop_gradient(embeddings))
     else:
         dist = pairwise_distance(embeddings)
-    alpha = as_scalar(alpha, dtype)
+    c_pos, c_neg, _ = ranked_list_weights(labels, dist, margin, alpha, tn, tp, lam, query_weighting)
+    alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
-    lam = as_scalar(lam, dtype)
-
-    # positive_mask excludes j == i, which also matters with a separate gallery (its diagonal is not 0).
-    mined_pos = tf.logical_and(positive_mask(labels), dist > pos_boundary)
-    mined_neg = tf.logical_and(negative_mask(labels), dist < alpha)
-
-    # Official code: weights are constants. Zero weight outside each mined set.
-    const_dist = tf.stop_gradient(dist)
-    if isinstance(tp, (int, float)) and tp == 0:
-        # The default tp = 0 weighs every mined positive equally: the softmax of a constant, cheaper.
-        mined_pos_f = tf.cast(mined_pos, dtype)
-        w_pos = safe_divide(mined_pos_f, tf.reduce_sum(mined_pos_f, axis=1, keepdims=True))
-    else:
-        w_pos = masked_softmax(as_scalar(tp, dtype) * (const_dist - pos_boundary), mined_pos)
-    w_neg = masked_softmax(as_scalar(tn, dtype) * (alpha - const_dist), mined_neg)
-
-    per_pair = (1.0 - lam) * w_pos * (dist - pos_boundary) + lam * w_neg * (alpha - dist)
-    return safe_divide(tf.reduce_sum(per_pair), tf.shape(dist)[0])
+    # Weights are constants (official code), so the loss is linear in the distances.
+    return tf.reduce_sum(c_pos * (dist - pos_boundary) + c_neg * (alpha - dist))
 
 
 def ranked_list_loss(labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5,
-                     stop_gallery_gradient=True):
+                     stop_gallery_gradient=True, query_weighting="official"):
     """Ranked List Loss of a batch (see the module docstring for the formula).
 
     Args:
@@ -111,17 +182,27 @@ def ranked_list_loss(labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0
         lam: balance between the positive (`1 - lam`) and negative (`lam`) terms.
         stop_gallery_gradient: if True (default, as in the paper) the gallery side of every pair is a
             constant, so each query receives only the gradient of its own ranked list.
+        query_weighting: `"official"` (default): query `i` weighs `q_i = S(i) / sum_k S(k)`, its share of the
+            batch's un-normalised pair weights, as the authors' Caffe layer does (hard queries dominate);
+            `"uniform"`: `q_i = 1 / B`, eq. 14 of the paper.
 
     Returns:
-        Scalar loss in the embeddings' compute dtype.
+        Scalar loss `sum_i q_i L(i)` in the embeddings' compute dtype (with `q` held constant, so that its
+        gradient is the official layer's).
     """
+    _check_query_weighting(query_weighting)
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient)
+    return _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient,
+                             query_weighting)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
 class RankedListLoss(MetricLoss):
-    """Ranked List Loss, `L = mean_i [(1 - lam) L_P(i) + lam L_N(i)]` (see `ranked_list_loss`).
+    """Ranked List Loss, `L = sum_i q_i [(1 - lam) L_P(i) + lam L_N(i)]` (see `ranked_list_loss`).
+
+    By default (`query_weighting="official"`) query `i` weighs `q_i = S(i) / sum_k S(k)`, its share of the
+    batch's un-normalised pair weights, as in the authors' Caffe layer (reproduces the published numbers);
+    `query_weighting="uniform"` gives every query `1 / B` (eq. 14 of the paper, the mean over queries).
 
     `tn` may be a number or a `LinearTemperature` schedule (eq. 15). A schedule needs the training step:
     `bind_step(optimizer.iterations)` (done by `tfdml.models.MetricModel.compile` and by the
@@ -130,6 +211,7 @@ class RankedListLoss(MetricLoss):
 
     Args:
         margin, alpha, tn, tp, lam, stop_gallery_gradient: as in `ranked_list_loss`.
+        query_weighting: `"official"` (default) or `"uniform"`, as in `ranked_list_loss`.
         name: loss name.
 
     Example:
@@ -139,8 +221,9 @@ class RankedListLoss(MetricLoss):
     """
 
     def __init__(self, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, stop_gallery_gradient=True,
-                 name="ranked_list_loss", **kwargs):
+                 query_weighting="official", name="ranked_list_loss", **kwargs):
         super().__init__(name=name, **kwargs)
+        _check_query_weighting(query_weighting)
         if isinstance(tn, dict):
             tn = keras.saving.deserialize_keras_object(tn)
         if not isinstance(tn, LinearTemperature):
@@ -157,6 +240,7 @@ class RankedListLoss(MetricLoss):
         self.tp = float(tp)
         self.lam = float(lam)
         self.stop_gallery_gradient = bool(stop_gallery_gradient)
+        self.query_weighting = query_weighting
         self._step = None
 
     @property
@@ -195,11 +279,11 @@ class RankedListLoss(MetricLoss):
     def compute(self, labels, embeddings):
         tn = self.temperature(dtype=embeddings.dtype)
         return _ranked_list_loss(labels, embeddings, self.margin, self.alpha, tn, self.tp, self.lam,
-                                 self.stop_gallery_gradient)
+                                 self.stop_gallery_gradient, self.query_weighting)
 
     def get_config(self):
         config = super().get_config()
         tn = keras.saving.serialize_keras_object(self.tn) if self.has_schedule else self.tn
         config.update(margin=self.margin, alpha=self.alpha, tn=tn, tp=self.tp, lam=self.lam,
-                      stop_gallery_gradient=self.stop_gallery_gradient)
+                      stop_gallery_gradient=self.stop_gallery_gradient, query_weighting=self.query_weighting)
         return config

@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, masked_max, masked_mean, masked_min, negative_mask,
+from tfdml.ops import (as_scalar, masked_max, masked_mean, masked_min, negative_mask, pairwise_angular_distance,
                        pairwise_distance, positive_mask, safe_divide, validate_inputs)
 
 MINING_STRATEGIES = ("all", "hard", "semi_hard")
@@ -178,6 +178,38 @@ class TripletLoss(MetricLoss):
         return config
 
 
+# ------------------------------------------------------------------------------ tensorflow-addons drop-ins
+
+TFA_DISTANCE_METRICS = ("L2", "squared-L2", "angular")
+
+
+def _check_distance_metric(distance_metric):
+    if not (callable(distance_metric) or distance_metric in TFA_DISTANCE_METRICS):
+        raise ValueError(f"distance_metric must be one of {TFA_DISTANCE_METRICS} or a callable returning a "
+                         f"[B, B] distance matrix, got {distance_metric!r}.")
+
+
+def _tfa_distances(embeddings, distance_metric):
+    """tensorflow-addons' `pdist_matrix`: Euclidean ("L2"), squared Euclidean, `1 - cos` ("angular"), or
+    `distance_metric(embeddings)` for a callable (any `[B, B]` matrix; smaller means closer)."""
+    if distance_metric == "L2":
+        return pairwise_distance(embeddings)
+    if distance_metric == "squared-L2":
+        return pairwise_distance(embeddings, squared=True)
+    if distance_metric == "angular":
+        return pairwise_angular_distance(embeddings)
+    return tf.cast(tf.convert_to_tensor(distance_metric(embeddings)), embeddings.dtype)
+
+
+def _as_input_dtype(value, y_pred):
+    """tensorflow-addons computes float16/bfloat16 input in float32 and returns the input dtype."""
+    dtype = getattr(y_pred, "dtype", None)
+    if dtype is None:
+        return value
+    dtype = tf.as_dtype(dtype)
+    return tf.cast(value, dtype) if dtype.is_floating and dtype != value.dtype else value
+
+
 def _no_positive_pair_gives_zero(loss, pos):
     return tf.where(tf.reduce_any(pos), loss, tf.zeros_like(loss))
 
@@ -188,16 +220,24 @@ def _split_ties(mask, dist, value):
     return safe_divide(hit, tf.reduce_sum(hit, axis=1, keepdims=True))
 
 
+def _row_min_where_empty(masked_value, mask, dist):
+    """tensorflow-addons' masked max/min of a row with no entry in `mask` is the row's minimum of `dist`."""
+    return tf.where(tf.reduce_any(mask, axis=1, keepdims=True), masked_value,
+                    tf.reduce_min(dist, axis=1, keepdims=True))
+
+
 def _semihard_negative_sums(dist, pos, neg, margin):
     """Sum over all positive pairs of tfa's semi-hard term `[m + d_ap - d_an*]+`, one pass per positive slot.
 
-    `d_an*` is the smallest `d_an > d_ap`, else the largest `d_an`, else 0 (no negative, as tfa). Gradient
-    accumulated in the same pass (ties of `d_an*` share it, like `reduce_min`'s gradient).
+    `d_an*` is the smallest `d_an > d_ap`, else the largest `d_an`, else (no negative) the row's minimum
+    distance, as tfa. Gradient accumulated in the same pass (ties of `d_an*` share it, like `reduce_min`'s
+    gradient).
     """
     dtype = dist.dtype
     margin = as_scalar(margin, dtype)
     rank, num_slots = _positive_slots(pos)
-    farthest = masked_max(dist, neg, axis=1, keepdims=True)
+    farthest = _row_min_where_empty(masked_max(dist, neg, axis=1, keepdims=True), neg, dist)
+    fallback = tf.where(tf.reduce_any(neg, axis=1, keepdims=True), neg, tf.ones_like(neg))
     zero = tf.zeros([], dtype)
 
     @tf.custom_gradient
@@ -211,7 +251,7 @@ def _semihard_negative_sums(dist, pos, neg, margin):
             nearest_farther = masked_min(dist, farther, axis=1, keepdims=True)
             neg_dist = tf.where(has_farther, nearest_farther, farthest)
             chosen = tf.where(has_farther, _split_ties(farther, dist, nearest_farther),
-                              _split_ties(neg, dist, farthest))
+                              _split_ties(fallback, dist, farthest))
             active = tf.cast(margin + anchor_pos - neg_dist > 0, dtype) * has_slot
             total = total + tf.reduce_sum(active * (margin + anchor_pos - neg_dist))
             return k + 1, total, grad + active * (slot - chosen)
@@ -223,30 +263,39 @@ def _semihard_negative_sums(dist, pos, neg, margin):
     return total_of(dist)
 
 
-def _triplet_semihard_loss(labels, embeddings, margin):
-    dist = pairwise_distance(embeddings)
+def _triplet_semihard_loss(labels, embeddings, margin, distance_metric="L2"):
+    dist = _tfa_distances(embeddings, distance_metric)
     pos = positive_mask(labels)
     total = _semihard_negative_sums(dist, pos, negative_mask(labels), margin)
     return safe_divide(total, tf.reduce_sum(tf.cast(pos, dist.dtype)))
 
 
-def triplet_semihard_loss(labels, embeddings, margin=1.0):
-    """tensorflow-addons' semi-hard triplet loss (its `triplet_semihard_loss`, Euclidean distances).
+def triplet_semihard_loss(labels, embeddings, margin=1.0, distance_metric="L2"):
+    """tensorflow-addons' semi-hard triplet loss (its `triplet_semihard_loss`).
 
     For every ordered positive pair `(a, p)` the negative is the nearest one farther than `p`
     (`min d_an > d_ap`), else the farthest negative; the loss is the mean over all positive pairs of
     `[margin + d_ap - d_an]+`. A batch without positive pairs gives 0 (tfa gave NaN).
+
+    Args:
+        distance_metric: as tfa: `"L2"` (Euclidean, default), `"squared-L2"`, `"angular"` (`1 - cos`, clipped
+            at 0) or a callable mapping the `[B, D]` embeddings to a `[B, B]` distance matrix.
+
+    Returns:
+        Scalar in the input dtype (float16/bfloat16 inputs are computed in float32, as tfa).
     """
-    labels, embeddings = validate_inputs(labels, embeddings)
-    return _triplet_semihard_loss(labels, embeddings, margin)
+    _check_distance_metric(distance_metric)
+    validated_labels, validated = validate_inputs(labels, embeddings)
+    value = _triplet_semihard_loss(validated_labels, validated, margin, distance_metric)
+    return _as_input_dtype(value, embeddings)
 
 
-def _triplet_hard_loss(labels, embeddings, margin, soft):
-    dist = pairwise_distance(embeddings)
+def _triplet_hard_loss(labels, embeddings, margin, soft, distance_metric="L2"):
+    dist = _tfa_distances(embeddings, distance_metric)
     pos = positive_mask(labels)
     neg = negative_mask(labels)
-    # As in tfa: an anchor without positive uses hardest_pos = 0, one without negative uses its row maximum.
-    hardest_pos = masked_max(dist, pos, axis=1)
+    # As tfa: an anchor without positive uses its row minimum (0 for "L2"), one without negative its row maximum.
+    hardest_pos = _row_min_where_empty(masked_max(dist, pos, axis=1, keepdims=True), pos, dist)[:, 0]
     hardest_neg = tf.where(tf.reduce_any(neg, axis=1), masked_min(dist, neg, axis=1),
                            tf.reduce_max(dist, axis=1))
     gap = hardest_pos - hardest_neg
@@ -254,37 +303,70 @@ def _triplet_hard_loss(labels, embeddings, margin, soft):
     return _no_positive_pair_gives_zero(tf.reduce_mean(terms), pos)
 
 
-def triplet_hard_loss(labels, embeddings, margin=1.0, soft=False):
-    """tensorflow-addons' batch-hard triplet loss (its `triplet_hard_loss`, Euclidean distances).
+def triplet_hard_loss(labels, embeddings, margin=1.0, soft=False, distance_metric="L2"):
+    """tensorflow-addons' batch-hard triplet loss (its `triplet_hard_loss`).
 
     Mean over all anchors of `[hardest_pos - hardest_neg + margin]+` (soft: `log(1 + exp(hardest_pos -
-    hardest_neg))`); an anchor without positive uses `hardest_pos = 0`. A batch without positive pairs
-    gives 0.
+    hardest_neg))`); an anchor without positive uses its smallest distance (0 for `"L2"`) as `hardest_pos`.
+    A batch without positive pairs gives 0.
+
+    Args:
+        distance_metric: `"L2"` (default), `"squared-L2"`, `"angular"` or a callable, as in
+            `triplet_semihard_loss`.
+
+    Returns:
+        Scalar in the input dtype (float16/bfloat16 inputs are computed in float32, as tfa).
     """
-    labels, embeddings = validate_inputs(labels, embeddings)
-    return _triplet_hard_loss(labels, embeddings, margin, soft)
+    _check_distance_metric(distance_metric)
+    validated_labels, validated = validate_inputs(labels, embeddings)
+    return _as_input_dtype(_triplet_hard_loss(validated_labels, validated, margin, soft, distance_metric),
+                           embeddings)
+
+
+class _TfaDropIn(MetricLoss):
+    """Base of the tensorflow-addons drop-ins: tfa's `distance_metric` and tfa's output dtype."""
+
+    def __init__(self, distance_metric="L2", **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(distance_metric, dict):
+            distance_metric = keras.saving.deserialize_keras_object(distance_metric)
+        _check_distance_metric(distance_metric)
+        self.distance_metric = distance_metric
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        return _as_input_dtype(super().__call__(y_true, y_pred, sample_weight), y_pred)
+
+    def get_config(self):
+        config = super().get_config()
+        metric = self.distance_metric
+        config.update(distance_metric=metric if isinstance(metric, str) else
+                      keras.saving.serialize_keras_object(metric))
+        return config
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class TripletSemiHardLoss(MetricLoss):
+class TripletSemiHardLoss(_TfaDropIn):
     """Drop-in replacement for `tfa.losses.TripletSemiHardLoss` (see `triplet_semihard_loss`).
 
     `L = mean_{(a, p)} [margin + d_ap - d_an*]+` with `d_an*` the smallest `d_an > d_ap`, else the largest.
+    Returns the input dtype (float16 in, float16 out), as tfa.
 
     Args:
         margin: default 1.0, as in tfa.
+        distance_metric: `"L2"` (default), `"squared-L2"`, `"angular"` or a callable `[B, D] -> [B, B]`, as
+            in tfa (a callable must be registered with `keras.saving.register_keras_serializable` to be saved).
         name: loss name.
 
     Example:
         >>> model.compile(optimizer="adam", loss=TripletSemiHardLoss())  # was tfa.losses.TripletSemiHardLoss()
     """
 
-    def __init__(self, margin=1.0, name="triplet_semihard_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
+    def __init__(self, margin=1.0, distance_metric="L2", name="triplet_semihard_loss", **kwargs):
+        super().__init__(distance_metric=distance_metric, name=name, **kwargs)
         self.margin = float(margin)
 
     def compute(self, labels, embeddings):
-        return _triplet_semihard_loss(labels, embeddings, self.margin)
+        return _triplet_semihard_loss(labels, embeddings, self.margin, self.distance_metric)
 
     def get_config(self):
         config = super().get_config()
@@ -293,27 +375,29 @@ class TripletSemiHardLoss(MetricLoss):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class TripletHardLoss(MetricLoss):
+class TripletHardLoss(_TfaDropIn):
     """Drop-in replacement for `tfa.losses.TripletHardLoss` (see `triplet_hard_loss`).
 
     `L = mean_a [max_p d_ap - min_n d_an + margin]+`, or `log(1 + exp(max_p d_ap - min_n d_an))` if `soft`.
+    Returns the input dtype (float16 in, float16 out), as tfa.
 
     Args:
         margin: default 1.0, as in tfa.
         soft: soft margin instead of the hinge.
+        distance_metric: `"L2"` (default), `"squared-L2"`, `"angular"` or a callable, as in tfa.
         name: loss name.
 
     Example:
         >>> model.compile(optimizer="adam", loss=TripletHardLoss(margin=1.0))
     """
 
-    def __init__(self, margin=1.0, soft=False, name="triplet_hard_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
+    def __init__(self, margin=1.0, soft=False, distance_metric="L2", name="triplet_hard_loss", **kwargs):
+        super().__init__(distance_metric=distance_metric, name=name, **kwargs)
         self.margin = float(margin)
         self.soft = bool(soft)
 
     def compute(self, labels, embeddings):
-        return _triplet_hard_loss(labels, embeddings, self.margin, self.soft)
+        return _triplet_hard_loss(labels, embeddings, self.margin, self.soft, self.distance_metric)
 
     def get_config(self):
         config = super().get_config()

@@ -2,16 +2,23 @@
 
 `get_backbone(name_or_model, input_shape, weights)` returns a functional Keras model without its
 classification top. `default_taps(backbone)` gives the low / mid / high tap layers used by
-`MultiLevelEmbedder`: the output of the last block of three successive resolution stages, the same rule
-that picks `inception_3c`, `inception_4e` and `inception_5b` in the RLL authors' GoogLeNet-BN.
+`MultiLevelEmbedder`, chosen as the RLL authors' Caffe prototxt taps its GoogLeNet-BN:
 
-| backbone       | L                  | M                   | H                  |
-|----------------|--------------------|---------------------|--------------------|
-| resnet50       | `conv3_block4_out` | `conv4_block6_out`  | `conv5_block3_out` |
-| resnet101      | `conv3_block4_out` | `conv4_block23_out` | `conv5_block3_out` |
-| resnet152      | `conv3_block8_out` | `conv4_block36_out` | `conv5_block3_out` |
-| inception_v3   | `mixed2`           | `mixed7`            | `mixed10`          |
-| small_cnn      | `block1_out`       | `block2_out`        | `block3_out`       |
+- L = `inception_3c`: the grid-reduction block that OPENS stage 4 (output stride 16: 14x14 at 224 px);
+- M = `inception_4e`: the reduction block that opens stage 5 (stride 32: 7x7 at 224 px);
+- H = `inception_5b`: the network's last block (stride 32).
+
+(Not the ends of stages 3 and 4: `inception_3c` and `inception_4e` already downsample.) The equivalents are
+the first, downsampling block of the stride-16 and stride-32 stages and the last block:
+
+| backbone       | L                  | M                  | H                  | at 224 px       |
+|----------------|--------------------|--------------------|--------------------|-----------------|
+| resnet50/101/152 | `conv4_block1_out` | `conv5_block1_out` | `conv5_block3_out` | 14x14, 7x7, 7x7 |
+| inception_v3   | `mixed3`           | `mixed8`           | `mixed10`          | 12x12, 5x5, 5x5 |
+| small_cnn      | `block1_out`       | `block2_out`       | `block3_out`       | (32 px: 16, 8, 4) |
+
+InceptionV3's `mixed3` and `mixed8` are its two grid-reduction blocks (35->17 and 17->8 at 299 px), the
+counterparts of `inception_3c` and `inception_4e`.
 
 Any other functional backbone is tapped by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
 
@@ -49,11 +56,12 @@ _APPLICATIONS = {
 }
 
 # keyed by the Keras model name that keras.applications gives each backbone
+_RESNET_TAPS = {"L": "conv4_block1_out", "M": "conv5_block1_out", "H": "conv5_block3_out"}
 DEFAULT_TAPS = {
-    "resnet50": {"L": "conv3_block4_out", "M": "conv4_block6_out", "H": "conv5_block3_out"},
-    "resnet101": {"L": "conv3_block4_out", "M": "conv4_block23_out", "H": "conv5_block3_out"},
-    "resnet152": {"L": "conv3_block8_out", "M": "conv4_block36_out", "H": "conv5_block3_out"},
-    "inception_v3": {"L": "mixed2", "M": "mixed7", "H": "mixed10"},
+    "resnet50": dict(_RESNET_TAPS),
+    "resnet101": dict(_RESNET_TAPS),
+    "resnet152": dict(_RESNET_TAPS),
+    "inception_v3": {"L": "mixed3", "M": "mixed8", "H": "mixed10"},
     "small_cnn": {"L": "block1_out", "M": "block2_out", "H": "block3_out"},
 }
 

@@ -1,4 +1,6 @@
-"""Single-level embedder: backbone -> global average pool -> Dense(D, no bias) -> L2 normalisation."""
+"""Single-level embedder: backbone -> global average pool -> Dense(D, no bias) -> L2 normalisation, or
+without the Dense (`embedding_dim=None`): the pooled backbone feature is the embedding (Group Loss's
+official layout)."""
 
 import keras
 
@@ -7,7 +9,8 @@ from tfdml.models.multilevel import GLOBAL_HEAD_LEVEL, MultiLevelEmbedder
 
 @keras.saving.register_keras_serializable(package="tfdml")
 class Embedder(MultiLevelEmbedder):
-    """`e = l2_normalize(W . avgpool(backbone(x)))`, the standard metric-learning embedder.
+    """`e = l2_normalize(W . avgpool(backbone(x)))`, the standard metric-learning embedder, or
+    `e = l2_normalize(avgpool(backbone(x)))` with `embedding_dim=None`.
 
     It is the one-level case of `MultiLevelEmbedder` (level "H" on the backbone's own output), so it shares
     its loss handling, classifier option, export outputs and recipes.
@@ -15,11 +18,14 @@ class Embedder(MultiLevelEmbedder):
     Args:
       backbone: a `keras.applications` name ("resnet50", "inception_v3", "efficientnetv2b0",
         "mobilenetv3small", ...), "small_cnn", or a functional Keras model (see `tfdml.models.backbones`).
-      embedding_dim: D (512 by default).
+      embedding_dim: D (512 by default), or None: no projection, the pooled backbone feature (2048-d for
+        ResNet50 and InceptionV3) is the embedding and the classifier (`num_classes`) sits directly on it,
+        the Group Loss authors' architecture (their BN-Inception's 1024-d pooled feature, `Linear(1024, m)`).
       input_shape: `(h, w, c)`; default (224, 224, 3), (32, 32, 1) for the small CNN.
       weights: "imagenet" (default; downloaded by Keras, a clear error names the cause when that fails),
         None for random initialisation (offline use, tests), or the path of a local weights file.
-      num_classes: adds a classifier head (Dense over the un-normalised embedding) for Group Loss:
+      num_classes: adds a classifier head (Dense over the un-normalised embedding, i.e. over the pooled
+        feature itself when `embedding_dim=None`) for Group Loss:
         `model(x, training=True)` returns `concat([embedding, logits], -1)`, `model(x, training=False)` the
         embedding only. Combine with `tfdml.callbacks.ClassificationPretraining` for the paper's
         cross-entropy pre-training stage.
@@ -33,6 +39,7 @@ class Embedder(MultiLevelEmbedder):
       >>> model.compile(optimizer=keras.optimizers.Adam(1e-5), loss=tfdml.losses.MarginLoss())
       >>> model.fit(dataset, epochs=20)
       >>> embeddings = model.predict(images)        # [N, 512], unit norm
+      >>> official = Embedder("inception_v3", embedding_dim=None, num_classes=100)  # Group Loss layout
     """
 
     def __init__(self, backbone, embedding_dim=512, input_shape=None, weights="imagenet", num_classes=None,

@@ -1,7 +1,14 @@
 """Multi-level embedder of the Ranked List Loss papers: RLL-L, RLL-M, RLL-H and RLL-(L,M,H).
 
 Heads on a low, a mid and a high layer of the backbone (official Caffe code, see `tfdml.models.heads`),
-one loss per level, and at inference the L2-normalised concatenation of the un-normalised level outputs:
+one loss per level, and at inference the L2-normalised concatenation of the un-normalised level outputs.
+The taps are those of the authors' GoogLeNet-BN prototxt: L = `inception_3c` and M = `inception_4e`, the
+reduction blocks that open stages 4 and 5 (stride 16 and 32: 14x14 and 7x7 at 224 px), and H = `inception_5b`,
+the last block. Their defaults on Keras backbones (`tfdml.models.backbones.DEFAULT_TAPS`) are the same
+positions: ResNet50/101/152 `conv4_block1_out`, `conv5_block1_out`, `conv5_block3_out`; InceptionV3
+`mixed3`, `mixed8`, `mixed10`. The L and M heads pool 5x5/3 with Caffe's rounded-up output size (7x7 -> 2x2,
+14x14 -> 4x4).
+
 
     u_l = head_l(tap_l(x))                      (un-normalised, D each)
     embedding = l2_normalize(concat(u_L, u_M, u_H))           (the model output, [B, K*D])
@@ -54,8 +61,8 @@ class MultiLevelEmbedder(MetricModel):
     """Embedder with one head per backbone level; output `l2_normalize(concat(u_L, u_M, u_H))`.
 
     The "H" level gets the global head (avg pool -> Dense(D, no bias)); every other level gets the auxiliary
-    head (avg pool 5x5/3 -> 1x1 conv 128 + BN + ReLU -> Dense 1024 + BN + ReLU -> Dense(D, no bias)), as in the
-    official RLL code. Each level output is L2-normalised for its own loss; the inference embedding normalises
+    head (avg pool 5x5/3 rounded up as Caffe -> 1x1 conv 128 + BN + ReLU -> Dense 1024 + BN + ReLU ->
+    Dense(D, no bias)), as in the official RLL code. Each level output is L2-normalised for its own loss; the inference embedding normalises
     the concatenation of the un-normalised outputs.
 
     Compile with any tfdml loss: `model.compile(optimizer, loss=RankedListLoss())` applies the loss to each
@@ -65,8 +72,11 @@ class MultiLevelEmbedder(MetricModel):
     Args:
       backbone: a `keras.applications` name, "small_cnn", or a functional Keras model (see
         `tfdml.models.backbones`).
-      taps: `{level: layer_name}` or a list aligned with `levels`; default taps exist for ResNet50/101/152,
-        InceptionV3 and the small CNN (`tfdml.models.backbones.DEFAULT_TAPS`).
+      taps: `{level: layer_name}` or a list aligned with `levels`; default taps exist for ResNet50/101/152
+        (`conv4_block1_out`, `conv5_block1_out`, `conv5_block3_out`), InceptionV3 (`mixed3`, `mixed8`,
+        `mixed10`) and the small CNN: the positions of GoogLeNet-BN's `inception_3c` (opens the stride-16
+        stage), `inception_4e` (opens the stride-32 stage) and `inception_5b` (last block) in the official net
+        (`tfdml.models.backbones.DEFAULT_TAPS`).
       embedding_dim: D, the size of each level's embedding (output size `len(levels) * D`).
       levels: level names, any of "L", "M", "H" (e.g. `("H",)` for RLL-H alone).
       level_weights: one loss weight per level (default 1 each).
@@ -116,7 +126,10 @@ class MultiLevelEmbedder(MetricModel):
         if len(self.level_weights) != len(self.levels):
             raise ValueError(f"Got {len(self.level_weights)} level_weights for levels {self.levels}.")
         self.taps = _resolve_taps(self.backbone, self.levels, taps)
-        self.embedding_dim = int(embedding_dim)
+        if embedding_dim is None and self.levels != (GLOBAL_HEAD_LEVEL,):
+            raise ValueError("embedding_dim=None (the pooled backbone feature is the embedding) needs the single "
+                             f"level ('H',); got levels {self.levels}. Pass an integer embedding_dim.")
+        self.projected = embedding_dim is not None
         self.head_filters = int(head_filters)
         self.head_units = int(head_units)
         self.num_classes = None if num_classes is None else int(num_classes)
@@ -130,8 +143,11 @@ class MultiLevelEmbedder(MetricModel):
                        for tap in self.taps]
         inputs = self.backbone.inputs[0] if len(self.backbone.inputs) == 1 else self.backbone.inputs
         self.feature_extractor = keras.Model(inputs, tap_outputs, name="taps")
+        # No projection: the embedding is the pooled feature, as wide as the tapped map has channels.
+        self.embedding_dim = int(embedding_dim) if self.projected else int(tap_outputs[0].shape[-1])
         self.level_heads = [
-            GlobalEmbeddingHead(self.embedding_dim, name=f"head_{level}") if level == GLOBAL_HEAD_LEVEL else
+            GlobalEmbeddingHead(self.embedding_dim if self.projected else None, name=f"head_{level}")
+            if level == GLOBAL_HEAD_LEVEL else
             AuxiliaryEmbeddingHead(self.embedding_dim, filters=self.head_filters, units=self.head_units,
                                    name=f"head_{level}")
             for level in self.levels]
@@ -267,7 +283,7 @@ class MultiLevelEmbedder(MetricModel):
             "name": self.name,
             "backbone": backbone,
             "taps": dict(zip(self.levels, self.taps)) if None not in self.taps else None,
-            "embedding_dim": self.embedding_dim,
+            "embedding_dim": self.embedding_dim if self.projected else None,
             "levels": list(self.levels),
             "level_weights": list(self.level_weights),
             "input_shape": list(self.image_shape),

@@ -2,6 +2,7 @@
 label masks, masked weighting and reductions. No loss re-derives any of these."""
 
 from tfdml.ops.distances import (
+    pairwise_angular_distance,
     pairwise_distance,
     pairwise_squared_distance,
     pairwise_pearson_similarity,
@@ -45,6 +46,7 @@ from tfdml.ops.validation import (
 __all__ = [
     "as_scalar",
     "pairwise_distance",
+    "pairwise_angular_distance",
     "pairwise_squared_distance",
     "pairwise_pearson_similarity",
     "safe_sqrt",

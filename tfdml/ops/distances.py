@@ -101,3 +101,13 @@ def pairwise_pearson_similarity(embeddings, epsilon=1e-12):
     inv_norm = tf.math.rsqrt(tf.maximum(sq_norm, epsilon))
     unit = centred * inv_norm
     return tf.matmul(unit, unit, transpose_b=True)
+
+
+def pairwise_angular_distance(embeddings):
+    """`1 - cos(f_i, f_j)`, clipped below at 0 (tensorflow-addons' `angular_distance`).
+
+    Rows are L2-normalised first (`tf.math.l2_normalize`, so a zero row has zero similarity with everything);
+    the diagonal is whatever round-off leaves, as in tensorflow-addons.
+    """
+    unit = tf.math.l2_normalize(tf.convert_to_tensor(embeddings), axis=1)
+    return tf.maximum(1.0 - tf.matmul(unit, unit, transpose_b=True), 0.0)
