@@ -90,3 +90,100 @@ def test_loss_class_with_its_proxy_variable_equals_the_function(name):
     np.testing.assert_allclose(value.numpy(), expected["value"], rtol=2e-6)
     np.testing.assert_allclose(grad_x.numpy(), expected["grad_embeddings"], rtol=1e-4, atol=2e-5)
     np.testing.assert_allclose(grad_p.numpy(), expected["grad_proxies"], rtol=1e-4, atol=2e-5)
+
+
+# ---------------------------------------------------------------- every loss: robustness, config, XLA, memory
+def _all_losses(num_classes=4, embedding_dim=4):
+    return {name: _make(name, num_classes, embedding_dim) if REFERENCE["losses"][name]["proxies"] else _make(name)
+            for name in PAIR + PROXY}
+
+
+@pytest.mark.parametrize("name", PAIR + PROXY)
+@pytest.mark.parametrize("case", sorted(checks.DEGENERATE_BATCHES))
+def test_degenerate_batches_are_finite(name, case):
+    labels, embeddings = checks.DEGENERATE_BATCHES[case]
+    loss = _all_losses(6, 4)[name]
+    checks.assert_finite(loss, labels, embeddings)
+    if REFERENCE["losses"][name]["proxies"]:
+        with tf.GradientTape() as tape:
+            value = loss(labels, embeddings.astype(np.float32))
+        assert np.all(np.isfinite(tape.gradient(value, loss.proxies).numpy()))
+
+
+@pytest.mark.parametrize("name", ["circle", "supcon", "ntxent", "multi_similarity_all_pairs", "arcface",
+                                  "cosface", "proxy_anchor", "normalized_softmax"])
+def test_extreme_scales_stay_finite(name):
+    """Large scales / small temperatures (exp(1000 x)) on near-duplicate and opposite embeddings."""
+    extreme = {"circle": {"gamma": 1000.0}, "supcon": {"temperature": 1e-3}, "ntxent": {"temperature": 1e-3},
+               "multi_similarity_all_pairs": {"beta": 1000.0, "alpha": 1000.0}, "arcface": {"scale": 1000.0},
+               "cosface": {"scale": 1000.0}, "proxy_anchor": {"alpha": 1000.0},
+               "normalized_softmax": {"temperature": 1e-3}}[name]
+    labels = np.array([0, 0, 1, 1, 2, 2], np.int32)
+    embeddings = np.array([[1, 0, 0], [1, 1e-4, 0], [-1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 1e-3]], np.float32)
+    loss = _make(name, 3, 3, **extreme) if REFERENCE["losses"][name]["proxies"] else _make(name, **extreme)
+    value, _ = checks.assert_finite(loss, labels, embeddings)
+    assert value.numpy() >= 0
+
+
+@pytest.mark.parametrize("name", PAIR + PROXY)
+def test_bad_inputs_are_rejected(name):
+    checks.assert_bad_inputs_rejected(_all_losses(4, 3)[name])
+
+
+@pytest.mark.parametrize("name", PROXY)
+def test_proxy_losses_reject_labels_outside_their_classes_and_wrong_dimensions(name):
+    loss = _all_losses(3, 4)[name]
+    x = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="labels must be < num_classes=3"):
+        loss(np.array([0, 1, 2, 3], np.int32), x)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="labels must be >= 0"):
+        loss(np.array([0, 1, -1, 2], np.int32), x)
+    with pytest.raises(ValueError, match="embeddings have dimension 5 but the proxies have embedding_dim=4"):
+        loss(np.array([0, 1, 2, 2], np.int32), np.zeros((4, 5), np.float32))
+
+
+@pytest.mark.parametrize("name", PAIR + PROXY)
+def test_config_round_trips(name):
+    loss = _all_losses(5, 3)[name]
+    restored = checks.assert_config_roundtrip(loss)
+    assert restored.name == loss.name
+
+
+def test_proxy_optimizer_and_initializer_round_trip_through_config():
+    loss = losses.ProxyAnchorLoss(7, 3, proxy_optimizer=keras.optimizers.AdamW(0.01),
+                                  proxy_initializer=keras.initializers.RandomUniform(-0.1, 0.1, seed=1))
+    restored = checks.assert_config_roundtrip(loss)
+    assert isinstance(restored.variable_optimizer, keras.optimizers.AdamW)
+    assert float(restored.variable_optimizer.learning_rate) == pytest.approx(0.01)
+    assert np.abs(restored.proxies.numpy()).max() <= 0.1
+
+
+@pytest.mark.parametrize("name", PAIR + PROXY)
+def test_jit_compile_matches_eager(name):
+    labels, x = checks.random_batch(4, 14, 4, dim=4)
+    loss = _all_losses()[name]
+    # float64: with scales such as gamma = 80 float32 round-off differs between XLA and eager kernels.
+    checks.assert_jit_matches_eager(loss, labels, x, rtol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["multi_similarity_mined", "circle", "supcon", "proxy_anchor", "arcface"])
+def test_float16_and_mixed_precision(name):
+    checks.assert_float16_ok(_all_losses()[name])
+
+
+@pytest.mark.parametrize("name", PAIR + PROXY)
+def test_no_tensor_larger_than_batch_squared(name):
+    """B = 64 samples of 16 classes, D = 8: no op output (gradient included) exceeds B^2 elements."""
+    loss = _all_losses(16, 8)[name]
+    largest, _ = _largest_tensor_in_graph(lambda y, x: loss(y, x), 64)
+    assert largest <= 64 * 64
+
+
+def test_proxy_initialisation_follows_pml():
+    """Proxy-Anchor: Kaiming normal (fan-out = num_classes), the others N(0, 1), on [num_classes, D]."""
+    anchor = losses.ProxyAnchorLoss(200, 300).proxies.numpy()
+    assert anchor.shape == (200, 300)
+    assert abs(anchor.std() - np.sqrt(2.0 / 200)) < 0.01 * np.sqrt(2.0 / 200) * 5
+    for cls in (losses.ProxyNCALoss, losses.NormalizedSoftmaxLoss, losses.ArcFaceLoss, losses.CosFaceLoss):
+        proxies = cls(200, 300).proxies.numpy()
+        assert abs(proxies.std() - 1.0) < 0.02 and abs(proxies.mean()) < 0.02
