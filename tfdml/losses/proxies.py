@@ -113,10 +113,10 @@ class ProxyLoss(MetricLoss):
                              f"{embedding_dim}.")
         self.num_classes = int(num_classes)
         self.embedding_dim = int(embedding_dim)
-        self.proxy_optimizer = proxy_optimizer
-        self.proxy_initializer = proxy_initializer
+        # Instances from here on: their serialisation is then the same before and after a round trip.
+        self.proxy_optimizer = None if proxy_optimizer is None else keras.optimizers.get(proxy_optimizer)
+        self.proxy_initializer = None if proxy_initializer is None else keras.initializers.get(proxy_initializer)
         self._proxies = None
-        self._optimizer = None
 
     def default_initializer(self):
         return keras.initializers.RandomNormal(mean=0.0, stddev=1.0)  # PML's torch.nn.init.normal_
@@ -126,8 +126,7 @@ class ProxyLoss(MetricLoss):
         """The `[num_classes, embedding_dim]` float32 variable, created on first use (so that a loss built
         inside a `tf.distribute` scope gets a mirrored variable)."""
         if self._proxies is None:
-            initializer = (self.default_initializer() if self.proxy_initializer is None
-                           else keras.initializers.get(self.proxy_initializer))
+            initializer = self.proxy_initializer or self.default_initializer()
             self._proxies = keras.Variable(initializer, shape=(self.num_classes, self.embedding_dim),
                                            dtype="float32", trainable=True, name=f"{self.name}_proxies")
         return self._proxies
@@ -138,11 +137,7 @@ class ProxyLoss(MetricLoss):
 
     @property
     def variable_optimizer(self):
-        if self.proxy_optimizer is None:
-            return None
-        if self._optimizer is None:
-            self._optimizer = keras.optimizers.get(self.proxy_optimizer)
-        return self._optimizer
+        return self.proxy_optimizer
 
     def hyper_parameters(self):
         return {}
@@ -164,12 +159,9 @@ class ProxyLoss(MetricLoss):
 
     def get_config(self):
         config = super().get_config()
-        optimizer = self.proxy_optimizer
-        if isinstance(optimizer, keras.optimizers.Optimizer):
-            optimizer = keras.optimizers.serialize(optimizer)
-        initializer = self.proxy_initializer
-        if isinstance(initializer, keras.initializers.Initializer):
-            initializer = keras.initializers.serialize(initializer)
+        optimizer = None if self.proxy_optimizer is None else keras.optimizers.serialize(self.proxy_optimizer)
+        initializer = (None if self.proxy_initializer is None
+                       else keras.initializers.serialize(self.proxy_initializer))
         config.update(num_classes=self.num_classes, embedding_dim=self.embedding_dim, proxy_optimizer=optimizer,
                       proxy_initializer=initializer, **self.hyper_parameters())
         return config
