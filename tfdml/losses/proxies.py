@@ -21,6 +21,7 @@ schedule included (Proxy-Anchor's recipe: proxies at 100x the backbone rate):
     >>> model.compile(optimizer=optimizer, loss=loss)
 """
 
+import copy
 import math
 
 import keras
@@ -88,6 +89,10 @@ def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=1.0):
     return _proxy_nca_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), softmax_scale)
 
 
+def _copied(spec):
+    return copy.deepcopy(spec) if isinstance(spec, dict) else spec
+
+
 class ProxyLoss(MetricLoss):
     """Base class of the losses that own trainable proxies (one row per class).
 
@@ -113,9 +118,11 @@ class ProxyLoss(MetricLoss):
                              f"{embedding_dim}.")
         self.num_classes = int(num_classes)
         self.embedding_dim = int(embedding_dim)
-        # Instances from here on: their serialisation is then the same before and after a round trip.
-        self.proxy_optimizer = None if proxy_optimizer is None else keras.optimizers.get(proxy_optimizer)
-        self.proxy_initializer = None if proxy_initializer is None else keras.initializers.get(proxy_initializer)
+        # Instances from here on: their serialisation is then the same before and after a round trip. Keras'
+        # deserialisation edits a config dict in place, hence the copies.
+        self.proxy_optimizer = None if proxy_optimizer is None else keras.optimizers.get(_copied(proxy_optimizer))
+        self.proxy_initializer = (None if proxy_initializer is None
+                                  else keras.initializers.get(_copied(proxy_initializer)))
         self._proxies = None
 
     def default_initializer(self):
@@ -159,9 +166,9 @@ class ProxyLoss(MetricLoss):
 
     def get_config(self):
         config = super().get_config()
-        optimizer = None if self.proxy_optimizer is None else keras.optimizers.serialize(self.proxy_optimizer)
+        optimizer = None if self.proxy_optimizer is None else keras.saving.serialize_keras_object(self.proxy_optimizer)
         initializer = (None if self.proxy_initializer is None
-                       else keras.initializers.serialize(self.proxy_initializer))
+                       else keras.saving.serialize_keras_object(self.proxy_initializer))
         config.update(num_classes=self.num_classes, embedding_dim=self.embedding_dim, proxy_optimizer=optimizer,
                       proxy_initializer=initializer, **self.hyper_parameters())
         return config
