@@ -187,3 +187,81 @@ def test_proxy_initialisation_follows_pml():
     for cls in (losses.ProxyNCALoss, losses.NormalizedSoftmaxLoss, losses.ArcFaceLoss, losses.CosFaceLoss):
         proxies = cls(200, 300).proxies.numpy()
         assert abs(proxies.std() - 1.0) < 0.02 and abs(proxies.mean()) < 0.02
+
+
+# ------------------------------------------------- where PML's choices differ: NumPy readings of the papers
+def _ms_paper(sim, pos, neg, alpha=2.0, beta=50.0, base=0.5):
+    """Multi-Similarity, eq. 9 of Wang et al. 2019, averaged over all anchors (PML's MeanReducer)."""
+    rows = []
+    for i in range(len(sim)):
+        p = np.log1p(np.sum(np.exp(-alpha * (sim[i, pos[i]] - base)))) / alpha
+        n = np.log1p(np.sum(np.exp(beta * (sim[i, neg[i]] - base)))) / beta
+        rows.append(p + n)
+    return np.mean(rows)
+
+
+def test_multi_similarity_keeps_a_single_mined_pair_where_pml_returns_zero():
+    """Cosines S01 = 0.5, S02 = 0.45, S12 = 0: mining keeps (0, 1) and (0, 2) only. PML 2.9 returns 0 for a mined
+    set of at most one positive and one negative pair (its `all(len(x) <= 1)` emptiness test); the paper's loss
+    and tfdml's are not 0."""
+    x2 = np.array([0.45, -0.225 / np.sqrt(0.75), 0.0])
+    x2[2] = np.sqrt(1.0 - x2[0] ** 2 - x2[1] ** 2)
+    x = np.array([[1.0, 0.0, 0.0], [0.5, np.sqrt(0.75), 0.0], x2])
+    labels = np.array([0, 0, 1], np.int32)
+    sim = x @ x.T
+    pos = np.zeros((3, 3), bool)
+    neg = np.zeros((3, 3), bool)
+    pos[0, 1] = neg[0, 2] = True  # the mined pairs
+    expected = _ms_paper(sim, pos, neg)
+    assert expected > 0.1
+    np.testing.assert_allclose(losses.multi_similarity_loss(labels, x).numpy(), expected, rtol=1e-12)
+
+
+def test_ntxent_does_not_saturate_where_pml_adds_its_tiny_constant():
+    """PML computes -log(ratio + tiny); when the ratio underflows (t = 1e-3, a positive pair at cosine -1 with a
+    negative at cosine 1) it saturates at -log(tiny): 87.3 in float32, 708.4 in float64 (PML's mean: 44.01 and
+    354.54). tfdml computes softplus(logsumexp(negatives) - positive), the formula's exact value."""
+    x = np.array([[1.0, 0.0], [-1.0, 0.0], [1.0, 0.0]])
+    labels = np.array([0, 0, 1], np.int32)
+    t = 1e-3
+    sim = x @ x.T
+    pair_01 = np.logaddexp(0.0, (sim[0, 2] - sim[0, 1]) / t)  # -log(e^{s01/t} / (e^{s01/t} + e^{s02/t}))
+    pair_10 = np.logaddexp(0.0, (sim[1, 2] - sim[1, 0]) / t)
+    expected = (pair_01 + pair_10) / 2
+    assert expected > 1000
+    for dtype in (np.float32, np.float64):
+        np.testing.assert_allclose(losses.ntxent_loss(labels, x.astype(dtype), temperature=t).numpy(), expected,
+                                   rtol=1e-6)
+
+
+def test_n_pairs_with_plain_inner_products_follows_the_paper():
+    """`normalize=False`: Sohn 2016's (N+1)-tuplet loss on raw inner products (PML's default normalises);
+    l_i = log(1 + sum_{j != i} exp(f_i . f_j+ - f_i . f_i+)) with one (anchor, positive) per class."""
+    rng = np.random.default_rng(7)
+    labels = np.array([2, 0, 1, 0, 2, 1, 1, 3], np.int32)  # class 3 has a single sample: no tuple
+    x = rng.normal(size=(8, 5))
+    anchors, positives = [0, 1, 2], [4, 3, 5]  # first and second sample of classes 2, 0, 1
+    expected = np.mean([np.log1p(sum(np.exp(x[a] @ x[p] - x[a] @ x[positives[i]])
+                                     for p in positives if p != positives[i]))
+                        for i, a in enumerate(anchors)])
+    np.testing.assert_allclose(losses.n_pairs_loss(labels, x, normalize=False).numpy(), expected, rtol=1e-12)
+    checks.assert_gradient_matches(lambda y, e: losses.n_pairs_loss(y, e, normalize=False),
+                                   lambda e: np.mean([np.log1p(sum(np.exp(e[a] @ e[p] - e[a] @ e[positives[i]])
+                                                                   for p in positives if p != positives[i]))
+                                                      for i, a in enumerate(anchors)]), labels, x)
+
+
+def test_arcface_gradient_is_finite_for_an_embedding_on_its_class_weight():
+    """PML's arccos gives NaN gradients at cos = 1 (an embedding equal to its class weight); tfdml's
+    `cos m cos - sin m sqrt(1 - cos^2)` has the same value and a finite gradient."""
+    proxies = np.eye(2, 3)
+    x = tf.constant(np.eye(2, 3))
+    labels = np.array([0, 1], np.int32)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        value = losses.arcface_loss(labels, x, proxies)
+    grad = tape.gradient(value, x).numpy()
+    m = np.radians(28.6)
+    logits = 64 * np.array([np.cos(m), 0.0])
+    np.testing.assert_allclose(value.numpy(), np.logaddexp.reduce(logits) - logits[0], rtol=1e-9, atol=1e-20)
+    assert np.all(np.isfinite(grad))
