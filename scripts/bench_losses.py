@@ -173,19 +173,100 @@ def bench(name, batch_size, dim, repeats):
     }
 
 
+# ------------------------------------------- losses ported from pytorch-metric-learning (MS, Circle, proxies ...)
+# name -> (tfdml factory(num_classes, dim), PML description, PML factory(num_classes, dim), PML weight attribute
+# holding the proxies or None, whether PML stores them transposed ([D, C])). Proxy losses compare the gradient
+# with respect to the embeddings *and* the proxies (PML's backward computes both).
+PORTED = {
+    "multi_similarity": (lambda c, d: tfdml_losses.MultiSimilarityLoss(mining_epsilon=0.1),
+                         "MultiSimilarityLoss() + MultiSimilarityMiner(0.1)",
+                         lambda c, d: _pml_with_miner(pml_losses.MultiSimilarityLoss(),
+                                                      pml_miners.MultiSimilarityMiner(0.1)), None, False),
+    "circle": (lambda c, d: tfdml_losses.CircleLoss(), "CircleLoss(m=0.4, gamma=80)",
+               lambda c, d: pml_losses.CircleLoss(), None, False),
+    "lifted_structure": (lambda c, d: tfdml_losses.LiftedStructureLoss(), "LiftedStructureLoss(1, 0)",
+                         lambda c, d: pml_losses.LiftedStructureLoss(), None, False),
+    "n_pairs": (lambda c, d: tfdml_losses.NPairsLoss(), "NPairsLoss()", lambda c, d: pml_losses.NPairsLoss(),
+                None, False),
+    "supcon": (lambda c, d: tfdml_losses.SupConLoss(), "SupConLoss(0.1)", lambda c, d: pml_losses.SupConLoss(),
+               None, False),
+    "ntxent": (lambda c, d: tfdml_losses.NTXentLoss(), "NTXentLoss(0.07)", lambda c, d: pml_losses.NTXentLoss(),
+               None, False),
+    "proxy_anchor": (lambda c, d: tfdml_losses.ProxyAnchorLoss(c, d), "ProxyAnchorLoss(margin=0.1, alpha=32)",
+                     lambda c, d: pml_losses.ProxyAnchorLoss(c, d), "proxies", False),
+    "proxy_nca": (lambda c, d: tfdml_losses.ProxyNCALoss(c, d), "ProxyNCALoss(softmax_scale=1)",
+                  lambda c, d: pml_losses.ProxyNCALoss(c, d), "proxies", False),
+    "normalized_softmax": (lambda c, d: tfdml_losses.NormalizedSoftmaxLoss(c, d), "NormalizedSoftmaxLoss(0.05)",
+                           lambda c, d: pml_losses.NormalizedSoftmaxLoss(c, d), "W", True),
+    "arcface": (lambda c, d: tfdml_losses.ArcFaceLoss(c, d), "ArcFaceLoss(28.6, 64)",
+                lambda c, d: pml_losses.ArcFaceLoss(c, d), "W", True),
+    "cosface": (lambda c, d: tfdml_losses.CosFaceLoss(c, d), "CosFaceLoss(0.35, 64)",
+                lambda c, d: pml_losses.CosFaceLoss(c, d), "W", True),
+}
+
+
+def ported_tfdml_runner(loss, labels, embeddings, jit_compile):
+    """Like `tfdml_runner`, with the gradient of the proxies as well for losses that own them."""
+    labels = tf.constant(labels)
+    embeddings = tf.constant(embeddings)
+    variables = list(loss.trainable_variables)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(labels, embeddings):
+        with tf.GradientTape() as tape:
+            tape.watch(embeddings)
+            value = loss(labels, embeddings)
+        return value, tape.gradient(value, [embeddings] + variables)
+
+    def run():
+        value, grads = step(labels, embeddings)
+        return float(value.numpy()), grads[0].numpy()
+    return run
+
+
+def bench_ported(name, batch_size, dim, repeats):
+    make_tfdml, peer_name, make_peer, weight_name, transposed = PORTED[name]
+    labels, embeddings = make_batch(batch_size, dim)
+    num_classes = int(labels.max()) + 1
+    loss, xla_loss, peer_loss = make_tfdml(num_classes, dim), make_tfdml(num_classes, dim), make_peer(num_classes, dim)
+    if weight_name is not None:  # the same proxies everywhere, so the values agree
+        proxies = loss.proxies.numpy()
+        xla_loss.proxies.assign(proxies)
+        with torch.no_grad():
+            getattr(peer_loss, weight_name).copy_(torch.from_numpy(proxies.T if transposed else proxies))
+    eager = ported_tfdml_runner(loss, labels, embeddings, jit_compile=False)
+    xla = ported_tfdml_runner(xla_loss, labels, embeddings, jit_compile=True)
+    peer = pml_runner(peer_loss, labels, embeddings)
+    tfdml_ms, tfdml_median = time_call(eager, repeats)
+    tfdml_xla_ms, tfdml_xla_median = time_call(xla, repeats)
+    peer_ms, peer_median = time_call(peer, max(5, repeats // 2))
+    return {
+        "loss": name, "B": batch_size, "D": dim, "num_classes": num_classes,
+        "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
+        "peer": "pytorch-metric-learning " + peer_name, "peer_ms": round(peer_ms, 3),
+        "speedup": round(peer_ms / min(tfdml_ms, tfdml_xla_ms), 2),
+        "tfdml_median_ms": round(tfdml_median, 3), "tfdml_xla_median_ms": round(tfdml_xla_median, 3),
+        "peer_median_ms": round(peer_median, 3),
+        "speedup_median": round(peer_median / min(tfdml_median, tfdml_xla_median), 2),
+        "tfdml_value": eager()[0], "peer_value": peer()[0],
+        "threads": THREADS, "load_avg_1min": round(os.getloadavg()[0], 2),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="B in {60, 180}, D = 64, few repeats")
-    parser.add_argument("--losses", default=",".join(LOSSES), help=f"comma-separated subset of {list(LOSSES)}")
+    choices = list(LOSSES) + list(PORTED)
+    parser.add_argument("--losses", default=",".join(choices), help=f"comma-separated subset of {choices}")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per configuration (tfdml)")
     parser.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default 60,180,1024)")
     parser.add_argument("--dims", default=None, help="comma-separated embedding sizes (default 64,512)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both TensorFlow and torch (2)")
     args = parser.parse_args()
     names = [n.strip() for n in args.losses.split(",") if n.strip()]
-    unknown = [n for n in names if n not in LOSSES]
+    unknown = [n for n in names if n not in choices]
     if unknown:
-        parser.error(f"unknown losses {unknown}; choose from {list(LOSSES)}")
+        parser.error(f"unknown losses {unknown}; choose from {choices}")
     batch_sizes = [60, 180] if args.quick else [60, 180, 1024]
     dims = [64] if args.quick else [64, 512]
     if args.batch_sizes:
@@ -196,7 +277,8 @@ def main():
     for name in names:
         for batch_size in batch_sizes:
             for dim in dims:
-                print(json.dumps(bench(name, batch_size, dim, repeats)), flush=True)
+                run = bench_ported if name in PORTED else bench
+                print(json.dumps(run(name, batch_size, dim, repeats)), flush=True)
 
 
 if __name__ == "__main__":
