@@ -36,6 +36,17 @@ LOSSES = {
     "margin": "MarginLoss",
     "contrastive": "ContrastiveLoss",
     "group": "GroupLoss",
+    "multi_similarity": "MultiSimilarityLoss",
+    "circle": "CircleLoss",
+    "lifted_structure": "LiftedStructureLoss",
+    "n_pairs": "NPairsLoss",
+    "supcon": "SupConLoss",
+    "ntxent": "NTXentLoss",
+    "proxy_anchor": "ProxyAnchorLoss",
+    "proxy_nca": "ProxyNCALoss",
+    "normalized_softmax": "NormalizedSoftmaxLoss",
+    "arcface": "ArcFaceLoss",
+    "cosface": "CosFaceLoss",
 }
 
 
