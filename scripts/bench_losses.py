@@ -156,21 +156,7 @@ def bench(name, batch_size, dim, repeats):
     eager = tfdml_runner(loss, labels, embeddings, jit_compile=False)
     xla = tfdml_runner(make_tfdml(), labels, embeddings, jit_compile=True)
     peer = pml_runner(make_peer(), labels, embeddings)
-    tfdml_ms, tfdml_median = time_call(eager, repeats)
-    tfdml_xla_ms, tfdml_xla_median = time_call(xla, repeats)
-    peer_ms, peer_median = time_call(peer, max(5, repeats // 2))
-    return {
-        "loss": name, "B": batch_size, "D": dim,
-        "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
-        "peer": "pytorch-metric-learning " + peer_name, "peer_ms": round(peer_ms, 3),
-        "speedup": round(peer_ms / min(tfdml_ms, tfdml_xla_ms), 2),
-        "tfdml_median_ms": round(tfdml_median, 3), "tfdml_xla_median_ms": round(tfdml_xla_median, 3),
-        "peer_median_ms": round(peer_median, 3),
-        "speedup_median": round(peer_median / min(tfdml_median, tfdml_xla_median), 2),
-        "tfdml_value": eager()[0], "peer_value": peer()[0],
-        "threads": THREADS,
-        "load_avg_1min": round(os.getloadavg()[0], 2),  # other processes on the machine skew all timings
-    }
+    return timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name)
 
 
 # ------------------------------------------- losses ported from pytorch-metric-learning (MS, Circle, proxies ...)
@@ -237,11 +223,16 @@ def bench_ported(name, batch_size, dim, repeats):
     eager = ported_tfdml_runner(loss, labels, embeddings, jit_compile=False)
     xla = ported_tfdml_runner(xla_loss, labels, embeddings, jit_compile=True)
     peer = pml_runner(peer_loss, labels, embeddings)
+    return timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name, num_classes=num_classes)
+
+
+def timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name, **extra):
+    """Times the three runners and returns the JSON record described in the module docstring."""
     tfdml_ms, tfdml_median = time_call(eager, repeats)
     tfdml_xla_ms, tfdml_xla_median = time_call(xla, repeats)
     peer_ms, peer_median = time_call(peer, max(5, repeats // 2))
     return {
-        "loss": name, "B": batch_size, "D": dim, "num_classes": num_classes,
+        "loss": name, "B": batch_size, "D": dim, **extra,
         "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
         "peer": "pytorch-metric-learning " + peer_name, "peer_ms": round(peer_ms, 3),
         "speedup": round(peer_ms / min(tfdml_ms, tfdml_xla_ms), 2),
@@ -249,7 +240,8 @@ def bench_ported(name, batch_size, dim, repeats):
         "peer_median_ms": round(peer_median, 3),
         "speedup_median": round(peer_median / min(tfdml_median, tfdml_xla_median), 2),
         "tfdml_value": eager()[0], "peer_value": peer()[0],
-        "threads": THREADS, "load_avg_1min": round(os.getloadavg()[0], 2),
+        "threads": THREADS,
+        "load_avg_1min": round(os.getloadavg()[0], 2),  # other processes on the machine skew all timings
     }
 
 

@@ -109,10 +109,22 @@ def ntxent_loss(labels, embeddings, temperature=0.07):
     return _ntxent_loss(labels, embeddings, temperature)
 
 
-def _check_temperature(temperature):
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}.")
-    return float(temperature)
+class _TemperatureLoss(MetricLoss):
+    """A loss with one hyper-parameter, a softmax temperature; subclasses set `loss_fn`."""
+
+    def __init__(self, temperature, name, **kwargs):
+        super().__init__(name=name, **kwargs)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        self.temperature = float(temperature)
+
+    def compute(self, labels, embeddings):
+        return type(self).loss_fn(labels, embeddings, self.temperature)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(temperature=self.temperature)
+        return config
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -139,7 +151,7 @@ class NPairsLoss(MetricLoss):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class SupConLoss(MetricLoss):
+class SupConLoss(_TemperatureLoss):
     """Supervised contrastive loss (Khosla et al. 2020), as PML's `SupConLoss(temperature)`.
 
     `l_i = -1/|P_i| sum_{j in P_i} log(exp(S_ij / t) / sum_{k != i} exp(S_ik / t))`, `L` = mean of the non-zero
@@ -150,21 +162,14 @@ class SupConLoss(MetricLoss):
         name: loss name.
     """
 
+    loss_fn = staticmethod(_supcon_loss)
+
     def __init__(self, temperature=0.1, name="supcon_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.temperature = _check_temperature(temperature)
-
-    def compute(self, labels, embeddings):
-        return _supcon_loss(labels, embeddings, self.temperature)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(temperature=self.temperature)
-        return config
+        super().__init__(temperature, name=name, **kwargs)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class NTXentLoss(MetricLoss):
+class NTXentLoss(_TemperatureLoss):
     """NT-Xent / InfoNCE (SimCLR) with class labels, as PML's `NTXentLoss(temperature)`.
 
     `l_ij = -log(exp(S_ij / t) / (exp(S_ij / t) + sum_{k in N_i} exp(S_ik / t)))` for every positive pair,
@@ -175,14 +180,7 @@ class NTXentLoss(MetricLoss):
         name: loss name.
     """
 
+    loss_fn = staticmethod(_ntxent_loss)
+
     def __init__(self, temperature=0.07, name="ntxent_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.temperature = _check_temperature(temperature)
-
-    def compute(self, labels, embeddings):
-        return _ntxent_loss(labels, embeddings, self.temperature)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(temperature=self.temperature)
-        return config
+        super().__init__(temperature, name=name, **kwargs)
