@@ -191,6 +191,16 @@ PORTED = {
 }
 
 
+def _pml_lifted_structure_elements(labels):
+    """PML's LiftedStructureLoss builds a [positive pairs, negative pairs] matrix (several, float and bool)."""
+    same = labels[:, None] == labels[None, :]
+    return int(same.sum() - len(labels)) * int((~same).sum())
+
+
+# PML runs skipped above this many elements in one matrix (2e8 float32 = 0.8 GB, and PML holds several).
+PEER_ELEMENT_LIMIT = 2 * 10**8
+
+
 def ported_tfdml_runner(loss, labels, embeddings, jit_compile):
     """Like `tfdml_runner`, with the gradient of the proxies as well for losses that own them."""
     labels = tf.constant(labels)
@@ -222,6 +232,13 @@ def bench_ported(name, batch_size, dim, repeats):
             getattr(peer_loss, weight_name).copy_(torch.from_numpy(proxies.T if transposed else proxies))
     eager = ported_tfdml_runner(loss, labels, embeddings, jit_compile=False)
     xla = ported_tfdml_runner(xla_loss, labels, embeddings, jit_compile=True)
+    if name == "lifted_structure" and _pml_lifted_structure_elements(labels) > PEER_ELEMENT_LIMIT:
+        elements = _pml_lifted_structure_elements(labels)
+        tfdml_ms, _ = time_call(eager, repeats)
+        tfdml_xla_ms, _ = time_call(xla, repeats)
+        return {"loss": name, "B": batch_size, "D": dim, "tfdml_ms": round(tfdml_ms, 3),
+                "tfdml_xla_ms": round(tfdml_xla_ms, 3), "peer_ms": None,
+                "skipped_peer": f"PML would build a {elements:.2e}-element [positive pairs, negative pairs] matrix"}
     peer = pml_runner(peer_loss, labels, embeddings)
     return timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name, num_classes=num_classes)
 
