@@ -177,11 +177,101 @@ def bench(name, batch_size, dim, repeats):
     eager = tfdml_runner(loss, labels, embeddings, jit_compile=False)
     xla = tfdml_runner(make_tfdml(), labels, embeddings, jit_compile=True)
     peer = pml_runner(make_peer(), labels, embeddings)
+    return timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name)
+
+
+# ------------------------------------------- losses ported from pytorch-metric-learning (MS, Circle, proxies ...)
+# name -> (tfdml factory(num_classes, dim), PML description, PML factory(num_classes, dim), PML weight attribute
+# holding the proxies or None, whether PML stores them transposed ([D, C])). Proxy losses compare the gradient
+# with respect to the embeddings *and* the proxies (PML's backward computes both).
+PORTED = {
+    "multi_similarity": (lambda c, d: tfdml_losses.MultiSimilarityLoss(mining_epsilon=0.1),
+                         "MultiSimilarityLoss() + MultiSimilarityMiner(0.1)",
+                         lambda c, d: _pml_with_miner(pml_losses.MultiSimilarityLoss(),
+                                                      pml_miners.MultiSimilarityMiner(0.1)), None, False),
+    "circle": (lambda c, d: tfdml_losses.CircleLoss(), "CircleLoss(m=0.4, gamma=80)",
+               lambda c, d: pml_losses.CircleLoss(), None, False),
+    "lifted_structure": (lambda c, d: tfdml_losses.LiftedStructureLoss(), "LiftedStructureLoss(1, 0)",
+                         lambda c, d: pml_losses.LiftedStructureLoss(), None, False),
+    "n_pairs": (lambda c, d: tfdml_losses.NPairsLoss(), "NPairsLoss()", lambda c, d: pml_losses.NPairsLoss(),
+                None, False),
+    "supcon": (lambda c, d: tfdml_losses.SupConLoss(), "SupConLoss(0.1)", lambda c, d: pml_losses.SupConLoss(),
+               None, False),
+    "ntxent": (lambda c, d: tfdml_losses.NTXentLoss(), "NTXentLoss(0.07)", lambda c, d: pml_losses.NTXentLoss(),
+               None, False),
+    "proxy_anchor": (lambda c, d: tfdml_losses.ProxyAnchorLoss(c, d), "ProxyAnchorLoss(margin=0.1, alpha=32)",
+                     lambda c, d: pml_losses.ProxyAnchorLoss(c, d), "proxies", False),
+    "proxy_nca": (lambda c, d: tfdml_losses.ProxyNCALoss(c, d), "ProxyNCALoss(softmax_scale=1)",
+                  lambda c, d: pml_losses.ProxyNCALoss(c, d), "proxies", False),
+    "normalized_softmax": (lambda c, d: tfdml_losses.NormalizedSoftmaxLoss(c, d), "NormalizedSoftmaxLoss(0.05)",
+                           lambda c, d: pml_losses.NormalizedSoftmaxLoss(c, d), "W", True),
+    "arcface": (lambda c, d: tfdml_losses.ArcFaceLoss(c, d), "ArcFaceLoss(28.6, 64)",
+                lambda c, d: pml_losses.ArcFaceLoss(c, d), "W", True),
+    "cosface": (lambda c, d: tfdml_losses.CosFaceLoss(c, d), "CosFaceLoss(0.35, 64)",
+                lambda c, d: pml_losses.CosFaceLoss(c, d), "W", True),
+}
+
+
+def _pml_pair_matrix_elements(labels):
+    """PML's LiftedStructureLoss and NTXentLoss build [positive pairs, negative pairs] matrices (several, float
+    and bool): 3.2e9 elements at B = 1024 with 4 samples per class, beyond this machine's memory."""
+    same = labels[:, None] == labels[None, :]
+    return int(same.sum() - len(labels)) * int((~same).sum())
+
+
+# PML runs skipped above this many elements in one matrix (2e8 float32 = 0.8 GB, and PML holds several).
+PEER_ELEMENT_LIMIT = 2 * 10**8
+
+
+def ported_tfdml_runner(loss, labels, embeddings, jit_compile):
+    """Like `tfdml_runner`, with the gradient of the proxies as well for losses that own them."""
+    labels = tf.constant(labels)
+    embeddings = tf.constant(embeddings)
+    variables = list(loss.trainable_variables)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(labels, embeddings):
+        with tf.GradientTape() as tape:
+            tape.watch(embeddings)
+            value = loss(labels, embeddings)
+        return value, tape.gradient(value, [embeddings] + variables)
+
+    def run():
+        value, grads = step(labels, embeddings)
+        return float(value.numpy()), grads[0].numpy()
+    return run
+
+
+def bench_ported(name, batch_size, dim, repeats):
+    make_tfdml, peer_name, make_peer, weight_name, transposed = PORTED[name]
+    labels, embeddings = make_batch(batch_size, dim)
+    num_classes = int(labels.max()) + 1
+    loss, xla_loss, peer_loss = make_tfdml(num_classes, dim), make_tfdml(num_classes, dim), make_peer(num_classes, dim)
+    if weight_name is not None:  # the same proxies everywhere, so the values agree
+        proxies = loss.proxies.numpy()
+        xla_loss.proxies.assign(proxies)
+        with torch.no_grad():
+            getattr(peer_loss, weight_name).copy_(torch.from_numpy(proxies.T if transposed else proxies))
+    eager = ported_tfdml_runner(loss, labels, embeddings, jit_compile=False)
+    xla = ported_tfdml_runner(xla_loss, labels, embeddings, jit_compile=True)
+    if name in ("lifted_structure", "ntxent") and _pml_pair_matrix_elements(labels) > PEER_ELEMENT_LIMIT:
+        elements = _pml_pair_matrix_elements(labels)
+        tfdml_ms = time_call(eager, repeats)[0]
+        tfdml_xla_ms = time_call(xla, repeats)[0]
+        return {"loss": name, "B": batch_size, "D": dim, "tfdml_ms": round(tfdml_ms, 3),
+                "tfdml_xla_ms": round(tfdml_xla_ms, 3), "peer_ms": None,
+                "skipped_peer": f"PML would build a {elements:.2e}-element [positive pairs, negative pairs] matrix"}
+    peer = pml_runner(peer_loss, labels, embeddings)
+    return timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name, num_classes=num_classes)
+
+
+def timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name, **extra):
+    """Times the three runners and returns the JSON record described in the module docstring."""
     tfdml_ms, tfdml_median, tfdml_cpu = time_call(eager, repeats)
     tfdml_xla_ms, tfdml_xla_median, tfdml_xla_cpu = time_call(xla, repeats)
     peer_ms, peer_median, peer_cpu = time_call(peer, max(5, repeats // 2))
     return {
-        "loss": name, "B": batch_size, "D": dim,
+        "loss": name, "B": batch_size, "D": dim, **extra,
         "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
         "peer": "pytorch-metric-learning " + peer_name, "peer_ms": round(peer_ms, 3),
         "speedup": round(peer_ms / min(tfdml_ms, tfdml_xla_ms), 2),
@@ -199,16 +289,17 @@ def bench(name, batch_size, dim, repeats):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="B in {60, 180}, D = 64, few repeats")
-    parser.add_argument("--losses", default=",".join(LOSSES), help=f"comma-separated subset of {list(LOSSES)}")
+    choices = list(LOSSES) + list(PORTED)
+    parser.add_argument("--losses", default=",".join(choices), help=f"comma-separated subset of {choices}")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per configuration (tfdml)")
     parser.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default 60,180,1024)")
     parser.add_argument("--dims", default=None, help="comma-separated embedding sizes (default 64,512)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both TensorFlow and torch (2)")
     args = parser.parse_args()
     names = [n.strip() for n in args.losses.split(",") if n.strip()]
-    unknown = [n for n in names if n not in LOSSES]
+    unknown = [n for n in names if n not in choices]
     if unknown:
-        parser.error(f"unknown losses {unknown}; choose from {list(LOSSES)}")
+        parser.error(f"unknown losses {unknown}; choose from {choices}")
     batch_sizes = [60, 180] if args.quick else [60, 180, 1024]
     dims = [64] if args.quick else [64, 512]
     if args.batch_sizes:
@@ -219,7 +310,8 @@ def main():
     for name in names:
         for batch_size in batch_sizes:
             for dim in dims:
-                print(json.dumps(bench(name, batch_size, dim, repeats)), flush=True)
+                run = bench_ported if name in PORTED else bench
+                print(json.dumps(run(name, batch_size, dim, repeats)), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,17 @@ LOSSES = {
     "margin": "MarginLoss",
     "contrastive": "ContrastiveLoss",
     "group": "GroupLoss",
+    "multi_similarity": "MultiSimilarityLoss",
+    "circle": "CircleLoss",
+    "lifted_structure": "LiftedStructureLoss",
+    "n_pairs": "NPairsLoss",
+    "supcon": "SupConLoss",
+    "ntxent": "NTXentLoss",
+    "proxy_anchor": "ProxyAnchorLoss",
+    "proxy_nca": "ProxyNCALoss",
+    "normalized_softmax": "NormalizedSoftmaxLoss",
+    "arcface": "ArcFaceLoss",
+    "cosface": "CosFaceLoss",
 }
 # Losses DML-ALA weights per tuple (`tfdml.models.ALAModel` base losses).
 ALA_LOSSES = ("triplet", "margin", "contrastive")

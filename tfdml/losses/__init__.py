@@ -13,3 +13,29 @@ from tfdml.losses.triplet import (
 from tfdml.losses.contrastive import ContrastiveLoss, contrastive_loss
 from tfdml.losses.margin import MarginLoss, margin_loss, margin_loss_for_triplets
 from tfdml.losses.group import GroupLoss, group_loss
+from tfdml.losses.pair_based import (
+    CircleLoss,
+    LiftedStructureLoss,
+    MultiSimilarityLoss,
+    circle_loss,
+    lifted_structure_loss,
+    multi_similarity_loss,
+    multi_similarity_mining,
+)
+from tfdml.losses.softmax_contrastive import (
+    NPairsLoss,
+    NTXentLoss,
+    SupConLoss,
+    n_pairs_loss,
+    ntxent_loss,
+    supcon_loss,
+)
+from tfdml.losses.proxies import ProxyAnchorLoss, ProxyLoss, ProxyNCALoss, proxy_anchor_loss, proxy_nca_loss
+from tfdml.losses.classifier import (
+    ArcFaceLoss,
+    CosFaceLoss,
+    NormalizedSoftmaxLoss,
+    arcface_loss,
+    cosface_loss,
+    normalized_softmax_loss,
+)

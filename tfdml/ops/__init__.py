@@ -6,6 +6,8 @@ from tfdml.ops.distances import (
     pairwise_distance,
     pairwise_squared_distance,
     pairwise_pearson_similarity,
+    pairwise_cosine_similarity,
+    l2_normalize,
     safe_sqrt,
 )
 from tfdml.ops.masks import (
@@ -21,6 +23,7 @@ from tfdml.ops.reductions import (
     masked_mean,
     safe_divide,
     mean_of_positive,
+    masked_logsumexp,
 )
 from tfdml.ops.neighbours import (
     exact_search,
@@ -49,6 +52,8 @@ __all__ = [
     "pairwise_angular_distance",
     "pairwise_squared_distance",
     "pairwise_pearson_similarity",
+    "pairwise_cosine_similarity",
+    "l2_normalize",
     "safe_sqrt",
     "same_label_mask",
     "positive_mask",
@@ -60,6 +65,7 @@ __all__ = [
     "masked_mean",
     "safe_divide",
     "mean_of_positive",
+    "masked_logsumexp",
     "triplet_indices",
     "triplet_distances",
     "pair_indices_with_targets",

@@ -89,6 +89,26 @@ def pairwise_distance(embeddings, gallery=None, squared=False):
     return query_gallery(embeddings, gallery)
 
 
+def l2_normalize(embeddings, epsilon=1e-12):
+    """Rows scaled to unit L2 norm; a zero row stays zero (its norm is clamped at `sqrt(epsilon)`), with a finite
+    gradient. Same as `tf.math.l2_normalize(x, axis=1)`; pytorch-metric-learning's `F.normalize` clamps the
+    norm at 1e-12 instead, which only differs for rows of norm below 1e-6."""
+    embeddings = tf.convert_to_tensor(embeddings)
+    sq_norm = tf.reduce_sum(tf.square(embeddings), axis=1, keepdims=True)
+    return embeddings * tf.math.rsqrt(tf.maximum(sq_norm, tf.cast(epsilon, embeddings.dtype)))
+
+
+def pairwise_cosine_similarity(embeddings, gallery=None, epsilon=1e-12):
+    """Cosine similarity `<f_i, g_j> / (||f_i|| ||g_j||)` of L2-normalised rows (`l2_normalize`): `[B, G]`.
+
+    A zero row has similarity 0 with everything. Without a gallery the rows are compared with themselves
+    (the diagonal is 1 for non-zero rows). pytorch-metric-learning's `CosineSimilarity` computes the same.
+    """
+    unit = l2_normalize(embeddings, epsilon)
+    other = unit if gallery is None else l2_normalize(tf.cast(gallery, unit.dtype), epsilon)
+    return tf.matmul(unit, other, transpose_b=True)
+
+
 def pairwise_pearson_similarity(embeddings, epsilon=1e-12):
     """Pearson correlation between rows: each row centred over its features, then cosine similarity.
 

@@ -55,3 +55,25 @@ def mean_of_positive(values):
     """Mean of the strictly positive entries (the "active" terms of a hinge loss); 0 when none is."""
     values = tf.convert_to_tensor(values)
     return masked_mean(values, values > 0)
+
+
+def masked_logsumexp(values, mask, axis=-1, add_one=False, keepdims=False):
+    """`log(sum_{mask} exp(values))` along `axis` (with `add_one`: `log(1 + sum ...)`), 0 where `mask` has no
+    true entry (pytorch-metric-learning's `logsumexp(x, keep_mask, add_one)`).
+
+    The largest masked entry is subtracted before `exp`, so scales such as `exp(80 * x)` cannot overflow, and
+    entries outside the mask never reach `exp` (no inf * 0 in the gradient).
+    """
+    values = tf.convert_to_tensor(values)
+    mask = tf.cast(mask, tf.bool)
+    any_entry = tf.reduce_any(mask, axis=axis, keepdims=True)
+    shift = tf.stop_gradient(masked_max(values, mask, axis=axis, keepdims=True))
+    if add_one:
+        shift = tf.maximum(shift, tf.zeros_like(shift))
+    exp = tf.where(mask, tf.exp(tf.where(mask, values - shift, tf.zeros_like(values))), tf.zeros_like(values))
+    total = tf.reduce_sum(exp, axis=axis, keepdims=True)
+    if add_one:
+        total = total + tf.exp(-shift)
+    result = tf.where(any_entry, shift + tf.math.log(tf.where(any_entry, total, tf.ones_like(total))),
+                      tf.zeros_like(total))
+    return result if keepdims else tf.squeeze(result, axis=axis)

@@ -1,0 +1,246 @@
+"""Pair-weighting losses on cosine similarities or distances of all pairs of a batch, with
+pytorch-metric-learning's (PML 2.9) default semantics: Multi-Similarity (Wang et al. 2019), Circle (Sun et al.
+2020) and Lifted Structure (Oh Song et al. 2016).
+
+With `S` the `[B, B]` cosine similarity matrix, `P_i` the positives of anchor `i` (same class, `j != i`) and
+`N_i` its negatives:
+
+    multi-similarity  l_i = 1/alpha log(1 + sum_{P_i} exp(-alpha (S_ij - base)))
+                          + 1/beta  log(1 + sum_{N_i} exp( beta (S_ij - base))),      L = mean_i l_i
+    circle            l_i = softplus(logsumexp_{P_i} -gamma a_ij (S_ij - 1 + m)
+                                     + logsumexp_{N_i}  gamma a_ij (S_ij - m)),
+                      a_ij = [1 + m - S_ij]+ (positives), [S_ij + m]+ (negatives), as constants;
+                      L = mean of l_i over the anchors with both positives and negatives
+    lifted structure  J_ij = log(sum_{N_i} exp(neg_margin - D_ik) + sum_{N_j} exp(neg_margin - D_jl))
+                             + D_ij - pos_margin,   L = mean over positive pairs of [J_ij]+^2 / 2
+
+(`D` the Euclidean distance of L2-normalised embeddings). Each is O(B^2) in memory: the lifted structure's
+sum over the negatives of both ends is a per-row logsumexp combined pairwise.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdml.losses.base import MetricLoss
+from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, masked_max, masked_min, mean_of_positive,
+                       negative_mask, pairwise_cosine_similarity, pairwise_distance, positive_mask,
+                       validate_inputs)
+
+
+def multi_similarity_mining(similarity, positives, negatives, epsilon=0.1):
+    """The Multi-Similarity paper's pair mining (PML's `MultiSimilarityMiner(epsilon)`), as two `[B, B]` masks.
+
+    A positive pair `(i, j)` is kept when `S_ij - epsilon < max_{k in N_i} S_ik` (harder than the hardest
+    negative plus epsilon), a negative pair `(i, k)` when `S_ik + epsilon > min_{j in P_i} S_ij`. An anchor
+    without positives or without negatives keeps no pair. The masks carry no gradient.
+    """
+    similarity = tf.stop_gradient(similarity)
+    epsilon = as_scalar(epsilon, similarity.dtype)
+    has_pos = tf.reduce_any(positives, axis=1, keepdims=True)
+    has_neg = tf.reduce_any(negatives, axis=1, keepdims=True)
+    hardest_neg = masked_max(similarity, negatives, axis=1, keepdims=True)
+    hardest_pos = masked_min(similarity, positives, axis=1, keepdims=True)
+    mined_pos = positives & has_neg & (similarity - epsilon < hardest_neg)
+    mined_neg = negatives & has_pos & (similarity + epsilon > hardest_pos)
+    return mined_pos, mined_neg
+
+
+def _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon):
+    sim = pairwise_cosine_similarity(embeddings)
+    dtype = sim.dtype
+    positives, negatives = positive_mask(labels), negative_mask(labels)
+    if mining_epsilon is not None:
+        positives, negatives = multi_similarity_mining(sim, positives, negatives, mining_epsilon)
+    alpha, beta, base = (as_scalar(v, dtype) for v in (alpha, beta, base))
+    pos_term = masked_logsumexp(-alpha * (sim - base), positives, axis=1, add_one=True) / alpha
+    neg_term = masked_logsumexp(beta * (sim - base), negatives, axis=1, add_one=True) / beta
+    return tf.reduce_mean(pos_term + neg_term)
+
+
+def multi_similarity_loss(labels, embeddings, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1):
+    """Multi-Similarity loss (Wang et al. 2019) on cosine similarities; see the module docstring.
+
+    Args:
+        labels: integer class ids `[B]`.
+        embeddings: float `[B, D]` (L2-normalised inside, as PML's `CosineSimilarity`).
+        alpha, beta: scales of the positive and negative terms (2, 50).
+        base: similarity margin `lambda` (0.5).
+        mining_epsilon: the paper's pair mining with this epsilon (0.1, PML's `MultiSimilarityMiner`);
+            `None` uses every pair (PML's `MultiSimilarityLoss` without a miner).
+
+    Returns:
+        Scalar loss: the mean over all anchors (PML's `MeanReducer`).
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon)
+
+
+def _circle_loss(labels, embeddings, m, gamma):
+    sim = pairwise_cosine_similarity(embeddings)
+    dtype = sim.dtype
+    positives, negatives = positive_mask(labels), negative_mask(labels)
+    m, gamma = as_scalar(m, dtype), as_scalar(gamma, dtype)
+    const = tf.stop_gradient(sim)
+    # Self-paced weights a_ij are constants (the paper and PML detach them).
+    pos_logits = -gamma * tf.nn.relu(1.0 + m - const) * (sim - (1.0 - m))
+    neg_logits = gamma * tf.nn.relu(const + m) * (sim - m)
+    per_anchor = tf.nn.softplus(masked_logsumexp(pos_logits, positives, axis=1)
+                                + masked_logsumexp(neg_logits, negatives, axis=1))
+    complete = tf.reduce_any(positives, axis=1) & tf.reduce_any(negatives, axis=1)
+    # PML's AvgNonZeroReducer: the mean over the anchors whose loss is > 0.
+    return mean_of_positive(tf.where(complete, per_anchor, tf.zeros_like(per_anchor)))
+
+
+def circle_loss(labels, embeddings, m=0.4, gamma=80.0):
+    """Circle loss (Sun et al. 2020) with pair labels on cosine similarities; see the module docstring.
+
+    Args:
+        m: relaxation margin (0.4; the paper's fine-grained retrieval setting, PML's default).
+        gamma: scale (80).
+
+    Returns:
+        Scalar loss: the mean over the anchors with a positive and a negative and a non-zero loss.
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _circle_loss(labels, embeddings, m, gamma)
+
+
+def _pairwise_logaddexp_of_row_sums(values, mask):
+    """`[B, B]` `log(sum_{mask_i} exp(values_i.) + sum_{mask_j} exp(values_j.))`, 0 where both rows are empty."""
+    has_any = tf.reduce_any(mask, axis=1)
+    row_lse = masked_logsumexp(values, mask, axis=1)  # 0 for an empty row, masked out below
+    very_negative = tf.fill(tf.shape(row_lse), tf.constant(row_lse.dtype.min, row_lse.dtype))
+    row_lse = tf.where(has_any, row_lse, very_negative)
+    a, b = row_lse[:, None], row_lse[None, :]
+    high = tf.maximum(a, b)
+    low = tf.minimum(a, b)
+    either = has_any[:, None] | has_any[None, :]
+    # log(e^a + e^b) = high + log(1 + e^(low - high)); an empty row's very negative value adds e^-huge = 0.
+    combined = high + tf.math.softplus(tf.where(either, low - high, tf.zeros_like(low)))
+    return tf.where(either, combined, tf.zeros_like(combined))
+
+
+def _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin):
+    dist = pairwise_distance(l2_normalize(embeddings))
+    dtype = dist.dtype
+    positives, negatives = positive_mask(labels), negative_mask(labels)
+    neg_part = _pairwise_logaddexp_of_row_sums(as_scalar(neg_margin, dtype) - dist, negatives)
+    per_pair = tf.square(tf.nn.relu(neg_part + dist - as_scalar(pos_margin, dtype))) / 2.0
+    positives_f = tf.cast(positives, dtype)
+    num_pairs = tf.reduce_sum(positives_f)
+    # PML computes nothing (loss 0) for a batch without a positive or without a negative pair.
+    has_negative = tf.cast(tf.reduce_any(negatives), dtype)
+    return has_negative * tf.math.divide_no_nan(tf.reduce_sum(per_pair * positives_f), num_pairs)
+
+
+def lifted_structure_loss(labels, embeddings, neg_margin=1.0, pos_margin=0.0):
+    """Lifted Structure loss (Oh Song et al. 2016) on Euclidean distances of L2-normalised embeddings
+    (PML's default `LpDistance`, which normalises); see the module docstring.
+
+    Args:
+        neg_margin: `alpha` of the paper, the margin of the negative terms (1).
+        pos_margin: subtracted from the positive distance (0).
+
+    Returns:
+        Scalar loss: the mean of `[J_ij]+^2 / 2` over the (ordered) positive pairs, which equals the paper's
+        `1 / (2|P|) sum_{(i,j) in P} [J_ij]+^2` over unordered pairs.
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin)
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class MultiSimilarityLoss(MetricLoss):
+    """Multi-Similarity loss (Wang et al. 2019) with the paper's pair mining, as PML's
+    `MultiSimilarityLoss(alpha, beta, base)` fed by `MultiSimilarityMiner(epsilon=mining_epsilon)`.
+
+    `l_i = 1/alpha log(1 + sum_{P_i} exp(-alpha (S_ij - base))) + 1/beta log(1 + sum_{N_i} exp(beta (S_ij - base)))`
+    over the mined pairs, `L = mean_i l_i` (cosine similarities `S`).
+
+    Args:
+        alpha: positive scale (2).
+        beta: negative scale (50).
+        base: similarity margin (0.5).
+        mining_epsilon: epsilon of the pair mining (0.1); `None` for every pair (no miner).
+        name: loss name.
+
+    Example:
+        >>> model.compile(optimizer="adam", loss=MultiSimilarityLoss())
+    """
+
+    def __init__(self, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1, name="multi_similarity_loss",
+                 **kwargs):
+        super().__init__(name=name, **kwargs)
+        if alpha <= 0 or beta <= 0:
+            raise ValueError(f"alpha and beta must be > 0, got {alpha} and {beta}.")
+        if mining_epsilon is not None and mining_epsilon < 0:
+            raise ValueError(f"mining_epsilon must be >= 0 or None, got {mining_epsilon}.")
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.base = float(base)
+        self.mining_epsilon = None if mining_epsilon is None else float(mining_epsilon)
+
+    def compute(self, labels, embeddings):
+        return _multi_similarity_loss(labels, embeddings, self.alpha, self.beta, self.base, self.mining_epsilon)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(alpha=self.alpha, beta=self.beta, base=self.base, mining_epsilon=self.mining_epsilon)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class CircleLoss(MetricLoss):
+    """Circle loss (Sun et al. 2020) with pair labels, as PML's `CircleLoss(m, gamma)`.
+
+    `l_i = softplus(logsumexp_{P_i} -gamma a_ij (S_ij - 1 + m) + logsumexp_{N_i} gamma a_ij (S_ij - m))` with
+    constant weights `a_ij = [1 + m - S_ij]+` (positives), `[S_ij + m]+` (negatives); `L` = mean over the
+    anchors that have positives and negatives (cosine similarities `S`).
+
+    Args:
+        m: relaxation margin (0.4).
+        gamma: scale (80).
+        name: loss name.
+    """
+
+    def __init__(self, m=0.4, gamma=80.0, name="circle_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if gamma <= 0:
+            raise ValueError(f"gamma must be > 0, got {gamma}.")
+        self.m = float(m)
+        self.gamma = float(gamma)
+
+    def compute(self, labels, embeddings):
+        return _circle_loss(labels, embeddings, self.m, self.gamma)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(m=self.m, gamma=self.gamma)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class LiftedStructureLoss(MetricLoss):
+    """Lifted Structure loss (Oh Song et al. 2016), as PML's `LiftedStructureLoss(neg_margin, pos_margin)`.
+
+    `J_ij = log(sum_{N_i} exp(neg_margin - D_ik) + sum_{N_j} exp(neg_margin - D_jl)) + D_ij - pos_margin`,
+    `L = mean over positive pairs of [J_ij]+^2 / 2` (Euclidean distances `D` of L2-normalised embeddings).
+
+    Args:
+        neg_margin: negative margin (1).
+        pos_margin: positive margin (0).
+        name: loss name.
+    """
+
+    def __init__(self, neg_margin=1.0, pos_margin=0.0, name="lifted_structure_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.neg_margin = float(neg_margin)
+        self.pos_margin = float(pos_margin)
+
+    def compute(self, labels, embeddings):
+        return _lifted_structure_loss(labels, embeddings, self.neg_margin, self.pos_margin)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(neg_margin=self.neg_margin, pos_margin=self.pos_margin)
+        return config

@@ -1,0 +1,234 @@
+"""Proxy-based losses: Proxy-Anchor (Kim et al. 2020) and ProxyNCA (Movshovitz-Attias et al. 2017), with
+pytorch-metric-learning's (PML 2.9) default semantics, and `ProxyLoss`, the base class of every loss that owns a
+trainable `[num_classes, embedding_dim]` matrix of proxies (also the classifier losses of
+`tfdml.losses.classifier`).
+
+With `s_ic` the cosine similarity of sample `i` and proxy `c`, `B_c` the samples of class `c`, `C+` the
+classes present in the batch and `C` the number of classes:
+
+    proxy-anchor  L = 1/|C+| sum_{c in C+} log(1 + sum_{i in B_c} exp(-alpha (s_ic - margin)))
+                    + 1/C    sum_c        log(1 + sum_{i not in B_c} exp(alpha (s_ic + margin)))
+    proxy-nca     l_i = -log softmax_c(-scale ||f_i - p_c||^2)[y_i]   (L2-normalised f and p),  L = mean_i l_i
+
+Training the proxies: a loss's proxies are a variable (`loss.proxies`, `loss.trainable_variables`).
+`tfdml.models.MetricModel.compile` tracks them, so `fit` trains them and `model.save` / checkpoints keep them.
+By default the model's optimizer trains them; `proxy_optimizer` gives them their own optimizer (as the margin
+loss' `beta`), and `tfdml.optimizers.learning_rate_multipliers` scales their rate relative to the network's,
+schedule included (Proxy-Anchor's recipe: proxies at 100x the backbone rate):
+
+    >>> loss = ProxyAnchorLoss(num_classes=100, embedding_dim=512)
+    >>> optimizer = learning_rate_multipliers(keras.optimizers.AdamW(1e-4), [(loss.proxies, 100.0)])
+    >>> model.compile(optimizer=optimizer, loss=loss)
+"""
+
+import copy
+import math
+
+import keras
+import tensorflow as tf
+
+from tfdml.losses.base import MetricLoss
+from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, pairwise_cosine_similarity,
+                       pairwise_squared_distance, safe_divide, validate_inputs)
+
+
+def _class_mask(labels, num_classes):
+    return tf.one_hot(labels, num_classes, on_value=True, off_value=False, dtype=tf.bool)
+
+
+def _proxy_anchor_loss(labels, embeddings, proxies, margin, alpha):
+    cos = pairwise_cosine_similarity(embeddings, proxies)  # [B, C]
+    dtype = cos.dtype
+    num_classes = tf.shape(proxies)[0]
+    positives = _class_mask(labels, num_classes)
+    margin, alpha = as_scalar(margin, dtype), as_scalar(alpha, dtype)
+    pos_term = masked_logsumexp(-alpha * (cos - margin), positives, axis=0, add_one=True)  # [C]
+    neg_term = masked_logsumexp(alpha * (cos + margin), ~positives, axis=0, add_one=True)
+    classes_present = tf.reduce_sum(tf.cast(tf.reduce_any(positives, axis=0), dtype))
+    return safe_divide(tf.reduce_sum(pos_term), classes_present) + tf.reduce_sum(neg_term) / tf.cast(
+        num_classes, dtype)
+
+
+def proxy_anchor_loss(labels, embeddings, proxies, margin=0.1, alpha=32.0):
+    """Proxy-Anchor loss (Kim et al. 2020); see the module docstring.
+
+    Args:
+        labels: integer class ids `[B]` in `[0, num_classes)`.
+        embeddings: float `[B, D]` (L2-normalised inside).
+        proxies: float `[num_classes, D]` (L2-normalised inside).
+        margin: `delta` (0.1).
+        alpha: scale (32).
+
+    Returns:
+        Scalar loss (PML's `DivisorReducer`: positive terms over the classes present, negative terms over all).
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _proxy_anchor_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), margin, alpha)
+
+
+def _proxy_nca_loss(labels, embeddings, proxies, softmax_scale):
+    sq_dist = pairwise_squared_distance(l2_normalize(embeddings), l2_normalize(proxies))
+    logits = -as_scalar(softmax_scale, sq_dist.dtype) * sq_dist
+    per_sample = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    # PML drops samples whose class probability underflows to 0 (and averages over the rest).
+    kept = tf.cast(tf.exp(-per_sample) > 0, sq_dist.dtype)
+    return safe_divide(tf.reduce_sum(per_sample * kept), tf.reduce_sum(kept))
+
+
+def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=1.0):
+    """ProxyNCA loss (Movshovitz-Attias et al. 2017) with PML's defaults: squared Euclidean distances of
+    L2-normalised embeddings and proxies, softmax over all proxies (the own class included).
+
+    Args:
+        softmax_scale: multiplies the negative squared distances before the softmax (1).
+
+    Returns:
+        Scalar loss: mean over the samples.
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _proxy_nca_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), softmax_scale)
+
+
+def _copied(spec):
+    return copy.deepcopy(spec) if isinstance(spec, dict) else spec
+
+
+class ProxyLoss(MetricLoss):
+    """Base class of the losses that own trainable proxies (one row per class).
+
+    Args:
+        num_classes: number of training classes; labels must lie in `[0, num_classes)`.
+        embedding_dim: embedding size `D`; the proxies are `[num_classes, D]`.
+        proxy_optimizer: `None` (default): the model's optimizer trains the proxies (scale their learning rate
+            with `tfdml.optimizers.learning_rate_multipliers`, selecting `loss.proxies`); else an optimizer
+            (instance, name or config) that trains the proxies alone (`variable_optimizer`), whatever trains
+            the network.
+        proxy_initializer: Keras initializer of the proxies; `None` for PML's initialisation of this loss.
+        name: loss name (also the prefix of the variable's name, `<name>_proxies`).
+
+    Subclasses define `loss_fn(labels, embeddings, proxies, **hyper_parameters)`, `hyper_parameters()` and
+    `default_initializer()`.
+    """
+
+    def __init__(self, num_classes, embedding_dim, proxy_optimizer=None, proxy_initializer=None, name=None,
+                 **kwargs):
+        super().__init__(name=name, **kwargs)
+        if int(num_classes) < 1 or int(embedding_dim) < 1:
+            raise ValueError(f"num_classes and embedding_dim must be positive integers, got {num_classes} and "
+                             f"{embedding_dim}.")
+        self.num_classes = int(num_classes)
+        self.embedding_dim = int(embedding_dim)
+        # Instances from here on: their serialisation is then the same before and after a round trip. Keras'
+        # deserialisation edits a config dict in place, hence the copies.
+        self.proxy_optimizer = None if proxy_optimizer is None else keras.optimizers.get(_copied(proxy_optimizer))
+        self.proxy_initializer = (None if proxy_initializer is None
+                                  else keras.initializers.get(_copied(proxy_initializer)))
+        self._proxies = None
+
+    def default_initializer(self):
+        return keras.initializers.RandomNormal(mean=0.0, stddev=1.0)  # PML's torch.nn.init.normal_
+
+    @property
+    def proxies(self):
+        """The `[num_classes, embedding_dim]` float32 variable, created on first use (so that a loss built
+        inside a `tf.distribute` scope gets a mirrored variable)."""
+        if self._proxies is None:
+            initializer = self.proxy_initializer or self.default_initializer()
+            self._proxies = keras.Variable(initializer, shape=(self.num_classes, self.embedding_dim),
+                                           dtype="float32", trainable=True, name=f"{self.name}_proxies")
+        return self._proxies
+
+    @property
+    def trainable_variables(self):
+        return [self.proxies]
+
+    @property
+    def variable_optimizer(self):
+        return self.proxy_optimizer
+
+    def hyper_parameters(self):
+        return {}
+
+    def compute(self, labels, embeddings):
+        dim = embeddings.shape[-1]
+        if dim is not None and dim != self.embedding_dim:
+            raise ValueError(f"{self.name}: embeddings have dimension {dim} but the proxies have "
+                             f"embedding_dim={self.embedding_dim}.")
+        checks = [
+            tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0"),
+            tf.debugging.assert_less(labels, self.num_classes, message=(
+                f"{self.name}: labels must be < num_classes={self.num_classes} (one proxy per class)")),
+        ]
+        with tf.control_dependencies(checks):
+            labels = tf.identity(labels)
+        proxies = tf.cast(self.proxies.value, embeddings.dtype)
+        return type(self).loss_fn(labels, embeddings, proxies, **self.hyper_parameters())
+
+    def get_config(self):
+        config = super().get_config()
+        optimizer = None if self.proxy_optimizer is None else keras.saving.serialize_keras_object(self.proxy_optimizer)
+        initializer = (None if self.proxy_initializer is None
+                       else keras.saving.serialize_keras_object(self.proxy_initializer))
+        config.update(num_classes=self.num_classes, embedding_dim=self.embedding_dim, proxy_optimizer=optimizer,
+                      proxy_initializer=initializer, **self.hyper_parameters())
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class ProxyAnchorLoss(ProxyLoss):
+    """Proxy-Anchor loss (Kim et al. 2020), as PML's `ProxyAnchorLoss(num_classes, embedding_size, margin, alpha)`.
+
+    `L = 1/|C+| sum_{c in C+} log(1 + sum_{i in B_c} exp(-alpha (s_ic - margin)))
+       + 1/C sum_c log(1 + sum_{i not in B_c} exp(alpha (s_ic + margin)))` (cosine similarities `s`).
+
+    Proxies start as PML's: Kaiming normal with fan-out, `N(0, 2 / num_classes)`. The paper trains them at 100x
+    the network's learning rate: see the `tfdml.losses.proxies` module docstring.
+
+    Args:
+        num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `ProxyLoss`.
+        margin: `delta` (0.1).
+        alpha: scale (32).
+
+    Example:
+        >>> loss = ProxyAnchorLoss(100, 512, proxy_optimizer=keras.optimizers.AdamW(1e-2))
+        >>> model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss)  # a tfdml.models.MetricModel
+    """
+
+    loss_fn = staticmethod(_proxy_anchor_loss)
+
+    def __init__(self, num_classes, embedding_dim, margin=0.1, alpha=32.0, name="proxy_anchor_loss", **kwargs):
+        super().__init__(num_classes, embedding_dim, name=name, **kwargs)
+        if alpha <= 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}.")
+        self.margin = float(margin)
+        self.alpha = float(alpha)
+
+    def default_initializer(self):
+        # torch.nn.init.kaiming_normal_(mode="fan_out") on PML's [num_classes, D] proxies: fan_out = num_classes.
+        return keras.initializers.RandomNormal(mean=0.0, stddev=math.sqrt(2.0 / self.num_classes))
+
+    def hyper_parameters(self):
+        return {"margin": self.margin, "alpha": self.alpha}
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class ProxyNCALoss(ProxyLoss):
+    """ProxyNCA loss (Movshovitz-Attias et al. 2017), as PML's `ProxyNCALoss(num_classes, embedding_size,
+    softmax_scale)`: `l_i = -log softmax_c(-softmax_scale ||f_i - p_c||^2)[y_i]` on L2-normalised embeddings
+    and proxies, `L = mean_i l_i`. Proxies start as PML's, `N(0, 1)`.
+
+    Args:
+        num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `ProxyLoss`.
+        softmax_scale: scale of the logits (1).
+    """
+
+    loss_fn = staticmethod(_proxy_nca_loss)
+
+    def __init__(self, num_classes, embedding_dim, softmax_scale=1.0, name="proxy_nca_loss", **kwargs):
+        super().__init__(num_classes, embedding_dim, name=name, **kwargs)
+        if softmax_scale <= 0:
+            raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}.")
+        self.softmax_scale = float(softmax_scale)
+
+    def hyper_parameters(self):
+        return {"softmax_scale": self.softmax_scale}

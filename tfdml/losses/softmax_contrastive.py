@@ -1,0 +1,196 @@
+"""Softmax (cross-entropy) losses over the pairs of a batch, with pytorch-metric-learning's (PML 2.9) default
+semantics: N-pair (Sohn 2016), supervised contrastive SupCon (Khosla et al. 2020) and NT-Xent / InfoNCE
+(Chen et al. 2020, SimCLR) with class labels.
+
+With `S` the `[B, B]` cosine similarity matrix, `P_i` the positives of anchor `i` (same class, `j != i`) and
+`N_i` its negatives:
+
+    n-pairs  one anchor per class (its first sample) and one positive (the class' second sample);
+             l_a = -log softmax_p(S_ap)[p(a)] over the chosen positives of all classes;  L = mean_a l_a
+    supcon   l_i = -1/|P_i| sum_{P_i} log(exp(S_ij / t) / sum_{k != i} exp(S_ik / t));
+             L = mean of l_i over the anchors with a non-zero loss (0 without a positive or negative pair)
+    nt-xent  l_ij = -log(exp(S_ij / t) / (exp(S_ij / t) + sum_{N_i} exp(S_ik / t)));  L = mean over (i, j) in P
+
+All are O(B^2): the per-pair softmax denominators of NT-Xent are one logsumexp per row.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdml.losses.base import MetricLoss
+from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, mean_of_positive, negative_mask, pairwise_cosine_similarity,
+                       positive_mask, safe_divide, same_label_mask, validate_inputs)
+
+
+def n_pairs_selection(labels):
+    """PML's N-pair tuples: `(anchors [B] bool, targets [B, B] bool)`.
+
+    Each class with at least two samples contributes its first sample (lowest index) as anchor and its second
+    as that anchor's positive; `targets[a, p]` marks the pair. The candidate set of every anchor is the chosen
+    positives of all classes (`tf.reduce_any(targets, axis=0)`).
+    """
+    same = same_label_mask(labels)
+    size = tf.shape(labels)[0]
+    earlier = tf.linalg.band_part(tf.ones([size, size], tf.bool), -1, 0) & ~tf.cast(tf.eye(size), tf.bool)
+    rank_in_class = tf.reduce_sum(tf.cast(same & earlier, tf.int32), axis=1)  # samples of the class before i
+    class_size = tf.reduce_sum(tf.cast(same, tf.int32), axis=1)
+    anchors = tf.equal(rank_in_class, 0) & (class_size > 1)
+    targets = same & anchors[:, None] & tf.equal(rank_in_class, 1)[None, :]
+    return anchors, targets
+
+
+@tf.custom_gradient
+def _dense_gradient(x):
+    """Identity whose gradient is a dense tensor, not `tf.gather`'s IndexedSlices (which the cross-replica
+    gather's backward pass and mixed-precision casts do not take)."""
+    return tf.identity(x), lambda upstream: tf.convert_to_tensor(upstream)
+
+
+def _n_pairs_loss(labels, embeddings, normalize):
+    anchors, targets = n_pairs_selection(labels)
+    # Only the [A, A] anchor-positive similarities are needed (A = classes with two samples, about B / 4 with
+    # class-balanced batches): gathering them is ~16x cheaper than the [B, B] matrix.
+    anchor_index = tf.reshape(tf.where(anchors), [-1])
+    positive_index = tf.argmax(tf.cast(tf.gather(targets, anchor_index), tf.int32), axis=1)
+    embeddings = _dense_gradient(embeddings)
+    anchor_rows, positive_rows = tf.gather(embeddings, anchor_index), tf.gather(embeddings, positive_index)
+    if normalize:
+        anchor_rows, positive_rows = l2_normalize(anchor_rows), l2_normalize(positive_rows)
+    logits = tf.matmul(anchor_rows, positive_rows, transpose_b=True)
+    # Cross-entropy with the diagonal as targets; written out so that no anchor ([0, 0] logits) gives 0.
+    per_anchor = tf.reduce_logsumexp(logits, axis=1) - tf.linalg.diag_part(logits)
+    return safe_divide(tf.reduce_sum(per_anchor), tf.shape(logits)[0])
+
+
+def n_pairs_loss(labels, embeddings, normalize=True):
+    """N-pair loss (Sohn 2016) with PML's tuple choice; see the module docstring.
+
+    Args:
+        normalize: True (PML's default `DotProductSimilarity`, which L2-normalises: cosine similarities);
+            False for the paper's plain inner products of unnormalised embeddings (the paper adds an L2
+            penalty on the embeddings, not included here).
+
+    Returns:
+        Scalar loss: mean cross-entropy over the anchors (0 when no class has two samples).
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _n_pairs_loss(labels, embeddings, normalize)
+
+
+def _supcon_loss(labels, embeddings, temperature):
+    logits = pairwise_cosine_similarity(embeddings) / as_scalar(temperature, embeddings.dtype)
+    positives, negatives = positive_mask(labels), negative_mask(labels)
+    log_prob = logits - masked_logsumexp(logits, positives | negatives, axis=1, keepdims=True)
+    positives_f = tf.cast(positives, logits.dtype)
+    per_anchor = -safe_divide(tf.reduce_sum(log_prob * positives_f, axis=1), tf.reduce_sum(positives_f, axis=1))
+    # PML: 0 for a batch without a positive or without a negative pair, else AvgNonZeroReducer.
+    complete = tf.cast(tf.reduce_any(positives) & tf.reduce_any(negatives), logits.dtype)
+    return complete * mean_of_positive(per_anchor)
+
+
+def supcon_loss(labels, embeddings, temperature=0.1):
+    """Supervised contrastive loss (Khosla et al. 2020, "L_out") on cosine similarities; see the module docstring.
+
+    Returns:
+        Scalar loss: mean over the anchors with a non-zero loss (PML's `AvgNonZeroReducer`).
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _supcon_loss(labels, embeddings, temperature)
+
+
+def _ntxent_loss(labels, embeddings, temperature):
+    logits = pairwise_cosine_similarity(embeddings) / as_scalar(temperature, embeddings.dtype)
+    positives, negatives = positive_mask(labels), negative_mask(labels)
+    has_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
+    negative_lse = masked_logsumexp(logits, negatives, axis=1, keepdims=True)
+    # -log(e^s / (e^s + e^r)) = softplus(r - s), with r the logsumexp of the anchor's negatives.
+    per_pair = tf.where(positives & has_negative, tf.nn.softplus(negative_lse - logits), tf.zeros_like(logits))
+    return safe_divide(tf.reduce_sum(per_pair), tf.reduce_sum(tf.cast(positives, logits.dtype)))
+
+
+def ntxent_loss(labels, embeddings, temperature=0.07):
+    """NT-Xent / InfoNCE loss with class labels (every same-class pair is a positive pair) on cosine
+    similarities; see the module docstring.
+
+    Returns:
+        Scalar loss: mean over the ordered positive pairs (PML's `MeanReducer`).
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _ntxent_loss(labels, embeddings, temperature)
+
+
+class _TemperatureLoss(MetricLoss):
+    """A loss with one hyper-parameter, a softmax temperature; subclasses set `loss_fn`."""
+
+    def __init__(self, temperature, name, **kwargs):
+        super().__init__(name=name, **kwargs)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        self.temperature = float(temperature)
+
+    def compute(self, labels, embeddings):
+        return type(self).loss_fn(labels, embeddings, self.temperature)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(temperature=self.temperature)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class NPairsLoss(MetricLoss):
+    """N-pair loss (Sohn 2016), as PML's `NPairsLoss()`: one (anchor, positive) pair per class, cross-entropy of
+    each anchor against the positives of all classes. See `n_pairs_loss`.
+
+    Args:
+        normalize: cosine similarities (True, PML's default) or plain inner products (False, the paper).
+        name: loss name.
+    """
+
+    def __init__(self, normalize=True, name="n_pairs_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.normalize = bool(normalize)
+
+    def compute(self, labels, embeddings):
+        return _n_pairs_loss(labels, embeddings, self.normalize)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(normalize=self.normalize)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class SupConLoss(_TemperatureLoss):
+    """Supervised contrastive loss (Khosla et al. 2020), as PML's `SupConLoss(temperature)`.
+
+    `l_i = -1/|P_i| sum_{j in P_i} log(exp(S_ij / t) / sum_{k != i} exp(S_ik / t))`, `L` = mean of the non-zero
+    `l_i` (cosine similarities `S`).
+
+    Args:
+        temperature: softmax temperature (0.1).
+        name: loss name.
+    """
+
+    loss_fn = staticmethod(_supcon_loss)
+
+    def __init__(self, temperature=0.1, name="supcon_loss", **kwargs):
+        super().__init__(temperature, name=name, **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class NTXentLoss(_TemperatureLoss):
+    """NT-Xent / InfoNCE (SimCLR) with class labels, as PML's `NTXentLoss(temperature)`.
+
+    `l_ij = -log(exp(S_ij / t) / (exp(S_ij / t) + sum_{k in N_i} exp(S_ik / t)))` for every positive pair,
+    `L` = their mean (cosine similarities `S`). For SimCLR, label the two views of an image with the same id.
+
+    Args:
+        temperature: softmax temperature (0.07).
+        name: loss name.
+    """
+
+    loss_fn = staticmethod(_ntxent_loss)
+
+    def __init__(self, temperature=0.07, name="ntxent_loss", **kwargs):
+        super().__init__(temperature, name=name, **kwargs)
