@@ -18,11 +18,8 @@ and restored with the model; `reset_state()` zeroes it. An empty step keeps it.
 
 How the recurrence is computed: the input projections of every layer are one batched product (the first
 layer's kernel acts on the concatenation `[f_1, ..., f_m]`, applied as `sum_k (F W_k)[i_k]`, each embedding
-projected once and gathered per tuple); only `h @ U` is sequential. In float32/float16 the sequential part
-is TensorFlow's fused `BlockLSTM` kernel (one C++ loop over the tuples, with its registered gradient), fed
-the precomputed pre-activations through an identity input kernel; other dtypes (float64, used by the
-finite-difference tests) run the same recurrence as a `tf.scan`. Both match `keras.layers.LSTM`
-(`tests/test_ala.py`).
+projected once and gathered per tuple); only `h @ U` is sequential, in XLA-compiled loops with a
+hand-written backward pass (`lstm_sequence`). It matches `keras.layers.LSTM` (`tests/test_ala.py`).
 """
 
 import keras
@@ -150,37 +147,93 @@ def _lstm_cell(z, c_prev):
     return tf.sigmoid(gate_o) * tf.tanh(c), c
 
 
-def _icfo(matrix):
-    """Keras' gate columns (i, f, c, o) in BlockLSTM's order (i, c, f, o)."""
-    gate_i, gate_f, candidate, gate_o = tf.split(matrix, 4, axis=-1)
-    return tf.concat([gate_i, candidate, gate_f, gate_o], axis=-1)
-
-
 def lstm_sequence(inputs_projected, recurrent_kernel, h0, c0):
     """The LSTM recurrence over a sequence whose input projections are given.
 
     `h_t, c_t = cell(z_t + h_{t-1} @ U, c_{t-1})` for `t = 1..T` from `(h0, c0)` (`[units]` each), with
-    `z = inputs_projected` (`[T, 4 units]`, input product and bias included; Keras gate order). Returns
-    `(h [T, units], c [T, units])`, differentiable in every argument.
+    `z = inputs_projected` (`[T, 4 units]`, input product and bias included; Keras gate order i, f, c, o).
+    Returns `(h [T, units], c [T, units])`, differentiable in every argument.
+
+    Both passes are XLA-compiled loops (a few microseconds per tuple on CPU; a `tf.scan` of TensorFlow ops
+    costs ~100x that, `BlockLSTM` ~4x, its gradient accumulating the weight gradient inside the loop). The
+    backward pass is written by hand: the loop only carries `dh`, `dc` back through time and stores the
+    gate gradients `dG` (`[T, 4 units]`); the weight gradient is one product afterwards,
+    `dU = [h0; h_1..h_{T-1}]^T dG`, and `dz = dG`.
     """
+    z = tf.convert_to_tensor(inputs_projected)
+    dtype = z.dtype
+    return _lstm_sequence(z, tf.cast(recurrent_kernel, dtype), tf.cast(h0, dtype), tf.cast(c0, dtype))
+
+
+@tf.custom_gradient
+def _lstm_sequence(z, recurrent_kernel, h0, c0):
+    # The compiled loops are never differentiated by TensorFlow (grad below replaces that).
+    hidden, cells, gates = _lstm_forward(*[tf.stop_gradient(t) for t in (z, recurrent_kernel, h0, c0)])
+
+    def grad(d_hidden, d_cells):
+        d_hidden = tf.zeros_like(hidden) if d_hidden is None else d_hidden
+        d_cells = tf.zeros_like(cells) if d_cells is None else d_cells
+        return _lstm_backward(*[tf.stop_gradient(t) for t in (recurrent_kernel, h0, c0, hidden, cells, gates,
+                                                              d_hidden, d_cells)])
+
+    return (hidden, cells), grad
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _lstm_forward(z, recurrent_kernel, h0, c0):
+    """`(h, c, activated gates [i, f, g, o])` over the sequence, each `[T, ...]`."""
+    count = tf.shape(z)[0]
     units = recurrent_kernel.shape[0]
-    dtype = inputs_projected.dtype
-    if dtype in (tf.float32, tf.float16):
-        # x_t @ [I; U'] + h_{t-1} @ U' with x_t = z_t': the fused kernel adds the recurrent product only.
-        kernel = tf.concat([tf.eye(4 * units, dtype=dtype), _icfo(recurrent_kernel)], axis=0)
-        zeros = tf.zeros([units], dtype)
-        outputs = tf.raw_ops.BlockLSTM(
-            seq_len_max=tf.cast(tf.shape(inputs_projected)[0], tf.int64), x=_icfo(inputs_projected)[:, None, :],
-            cs_prev=c0[None, :], h_prev=h0[None, :], w=kernel, wci=zeros, wcf=zeros, wco=zeros,
-            b=tf.zeros([4 * units], dtype), forget_bias=0.0, cell_clip=-1.0, use_peephole=False)
-        cells, hidden = outputs[1], outputs[6]
-        return hidden[:, 0, :], cells[:, 0, :]
+    z = _pad_row(z)  # XLA cannot even compile a slice of an empty sequence
 
-    def step(carry, z_t):
-        return _lstm_cell(z_t[None, :] + tf.matmul(carry[0], recurrent_kernel), carry[1])
+    def body(t, h, c, hs, cs, gs):
+        gate_i, gate_f, candidate, gate_o = tf.split(z[t] + tf.linalg.matvec(recurrent_kernel, h, transpose_a=True),
+                                                     4)
+        gate_i, gate_f, gate_o = tf.sigmoid(gate_i), tf.sigmoid(gate_f), tf.sigmoid(gate_o)
+        candidate = tf.tanh(candidate)
+        c = gate_f * c + gate_i * candidate
+        h = gate_o * tf.tanh(c)
+        return (t + 1, h, c, hs.write(t, h), cs.write(t, c),
+                gs.write(t, tf.concat([gate_i, gate_f, candidate, gate_o], 0)))
 
-    hidden, cells = tf.scan(step, inputs_projected, initializer=(h0[None, :], c0[None, :]))
-    return tf.reshape(hidden, [-1, units]), tf.reshape(cells, [-1, units])
+    def array(width):
+        return tf.TensorArray(z.dtype, size=count, element_shape=[width])
+
+    _, _, _, hs, cs, gs = tf.while_loop(lambda t, *_: t < count, body,
+                                        (0, h0, c0, array(units), array(units), array(4 * units)))
+    return hs.stack(), cs.stack(), gs.stack()
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _lstm_backward(recurrent_kernel, h0, c0, hidden, cells, gates, d_hidden, d_cells):
+    """`(dz, dU, dh0, dc0)` of the recurrence, given the upstream gradients of every `h_t` and `c_t`."""
+    count = tf.shape(hidden)[0]
+    units = recurrent_kernel.shape[0]
+    previous_c = tf.concat([c0[None], cells], 0)
+    gates, cells, d_hidden, d_cells = [_pad_row(t) for t in (gates, cells, d_hidden, d_cells)]
+
+    def body(t, dh_next, dc_next, dgs):
+        gate_i, gate_f, candidate, gate_o = tf.split(gates[t], 4)
+        dh = d_hidden[t] + dh_next
+        tanh_c = tf.tanh(cells[t])
+        dc = d_cells[t] + dc_next + dh * gate_o * (1 - tanh_c * tanh_c)
+        d_gate = tf.concat([dc * candidate * gate_i * (1 - gate_i),
+                            dc * previous_c[t] * gate_f * (1 - gate_f),
+                            dc * gate_i * (1 - candidate * candidate),
+                            dh * tanh_c * gate_o * (1 - gate_o)], 0)
+        return t - 1, tf.linalg.matvec(recurrent_kernel, d_gate), dc * gate_f, dgs.write(t, d_gate)
+
+    _, dh0, dc0, dgs = tf.while_loop(
+        lambda t, *_: t >= 0, body,
+        (count - 1, tf.zeros_like(h0), tf.zeros_like(c0),
+         tf.TensorArray(hidden.dtype, size=count, element_shape=[4 * units])))
+    d_gates = dgs.stack()
+    previous_h = tf.concat([h0[None], hidden], 0)[:count]
+    return d_gates, tf.matmul(previous_h, d_gates, transpose_a=True), dh0, dc0
+
+
+def _pad_row(tensor):
+    return tf.concat([tensor, tf.zeros([1] + tensor.shape[1:], tensor.dtype)], 0)
 
 
 def _unit_forget_bias(units):
