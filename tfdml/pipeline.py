@@ -189,11 +189,7 @@ def run(config=None, verbose=1):
         optimizer = recipes.make_optimizer(config["optimizer"], embedder, total_steps)
         if config["ala"]["enabled"]:
             ala_params = dict(config["ala"]["params"])
-            ala_params.setdefault("embedding_dim", embedder.output_dim)  # the embedder is not built yet
-            if float(config["optimizer"]["head_lr_multiplier"]) != 1.0:
-                # A multi-rate optimizer has no single learning rate for the look-ahead step of eq (10):
-                # it takes the backbone rate.
-                ala_params.setdefault("inner_learning_rate", float(config["optimizer"]["learning_rate"]))
+            # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer.
             model = ALAModel(embedder, base_loss=config["loss"]["name"],
                              loss_params=config["loss"]["params"] or None, seed=int(config["seed"]),
                              **ala_params)
