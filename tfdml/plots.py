@@ -193,5 +193,5 @@ def plot_ala_weights(history, path, title="DML-ALA assessed weights"):
         axes[3].set_title("(d) AWH ratio / mean weight")
     for ax in axes:
         ax.set_xlabel("logged step (epoch)")
-    fig.suptitle(title)
+    fig.suptitle(title, y=1.04)
     return _save(fig, path)

@@ -522,3 +522,53 @@ def _unpack_episode(data):
                          "from tfdml.data.episode_dataset; got "
                          f"{type(data).__name__} of length {len(data) if hasattr(data, '__len__') else '?'}.")
     return tuple(data)
+
+
+def ala_training(embedder, source, steps, base_loss="triplet", weighting="assessor", optimizer=None,
+                 episode=None, image_size=None, augment=False, preprocess=None, seed=0, **ala_kwargs):
+    """A compiled `ALAModel` and its episodes, ready for `model.fit(dataset)`: DML-ALA, or its baseline.
+
+    The baseline without confound is `weighting="uniform"` with everything else equal: the same episodes
+    (same `seed`), the same tuples (same cap and tuple seed), the same sums over tuples and the same
+    optimizer and step budget; it only drops the assessor (every weight 1) and never uses the validation
+    subset.
+
+    Args:
+        embedder: a tfdml embedder (e.g. `Embedder("resnet50", embedding_dim=512)`) or a built Keras model.
+        source: a `tfdml.data.Source` of the training classes.
+        steps: step budget; the dataset holds exactly `steps` episodes.
+        base_loss: "triplet", "margin" or "contrastive" (or a tfdml loss instance), see `ALAModel`.
+        weighting: "assessor" (DML-ALA) or "uniform" (the base loss on the same tuples).
+        optimizer: the metric's optimizer (None: the paper's rates, Adam 1e-4 with the new layers at 10x for
+            a tfdml embedder); a fresh instance per model.
+        episode: `episode_dataset` arguments (default the paper's: train_size 100, val_size 20,
+            samples_per_class 5; `disjoint_labels=False` for Table 1's random episodes).
+        image_size, augment, preprocess: as for `episode_dataset` (`preprocess` defaults to the embedder's
+            own preprocessing when it has one).
+        seed: seed of the episodes and of the tuple subsets.
+        **ala_kwargs: further `ALAModel` arguments (state, max_tuples, assessor_steps, ...).
+
+    Returns:
+        `(model, dataset)`.
+
+    Example:
+        >>> for weighting in ("uniform", "assessor"):
+        ...     model, ds = ala_training(Embedder("small_cnn", embedding_dim=64), source, 2000,
+        ...                              base_loss="margin", weighting=weighting, image_size=32, seed=0)
+        ...     model.fit(ds)
+        ...     results[weighting] = tfdml.retrieval.evaluate(model.predict(test_images), test_labels)
+    """
+    from tfdml import data as data_lib
+    from tfdml.recipes import make_optimizer
+
+    if preprocess is None and hasattr(embedder, "preprocess"):
+        preprocess = embedder.preprocess
+    if optimizer is None:
+        head = 10.0 if hasattr(embedder, "head_variables") else 1.0
+        optimizer = make_optimizer({"name": "adam", "learning_rate": 1e-4, "head_lr_multiplier": head}, embedder)
+    model = ALAModel(embedder, base_loss=base_loss, weighting=weighting, seed=seed, **ala_kwargs)
+    model.compile(optimizer=optimizer)
+    episode = {"train_size": 100, "val_size": 20, "samples_per_class": 5, **dict(episode or {})}
+    dataset = data_lib.episode_dataset(source, image_size=image_size, augment=augment, preprocess=preprocess,
+                                       seed=seed, **episode).take(int(steps))
+    return model, dataset
