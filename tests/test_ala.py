@@ -14,7 +14,8 @@ import pytest
 import tensorflow as tf
 
 from tfdml.losses.contrastive import ContrastiveLoss
-from tfdml.models import ALAModel
+from tfdml.models import ALAModel, Embedder
+from tfdml.optimizers import learning_rate_multipliers
 
 MARGINS = {"triplet": {"margin": 0.2}, "margin": {"alpha": 0.2, "beta": 1.2},
            "contrastive": {"pos_margin": 0.0, "neg_margin": 1.0}}
@@ -47,7 +48,8 @@ def _reference_tuples(kind, labels):
             if a != p and labels[a] == labels[p] and labels[a] != labels[q]]
 
 
-def _reference_tuple_losses(kind, embeddings, labels):
+def _reference_tuple_losses(kind, embeddings, labels, beta=None):
+    """Eq (4) with squared distances for the triplet loss; plain distances for margin and contrastive."""
     tuples = np.array(_reference_tuples(kind, labels))
     dist = lambda i, j: tf.norm(tf.gather(embeddings, i) - tf.gather(embeddings, j), axis=1)  # noqa: E731
     p = MARGINS[kind]
@@ -57,8 +59,9 @@ def _reference_tuple_losses(kind, embeddings, labels):
         return tf.where(positive, tf.nn.relu(d - p["pos_margin"]), tf.nn.relu(p["neg_margin"] - d))
     d_ap, d_an = dist(tuples[:, 0], tuples[:, 1]), dist(tuples[:, 0], tuples[:, 2])
     if kind == "triplet":
-        return tf.nn.relu(d_ap - d_an + p["margin"])
-    return tf.nn.relu(d_ap - p["beta"] + p["alpha"]) + tf.nn.relu(p["beta"] - d_an + p["alpha"])
+        return tf.nn.relu(d_ap ** 2 - d_an ** 2 + p["margin"])
+    beta = p["beta"] if beta is None else beta
+    return tf.nn.relu(d_ap - beta + p["alpha"]) + tf.nn.relu(beta - d_an + p["alpha"])
 
 
 def _assessed_weights(model, embeddings, labels):
@@ -67,45 +70,55 @@ def _assessed_weights(model, embeddings, labels):
 
 
 def _reference_theta_grads(model, train_x, train_y, weights):
-    """grad_theta mean_i w_i L_i(theta) with a plain tape (w constant)."""
+    """grad_theta sum_i w_i L_i(theta) with a plain tape (w constant): the paper's sum, eqs (10) and (13)."""
     with tf.GradientTape() as tape:
         losses = _reference_tuple_losses(model.loss_kind, model.embedder(train_x), train_y)
-        objective = tf.reduce_mean(tf.stop_gradient(weights) * losses)
+        objective = tf.reduce_sum(tf.stop_gradient(weights) * losses)
     return tape.gradient(objective, model.embedder.trainable_variables)
 
 
-def _reference_meta_loss(model, episode, rate):
-    """L_va(theta'(phi)) at the assessor's current phi, theta' assigned to the embedder and restored."""
+def _reference_meta_loss(model, episode, rates):
+    """sum_va L(theta'(phi)) at the assessor's current phi, theta' assigned to the embedder and restored."""
     train_x, train_y, val_x, val_y = episode
     theta = [v.numpy() for v in model.embedder.trainable_variables]
     weights = _assessed_weights(model, model.embedder(train_x), train_y)
     grads = _reference_theta_grads(model, train_x, train_y, weights)
-    for variable, value, grad in zip(model.embedder.trainable_variables, theta, grads):
+    for variable, value, grad, rate in zip(model.embedder.trainable_variables, theta, grads, rates):
         variable.assign(value - rate * grad.numpy())
-    meta_loss = tf.reduce_mean(_reference_tuple_losses(model.loss_kind, model.embedder(val_x), val_y)).numpy()
+    meta_loss = tf.reduce_sum(_reference_tuple_losses(model.loss_kind, model.embedder(val_x), val_y)).numpy()
     for variable, value in zip(model.embedder.trainable_variables, theta):
         variable.assign(value)
     return meta_loss
 
 
-def _float64_model(kind, rate=0.7, **kwargs):
-    model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, inner_learning_rate=rate,
-                     dtype="float64", **kwargs)
+BASE_RATE, HEAD_MULTIPLIER = 1 / 64, 8  # exact in float32 (Keras stores learning rates so)
+
+
+def _float64_model(kind, state="per_tuple", **kwargs):
+    """A float64 ALA model compiled with the new layer ("head") at 8x the base rate; returns the model and
+    the per-variable rates the virtual step must use (kernel and bias of each Dense)."""
+    model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, state=state, dtype="float64",
+                     **kwargs)
+    head = model.embedder.layers[1]
+    model.compile(optimizer=learning_rate_multipliers(keras.optimizers.SGD(BASE_RATE), {head.name: HEAD_MULTIPLIER}))
     rng = np.random.default_rng(1)  # a non-zero carried state, so the state path is exercised too
     model.assessor.state_h.assign(rng.normal(size=model.assessor.state_h.shape) * 0.5)
     model.assessor.state_c.assign(rng.normal(size=model.assessor.state_c.shape) * 0.5)
-    return model
+    rates = [BASE_RATE, BASE_RATE, BASE_RATE * HEAD_MULTIPLIER, BASE_RATE * HEAD_MULTIPLIER]
+    return model, rates
 
 
 # ------------------------------------------------------------------------------------ meta-gradient
+@pytest.mark.parametrize("state", ["per_tuple", "per_step"])
 @pytest.mark.parametrize("kind", ["triplet", "margin", "contrastive"])
-def test_meta_gradient_equals_central_finite_differences(kind):
-    rate = 0.7
-    model = _float64_model(kind, rate)
+def test_meta_gradient_equals_central_finite_differences(kind, state):
+    """Eqs (10)-(12) with sums and per-variable rates; through the recurrence over tuples (per_tuple)."""
+    model, rates = _float64_model(kind, state)
+    np.testing.assert_allclose([float(r) for r in model.inner_rates()], rates, rtol=1e-12)
     episode = _episode(dtype="float64")
     phi = model.assessor.trainable_variables
     grads, meta_loss = model.meta_gradient(*episode)
-    np.testing.assert_allclose(meta_loss.numpy(), _reference_meta_loss(model, episode, rate), rtol=1e-10)
+    np.testing.assert_allclose(meta_loss.numpy(), _reference_meta_loss(model, episode, rates), rtol=1e-10)
     flat_grad = np.concatenate([g.numpy().ravel() for g in grads])
     assert np.abs(flat_grad).max() > 1e-6  # a real, non-vanishing signal
 
@@ -116,7 +129,7 @@ def test_meta_gradient_equals_central_finite_differences(kind):
         for variable, value in zip(phi, start):
             variable.assign(value + step * direction[offset:offset + value.size].reshape(value.shape))
             offset += value.size
-        return _reference_meta_loss(model, episode, rate)
+        return _reference_meta_loss(model, episode, rates)
 
     rng = np.random.default_rng(2)
     eps = 1e-5
@@ -124,14 +137,14 @@ def test_meta_gradient_equals_central_finite_differences(kind):
     directions.append(np.eye(flat_grad.size)[int(np.argmax(np.abs(flat_grad)))])  # largest coordinate
     for direction in directions:
         finite_difference = (loss_along(direction, eps) - loss_along(direction, -eps)) / (2 * eps)
-        np.testing.assert_allclose(flat_grad @ direction, finite_difference, rtol=1e-6, atol=1e-11)
+        np.testing.assert_allclose(flat_grad @ direction, finite_difference, rtol=1e-6, atol=1e-10)
 
 
 def test_train_step_is_algorithm_1_with_the_updated_assessor():
-    """One step = K=2 SGD steps of phi on the exact meta-gradient, then theta updated with A(phi*) (eq 13)."""
-    rate, beta, lr = 0.7, 5.0, 0.25  # lr and beta exact in float32 (Keras stores them so)
-    model = _float64_model("margin", rate, assessor_learning_rate=beta, assessor_steps=2)
-    model.compile(optimizer=keras.optimizers.SGD(lr))
+    """One step = K=2 SGD steps of phi on the exact meta-gradient, then theta updated with A(phi*) (eq 13)
+    and the margin's beta by its own SGD(0.1, momentum 0.9) on the weighted margin loss / active terms."""
+    b = 0.5
+    model, rates = _float64_model("margin", assessor_learning_rate=b, assessor_steps=2)
     episode = _episode(dtype="float64", seed=4)
     train_x, train_y = episode[0], episode[1]
     theta0 = [v.numpy() for v in model.embedder.trainable_variables]
@@ -141,12 +154,22 @@ def test_train_step_is_algorithm_1_with_the_updated_assessor():
     phi_star = phi0
     for _ in range(2):
         grads, _ = model.meta_gradient(*episode)
-        phi_star = [p - beta * g.numpy() for p, g in zip(phi_star, grads)]
+        phi_star = [p - b * g.numpy() for p, g in zip(phi_star, grads)]
         for variable, value in zip(model.assessor.trainable_variables, phi_star):
             variable.assign(value)
     weights = _assessed_weights(model, model.embedder(train_x), train_y)
-    expected_theta = [t - lr * g.numpy() for t, g in zip(theta0, _reference_theta_grads(
+    expected_theta = [t - rate * g.numpy() for t, rate, g in zip(theta0, rates, _reference_theta_grads(
         model, train_x, train_y, weights))]
+    beta = tf.Variable(1.2, dtype=tf.float64)
+    with tf.GradientTape() as tape:
+        embeddings = model.embedder(train_x)
+        losses = _reference_tuple_losses("margin", embeddings, train_y, beta)
+        tuples = np.array(_reference_tuples("margin", train_y))
+        d = lambda i, j: tf.norm(tf.gather(embeddings, i) - tf.gather(embeddings, j), axis=1)  # noqa: E731
+        active = (np.sum(d(tuples[:, 0], tuples[:, 1]).numpy() - 1.2 + 0.2 > 0)
+                  + np.sum(1.2 - d(tuples[:, 0], tuples[:, 2]).numpy() + 0.2 > 0))
+        normalised = tf.reduce_sum(tf.stop_gradient(weights) * losses) / active
+    expected_beta = 1.2 - float(np.float32(0.1)) * tape.gradient(normalised, beta).numpy()
     assert max(np.abs(p - q).max() for p, q in zip(phi_star, phi0)) > 1e-4  # the assessor did move
     for variable, value in zip(model.assessor.trainable_variables, phi0):
         variable.assign(value)
@@ -156,9 +179,14 @@ def test_train_step_is_algorithm_1_with_the_updated_assessor():
         np.testing.assert_allclose(variable.numpy(), value, rtol=1e-9, atol=1e-12)
     for variable, value in zip(model.embedder.trainable_variables, expected_theta):
         np.testing.assert_allclose(variable.numpy(), value, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(model.margin_beta.numpy(), expected_beta, rtol=1e-9)
+    assert abs(expected_beta - 1.2) > 1e-4
     # Logged through float32 Keras metrics.
     np.testing.assert_allclose(logs["weight_mean"].numpy(), np.mean(weights), rtol=1e-6)
     np.testing.assert_allclose(logs["weight_variance"].numpy(), np.var(weights), rtol=1e-5)
+    ratio = (d(tuples[:, 0], tuples[:, 1]) / d(tuples[:, 0], tuples[:, 2])).numpy()
+    np.testing.assert_allclose(logs["hardness"].numpy(), ratio.mean(), rtol=1e-6)
+    np.testing.assert_allclose(logs["weighted_hardness"].numpy(), np.mean(weights * ratio), rtol=1e-6)
     assert not np.allclose(model.assessor.state_h.numpy(), state0)
 
 
@@ -173,15 +201,34 @@ def test_constant_assessor_equals_plain_training_with_scaled_loss(kind, steps):
     model.compile(optimizer=keras.optimizers.SGD(lr))
     train_x, train_y, val_x, val_y = _episode(dtype="float64", seed=5)
     with tf.GradientTape() as tape:
-        plain = c * tf.reduce_mean(_reference_tuple_losses(kind, model.embedder(train_x), train_y))
+        losses = _reference_tuple_losses(kind, model.embedder(train_x), train_y)
+        plain = c * tf.reduce_sum(losses)  # the paper's sum over tuples
     expected = [v.numpy() - lr * g.numpy() for v, g in zip(model.embedder.trainable_variables,
                                                               tape.gradient(plain, model.embedder.trainable_variables))]
     logs = model.train_step((train_x, train_y, val_x, val_y))
     for variable, value in zip(model.embedder.trainable_variables, expected):
         np.testing.assert_allclose(variable.numpy(), value, rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(logs["loss"].numpy(), plain.numpy(), rtol=1e-6)  # float32 metrics
+    np.testing.assert_allclose(logs["loss"].numpy(), plain.numpy() / len(losses), rtol=1e-6)  # per tuple
     np.testing.assert_allclose(logs["weight_mean"].numpy(), c, rtol=1e-6)
     assert logs["weight_variance"].numpy() < 1e-12
+
+
+def test_uniform_weighting_is_the_base_loss_on_the_same_tuples():
+    lr = 0.125
+    model = ALAModel(_embedder("float64"), base_loss="triplet", weighting="uniform", dtype="float64")
+    model.compile(optimizer=keras.optimizers.SGD(lr))
+    train_x, train_y, val_x, val_y = _episode(dtype="float64", seed=6)
+    phi0 = [v.numpy() for v in model.assessor.trainable_variables]
+    with tf.GradientTape() as tape:
+        plain = tf.reduce_sum(_reference_tuple_losses("triplet", model.embedder(train_x), train_y))
+    expected = [v.numpy() - lr * g.numpy() for v, g in zip(model.embedder.trainable_variables,
+                                                              tape.gradient(plain, model.embedder.trainable_variables))]
+    logs = model.train_step((train_x, train_y, val_x, val_y))
+    for variable, value in zip(model.embedder.trainable_variables, expected):
+        np.testing.assert_allclose(variable.numpy(), value, rtol=1e-10, atol=1e-13)
+    assert "meta_loss" not in logs and logs["weight_mean"].numpy() == 1.0
+    for variable, value in zip(model.assessor.trainable_variables, phi0):
+        np.testing.assert_array_equal(variable.numpy(), value)
 
 
 # ---------------------------------------------------------------------------------------- LSTM state
@@ -241,7 +288,10 @@ def test_fit_trains_with_each_base_loss(base_loss):
     theta0 = [v.numpy() for v in model.embedder.trainable_variables]
     phi0 = [v.numpy() for v in model.assessor.trainable_variables]
     history = model.fit(_dataset([_episode(seed=s) for s in range(3)]), epochs=1, verbose=0).history
-    assert set(history) == {"loss", "meta_loss", "weight_mean", "weight_variance"}
+    expected_logs = {"loss", "meta_loss", "weight_mean", "weight_variance"}
+    if model.loss_kind != "contrastive":
+        expected_logs |= {"hardness", "weighted_hardness", "hardness_ratio"}
+    assert set(history) == expected_logs
     assert all(np.isfinite(v[-1]) for v in history.values())
     assert 0 < history["weight_mean"][-1] < 1 and history["weight_variance"][-1] >= 0
     assert any(np.abs(v.numpy() - t).max() > 0 for v, t in zip(model.embedder.trainable_variables, theta0))
@@ -326,7 +376,9 @@ def test_tfdml_loss_instances_give_their_margins():
         "margin", {"alpha": pytest.approx(0.1), "beta": pytest.approx(1.0)})
     assert resolve_base_loss("contrastive", {"neg_margin": 0.5}) == (
         "contrastive", {"pos_margin": 0.0, "neg_margin": 0.5})
-    with pytest.raises(ValueError, match="squared/soft"):
-        resolve_base_loss(TripletLoss(squared=True))
+    with pytest.raises(ValueError, match="soft=True"):
+        resolve_base_loss(TripletLoss(soft=True))
+    with pytest.raises(ValueError, match="one beta per class"):
+        resolve_base_loss(MarginLoss(num_classes=4))
     with pytest.raises(ValueError, match="no per-tuple form"):
         resolve_base_loss(keras.losses.MeanSquaredError())

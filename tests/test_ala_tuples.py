@@ -109,3 +109,30 @@ def test_tuple_losses_have_finite_gradients_on_identical_embeddings():
     for value in values:
         assert np.isfinite(value.numpy())
         assert np.isfinite(tape.gradient(value, f).numpy()).all()
+
+
+def test_squared_triplet_losses_and_hardness_match_numpy():
+    from tfdml.ops.tuples import triplet_hardness
+
+    f = _embeddings(2)
+    labels = np.array([0, 0, 1, 1, 2, 2, 0, 1])
+    triplets = np.array(_brute_triplets(labels))
+    d = lambda i, j: np.linalg.norm(f[i] - f[j], axis=1)  # noqa: E731
+    d_ap, d_an = d(triplets[:, 0], triplets[:, 1]), d(triplets[:, 0], triplets[:, 2])
+    got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3, squared=True).numpy()
+    np.testing.assert_allclose(got, np.maximum(d_ap ** 2 - d_an ** 2 + 0.3, 0), atol=1e-12)  # DML-ALA eq 4
+    ratio = triplet_hardness(tf.constant(f), tf.constant(triplets, tf.int32)).numpy()
+    np.testing.assert_allclose(ratio, d_ap / d_an, rtol=1e-12)
+    same = triplet_hardness(tf.constant(np.ones((3, 2))), tf.constant([[0, 1, 2]], tf.int32)).numpy()
+    assert same.tolist() == [0.0]  # d(a, n) = 0: 0, not NaN
+
+
+def test_plot_ala_weights_writes_the_four_panels(tmp_path):
+    from tfdml.plots import plot_ala_weights
+
+    logs = [{"weight_mean": 0.5 - 0.01 * i, "weight_variance": 1e-4 * i, "hardness": 0.6 - 0.01 * i,
+             "weighted_hardness": 0.3 - 0.004 * i} for i in range(5)]
+    path = plot_ala_weights(logs, tmp_path / "fig4.png")
+    assert (tmp_path / "fig4.png").stat().st_size > 1000 and str(path).endswith("fig4.png")
+    with pytest.raises(ValueError, match="weight_variance"):
+        plot_ala_weights({"loss": [1.0]}, tmp_path / "bad.png")

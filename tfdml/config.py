@@ -343,6 +343,10 @@ class ALAParams(_Section):
     assessor_steps: Optional[int] = _field(None, minimum=0)
     max_tuples: Optional[int] = _field(None, minimum=1)
     state: Optional[str] = _field(None, choices=("per_tuple", "per_step"))
+    squared: Optional[bool] = None             # triplet base loss on squared distances (eq 4; default true)
+    learn_beta: Optional[bool] = None          # margin base loss: train beta with its own optimizer
+    beta_learning_rate: Optional[float] = _field(None, above=0.0)
+    weighting: Optional[str] = _field(None, choices=("assessor", "uniform"))  # uniform: the ablation baseline
 
     def arguments(self):
         return {k: v for k, v in self.to_dict().items() if v is not None}

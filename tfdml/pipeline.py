@@ -243,12 +243,9 @@ def build_model(config, input_shape, total_steps):
     if not config.ala.enabled:
         embedder.compile(optimizer=optimizer, loss=build_loss(config.loss, config.model.num_classes, total_steps))
         return embedder, embedder
+    # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
+    # reads the embedding size from the tfdml embedder.
     ala_params = config.ala.params.arguments()
-    ala_params.setdefault("embedding_dim", embedder.output_dim)  # the embedder is not built yet
-    if config.optimizer.head_lr_multiplier != 1.0:
-        # A multi-rate optimizer has no single learning rate for the look-ahead step of eq (10): it takes
-        # the backbone rate.
-        ala_params.setdefault("inner_learning_rate", config.optimizer.learning_rate)
     model = ALAModel(embedder, base_loss=config.loss.name, loss_params=config.loss.params or None,
                      seed=config.seed, **ala_params)
     model.compile(optimizer=optimizer)

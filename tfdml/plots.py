@@ -153,3 +153,45 @@ def plot_training_curves(history, path, title="Training"):
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_ala_weights(history, path, title="DML-ALA assessed weights"):
+    """The panels of DML-ALA's Fig. 4 over training from `ALAModel` logs.
+
+    Args:
+      history: a Keras `History`, its `.history` dict, or a list of per-step log dicts, with the keys
+        `weight_variance`, `weight_mean` and (triplet-type tuples) `hardness`, `weighted_hardness`.
+      path: output PNG path.
+
+    Panels: (a) variance and (b) mean of the weights; (c) average weighted hardness `(1/n) sum_i w_i
+    d(a,p)/d(a,n)` of the assessed weights and of uniform weights 1; (d) their ratio, divided by the mean
+    weight (> 1: the assessor weights harder tuples more than uniform weights of the same mean).
+    """
+    logs = getattr(history, "history", history)
+    if isinstance(logs, (list, tuple)):
+        logs = {key: [float(step[key]) for step in logs] for key in (logs[0] if logs else {})}
+    for key in ("weight_variance", "weight_mean"):
+        if key not in logs:
+            raise ValueError(f"plot_ala_weights needs ALAModel logs with {key!r}; got keys {sorted(logs)}.")
+    plt = _pyplot()
+    has_hardness = "hardness" in logs and "weighted_hardness" in logs
+    fig, axes = plt.subplots(1, 4 if has_hardness else 2, figsize=(14 if has_hardness else 7, 3.2))
+    steps = np.arange(1, len(logs["weight_mean"]) + 1)
+    axes[0].plot(steps, logs["weight_variance"])
+    axes[0].set_title("(a) weight variance")
+    axes[1].plot(steps, logs["weight_mean"])
+    axes[1].set_title("(b) weight mean")
+    if has_hardness:
+        axes[2].plot(steps, logs["weighted_hardness"], label="ALA weights")
+        axes[2].plot(steps, logs["hardness"], label="uniform weights 1")
+        axes[2].set_title("(c) average weighted hardness")
+        axes[2].legend(fontsize=8)
+        ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
+            np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12)
+        axes[3].plot(steps, ratio)
+        axes[3].axhline(1.0, color="gray", linewidth=0.8)
+        axes[3].set_title("(d) AWH ratio / mean weight")
+    for ax in axes:
+        ax.set_xlabel("logged step (epoch)")
+    fig.suptitle(title, y=1.04)
+    return _save(fig, path)

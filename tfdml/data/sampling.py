@@ -325,7 +325,7 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_s
 def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, train_classes=None,
                     val_classes=None, image_size=None, augment=False, preprocess=None, seed=None,
                     epochs=None, drop_small_classes=False, parallel_batches=None,
-                    prefetch=True):
+                    prefetch=True, disjoint_labels=True):
     """DML-ALA episodes: per step a training subset and a validation subset with disjoint label sets.
 
     Each step draws `train_classes + val_classes` distinct classes (from the same epoch schedule as
@@ -333,6 +333,10 @@ def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, tr
     `train_size / train_classes` images each (class-balanced), the others the validation subset.
     `train_classes` defaults to `train_size // samples_per_class`, `val_classes` to
     `val_size // samples_per_class`; the sizes must divide evenly.
+
+    `disjoint_labels=False` gives the "random episodes" of the paper's Table 1 ablation: the validation
+    classes are drawn independently of the training classes (their own epoch schedule), so the two subsets
+    may share labels (and, for a shared class, images).
 
     Returns:
       `tf.data.Dataset` whose elements are 4-tuples
@@ -358,12 +362,23 @@ def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, tr
     k_train, k_val = train_size // train_classes, val_size // val_classes
     group = train_classes + val_classes
     classes = usable_classes(source, max(k_train, k_val), drop_small_classes)
-    if len(classes) < group:
+    needed = group if disjoint_labels else max(train_classes, val_classes)
+    if len(classes) < needed:
         raise ValueError(
-            f"{source.name} has {len(classes)} usable classes, fewer than train_classes + val_classes = "
-            f"{train_classes} + {val_classes}: the two subsets need disjoint label sets.")
+            f"{source.name} has {len(classes)} usable classes, fewer than " + (
+                f"train_classes + val_classes = {train_classes} + {val_classes}: the two subsets need "
+                "disjoint label sets." if disjoint_labels else f"the {needed} classes of one subset."))
     seed = _base_seed(seed)
     schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    if not disjoint_labels:
+        subsets = []
+        for index, (n, k) in enumerate(((train_classes, k_train), (val_classes, k_val))):
+            sampler = _BatchSampler(source, classes, [k] * n, _fold(sample_seed, index), image_size, augment,
+                                    preprocess)
+            schedule = _slot_schedule(len(classes), n, _fold(schedule_seed, index), epochs)
+            subsets.append(_batches(sampler, schedule, n, parallel_batches))
+        ds = tf.data.Dataset.zip(tuple(subsets)).map(lambda train, val: (*train, *val))
+        return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
     ks = [k_train] * train_classes + [k_val] * val_classes
     sampler = _BatchSampler(source, classes, ks, sample_seed, image_size, augment, preprocess)
     schedule = _slot_schedule(len(classes), group, schedule_seed, epochs)

@@ -8,7 +8,7 @@ every device and every run).
 
 The per-tuple losses use the formulas of the batch-level losses in `tfdml.losses` (before their reduction):
 
-    triplet      [d_ap - d_an + margin]+                                  (TripletLoss, mining="all")
+    triplet      [d_ap - d_an + margin]+, or squared distances (eq 4 of DML-ALA)  (TripletLoss, mining="all")
     margin       [d_ap - beta + alpha]+ + [beta - d_an + alpha]+          (MarginLoss, one triplet)
     contrastive  [d - pos_margin]+ for a positive pair, [neg_margin - d]+ for a negative pair (ContrastiveLoss)
 
@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from tfdml.ops.distances import pairwise_distance
 from tfdml.ops.masks import negative_mask, pair_indices, positive_mask
+from tfdml.ops.reductions import safe_divide
 from tfdml.ops.scalars import as_scalar
 
 
@@ -80,10 +81,17 @@ def triplet_distances(distances, triplets):
     return d_ap, d_an
 
 
-def triplet_tuple_losses(embeddings, triplets, margin=0.2):
-    """`[d_ap - d_an + margin]+` of each triplet: float `[T]`."""
-    d_ap, d_an = triplet_distances(pairwise_distance(embeddings), triplets)
+def triplet_tuple_losses(embeddings, triplets, margin=0.2, squared=False):
+    """`[d_ap - d_an + margin]+` of each triplet (`[d_ap^2 - d_an^2 + margin]+` with `squared`): float `[T]`."""
+    d_ap, d_an = triplet_distances(pairwise_distance(embeddings, squared=squared), triplets)
     return tf.nn.relu(d_ap - d_an + as_scalar(margin, d_ap.dtype))
+
+
+def triplet_hardness(embeddings, triplets):
+    """`d(a, p) / d(a, n)` of each triplet (Euclidean; 0 where `d(a, n) = 0`), the hardness whose weighted
+    mean is DML-ALA's average weighted hardness (Fig. 4c): float `[T]`."""
+    d_ap, d_an = triplet_distances(pairwise_distance(embeddings), triplets)
+    return safe_divide(d_ap, d_an)
 
 
 def margin_tuple_losses(embeddings, triplets, alpha=0.2, beta=1.2):
