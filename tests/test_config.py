@@ -17,7 +17,7 @@ CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.
 BAD = [
     (["loss.params.margn=0.1"],
      "unknown configuration key 'loss.params.margn' (did you mean 'margin'?); valid keys here: alpha, lam, "
-     "margin, stop_gallery_gradient, tn, tp"),
+     "margin, query_weighting, stop_gallery_gradient, tn, tp"),
     (["loss.params.margin=big"], "loss.params.margin: expected a number, got 'big'"),
     (["optimizer.learning_rate=abc"], "optimizer.learning_rate: expected a number, got 'abc'"),
     (["optimizer.learning_rate=-1"], "optimizer.learning_rate: must be > 0.0, got -1.0"),
