@@ -270,29 +270,30 @@ def run(config=None, verbose=1):
 
     if config["export"]["enabled"]:
         export_cfg = config["export"]
+        # One atomic export: the SavedModel and the index of the evaluation items (ids = item numbers or
+        # file paths, labels, class names), embedded by the written SavedModel from the raw images.
         path = export_lib.export_saved_model(
             embedder, base_dir=export_cfg["base_dir"], name=export_cfg["name"], version=export_cfg["version"],
             image_size=(data_cfg["image_size"], data_cfg["image_size"]),
             preprocess=preprocess_name,
-            training_config=config, metrics=results, overwrite=export_cfg["version"] is not None)
+            training_config=config, metrics=results, overwrite=export_cfg["version"] is not None,
+            gallery=eval_source if export_cfg["index"] else None, index_mode="exact")
         summary["export_dir"] = path
         if export_cfg["index"]:
-            gallery = np.clip(np.round(pixels * 255.0), 0, 255).astype(np.uint8)
-            index = export_lib.export_index(gallery, base_dir=export_cfg["base_dir"], name=export_cfg["name"],
-                                            labels=pixel_labels, mode="exact")
-            summary["index_size"] = int(index.size) if hasattr(index, "size") else int(len(pixel_labels))
+            summary["index_size"] = int(export_lib.load_metadata(path)["index"]["size"])
 
     plots.plot_recall_curve({"tfdml": results, "raw pixels": baseline},
                             os.path.join(report_dir, "recall_at_k.png"))
     plots.plot_training_curves(history_dict, os.path.join(report_dir, "training_curves.png"))
-    _retrieval_grid(embeddings, labels, pixels, config["report"], os.path.join(report_dir, "retrieval_grid.png"))
+    _retrieval_grid(embeddings, labels, pixels, config["report"], os.path.join(report_dir, "retrieval_grid.png"),
+                    class_names=getattr(eval_source, "class_names", None))
     summary["wall_seconds"] = round(time.time() - started, 2)
     with open(os.path.join(report_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
 
 
-def _retrieval_grid(embeddings, labels, images, report_cfg, path):
+def _retrieval_grid(embeddings, labels, images, report_cfg, path, class_names=None):
     """Nearest neighbours of one query per class (then more), for `plot_retrieval_grid`."""
     from tfdml import plots
     from tfdml.ops.neighbours import exact_search
@@ -301,8 +302,17 @@ def _retrieval_grid(embeddings, labels, images, report_cfg, path):
     first_of_class = [int(np.flatnonzero(labels == c)[0]) for c in np.unique(labels)]
     rest = [i for i in range(len(labels)) if i not in set(first_of_class)]
     queries = (first_of_class + rest)[:num_queries]
-    neighbours, _ = exact_search(embeddings[queries], embeddings, k=k + 1, distance="squared_l2")
-    neighbours = [[j for j in row if j != q][:k] for q, row in zip(queries, np.asarray(neighbours))]
+    neighbours, distances = exact_search(embeddings[queries], embeddings, k=k + 1, distance="squared_l2")
+    kept = [[(j, d) for j, d in zip(row, drow) if j != q][:k]
+            for q, row, drow in zip(queries, np.asarray(neighbours), np.asarray(distances))]
+    neighbours = [[j for j, _ in row] for row in kept]
+
+    def name(label):
+        return class_names[label] if class_names is not None and 0 <= label < len(class_names) else str(label)
+
+    # Scores as the served index reports them: dot products of the unit-norm embeddings (1 - d^2 / 2).
     plots.plot_retrieval_grid(
         [images[q] for q in queries], [[images[j] for j in row] for row in neighbours],
-        np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]), path)
+        np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]), path,
+        titles=[[f"{name(labels[j])} {1.0 - d / 2.0:.2f}" for j, d in row] for row in kept],
+        query_titles=[f"class {name(labels[q])}" for q in queries])
