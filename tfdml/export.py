@@ -184,7 +184,8 @@ def _serving_images(images, channels):
 def _fingerprint(version_dir):
     """The SavedModel's checksum (`fingerprint.pb`), which ties an index to the exact model it embeds."""
     try:
-        return str(tf.saved_model.experimental.read_fingerprint(os.fspath(version_dir)).saved_model_checksum)
+        # Graph, signatures, object graph and checkpoint hashes: other weights give another fingerprint.
+        return tf.saved_model.experimental.read_fingerprint(os.fspath(version_dir)).singleprint()
     except Exception:  # older SavedModels have no fingerprint.pb
         return None
 

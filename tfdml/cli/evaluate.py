@@ -33,7 +33,7 @@ def register(subparsers):
         "data for --model (default: the evaluation data recorded in the export by 'tfdml train')")
     data.add_argument("--dataset", metavar="NAME",
                       help="embedded data set (no download), its test split: 'digits' is scikit-learn's "
-                           "8x8 digits 5-9 (the zero-shot split, 899 images).")
+                           "8x8 digits 5-9 (the zero-shot split, 896 images).")
     data.add_argument("--image-dir", metavar="DIR",
                       help="gallery images, one sub-directory per class (the sub-directory names, sorted, "
                            "give the labels).")
@@ -130,6 +130,13 @@ def format_table(results):
 
 
 def run(args):
+    from tfdml.cli.reporting import warnings_to_stderr
+
+    with warnings_to_stderr('evaluate'):
+        return _run(args)
+
+
+def _run(args):
     from tfdml.retrieval import evaluate
 
     try:

@@ -62,6 +62,13 @@ def report_files(model_path):
 
 
 def run(args):
+    from tfdml.cli.reporting import warnings_to_stderr
+
+    with warnings_to_stderr('export'):
+        return _run(args)
+
+
+def _run(args):
     import keras
 
     import tfdml.losses  # noqa: F401  (registers the serializable tfdml classes)

@@ -71,6 +71,13 @@ def neighbour_images(index, positions, ids, channels):
 
 
 def run(args):
+    from tfdml.cli.reporting import warnings_to_stderr
+
+    with warnings_to_stderr('search'):
+        return _run(args)
+
+
+def _run(args):
     from tfdml.data.sources import read_image_files
     from tfdml.export import load_index
 
@@ -81,7 +88,7 @@ def run(args):
             raise ValueError(f"--query-labels has {len(args.query_labels)} entries for "
                              f"{len(args.queries)} queries.")
         embedder, index = load_index(args.model, args.version, args.index)
-        images, kept = read_image_files(args.queries, embedder.channels, what="tfdml search: query images")
+        images, kept = read_image_files(args.queries, embedder.channels, what="query images")
         queries = [args.queries[i] for i in kept]
         query_labels = None
         if args.query_labels is not None:
