@@ -410,12 +410,13 @@ def read_image(path, channels=3):
 class _Gallery:
     """What an index is built from: images to embed (in batches), ids, labels, class names, pixels to keep."""
 
-    def __init__(self, batches, ids=None, labels=None, class_names=None, images=None, source=None):
+    def __init__(self, batches, ids=None, labels=None, class_names=None, images=None, source=None, kept=None):
         self.batches, self.ids, self.labels = batches, ids, labels
         self.class_names, self.images, self.source = class_names, images, source
+        self.kept = kept  # positions of the given items that could be read (None: all of them)
 
 
-def _source_gallery(source, channels):
+def _source_gallery(source):
     from tfdml.data.sources import load_items
 
     images, kept = load_items(source)
@@ -426,14 +427,14 @@ def _source_gallery(source, channels):
             and len({image.shape for image in images}) == 1:
         stored = np.stack(images)
     return _Gallery([images], ids, source.labels[kept], getattr(source, "class_names", None), stored,
-                    source=source.name)
+                    source=source.name, kept=kept)
 
 
 def _path_gallery(paths, channels):
     from tfdml.data.sources import read_image_files
 
     images, kept = read_image_files(paths, channels, what="gallery")
-    return _Gallery([images], np.asarray([os.path.abspath(os.fspath(paths[i])) for i in kept]))
+    return _Gallery([images], np.asarray([os.path.abspath(os.fspath(paths[i])) for i in kept]), kept=kept)
 
 
 def _dataset_gallery(dataset):
@@ -455,7 +456,7 @@ def _gallery(gallery, channels):
     from tfdml.data.sources import Source
 
     if isinstance(gallery, Source):
-        return _source_gallery(gallery, channels)
+        return _source_gallery(gallery)
     if isinstance(gallery, tf.data.Dataset):
         return _dataset_gallery(gallery)
     if isinstance(gallery, np.ndarray):
@@ -482,6 +483,9 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
     if not embeddings:
         raise ValueError("the gallery holds no readable image: nothing to index.")
     embeddings = np.concatenate(embeddings, axis=0)
+    if found.kept is not None:  # ids / labels given for every item: keep those of the readable ones
+        ids = None if ids is None else np.asarray(ids)[found.kept]
+        labels = None if labels is None else np.asarray(labels)[found.kept]
     if labels is None:
         labels = found.labels if found.labels is not None else (
             np.concatenate(found_labels) if found_labels else None)
