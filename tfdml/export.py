@@ -37,6 +37,7 @@ temporary directory under `<base_dir>/<name>/` (TF Serving only loads numeric ve
 renamed to `<version>` when complete, so a failed or interrupted export leaves nothing behind.
 """
 
+import dataclasses
 import datetime
 import importlib
 import json
@@ -147,7 +148,11 @@ def _next_version(model_dir):
 
 
 def _json_safe(value):
-    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
+    """JSON-compatible copy (dataclasses, e.g. a typed job configuration, become dicts; arrays lists)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else (
+        dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v))))
 
 
 def _compile_info(model):
