@@ -231,11 +231,17 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
     captured = capsys.readouterr()
     assert "skipped 2 of 32 images that cannot be decoded" in captured.err
     assert "zz_empty.png (empty file)" in captured.err and "zz_cut.png" in captured.err
-    assert "ScaNN index of 30 images, 5 classes" in captured.out
+    assert re.search(r"ScaNN index of 30 images of image_folder\(.*gallery\), 5 classes", captured.out)
     metadata = load_metadata(tmp_path / "models" / "f")
     assert metadata["training_config"]["data"]["source"] == "folder"
     assert metadata["metrics"] == {"recall@1": 0.5} and metadata["index"]["size"] == 30
     assert None not in metadata.values()
+    # Without --gallery-dir, a report's model is indexed on the job's evaluation data (config.yaml).
+    args = parse(export_cli, ["export", "--model", str(report / "model.keras"), "--name", "f", "--base-dir",
+                              str(tmp_path / "models")])
+    assert args.func(args) == 0
+    assert load_metadata(tmp_path / "models" / "f", version=2)["index"]["size"] == 30
+    assert "skipped 2 of 32 images" in capsys.readouterr().err
     args = parse(evaluate_cli, ["evaluate", "--model", str(tmp_path / "models" / "f"), "--metrics", "recall"])
     assert args.func(args) == 0  # the job's evaluation folder, recorded in the metadata
     captured = capsys.readouterr()

@@ -75,7 +75,8 @@ def test_image_folder_checks_each_file_once_and_names_the_skipped(tmp_path, capl
         source = data.image_folder(str(tmp_path))
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "skipped 3 of 11 images that cannot be decoded" in warnings[0]
-    for name in ("empty.jpg (empty file)", "cut.jpg (", "text.png (cannot identify image file"):
+    for name in ("empty.jpg (empty file)", "cut.jpg (", "text.png (not an image file: format not recognised)",
+                 "cut.jpg (corrupt or truncated: "):
         assert name in warnings[0], name
     assert sorted(os.path.basename(p) for p, _ in source.skipped_files) == ["cut.jpg", "empty.jpg", "text.png"]
     assert len(source) == 8 and source.class_counts == {0: 4, 1: 4}
@@ -85,7 +86,8 @@ def test_image_folder_checks_each_file_once_and_names_the_skipped(tmp_path, capl
     assert source.skipped_count == 0 and len(indices) == 8  # nothing left to fail at training time
     np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), (10 * labels + 5) / 255.0, atol=2 / 255)
     assert {os.path.basename(source.paths[i]) for i in indices} >= {"t.tif", "w.webp"}
-    for bad, reason in (("class_0/empty.jpg", "empty file"), ("class_1/cut.jpg", "")):
+    for bad, reason in (("class_0/empty.jpg", "empty file"), ("class_1/cut.jpg", "corrupt or truncated"),
+                        ("class_1/missing.png", "file not found")):
         with pytest.raises(sources.ImageReadError, match=f"{tmp_path / bad}: {reason}"):
             sources.decode_image_file(tmp_path / bad)
     np.testing.assert_array_equal(sources.decode_image_file(tmp_path / "class_0" / "t.tif", channels=1),

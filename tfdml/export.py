@@ -121,6 +121,11 @@ def _resolve_channels(model, config):
     return channels
 
 
+def input_channels(model):
+    """The channel count (1 or 3) the exported model works on (see the module docstring)."""
+    return _resolve_channels(model, _model_preprocessing_config(model))
+
+
 def _named_outputs(model, images):
     if hasattr(model, "export_outputs"):
         outputs = model.export_outputs(images)
@@ -510,7 +515,8 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
 def _index_summary(index):
     return {"path": INDEX_DIR, "size": int(index.size), "distance": index.distance, "mode": index.mode,
             "ids": "none" if index.ids is None else ("paths" if index.ids.dtype.kind == "U" else "indices"),
-            "has_labels": index.labels is not None, "classes": len(index.class_names or [])}
+            "has_labels": index.labels is not None,
+            "classes": 0 if index.labels is None else int(len(np.unique(index.labels)))}
 
 
 def export_index(gallery, base_dir="exported_models", name=None, version=None, ids=None, labels=None,

@@ -61,19 +61,6 @@ def register(subparsers):
     return parser
 
 
-def job_source(metadata, channels):
-    """The evaluation data a `tfdml train` export records in its metadata, as a `Source` (or None)."""
-    from tfdml.data.sources import EMBEDDED_SOURCES, embedded_source, image_folder
-
-    data = (metadata.get("training_config") or {}).get("data") or {}
-    kind = data.get("source")
-    if kind == "folder" and data.get("eval_path"):
-        return image_folder(data["eval_path"], channels=channels)
-    if kind in EMBEDDED_SOURCES or (kind and kind not in ("tfds", "folder")):
-        return embedded_source(kind, data.get("eval_split") or "test")
-    return None
-
-
 def embed_source(embedder, source, batch_size):
     """`(embeddings, labels)` of every loadable item of `source` through the exported model."""
     from tfdml.data.sources import load_items
@@ -93,7 +80,7 @@ def _load_inputs(args):
             arrays = {key: data[key] for key in data.files}
         return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"),
                 arrays.get("query_labels"))
-    from tfdml.data.sources import embedded_source, image_folder
+    from tfdml.data.sources import embedded_source, image_folder, job_evaluation_source
     from tfdml.export import ExportedEmbedder
 
     if args.dataset and args.image_dir:
@@ -106,7 +93,7 @@ def _load_inputs(args):
     elif args.image_dir:
         source = image_folder(args.image_dir, channels=embedder.channels)
     else:
-        source = job_source(embedder.metadata, embedder.channels)
+        source = job_evaluation_source(embedder.metadata.get("training_config"), embedder.channels)
         if source is None:
             raise ValueError(f"{embedder.path} records no evaluation data it can load (it was not exported "
                              "by 'tfdml train' from an embedded data set or image folder): give --dataset "

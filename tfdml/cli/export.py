@@ -40,8 +40,11 @@ def register(subparsers):
                              "a dotted function name (default: what the model declares, as 'tfdml train' "
                              "used it; unit for a model outside a report that declares none).")
     parser.add_argument("--gallery-dir", metavar="DIR",
-                        help="also build the ScaNN index of these images (one sub-folder per class); files "
-                             "that cannot be decoded are skipped and named.")
+                        help="build the ScaNN index of these images (one sub-folder per class); files that "
+                             "cannot be decoded are skipped and named. Default: the job's evaluation data "
+                             "when the model sits in a 'tfdml train' report folder (embedded data set or "
+                             "image folder), else no index.")
+    parser.add_argument("--no-index", action="store_true", help="export the SavedModel without an index.")
     parser.set_defaults(func=run)
     return parser
 
@@ -83,12 +86,16 @@ def _run(args):
         preprocess = args.preprocess
         if preprocess is None and training_config is None and getattr(model, "preprocessing", "absent") is None:
             preprocess = "unit"  # outside the job, tfdml.data feeds models without preprocessing [0, 1] pixels
-        gallery = None
-        if args.gallery_dir:
-            from tfdml.data.sources import image_folder
+        from tfdml.data.sources import image_folder, job_evaluation_source
 
-            channels = export_lib._resolve_channels(model, export_lib._model_preprocessing_config(model))
+        channels = export_lib.input_channels(model)
+        gallery = None
+        if args.gallery_dir and args.no_index:
+            raise ValueError("give at most one of --gallery-dir and --no-index.")
+        if args.gallery_dir:
             gallery = image_folder(args.gallery_dir, channels=channels)
+        elif not args.no_index:
+            gallery = job_evaluation_source(training_config, channels)
         path = export_lib.export_saved_model(
             model, base_dir=args.base_dir, name=args.name, version=args.version,
             image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
@@ -99,7 +106,8 @@ def _run(args):
         return 2
     print(f"exported SavedModel: {path}")
     if gallery is not None:
-        print(f"ScaNN index of {len(gallery)} images, {len(gallery.class_names)} classes: "
+        summary = export_lib.load_metadata(path)["index"]
+        print(f"ScaNN index of {summary['size']} images of {gallery.name}, {summary['classes']} classes: "
               f"{os.path.join(path, export_lib.INDEX_DIR)}")
     return 0
 

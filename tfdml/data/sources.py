@@ -153,7 +153,7 @@ def check_image_file(path):
     truncated files are caught); other formats are checked with Pillow's `verify` (structure and PNG
     checksums, no decoding).
     """
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         if os.path.getsize(path) == 0:
@@ -165,10 +165,14 @@ def check_image_file(path):
                 image.load()
             else:
                 image.verify()
-    except OSError as error:  # Pillow's UnidentifiedImageError and truncation errors are OSErrors
-        return None, str(error).replace(f"{path!r}", "").strip() or type(error).__name__
+    except UnidentifiedImageError:
+        return None, "not an image file: format not recognised"
+    except FileNotFoundError:
+        return None, "file not found"
+    except OSError as error:  # truncated or damaged data
+        return None, f"corrupt or truncated: {error}"
     except Exception as error:  # malformed headers raise ValueError, SyntaxError, struct.error, ...
-        return None, f"{type(error).__name__}: {error}"
+        return None, f"corrupt: {type(error).__name__}: {error}"
     return image_format, None
 
 
@@ -489,3 +493,16 @@ def _tfds_loader(reader, image_key, channels):
         return image
 
     return load
+
+
+def job_evaluation_source(training_config, channels=3):
+    """The evaluation data of a `tfdml train` job from its configuration's `data` section (as recorded in
+    export metadata and report `config.yaml`): an embedded data set or the evaluation image folder; None
+    for tfds jobs (their data may not be on this machine) or without a configuration."""
+    data = (training_config or {}).get("data") or {}
+    kind = data.get("source")
+    if kind == "folder" and data.get("eval_path"):
+        return image_folder(data["eval_path"], channels=channels)
+    if kind and kind not in ("tfds", "folder"):
+        return embedded_source(kind, data.get("eval_split") or "test")
+    return None
