@@ -32,8 +32,8 @@ def register(subparsers):
     data = parser.add_argument_group(
         "data for --model (default: the evaluation data recorded in the export by 'tfdml train')")
     data.add_argument("--dataset", metavar="NAME",
-                      help="embedded data set (no download), its test split: 'digits' is scikit-learn's "
-                           "8x8 digits 5-9 (the zero-shot split, 896 images).")
+                      help="embedded data set (no download), its test split (the unseen classes): 'digits' "
+                           "is scikit-learn's 8x8 digits 5-9 (896 images), 'glyphs' tfdml.data.glyphs.")
     data.add_argument("--image-dir", metavar="DIR",
                       help="gallery images, one sub-directory per class (the sub-directory names, sorted, "
                            "give the labels).")
@@ -89,7 +89,8 @@ def _load_inputs(args):
         raise ValueError("--query-image-dir needs --image-dir (the gallery).")
     embedder = ExportedEmbedder(args.model, args.version)
     if args.dataset:
-        source = embedded_source(args.dataset, "test")
+        # Data sets drawn at a size (glyphs) are drawn at the model's input size.
+        source = embedded_source(args.dataset, "test", image_size=embedder.metadata["image_size"][0])
     elif args.image_dir:
         source = image_folder(args.image_dir, channels=embedder.channels)
     else:

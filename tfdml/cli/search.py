@@ -51,6 +51,15 @@ def _query_label(text, index):
                          "label number.") from None
 
 
+def _query_title(path, label, index):
+    """One line under a grid's query: its class when given, else its (shortened) file name."""
+    if label is not None:
+        return "class " + (index.class_names[label] if index.class_names and 0 <= label < len(index.class_names)
+                           else str(label))
+    name = os.path.basename(path)
+    return name if len(name) <= 18 else "..." + name[-15:]
+
+
 def describe_id(found):
     """A printable gallery id: a file path as it is, an item number as `item N`."""
     return found if isinstance(found, str) else f"item {found}"
@@ -135,11 +144,8 @@ def _run(args):
 
             titles = [[(f"{n['class']} " if "class" in n else "") + f"{n[value_name]:.2f}" for n in entry[
                 "neighbours"]] for entry in report]
-            query_titles = [os.path.basename(path) + (f"\nclass {index.class_names[label]}"
-                                                       if query_labels is not None and index.class_names
-                                                       and 0 <= label < len(index.class_names) else "")
-                            for path, label in zip(queries, query_labels if query_labels is not None
-                                                   else [-1] * len(queries))]
+            query_titles = [_query_title(path, None if query_labels is None else query_labels[q], index)
+                            for q, path in enumerate(queries)]
             plot_retrieval_grid(images, pictures, flags, args.grid, titles=titles, query_titles=query_titles)
             print(f"retrieval grid written to {args.grid}")
     return 0

@@ -404,9 +404,12 @@ def digits(split="train"):
 EMBEDDED_SOURCES = {"digits": digits}
 
 
-def embedded_source(name, split="test"):
+def embedded_source(name, split="test", **options):
     """The `split` of the embedded data set `name` (see `EMBEDDED_SOURCES`; a `tfdml.data.<name>(split)`
-    function returning a `Source` also counts)."""
+    function returning a `Source` also counts). `options` (e.g. `image_size` for data sets rendered at a
+    size) are passed on to the functions that take them and ignored by the others."""
+    import inspect
+
     function = EMBEDDED_SOURCES.get(name)
     if function is None:
         import tfdml.data
@@ -415,7 +418,8 @@ def embedded_source(name, split="test"):
         if not callable(function) or name in ("image_folder", "array_source", "tfds_source"):
             raise ValueError(f"unknown embedded data set {name!r}; embedded data sets: "
                              f"{', '.join(sorted(EMBEDDED_SOURCES))}.")
-    source = function(split)
+    accepted = inspect.signature(function).parameters
+    source = function(split, **{k: v for k, v in options.items() if k in accepted and v is not None})
     if not isinstance(source, Source):
         raise ValueError(f"tfdml.data.{name}({split!r}) is not a tfdml.data.Source.")
     return source
@@ -504,5 +508,5 @@ def job_evaluation_source(training_config, channels=3):
     if kind == "folder" and data.get("eval_path"):
         return image_folder(data["eval_path"], channels=channels)
     if kind and kind not in ("tfds", "folder"):
-        return embedded_source(kind, data.get("eval_split") or "test")
+        return embedded_source(kind, data.get("eval_split") or "test", image_size=data.get("image_size"))
     return None
