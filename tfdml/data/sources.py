@@ -508,5 +508,7 @@ def job_evaluation_source(training_config, channels=3):
     if kind == "folder" and data.get("eval_path"):
         return image_folder(data["eval_path"], channels=channels)
     if kind and kind not in ("tfds", "folder"):
-        return embedded_source(kind, data.get("eval_split") or "test", image_size=data.get("image_size"))
+        # The data section's settings that the data set's function takes (image_size, images_per_class, ...).
+        options = {k: v for k, v in data.items() if k not in ("source", "name", "train_split", "eval_split")}
+        return embedded_source(kind, data.get("eval_split") or "test", **options)
     return None
