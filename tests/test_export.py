@@ -418,3 +418,20 @@ def test_grayscale_model_takes_one_channel(tmp_path):
     np.testing.assert_allclose(embedder.embed(images), l2(model(served_pixels(images) / 255.0).numpy()),
                                atol=2e-5)
     assert np.array(E.rest_request_body(images)["inputs"]["images"]).shape == (2, SIZE, SIZE, 1)
+
+
+def test_generated_exports_are_not_tracked():
+    """Running the README (tfdml train, tfdml export) must not modify tracked files."""
+    git = shutil.which("git")
+    if git is None or not os.path.exists(os.path.join(REPO, ".git")):
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run([git, "ls-files", "exported_models"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked == ["exported_models/README.md"]
+    generated = ["exported_models/digits_rll/1/saved_model.pb", "exported_models/x/2/assets.extra/tfdml_index/ids.npy",
+                 "exported_models/x/.tmp-export-abc/model/saved_model.pb", "reports/digits_rll/metrics.json"]
+    ignored = subprocess.run([git, "check-ignore", *generated], cwd=REPO, capture_output=True, text=True).stdout
+    assert ignored.split() == generated
+    with open(os.path.join(REPO, "exported_models", "README.md")) as f:
+        layout = f.read()
+    assert "assets.extra/tfdml_index/" in layout and "tfdml_metadata.json" in layout
