@@ -555,8 +555,11 @@ def load_index(model_path, version=None, index_dir=None):
     embedder = ExportedEmbedder(model_path, version)
     directory = index_dir or os.path.join(embedder.path, INDEX_DIR)
     if not os.path.isdir(directory):
+        shared = os.path.join(os.path.dirname(os.path.abspath(embedder.path)), "index")
+        hint = (f" (the index at {shared} is of the old layout, shared by every version and possibly built "
+                f"with another one: it is not used)") if os.path.isdir(shared) else ""
         raise FileNotFoundError(
-            f"{embedder.path} (model {embedder.name!r} version {embedder.version}) has no gallery index: "
+            f"{embedder.path} (model {embedder.name!r} version {embedder.version}) has no gallery index{hint}: "
             f"build one with 'tfdml export --model MODEL.keras --name {embedder.name} --version "
             f"{embedder.version} --gallery-dir DIR' or tfdml.export.export_index(...).")
     index = ScannIndex.load(directory)
