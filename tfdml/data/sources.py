@@ -220,10 +220,10 @@ def read_image_files(paths, channels=3, what="images"):
             kept.append(position)
         except ImageReadError as error:
             problems.append((os.fspath(path), str(error)[len(os.fspath(path)) + 2:]))
-    report_skipped(what, problems, len(paths))
-    if not images:
+    if not images:  # one error line instead of a warning and an error
         raise ValueError(f"{what}: none of the {len(paths)} image files can be decoded: "
                          + "; ".join(f"{name} ({reason})" for name, reason in problems[:MAX_NAMED]))
+    report_skipped(what, problems, len(paths))
     return images, np.asarray(kept, np.int64)
 
 
