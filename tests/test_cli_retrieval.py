@@ -3,6 +3,8 @@
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -12,10 +14,12 @@ import pytest
 import tensorflow as tf
 from matplotlib import image as mpimg
 
+from tfdml import data
 from tfdml.cli import evaluate as evaluate_cli
+from tfdml.cli import export as export_cli
 from tfdml.cli import search as search_cli
-from tfdml.export import export_index, export_saved_model
-from tfdml.retrieval import evaluate
+from tfdml.export import export_index, export_saved_model, load_metadata
+from tfdml.retrieval import embed_batches, evaluate
 
 
 def parse(module, argv):
@@ -24,22 +28,48 @@ def parse(module, argv):
     return parser.parse_args(argv)
 
 
-def digits_model():
-    inputs = keras.Input((8, 8, 3))
+SIZE = 12  # digits are 8 x 8: the serving graph resizes them to 14 and crops 12, as evaluation does
+
+
+def digits_model(seed=1, name="digits"):
+    inputs = keras.Input((SIZE, SIZE, 1))
     h = keras.layers.Flatten()(inputs)
-    h = keras.layers.Dense(16, kernel_initializer=keras.initializers.RandomNormal(seed=1))(h)
-    return keras.Model(inputs, keras.layers.UnitNormalization()(h), name="digits")
+    h = keras.layers.Dense(16, kernel_initializer=keras.initializers.RandomNormal(seed=seed))(h)
+    return keras.Model(inputs, keras.layers.UnitNormalization()(h), name=name)
+
+
+def unit(pixels):
+    return pixels / 255.0
 
 
 @pytest.fixture(scope="module")
 def exported_digits(tmp_path_factory):
+    """Version 1 of model "digits" with the index of the digits 5-9 (an embedded data set), exported as
+    `tfdml train` does: the evaluation source is the gallery, the job's data section is recorded."""
     base = tmp_path_factory.mktemp("models")
     model = digits_model()
-    export_saved_model(model, base, preprocess="unit")
+    job = {"data": {"source": "digits", "eval_split": "test"}}
+    export_saved_model(model, base, preprocess="unit", image_size=(SIZE, SIZE), training_config=job,
+                       gallery=data.digits("test"), index_mode="exact")
     return model, base
 
 
-@pytest.mark.parametrize("module", [evaluate_cli, search_cli])
+def job_metrics(model, metrics=("recall", "map@r", "r_precision", "nmi", "f1")):
+    """What the job reports: the Keras model on tfdml.data.eval_dataset batches of the evaluation source."""
+    ds = data.eval_dataset(data.digits("test"), 256, image_size=SIZE, preprocess=unit)
+    return evaluate(*embed_batches(model, ds), metrics=metrics)
+
+
+def write_pngs(folder, images, names):
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for image, name in zip(images, names):
+        paths.append(str(folder / name))
+        tf.io.write_file(paths[-1], tf.io.encode_png(image))
+    return paths
+
+
+@pytest.mark.parametrize("module", [evaluate_cli, search_cli, export_cli])
 def test_every_option_has_help(module):
     parser = argparse.ArgumentParser(prog="tfdml")
     sub = parser.add_subparsers(dest="command")
@@ -67,20 +97,24 @@ def test_evaluate_embeddings_file(tmp_path, capsys):
     printed = capsys.readouterr().out
     written = json.loads((tmp_path / "m.json").read_text())
     assert written == pytest.approx(evaluate(emb, labels, ks=(1, 4)))
-    assert f"{100 * written['recall@1']:9.2f}" in printed and "map@r" in printed
+    assert re.search(rf"recall@1 +{written['recall@1']:.4f}\n", printed) and "map@r" in printed  # fractions
+    assert "%" not in printed
     png = mpimg.imread(tmp_path / "r.png")
     assert png.ndim == 3 and png.shape[0] > 200 and png.shape[1] > 200
 
 
-def test_evaluate_model_on_digits(exported_digits, tmp_path):
+def test_evaluate_on_the_export_reproduces_the_job(exported_digits, tmp_path, capsys):
+    """`tfdml evaluate` on an export = the job's figures (same images, same preprocessing, same metrics)."""
     model, base = exported_digits
-    args = parse(evaluate_cli, ["evaluate", "--model", str(base / "digits"), "--dataset", "digits",
-                                "--metrics", "recall", "map@r", "--json", str(tmp_path / "m.json")])
-    assert args.func(args) == 0
-    images, labels = evaluate_cli.load_digits_split()
-    assert set(np.unique(labels)) == {5, 6, 7, 8, 9} and 850 < len(labels) < 950
-    expected = evaluate(model(images.astype(np.float32) / 255.0).numpy(), labels, metrics=("recall", "map@r"))
-    assert json.loads((tmp_path / "m.json").read_text()) == pytest.approx(expected, abs=1e-6)
+    expected = job_metrics(model)
+    for extra in ([], ["--dataset", "digits"]):  # default: the evaluation data recorded by the job
+        args = parse(evaluate_cli, ["evaluate", "--model", str(base / "digits"), *extra,
+                                    "--json", str(tmp_path / "m.json")])
+        assert args.func(args) == 0
+        assert json.loads((tmp_path / "m.json").read_text()) == pytest.approx(expected, abs=1e-6)
+    printed = capsys.readouterr().out
+    assert "on digits(test): 896 images, 5 classes" in printed
+    assert re.search(rf"recall@1 +{expected['recall@1']:.4f}\n", printed)
 
 
 def test_evaluate_reports_bad_arguments(tmp_path, capsys):
@@ -95,13 +129,13 @@ def test_evaluate_reports_bad_arguments(tmp_path, capsys):
 
 def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsys):
     _, base = exported_digits
-    images, labels = evaluate_cli.load_digits_split()
-    paths = []
-    for i in range(40):
-        paths.append(str(tmp_path / f"{labels[i]}_{i}.png"))
-        tf.io.write_file(paths[-1], tf.io.encode_png(images[i]))
-    export_index(paths, base, "digits", labels=labels[:40])
-    argv = ["search", "--model", str(base / "digits"), paths[3], paths[7], "-k", "4", "--query-labels",
+    source = data.digits("test")
+    images, labels = source.images, source.labels
+    paths = write_pngs(tmp_path / "gallery", images[:40], [f"{labels[i]}_{i}.png" for i in range(40)])
+    other = tmp_path / "other"
+    export_saved_model(digits_model(), other, preprocess="unit")  # version 1 of the same name elsewhere
+    export_index(paths, other, "digits", labels=labels[:40])
+    argv = ["search", "--model", str(other / "digits"), paths[3], paths[7], "-k", "4", "--query-labels",
             str(labels[3]), str(labels[7]), "--json", str(tmp_path / "n.json"), "--grid", str(tmp_path / "g.png")]
     args = parse(search_cli, argv)
     assert args.func(args) == 0
@@ -110,12 +144,105 @@ def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsy
     for entry, q in zip(report, (3, 7)):
         first = entry["neighbours"][0]
         assert first["id"] == os.path.abspath(paths[q]) and first["score"] == pytest.approx(1.0, abs=1e-5)
-        assert first["label"] == labels[q] and len(entry["neighbours"]) == 4
+        assert first["label"] == labels[q] and first["same_class"] and len(entry["neighbours"]) == 4
         scores = [n["score"] for n in entry["neighbours"]]
         assert scores == sorted(scores, reverse=True)
     grid = mpimg.imread(tmp_path / "g.png")
     assert grid.shape[1] > grid.shape[0] > 100  # 2 rows x 5 columns
-    assert "retrieval grid written" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "retrieval grid written" in out and f"1. {os.path.abspath(paths[3])}  class {labels[3]}" in out
     args = parse(search_cli, argv[:3] + [paths[0], "--query-labels", "1", "2"])
     assert args.func(args) == 2
     assert "--query-labels has 2 entries for 1 queries" in capsys.readouterr().err
+
+
+def test_search_an_embedded_gallery_prints_items_and_classes_and_draws_the_grid(exported_digits, tmp_path,
+                                                                                 capsys):
+    _, base = exported_digits
+    source = data.digits("test")
+    query = write_pngs(tmp_path, source.images[[0]], ["q.png"])[0]
+    args = parse(search_cli, ["search", "--model", str(base / "digits"), query, "-k", "3", "--query-labels",
+                              str(source.labels[0]), "--grid", str(tmp_path / "grid.png")])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert f"  1. item 0  class {source.labels[0]}  score 1.0000" in out
+    assert "gallery of 896 images" in out and "retrieval grid written" in out
+    assert mpimg.imread(tmp_path / "grid.png").shape[0] > 100
+
+
+def test_search_old_version_uses_its_own_index(exported_digits, tmp_path, capsys):
+    """`--version 1` after a newer export answers with version 1's gallery, or refuses a foreign index."""
+    _, base = exported_digits
+    source = data.digits("test")
+    newer = base / "newer"
+    shutil.copytree(base / "digits" / "1", newer / "digits" / "1")
+    gallery = write_pngs(tmp_path / "g", source.images[100:110], [f"n{i}.png" for i in range(10)])
+    v2 = export_saved_model(digits_model(seed=7), newer, name="digits", preprocess="unit", gallery=gallery)
+    query = write_pngs(tmp_path, source.images[[5]], ["q.png"])[0]
+    args = parse(search_cli, ["search", "--model", str(newer / "digits"), "--version", "1", query, "-k", "1",
+                              "--json", str(tmp_path / "s.json")])
+    assert args.func(args) == 0
+    assert json.loads((tmp_path / "s.json").read_text())[0]["neighbours"][0]["id"] == 5
+    assert "model digits version 1" in capsys.readouterr().out
+    args = parse(search_cli, ["search", "--model", str(newer / "digits"), "--version", "1", query,
+                              "--index", os.path.join(v2, "assets.extra", "tfdml_index")])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert "was built with version 2, not 1" in err and "neighbours would be wrong" in err
+
+
+def test_corrupt_queries_are_skipped_and_named(exported_digits, tmp_path, capsys):
+    _, base = exported_digits
+    good = write_pngs(tmp_path, data.digits("test").images[[0]], ["good.png"])[0]
+    (tmp_path / "empty.png").write_bytes(b"")
+    (tmp_path / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    bad = [str(tmp_path / "empty.png"), str(tmp_path / "broken.jpg")]
+    args = parse(search_cli, ["search", "--model", str(base / "digits"), bad[0], good, bad[1], "-k", "1"])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    assert f"{good}:" in captured.out and "empty.png:" not in captured.out
+    assert "skipped 2 of 3 images that cannot be decoded" in captured.err
+    assert f"{bad[0]} (empty file)" in captured.err and bad[1] in captured.err
+    assert "Traceback" not in captured.err
+    args = parse(search_cli, ["search", "--model", str(base / "digits"), *bad])
+    assert args.func(args) == 2
+    assert "none of the 2 image files can be decoded" in capsys.readouterr().err
+
+
+def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys):
+    """A report folder's model.keras: metadata filled from config.yaml / metrics.json; the gallery's
+    undecodable files are skipped and named, in export and evaluate alike, with an accurate count."""
+    source = data.digits("test")
+    folder = tmp_path / "gallery"
+    for c in range(5, 10):
+        rows = np.flatnonzero(source.labels == c)[:6]
+        write_pngs(folder / f"digit_{c}", source.images[rows], [f"{i}.png" for i in rows])
+    (folder / "digit_5" / "zz_empty.png").write_bytes(b"")
+    (folder / "digit_7" / "zz_cut.png").write_bytes((folder / "digit_7" / os.listdir(folder / "digit_7")[0])
+                                                    .read_bytes()[:40])
+    report = tmp_path / "report"
+    report.mkdir()
+    digits_model(name="folder_model").save(report / "model.keras")
+    (report / "config.yaml").write_text("data:\n  source: folder\n  eval_path: %s\n" % folder)
+    (report / "metrics.json").write_text(json.dumps({"model": {"recall@1": 0.5}}))
+    args = parse(export_cli, ["export", "--model", str(report / "model.keras"), "--name", "f", "--base-dir",
+                              str(tmp_path / "models"), "--gallery-dir", str(folder)])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    assert "skipped 2 of 32 images that cannot be decoded" in captured.err
+    assert "zz_empty.png (empty file)" in captured.err and "zz_cut.png" in captured.err
+    assert re.search(r"ScaNN index of 30 images of image_folder\(.*gallery\), 5 classes", captured.out)
+    metadata = load_metadata(tmp_path / "models" / "f")
+    assert metadata["training_config"]["data"]["source"] == "folder"
+    assert metadata["metrics"] == {"recall@1": 0.5} and metadata["index"]["size"] == 30
+    assert None not in metadata.values()
+    # Without --gallery-dir, a report's model is indexed on the job's evaluation data (config.yaml).
+    args = parse(export_cli, ["export", "--model", str(report / "model.keras"), "--name", "f", "--base-dir",
+                              str(tmp_path / "models")])
+    assert args.func(args) == 0
+    assert load_metadata(tmp_path / "models" / "f", version=2)["index"]["size"] == 30
+    assert "skipped 2 of 32 images" in capsys.readouterr().err
+    args = parse(evaluate_cli, ["evaluate", "--model", str(tmp_path / "models" / "f"), "--metrics", "recall"])
+    assert args.func(args) == 0  # the job's evaluation folder, recorded in the metadata
+    captured = capsys.readouterr()
+    assert "skipped 2 of 32 images" in captured.err and "30 images, 5 classes" in captured.out

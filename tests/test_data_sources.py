@@ -9,6 +9,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import tfdml.data as data
+from tfdml.data import sources
 from tfdml.data.preprocessing import eval_image, train_image
 
 
@@ -58,9 +59,50 @@ def test_varying_image_sizes_need_image_size(tmp_path):
         data.eval_dataset(data.image_folder(str(tmp_path)), 4)
 
 
+def test_image_folder_checks_each_file_once_and_names_the_skipped(tmp_path, caplog):
+    """Empty, truncated and non-image files are left out when the source is made, named with an accurate
+    count; TIFF (which TensorFlow cannot decode) and WebP files are read."""
+    from PIL import Image
+
+    write_folder(tmp_path, classes=2, per_class=3)
+    Image.fromarray(np.full((9, 7, 3), 5, np.uint8)).save(tmp_path / "class_0" / "t.tif")
+    Image.fromarray(np.full((9, 7, 3), 15, np.uint8)).save(tmp_path / "class_1" / "w.webp", lossless=True)
+    (tmp_path / "class_0" / "empty.jpg").write_bytes(b"")
+    jpeg = tf.io.encode_jpeg(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).numpy()
+    (tmp_path / "class_1" / "cut.jpg").write_bytes(jpeg[: len(jpeg) // 2])
+    (tmp_path / "class_1" / "text.png").write_bytes(b"not a png at all")
+    with caplog.at_level(logging.WARNING, logger="tfdml.data"):
+        source = data.image_folder(str(tmp_path))
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "skipped 3 of 11 images that cannot be decoded" in warnings[0]
+    for name in ("empty.jpg (empty file)", "cut.jpg (", "text.png (not an image file: format not recognised)",
+                 "cut.jpg (corrupt or truncated: "):
+        assert name in warnings[0], name
+    assert sorted(os.path.basename(p) for p, _ in source.skipped_files) == ["cut.jpg", "empty.jpg", "text.png"]
+    assert len(source) == 8 and source.class_counts == {0: 4, 1: 4}
+    assert not any(os.path.basename(p) in ("cut.jpg", "empty.jpg", "text.png") for p in source.paths)
+    batches = list(data.eval_dataset(source, batch_size=8, image_size=6, with_index=True))
+    images, labels, indices = (t.numpy() for t in batches[0])
+    assert source.skipped_count == 0 and len(indices) == 8  # nothing left to fail at training time
+    np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), (10 * labels + 5) / 255.0, atol=2 / 255)
+    assert {os.path.basename(source.paths[i]) for i in indices} >= {"t.tif", "w.webp"}
+    for bad, reason in (("class_0/empty.jpg", "empty file"), ("class_1/cut.jpg", "corrupt or truncated"),
+                        ("class_1/missing.png", "file not found")):
+        with pytest.raises(sources.ImageReadError, match=f"{tmp_path / bad}: {reason}"):
+            sources.decode_image_file(tmp_path / bad)
+    np.testing.assert_array_equal(sources.decode_image_file(tmp_path / "class_0" / "t.tif", channels=1),
+                                  np.full((9, 7, 1), 5, np.uint8))
+    for path in (tmp_path / "class_0").iterdir():
+        path.unlink()
+    (tmp_path / "class_0" / "empty.png").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"none of its 1 image files can be decoded: .*empty.png \(empty file\)"):
+        data.image_folder(str(tmp_path / "class_0" / ".."), class_names=["class_0"])
+
+
 def test_corrupt_jpeg_is_skipped_counted_and_replaced(tmp_path, caplog):
+    """Files that fail while training (here: not checked up front) are skipped, named and replaced."""
     write_folder(tmp_path, classes=2, per_class=3, corrupt=1)
-    source = data.image_folder(str(tmp_path))
+    source = data.image_folder(str(tmp_path), validate=False)
     broken = [i for i, p in enumerate(source.paths) if "broken" in p]
     assert len(broken) == 1 and source.class_counts == {0: 4, 1: 3}
     with caplog.at_level(logging.WARNING, logger="tfdml.data"):
@@ -89,7 +131,7 @@ def test_batch_with_a_class_of_only_corrupt_files_is_dropped(tmp_path, caplog):
     write_folder(tmp_path, classes=3, per_class=2)
     for path in (tmp_path / "class_0").iterdir():
         path.write_bytes(b"garbage")  # class 0: nothing decodes
-    source = data.image_folder(str(tmp_path))
+    source = data.image_folder(str(tmp_path), validate=False)
     with caplog.at_level(logging.WARNING, logger="tfdml.data"):
         batches = list(data.class_balanced_dataset(source, 2, 2, image_size=8, seed=0, epochs=4))
     # 4 epochs x 2 batches; exactly the batches holding class 0 are dropped, the rest stay exact.
@@ -103,7 +145,7 @@ def test_batch_with_a_class_of_only_corrupt_files_is_dropped(tmp_path, caplog):
 
 def test_eval_dataset_counts_a_corrupt_last_item(tmp_path):
     write_folder(tmp_path, classes=1, per_class=2, corrupt=1)  # the broken file sorts last
-    source = data.image_folder(str(tmp_path))
+    source = data.image_folder(str(tmp_path), validate=False)
     assert "broken" in source.paths[-1]
     batches = list(data.eval_dataset(source, batch_size=8, image_size=8))
     assert sum(int(x.shape[0]) for x, _ in batches) == 2

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -47,6 +48,24 @@ def caffe_preprocess(pixels):
     return pixels[..., ::-1] - np.array([103.939, 116.779, 123.68], np.float32)
 
 
+def served_pixels(images, size=SIZE):
+    """The papers' evaluation geometry, written out: bilinear resize to round(size * 256 / 224), centre crop."""
+    side = round(size * 256 / 224)
+    resized = tf.image.resize(np.asarray(images, np.float32), (side, side)).numpy()
+    top = (side - size) // 2
+    return resized[:, top:top + size, top:top + size]
+
+
+def luma(images):
+    return np.asarray(images, np.float32) @ np.array([[0.299], [0.587], [0.114]], np.float32)
+
+
+def gray_model():
+    inputs = keras.Input((SIZE, SIZE, 1))
+    out = keras.layers.Dense(3)(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, out, name="gray")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     base = tmp_path_factory.mktemp("exports")
@@ -56,26 +75,38 @@ def exported(tmp_path_factory):
                               training_config={"loss": "ranked_list", "margin": 0.4},
                               metrics={"recall@1": 0.61})
     p2 = E.export_saved_model(multi, base, preprocess="unit")
-    return {"base": base, "single": (single, p1), "multi": (multi, p2)}
+    gray = gray_model()
+    p3 = E.export_saved_model(gray, base, preprocess="unit")
+    return {"base": base, "single": (single, p1), "multi": (multi, p2), "gray": (gray, p3)}
 
 
-# Runs in a fresh interpreter that never imports tfdml: reloads each export, runs both signatures, and
-# runs `saved_model_cli show --all` (the console script's own `main`) on the multi-level export.
+# Runs in a fresh interpreter that never imports tfdml: reloads each export, runs both signatures on RGB
+# and grayscale images, records the errors of an empty batch and of 4-channel images, and runs
+# `saved_model_cli show --all` (the console script's own `main`) on the multi-level export.
 _FRESH_PROCESS = textwrap.dedent("""
-    import contextlib, io, sys, numpy as np, tensorflow as tf
+    import contextlib, io, json, sys, numpy as np, tensorflow as tf
     work, *paths = sys.argv[1:]
-    images, other, floats = (np.load(f"{work}/{k}.npy") for k in ("images", "other", "floats"))
-    result = {}
+    inputs = dict(np.load(f"{work}/inputs.npz"))
+    result, errors = {}, {}
     for n, path in enumerate(paths):
         loaded = tf.saved_model.load(path)
         serve, pre = loaded.signatures["serving_default"], loaded.signatures["embed_preprocessed"]
-        for tag, out in (("serve", serve(images=tf.constant(images))), ("other", serve(images=tf.constant(other))),
-                         ("float", pre(preprocessed=tf.constant(floats)))):
-            result.update({f"{n}_{tag}_{k}": v.numpy() for k, v in out.items()})
+        channels = pre.structured_input_signature[1]["preprocessed"].shape[-1]
+        for tag in ("images", "other", "gray"):
+            result.update({f"{n}_{tag}_{k}": v.numpy() for k, v in serve(images=tf.constant(inputs[tag])).items()})
+        out = pre(preprocessed=tf.constant(inputs[f"floats{channels}"]))
+        result.update({f"{n}_float_{k}": v.numpy() for k, v in out.items()})
+        for tag in ("empty", "rgba"):
+            try:
+                serve(images=tf.constant(inputs[tag]))
+                errors[f"{n}_{tag}"] = "no error"
+            except tf.errors.InvalidArgumentError as error:
+                errors[f"{n}_{tag}"] = error.message
     assert not any(m == "tfdml" or m.startswith("tfdml.") for m in sys.modules), "tfdml was imported"
     np.savez(f"{work}/out.npz", **result)
+    json.dump(errors, open(f"{work}/errors.json", "w"))
     from tensorflow.python.tools.saved_model_cli import main
-    sys.argv = ["saved_model_cli", "show", "--all", "--dir", paths[-1]]
+    sys.argv = ["saved_model_cli", "show", "--all", "--dir", paths[1]]
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         try:
@@ -92,15 +123,19 @@ def fresh(exported, tmp_path_factory):
     rng = np.random.default_rng(0)
     inputs = {"images": rng.integers(0, 256, (4, SIZE, SIZE, 3)).astype(np.uint8),
               "other": rng.integers(0, 256, (3, 20, 17, 3)).astype(np.uint8),  # resized in the graph
-              "floats": rng.normal(size=(2, SIZE, SIZE, 3)).astype(np.float32)}
-    for key, array in inputs.items():
-        np.save(work / f"{key}.npy", array)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+              "gray": rng.integers(0, 256, (2, 15, 13, 1)).astype(np.uint8),
+              "floats3": rng.normal(size=(2, SIZE, SIZE, 3)).astype(np.float32),
+              "floats1": rng.normal(size=(2, SIZE, SIZE, 1)).astype(np.float32),
+              "empty": np.zeros((0, SIZE, SIZE, 3), np.uint8),
+              "rgba": np.zeros((1, SIZE, SIZE, 4), np.uint8)}
+    np.savez(work / "inputs.npz", **inputs)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="", PYTHONPATH="")
     subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(work), exported["single"][1],
-                    exported["multi"][1]], check=True, cwd=str(work), env=env, timeout=300)
+                    exported["multi"][1], exported["gray"][1]], check=True, cwd=str(work), env=env, timeout=300)
     with np.load(work / "out.npz") as data:
         outputs = dict(data)
-    return inputs, outputs, (work / "cli.txt").read_text()
+    errors = json.loads((work / "errors.json").read_text())
+    return inputs, outputs, (work / "cli.txt").read_text(), errors
 
 
 def test_layout_and_metadata(exported):
@@ -111,38 +146,61 @@ def test_layout_and_metadata(exported):
     assert meta["embedding_dim"] == 6
     assert meta["image_size"] == [SIZE, SIZE]
     assert meta["preprocessing"] == "keras.applications.resnet50.preprocess_input"
-    assert meta["input"] == {"signature": "serving_default", "name": "images", "dtype": "uint8",
-                             "shape": [None, None, None, 3]}
+    assert {k: meta["input"][k] for k in ("signature", "name", "dtype", "shape", "channels")} == {
+        "signature": "serving_default", "name": "images", "dtype": "uint8", "shape": [None, None, None, 3],
+        "channels": 3}
+    assert meta["eval_image"] == {"image_size": [SIZE, SIZE], "center_crop": True, "resize": [14, 14]}
     assert meta["training_config"] == {"loss": "ranked_list", "margin": 0.4}
     assert meta["metrics"] == {"recall@1": 0.61}
     assert meta["compile_config"]["loss"] == "mse"
+    assert all(value is not None for value in meta.values())
     multi_meta = E.load_metadata(exported["multi"][1])
     assert multi_meta["outputs"] == {"embedding": 8, "level_L": 3, "level_H": 5}
+    # Nothing was given for these: the keys are left out rather than written as null.
+    assert not {"training_config", "metrics", "compile_config", "index"} & set(multi_meta)
+    assert None not in multi_meta.values()
 
 
 def test_fresh_process_outputs_equal_keras(exported, fresh):
-    inputs, got, _ = fresh
-    images, other, floats = inputs["images"], inputs["other"], inputs["floats"]
+    inputs, got, _, _ = fresh
+    images, other, gray, floats = inputs["images"], inputs["other"], inputs["gray"], inputs["floats3"]
     single = exported["single"][0]
-    expected = single(caffe_preprocess(images.astype(np.float32))).numpy()
-    np.testing.assert_allclose(got["0_serve_embedding"], expected, atol=2e-5)
-    resized = tf.image.resize(other.astype(np.float32), (SIZE, SIZE)).numpy()
-    np.testing.assert_allclose(got["0_other_embedding"], single(caffe_preprocess(resized)).numpy(), atol=2e-5)
+    expected = single(caffe_preprocess(served_pixels(images))).numpy()
+    np.testing.assert_allclose(got["0_images_embedding"], expected, atol=2e-5)
+    expected = single(caffe_preprocess(served_pixels(other))).numpy()
+    np.testing.assert_allclose(got["0_other_embedding"], expected, atol=2e-5)
     np.testing.assert_allclose(got["0_float_embedding"], single(floats).numpy(), atol=2e-5)
+    # A grayscale image sent to an RGB model: the gray value in the three channels.
+    expected = single(caffe_preprocess(served_pixels(np.repeat(gray, 3, axis=-1)))).numpy()
+    np.testing.assert_allclose(got["0_gray_embedding"], expected, atol=2e-5)
 
     multi = exported["multi"][0]
-    ref = multi(images.astype(np.float32) / 255.0)
-    np.testing.assert_allclose(got["1_serve_embedding"], l2(ref["embedding"].numpy()), atol=2e-5)
-    np.testing.assert_allclose(np.linalg.norm(got["1_serve_embedding"], axis=1), 1.0, atol=1e-5)
+    ref = multi(served_pixels(images) / 255.0)
+    np.testing.assert_allclose(got["1_images_embedding"], l2(ref["embedding"].numpy()), atol=2e-5)
+    np.testing.assert_allclose(np.linalg.norm(got["1_images_embedding"], axis=1), 1.0, atol=1e-5)
     for level in ("level_L", "level_H"):
-        np.testing.assert_allclose(got[f"1_serve_{level}"], ref[level].numpy(), atol=2e-5)
+        np.testing.assert_allclose(got[f"1_images_{level}"], ref[level].numpy(), atol=2e-5)
     np.testing.assert_allclose(got["1_float_level_H"], multi(floats)["level_H"].numpy(), atol=2e-5)
+
+    # A colour image sent to a grayscale model: its ITU-R 601 luma, as a grayscale decoder gives.
+    model = exported["gray"][0]
+    np.testing.assert_allclose(got["2_images_embedding"], l2(model(served_pixels(luma(images)) / 255.0).numpy()),
+                               atol=2e-5)
+    np.testing.assert_allclose(got["2_gray_embedding"], l2(model(served_pixels(gray) / 255.0).numpy()), atol=2e-5)
+
+
+def test_serving_errors_name_the_problem(fresh):
+    errors = fresh[3]
+    for n in range(3):
+        assert "empty batch: send at least one image" in errors[f"{n}_empty"]
+        assert "images must have 1 (grayscale) or 3 (RGB) channels" in errors[f"{n}_rgba"]
+        assert "Got channels:" in errors[f"{n}_rgba"] and "4" in errors[f"{n}_rgba"]
 
 
 def test_saved_model_cli_lists_signatures(fresh):
     text = fresh[2]
     serving = text[text.index("signature_def['serving_default']"):]
-    assert "inputs['images'] tensor_info:\n        dtype: DT_UINT8\n        shape: (-1, -1, -1, 3)" in serving
+    assert "inputs['images'] tensor_info:\n        dtype: DT_UINT8\n        shape: (-1, -1, -1, -1)" in serving
     for output in ("embedding", "level_L", "level_H"):
         assert f"outputs['{output}']" in serving
     assert "inputs['preprocessed']" in text and f"shape: (-1, {SIZE}, {SIZE}, 3)" in text
@@ -205,6 +263,17 @@ def test_versions_overwrite_and_interrupted_export(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         E.export_saved_model(model, tmp_path, name="m")
     assert sorted(os.listdir(tmp_path / "m")) == ["1", "2"]  # no version 3, no temporary directory
+    monkeypatch.undo()
+
+    # A failure while the gallery index is built (after the SavedModel is written) leaves nothing either.
+    def fail_in_index(self, directory, arrays=None):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(ScannIndex, "save", fail_in_index)
+    gallery = np.zeros((3, SIZE, SIZE, 3), np.uint8)
+    with pytest.raises(RuntimeError, match="disk full"):
+        E.export_saved_model(model, tmp_path, name="m", gallery=gallery)
+    assert sorted(os.listdir(tmp_path / "m")) == ["1", "2"]
 
 
 def test_export_errors(tmp_path):
@@ -244,6 +313,14 @@ class ProtocolModel(keras.Model):
         return {"embedding": h, "level_H": 2.0 * h}
 
 
+def write_pngs(folder, images, prefix="g"):
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(str(folder / f"{prefix}{i}.png"))
+        tf.io.write_file(paths[-1], tf.io.encode_png(image))
+    return paths
+
+
 def test_protocol_model_and_export_index(tmp_path):
     model = ProtocolModel()
     model(np.zeros((1, 6, 6, 3), np.float32))
@@ -254,17 +331,16 @@ def test_protocol_model_and_export_index(tmp_path):
 
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, (7, 6, 6, 3)).astype(np.uint8)
-    paths = []
-    for i, image in enumerate(images):
-        paths.append(str(tmp_path / f"g{i}.png"))
-        tf.io.write_file(paths[-1], tf.io.encode_png(image))
+    paths = write_pngs(tmp_path, images)
     index = E.export_index(paths, tmp_path, "protocol", labels=np.arange(7) % 2)
-    assert os.path.isdir(tmp_path / "protocol" / "index")
-    loaded = ScannIndex.load(tmp_path / "protocol" / "index")
-    assert loaded.metadata == {"model_version": 1, "model_name": "protocol"}
+    index_dir = tmp_path / "protocol" / "1" / "assets.extra" / "tfdml_index"  # inside the version
+    loaded = ScannIndex.load(index_dir)
+    assert {k: loaded.metadata[k] for k in ("model_version", "model_name")} == {
+        "model_version": 1, "model_name": "protocol"}
+    assert loaded.metadata["model_fingerprint"] == tf.saved_model.experimental.read_fingerprint(path).singleprint()
     embedder = E.ExportedEmbedder(tmp_path / "protocol")
     emb = embedder.embed(images)
-    np.testing.assert_allclose(emb, l2(model(images / 127.5 - 1.0).numpy()), atol=2e-5)
+    np.testing.assert_allclose(emb, l2(model(served_pixels(images, 6) / 127.5 - 1.0).numpy()), atol=2e-5)
     found, scores = loaded.search(emb, k=1)
     assert found[:, 0].tolist() == [os.path.abspath(p) for p in paths]
     np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
@@ -279,13 +355,83 @@ def test_protocol_model_and_export_index(tmp_path):
     assert E.export_index(tuples, tmp_path, "protocol").labels.tolist() == list(range(7))
 
 
-def test_grayscale_model_takes_one_channel(tmp_path):
+def test_each_version_keeps_its_index_and_a_foreign_index_is_refused(tmp_path):
+    """The silent wrong result of a shared index: version 1 must keep answering with version 1's gallery."""
+    rng = np.random.default_rng(3)
+    first, second = (rng.integers(0, 256, (5, SIZE, SIZE, 3)).astype(np.uint8) for _ in range(2))
+    folder_1, folder_2 = tmp_path / "g1", tmp_path / "g2"
+    folder_1.mkdir(), folder_2.mkdir()
+    paths_1, paths_2 = write_pngs(folder_1, first), write_pngs(folder_2, second)
+    model = single_output_model()
+    v1 = E.export_saved_model(model, tmp_path, name="m", gallery=paths_1)
+    v2 = E.export_saved_model(single_output_model(), tmp_path, name="m", gallery=paths_2)
+    assert E.load_metadata(v2)["index"]["size"] == 5 and E.load_metadata(v2)["index"]["ids"] == "paths"
+    embedder, index = E.load_index(tmp_path / "m", version=1)
+    assert embedder.version == 1 and index.metadata["model_version"] == 1
+    found, scores = index.search(embedder.embed(first), k=1)
+    assert found[:, 0].tolist() == [os.path.abspath(p) for p in paths_1]  # not version 2's gallery
+    np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
+    assert E.load_index(tmp_path / "m")[1].ids[0] == os.path.abspath(paths_2[0])  # latest: version 2's
+
+    # Version 2's index copied into version 1: refused, naming both versions.
+    shutil.rmtree(os.path.join(v1, E.INDEX_DIR))
+    shutil.copytree(os.path.join(v2, E.INDEX_DIR), os.path.join(v1, E.INDEX_DIR))
+    with pytest.raises(E.IndexMismatchError, match="built with version 2, not 1"):
+        E.load_index(tmp_path / "m", version=1)
+    # Version 1 re-exported with other weights under the same number: its old index is refused too.
+    E.export_index(paths_1, tmp_path, "m", version=1)
+    old_index = tmp_path / "old_index"
+    shutil.copytree(os.path.join(v1, E.INDEX_DIR), old_index)
+    E.export_saved_model(single_output_model(), tmp_path, name="m", version=1, overwrite=True)
+    with pytest.raises(FileNotFoundError, match="has no gallery index: build one with 'tfdml export"):
+        E.load_index(tmp_path / "m", version=1)
+    with pytest.raises(E.IndexMismatchError, match="fingerprint differs"):
+        E.load_index(tmp_path / "m", version=1, index_dir=old_index)
+    # TF Serving's loader sees a plain SavedModel: assets.extra is not part of the graph.
+    assert set(tf.saved_model.load(v2).signatures) == {"serving_default", "embed_preprocessed"}
+
+
+def test_source_gallery_stores_ids_class_names_and_pixels(tmp_path):
+    from tfdml import data
+
+    images = np.random.default_rng(4).integers(0, 256, (6, 8, 8, 1)).astype(np.uint8)
+    source = data.array_source(images, [0, 0, 1, 1, 2, 2])
+    source.class_names = ["zero", "one", "two"]
     inputs = keras.Input((SIZE, SIZE, 1))
-    out = keras.layers.Dense(3)(keras.layers.Flatten()(inputs))
-    model = keras.Model(inputs, out, name="gray")
+    model = keras.Model(inputs, keras.layers.Dense(5)(keras.layers.Flatten()(inputs)), name="src")
+    path = E.export_saved_model(model, tmp_path, preprocess="unit", gallery=source)
+    _, index = E.load_index(path)
+    assert index.ids.tolist() == list(range(6)) and index.class_names == ["zero", "one", "two"]
+    assert [index.class_name(p) for p in range(6)] == ["zero", "zero", "one", "one", "two", "two"]
+    np.testing.assert_array_equal(index.load_array(E.GALLERY_IMAGES_FILE), images)
+    assert E.load_metadata(path)["index"] == {
+        "path": E.INDEX_DIR, "size": 6, "distance": "dot_product", "mode": "exact", "ids": "indices",
+        "has_labels": True, "classes": 3}
+
+
+def test_grayscale_model_takes_one_channel(tmp_path):
+    model = gray_model()
     path = E.export_saved_model(model, tmp_path, preprocess="unit")
     assert E.load_metadata(path)["input"]["shape"] == [None, None, None, 1]
     embedder = E.ExportedEmbedder(path)
     images = np.random.default_rng(2).integers(0, 256, (2, SIZE, SIZE, 1)).astype(np.uint8)
-    np.testing.assert_allclose(embedder.embed(images), l2(model(images / 255.0).numpy()), atol=2e-5)
+    np.testing.assert_allclose(embedder.embed(images), l2(model(served_pixels(images) / 255.0).numpy()),
+                               atol=2e-5)
     assert np.array(E.rest_request_body(images)["inputs"]["images"]).shape == (2, SIZE, SIZE, 1)
+
+
+def test_generated_exports_are_not_tracked():
+    """Running the README (tfdml train, tfdml export) must not modify tracked files."""
+    git = shutil.which("git")
+    if git is None or not os.path.exists(os.path.join(REPO, ".git")):
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run([git, "ls-files", "exported_models"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert tracked == ["exported_models/README.md"]
+    generated = ["exported_models/digits_rll/1/saved_model.pb", "exported_models/x/2/assets.extra/tfdml_index/ids.npy",
+                 "exported_models/x/.tmp-export-abc/model/saved_model.pb", "reports/digits_rll/metrics.json"]
+    ignored = subprocess.run([git, "check-ignore", *generated], cwd=REPO, capture_output=True, text=True).stdout
+    assert ignored.split() == generated
+    with open(os.path.join(REPO, "exported_models", "README.md")) as f:
+        layout = f.read()
+    assert "assets.extra/tfdml_index/" in layout and "tfdml_metadata.json" in layout

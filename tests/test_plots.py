@@ -46,3 +46,60 @@ def test_training_curves(tmp_path):
     read(plots.plot_training_curves({"loss": [3.0, 2.0]}, tmp_path / "h2.png"))
     with pytest.raises(ValueError, match="history is empty"):
         plots.plot_training_curves({}, tmp_path / "h3.png")
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plot functions draw (kept before they are saved and closed)."""
+    drawn = []
+    save = plots._save
+
+    def keep(fig, path):
+        drawn.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return drawn
+
+
+def longest_blank_band(path):
+    """Longest run of all-white pixel rows in a PNG, as a fraction of its height."""
+    image = mpimg.imread(path)[..., :3]
+    longest = run = 0
+    for blank in (image > 0.98).all(axis=(1, 2)):
+        run = run + 1 if blank else 0
+        longest = max(longest, run)
+    return longest / image.shape[0]
+
+
+def test_recall_curves_of_close_runs_are_apart(tmp_path, figures):
+    """The default job's figures (model vs raw pixels differ by < 0.01): the lines must not overlap."""
+    model = {"recall@1": 0.9810, "recall@2": 0.9911, "recall@4": 0.9956, "recall@8": 0.9978, "map@r": 0.557}
+    raw = {"recall@1": 0.9878, "recall@2": 0.9933, "recall@4": 0.9967, "recall@8": 0.9978, "map@r": 0.618}
+    plots.plot_recall_curve({"tfdml": model, "raw pixels": raw}, tmp_path / "r.png")
+    ax = figures[-1].axes[0]
+    assert ax.get_xscale() == "log" and [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8"]
+    low, high = ax.get_ylim()
+    assert 0.95 < low < 0.981 and 0.9978 < high < 1.01  # fitted to the data, not 0-100
+    lines = ax.get_lines()
+    assert len({line.get_marker() for line in lines}) == 2
+    to_pixels = ax.transData.transform
+    gap = abs(to_pixels((1, model["recall@1"]))[1] - to_pixels((1, raw["recall@1"]))[1])
+    assert gap > 25  # pixels between the two lines at K = 1 (0.68 points of recall)
+    texts = {t.get_text() for t in ax.texts}
+    assert {"0.981", "0.988", "0.998"} <= texts  # values as fractions, as the job prints them
+    assert "map@r 0.557" in ax.get_title() and "map@r 0.618" in ax.get_title()
+
+
+def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
+    rng = np.random.default_rng(1)
+    queries = [rng.integers(0, 255, (32, 32, 1), dtype=np.uint8) for _ in range(8)]  # the job's 8 x 5
+    neighbours = [[rng.integers(0, 255, (32, 32, 1), dtype=np.uint8) for _ in range(5)] for _ in range(8)]
+    flags = rng.random((8, 5)) > 0.3
+    titles = [[f"{5 + j} 0.9{j}" for j in range(5)] for _ in range(8)]
+    path = plots.plot_retrieval_grid(queries, neighbours, flags, tmp_path / "g.png", titles=titles,
+                                     query_titles=[f"class {5 + q % 5}" for q in range(8)])
+    axes = np.asarray(figures[-1].axes).reshape(8, 6)
+    assert axes[0, 0].get_title() == "query\nclass 5" and axes[2, 3].get_title() == "#3\n7 0.92"
+    assert axes[0, 1].get_title(loc="center") and axes[0, 1].title.get_color() in ("tab:green", "tab:red")
+    assert longest_blank_band(path) < 0.03  # the old layout left ~9 % of the height blank under the title

@@ -279,6 +279,21 @@ def test_scann_save_load_after_move_with_string_ids(tmp_path):
     assert single_ids.shape == (2,) and single_ids[0] == ids[7]
 
 
+def test_scann_class_names_and_extra_arrays_round_trip(tmp_path):
+    g, y = clustered(60, 4, 3, seed=15)
+    index = ScannIndex(g, labels=y, class_names=["ant", "bee", "cat"])
+    assert [index.class_name(i) for i in range(3)] == [["ant", "bee", "cat"][c] for c in y[:3]]
+    pixels = np.arange(60 * 4, dtype=np.uint8).reshape(60, 2, 2, 1)
+    index.save(tmp_path / "i", arrays={"gallery_images.npy": pixels})
+    loaded = ScannIndex.load(tmp_path / "i")
+    assert loaded.class_names == ["ant", "bee", "cat"] and loaded.class_name(5) == index.class_name(5)
+    np.testing.assert_array_equal(loaded.load_array("gallery_images.npy"), pixels)
+    assert loaded.load_array("absent.npy") is None
+    assert ScannIndex(g).class_name(0) is None  # no labels, no class
+    with pytest.raises(ValueError, match="class_names has 2 names but the labels go from 0 to 2"):
+        ScannIndex(g, labels=y, class_names=["ant", "bee"])
+
+
 def test_scann_auto_mode_switches_to_approximate_and_agrees_with_exact():
     g, _ = clustered(20000, 16, 200, seed=14, spread=0.5)
     index = ScannIndex(g, distance="squared_l2", mode="auto")

@@ -1,17 +1,23 @@
-"""Export an embedder as a plain TF Serving SavedModel, and its ScaNN gallery index beside it.
+"""Export an embedder as a plain TF Serving SavedModel, with its ScaNN gallery index inside the version.
 
-Stock TF Serving cannot load ScaNN's custom ops, so the model and the index are separate artifacts:
+Stock TF Serving cannot load ScaNN's custom ops, so the index is a separate artifact; it lives inside the
+version it was built with, in the `assets.extra/` folder that TF Serving ignores (it is where TF Serving
+looks for warm-up requests only), so a version and its index are written, copied and deleted together:
 
-    <base_dir>/<name>/<version>/          SavedModel (TF Serving layout) + tfdml_metadata.json
-    <base_dir>/<name>/index/              ScannIndex of the exported model's gallery embeddings
+    <base_dir>/<name>/<version>/                              SavedModel (TF Serving layout)
+    <base_dir>/<name>/<version>/tfdml_metadata.json           what the model takes and returns, how it was trained
+    <base_dir>/<name>/<version>/assets.extra/tfdml_index/     ScannIndex of the gallery, embedded by this version
 
 Signatures of the SavedModel:
 
-- `serving_default`: input `images`, uint8 `[batch, height, width, channels]` (3, or 1 for grayscale models)
-  of any size -> resized in the graph to
-  the model's input size (bilinear), cast to float32 (0-255), preprocessed -> outputs `embedding`
-  (L2-normalised) plus any other named outputs of the model (e.g. `level_L`, `level_M`, `level_H`).
-- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, channels]` already resized and preprocessed ->
+- `serving_default`: input `images`, uint8 `[batch, height, width, channels]` of any size; 1-channel images
+  sent to an RGB model are repeated to 3 channels and RGB images sent to a grayscale model are converted
+  to luma (ITU-R 601: 0.299 R + 0.587 G + 0.114 B); other channel counts, an empty batch or empty images
+  fail with an `InvalidArgumentError` that says so. The images go through `tfdml.data.eval_image` (the
+  preprocessing the job evaluated with: resize to `resize`, centre crop `image_size`, pixel
+  preprocessing) -> outputs `embedding` (L2-normalised) plus any other named outputs of the model (e.g.
+  `L`, `M`, `H`).
+- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, channels]` already preprocessed ->
   the same outputs.
 
 Model protocol (any Keras model works; tfdml embedders implement the optional parts):
@@ -26,11 +32,12 @@ Model protocol (any Keras model works; tfdml embedders implement the optional pa
   a dotted function name such as `"keras.applications.resnet50.preprocess_input"` (applied to 0-255
   floats), or a callable (recorded by its qualified name).
 
-The export is atomic: it is written to a hidden temporary directory under `<base_dir>/<name>/` (TF Serving
-only loads numeric version directories) and renamed to `<version>` when complete, so an interrupted export
-never leaves a half-written version.
+The export is atomic: the SavedModel, its metadata and (with `gallery=`) its index are written to a hidden
+temporary directory under `<base_dir>/<name>/` (TF Serving only loads numeric version directories) and
+renamed to `<version>` when complete, so a failed or interrupted export leaves nothing behind.
 """
 
+import dataclasses
 import datetime
 import importlib
 import json
@@ -41,13 +48,19 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from tfdml.data.preprocessing import eval_image, eval_settings
+
 METADATA_FILE = "tfdml_metadata.json"
 SERVING_SIGNATURE = "serving_default"
 PREPROCESSED_SIGNATURE = "embed_preprocessed"
 IMAGE_INPUT = "images"
 PREPROCESSED_INPUT = "preprocessed"
 EMBEDDING_OUTPUT = "embedding"
-INDEX_DIR = "index"
+# Inside the version directory: TF Serving ignores `assets.extra/` (it only reads warm-up requests there).
+INDEX_DIR = os.path.join("assets.extra", "tfdml_index")
+# Gallery pixels kept with an index of in-memory images (no file paths to show), up to this size.
+GALLERY_IMAGES_FILE = "gallery_images.npy"
+MAX_STORED_GALLERY_BYTES = 64 * 2**20
 
 _NAMED_PREPROCESSING = {
     "none": lambda x: x,
@@ -108,6 +121,11 @@ def _resolve_channels(model, config):
     return channels
 
 
+def input_channels(model):
+    """The channel count (1 or 3) the exported model works on (see the module docstring)."""
+    return _resolve_channels(model, _model_preprocessing_config(model))
+
+
 def _named_outputs(model, images):
     if hasattr(model, "export_outputs"):
         outputs = model.export_outputs(images)
@@ -135,7 +153,11 @@ def _next_version(model_dir):
 
 
 def _json_safe(value):
-    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
+    """JSON-compatible copy (dataclasses, e.g. a typed job configuration, become dicts; arrays lists)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else (
+        dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v))))
 
 
 def _compile_info(model):
@@ -146,9 +168,42 @@ def _compile_info(model):
     return _json_safe(config) if config else None
 
 
+def _serving_images(images, channels):
+    """uint8 `[N, H, W, c]` -> float32 `[N, H, W, channels]`, with clear errors for what cannot be served."""
+    shape = tf.shape(images)
+    given = shape[3]
+    checks = [
+        tf.debugging.assert_positive(shape[0], message="empty batch: send at least one image"),
+        tf.debugging.assert_positive(shape[1] * shape[2], message="an image has height or width 0"),
+        tf.debugging.Assert(tf.logical_or(tf.equal(given, 1), tf.equal(given, 3)), [
+            f"images must have 1 (grayscale) or 3 (RGB) channels; this {channels}-channel model converts "
+            "between the two. Got channels:", given]),
+    ]
+    with tf.control_dependencies(checks):
+        pixels = tf.cast(images, tf.float32)
+    if channels == 1:
+        luma = tf.constant([[0.299], [0.587], [0.114]], tf.float32)
+        pixels = tf.cond(tf.equal(given, 3), lambda: tf.tensordot(pixels, luma, axes=[[3], [0]]),
+                         lambda: pixels[..., :1])
+    else:
+        pixels = tf.cond(tf.equal(given, 1), lambda: tf.tile(pixels[..., :1], [1, 1, 1, 3]),
+                         lambda: pixels[..., :3])
+    return tf.ensure_shape(pixels, [None, None, None, channels])
+
+
+def _fingerprint(version_dir):
+    """The SavedModel's checksum (`fingerprint.pb`), which ties an index to the exact model it embeds."""
+    try:
+        # Graph, signatures, object graph and checkpoint hashes: other weights give another fingerprint.
+        return tf.saved_model.experimental.read_fingerprint(os.fspath(version_dir)).singleprint()
+    except Exception:  # older SavedModels have no fingerprint.pb
+        return None
+
+
 def export_saved_model(model, base_dir="exported_models", name=None, version=None, image_size=None,
                        preprocess=None, training_config=None, metrics=None, overwrite=False,
-                       resize_method="bilinear"):
+                       center_crop=True, resize=None, gallery=None, gallery_ids=None, gallery_labels=None,
+                       class_names=None, index_mode="auto", batch_size=64, index_settings=None):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
 
     Args:
@@ -156,15 +211,23 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
       base_dir: TF Serving's model base path.
       name: model name (the TF Serving `model_name`); default `model.name`.
       version: positive integer version; default one more than the largest existing version.
-      image_size: `(height, width)` the graph resizes images to; default from the model.
+      image_size: `(height, width)` the model takes; default from the model.
       preprocess: pixel preprocessing spec; default from `model.preprocessing_config()`, else `"none"`.
       training_config, metrics: JSON-serialisable dicts copied into the metadata file (loss and training
-        settings, evaluation results).
+        settings, evaluation results); omitted from the metadata when not given.
       overwrite: replace an existing version directory instead of raising `FileExistsError`.
-      resize_method: `tf.image.resize` method used in the graph.
+      center_crop, resize: the geometry of `tfdml.data.eval_image` (defaults: resize to
+        `image_size * 256 / 224`, centre crop `image_size`, as `tfdml.data.eval_dataset` evaluates). Pass
+        what the evaluation used, so that the served function is the evaluated one.
+      gallery: optional gallery to index inside the version (see `export_index` for the accepted forms,
+        e.g. a `tfdml.data.Source`); the index is built with the written SavedModel before the version
+        appears, so a version never exists without the index it was exported with.
+      gallery_ids, gallery_labels, class_names, index_mode, batch_size, index_settings: for the index (see
+        `export_index`).
 
     Example:
-      >>> path = export_saved_model(embedder, "exported_models", name="cub", metrics=results)
+      >>> path = export_saved_model(embedder, "exported_models", name="cub", metrics=results,
+      ...                           gallery=tfdml.data.image_folder("cub/test"))
       >>> # tensorflow_model_server --rest_api_port=8501 --model_name=cub --model_base_path=$PWD/exported_models/cub
     """
     import keras
@@ -177,15 +240,16 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
     preprocess_fn, preprocess_name = resolve_preprocessing(
         preprocess if preprocess is not None else config.get("preprocessing"))
     channels = _resolve_channels(model, config)
+    geometry = eval_settings((height, width), center_crop, resize)
 
     def embed_preprocessed(preprocessed):
         return _named_outputs(model, preprocessed)
 
     def embed_images(images):
-        pixels = tf.image.resize(tf.cast(images, tf.float32), (height, width), method=resize_method)
-        return _named_outputs(model, preprocess_fn(pixels))
+        pixels = _serving_images(images, channels)
+        return _named_outputs(model, eval_image(pixels, (height, width), center_crop, resize, preprocess_fn))
 
-    image_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name=IMAGE_INPUT)
+    image_spec = tf.TensorSpec([None, None, None, None], tf.uint8, name=IMAGE_INPUT)
     float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name=PREPROCESSED_INPUT)
     archive = keras.export.ExportArchive()
     archive.track(model)
@@ -207,7 +271,7 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
 
     metadata = {
-        "format": "tfdml.export/1",
+        "format": "tfdml.export/2",
         "name": name,
         "version": version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -216,12 +280,14 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "embedding_normalized": True,
         "distance": "dot_product",
         "input": {"signature": SERVING_SIGNATURE, "name": IMAGE_INPUT, "dtype": "uint8",
-                  "shape": [None, None, None, channels]},
+                  "shape": [None, None, None, channels], "channels": channels,
+                  "channel_conversion": "1 <-> 3 channels converted in the graph (RGB -> luma "
+                                        "0.299 R + 0.587 G + 0.114 B; gray -> repeated)"},
         "image_size": [height, width],
-        "resize_method": resize_method,
+        "eval_image": geometry,  # tfdml.data.eval_image(image_size, center_crop, resize)
         "preprocessing": preprocess_name,
         "signatures": {
-            SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: f"uint8 [batch, height, width, {channels}]"},
+            SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
                                 "outputs": sorted(outputs)},
             PREPROCESSED_SIGNATURE: {
                 "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
@@ -233,12 +299,17 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "metrics": _json_safe(metrics) if metrics else None,
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
+    metadata = {key: value for key, value in metadata.items() if value is not None}  # unknown: left out
     staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
     try:
         written = os.path.join(staging, "model")
         archive.write_out(written, verbose=False)
-        with open(os.path.join(written, METADATA_FILE), "w") as f:
-            json.dump(metadata, f, indent=2)
+        _write_json(os.path.join(written, METADATA_FILE), metadata)
+        if gallery is not None:
+            index = _build_index(written, gallery, gallery_ids, gallery_labels, class_names, index_mode,
+                                 batch_size, index_settings or {})
+            metadata["index"] = _index_summary(index)
+            _write_json(os.path.join(written, METADATA_FILE), metadata)
         if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
             os.rename(target, os.path.join(staging, "previous"))
         os.rename(written, target)
@@ -247,17 +318,29 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
     return target
 
 
+def _write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
+
+
 def resolve_export_dir(path, version=None):
-    """The version directory for `path`: a version directory itself, or `<base>/<name>` (latest version)."""
+    """The version directory for `path`: a version directory itself, or `<base>/<name>` (latest version,
+    or `version`)."""
     path = os.fspath(path)
     if os.path.exists(os.path.join(path, "saved_model.pb")):
+        if version is not None and os.path.basename(os.path.normpath(path)) != str(version):
+            raise ValueError(f"{path!r} is a version directory; --version {version} asks for another one "
+                             f"(pass <base>/<name> with --version, or the version directory alone).")
         return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no exported model at {path!r} (not a directory).")
+    versions = sorted(int(v) for v in os.listdir(path) if v.isdigit()
+                      and os.path.exists(os.path.join(path, v, "saved_model.pb")))
     if version is not None:
-        candidate = os.path.join(path, str(version))
-        if not os.path.exists(os.path.join(candidate, "saved_model.pb")):
-            raise FileNotFoundError(f"no exported version {version} in {path!r}.")
-        return candidate
-    versions = sorted(int(v) for v in os.listdir(path) if v.isdigit()) if os.path.isdir(path) else []
+        if int(version) not in versions:
+            raise FileNotFoundError(f"no exported version {version} in {path!r} (versions: "
+                                    f"{', '.join(map(str, versions)) or 'none'}).")
+        return os.path.join(path, str(int(version)))
     if not versions:
         raise FileNotFoundError(f"{path!r} holds no exported model (no saved_model.pb and no numeric "
                                 f"version directory).")
@@ -281,20 +364,31 @@ class ExportedEmbedder:
     def __init__(self, path, version=None, output=EMBEDDING_OUTPUT):
         self.path = resolve_export_dir(path, version)
         self.metadata = load_metadata(self.path)
+        self.version = int(self.metadata["version"])
+        self.name = self.metadata["name"]
         self.output = output
         self._loaded = tf.saved_model.load(self.path)
         self._serve = self._loaded.signatures[SERVING_SIGNATURE]
-        self.channels = int(self.metadata["input"]["shape"][-1])
+        self.channels = int(self.metadata["input"].get("channels") or self.metadata["input"]["shape"][-1])
 
     def embed(self, images, batch_size=64):
-        """Embeds uint8 images: an array `[N, H, W, C]` or a list of `[H, W, C]` arrays of any sizes."""
+        """Embeds uint8 images: an array `[N, H, W, C]` or a list of `[H, W, C]` arrays of any sizes
+        (consecutive images of one size go in one batch)."""
         if isinstance(images, np.ndarray) and images.ndim == 4:
             batches = [images[i:i + batch_size] for i in range(0, len(images), batch_size)]
         else:
-            batches = [np.asarray(image)[None] for image in images]  # sizes may differ: one at a time
+            batches = []
+            for image in images:
+                image = np.asarray(image)
+                if image.ndim == 2:
+                    image = image[..., None]
+                if batches and batches[-1][-1].shape == image.shape and len(batches[-1]) < batch_size:
+                    batches[-1].append(image)
+                else:
+                    batches.append([image])
         parts = []
         for batch in batches:
-            batch = np.asarray(batch)
+            batch = np.asarray(batch) if isinstance(batch, np.ndarray) else np.stack(batch)
             if batch.dtype != np.uint8:
                 raise TypeError(f"images must be uint8 pixels, got dtype {batch.dtype}.")
             parts.append(self._serve(**{IMAGE_INPUT: tf.constant(batch)})[self.output].numpy())
@@ -316,15 +410,46 @@ def rest_request_body(images, signature_name=SERVING_SIGNATURE):
 
 
 def read_image(path, channels=3):
-    """Decodes a JPEG / PNG / BMP / GIF file to uint8 `[H, W, channels]`."""
-    data = tf.io.read_file(os.fspath(path))
-    return tf.io.decode_image(data, channels=channels, expand_animations=False).numpy()
+    """Decodes an image file (JPEG, PNG, BMP, GIF, WebP; TIFF through Pillow) to uint8 `[H, W, channels]`;
+    `tfdml.data.ImageReadError` (a `ValueError` naming the file) when it cannot."""
+    from tfdml.data.sources import decode_image_file
+
+    return decode_image_file(path, channels)
 
 
-def _gallery_batches(gallery, channels=3):
-    """Yields `(uint8 images or list of images, labels or None)` from the supported gallery inputs."""
-    if isinstance(gallery, tf.data.Dataset):
-        for element in gallery.as_numpy_iterator():
+class _Gallery:
+    """What an index is built from: images to embed (in batches), ids, labels, class names, pixels to keep."""
+
+    def __init__(self, batches, ids=None, labels=None, class_names=None, images=None, source=None, kept=None):
+        self.batches, self.ids, self.labels = batches, ids, labels
+        self.class_names, self.images, self.source = class_names, images, source
+        self.kept = kept  # positions of the given items that could be read (None: all of them)
+
+
+def _source_gallery(source):
+    from tfdml.data.sources import load_items
+
+    images, kept = load_items(source)
+    paths = getattr(source, "paths", None)
+    ids = np.asarray([os.path.abspath(paths[i]) for i in kept]) if paths is not None else kept
+    stored = None
+    if paths is None and images and sum(image.nbytes for image in images) <= MAX_STORED_GALLERY_BYTES \
+            and len({image.shape for image in images}) == 1:
+        stored = np.stack(images)
+    return _Gallery([images], ids, source.labels[kept], getattr(source, "class_names", None), stored,
+                    source=source.name, kept=kept)
+
+
+def _path_gallery(paths, channels):
+    from tfdml.data.sources import read_image_files
+
+    images, kept = read_image_files(paths, channels, what="gallery")
+    return _Gallery([images], np.asarray([os.path.abspath(os.fspath(paths[i])) for i in kept]), kept=kept)
+
+
+def _dataset_gallery(dataset):
+    def batches():
+        for element in dataset.as_numpy_iterator():
             if isinstance(element, dict):
                 images, labels = element["image"], element.get("label")
             elif isinstance(element, tuple):
@@ -333,44 +458,123 @@ def _gallery_batches(gallery, channels=3):
                 images, labels = element, None
             images = np.asarray(images)
             yield (images[None] if images.ndim == 3 else images), labels  # unbatched datasets too
-    elif isinstance(gallery, np.ndarray):
-        yield gallery, None
-    else:
-        yield [read_image(p, channels) for p in gallery], None
+
+    return _Gallery(batches())
+
+
+def _gallery(gallery, channels):
+    from tfdml.data.sources import Source
+
+    if isinstance(gallery, Source):
+        return _source_gallery(gallery)
+    if isinstance(gallery, tf.data.Dataset):
+        return _dataset_gallery(gallery)
+    if isinstance(gallery, np.ndarray):
+        stored = gallery if gallery.nbytes <= MAX_STORED_GALLERY_BYTES else None
+        return _Gallery([gallery], images=stored)
+    return _path_gallery(list(gallery), channels)
+
+
+def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, settings,
+                 distance="dot_product"):
+    """Embeds `gallery` with the SavedModel in `version_dir` and saves the index inside it."""
+    from tfdml.retrieval import ScannIndex
+
+    embedder = ExportedEmbedder(version_dir)
+    found = _gallery(gallery, embedder.channels)
+    embeddings, found_labels = [], []
+    for batch in found.batches:
+        if isinstance(batch, tuple):
+            batch, batch_labels = batch
+            if batch_labels is not None:
+                found_labels.append(np.asarray(batch_labels).reshape(-1))
+        if len(batch):
+            embeddings.append(embedder.embed(batch, batch_size=batch_size))
+    if not embeddings:
+        raise ValueError("the gallery holds no readable image: nothing to index.")
+    embeddings = np.concatenate(embeddings, axis=0)
+    if found.kept is not None:  # ids / labels given for every item: keep those of the readable ones
+        ids = None if ids is None else np.asarray(ids)[found.kept]
+        labels = None if labels is None else np.asarray(labels)[found.kept]
+    if labels is None:
+        labels = found.labels if found.labels is not None else (
+            np.concatenate(found_labels) if found_labels else None)
+    if ids is None:
+        ids = found.ids
+    class_names = class_names if class_names is not None else found.class_names
+    metadata = {"model_name": embedder.name, "model_version": embedder.version,
+                "model_fingerprint": _fingerprint(version_dir), "gallery": found.source}
+    index = ScannIndex(embeddings, ids=ids, labels=labels, distance=distance, mode=mode,
+                       class_names=class_names, metadata={k: v for k, v in metadata.items() if v is not None},
+                       **settings)
+    arrays = {GALLERY_IMAGES_FILE: found.images} if found.images is not None else None
+    index.save(os.path.join(version_dir, INDEX_DIR), arrays=arrays)
+    return index
+
+
+def _index_summary(index):
+    return {"path": INDEX_DIR, "size": int(index.size), "distance": index.distance, "mode": index.mode,
+            "ids": "none" if index.ids is None else ("paths" if index.ids.dtype.kind == "U" else "indices"),
+            "has_labels": index.labels is not None,
+            "classes": 0 if index.labels is None else int(len(np.unique(index.labels)))}
 
 
 def export_index(gallery, base_dir="exported_models", name=None, version=None, ids=None, labels=None,
-                 distance="dot_product", mode="auto", batch_size=64, **index_settings):
-    """Embeds a gallery with the exported model and writes a `ScannIndex` to `<base_dir>/<name>/index/`.
+                 class_names=None, mode="auto", batch_size=64, **index_settings):
+    """Embeds a gallery with an exported version and writes its `ScannIndex` inside that version
+    (`<base_dir>/<name>/<version>/assets.extra/tfdml_index/`, replacing any index there atomically).
 
     Args:
-      gallery: uint8 images `[N, H, W, 3]`, a list of image file paths (then the default `ids` are the
-        paths, so `tfdml search` can show the neighbours), or a `tf.data.Dataset` of image batches,
-        `(images, labels)` batches or `{"image", "label"}` dicts.
+      gallery: a `tfdml.data.Source` (ids are its file paths for `image_folder`, else item indices; its
+        labels and `class_names` are stored; undecodable items are skipped and named), a list of image
+        file paths (ids are the paths; unreadable files are skipped and named), uint8 images
+        `[N, H, W, C]` (ids `0..N-1`), or a `tf.data.Dataset` of image batches, `(images, labels)`
+        batches or `{"image", "label"}` dicts. In-memory pixels (up to 64 MiB) are kept with the index so
+        that `tfdml search --grid` can show neighbours that have no file.
       name, version: the exported model (default: the latest version under `<base_dir>/<name>`).
-      ids, labels: optional per-image ids and class labels stored with the index.
-      distance, mode, index_settings: passed to `ScannIndex` (`dot_product` suits the L2-normalised output).
+      ids, labels, class_names: override what the gallery provides (`class_names[label]` names a class).
+      mode, index_settings: passed to `ScannIndex` (dot products: the embeddings are L2-normalised).
 
     Returns the `ScannIndex` (already saved).
     """
-    from tfdml.retrieval import ScannIndex
-
     if not name:
         raise ValueError("name is required: the exported model lives at <base_dir>/<name>/<version>.")
-    model_dir = os.path.join(os.fspath(base_dir), name)
-    embedder = ExportedEmbedder(model_dir, version)
-    embeddings, found_labels = [], []
-    for images, batch_labels in _gallery_batches(gallery, embedder.channels):
-        embeddings.append(embedder.embed(images, batch_size=batch_size))
-        if batch_labels is not None:
-            found_labels.append(np.asarray(batch_labels).reshape(-1))
-    embeddings = np.concatenate(embeddings, axis=0)
-    if labels is None and found_labels:
-        labels = np.concatenate(found_labels)
-    if ids is None and not isinstance(gallery, (np.ndarray, tf.data.Dataset)):
-        ids = np.asarray([os.path.abspath(os.fspath(p)) for p in gallery])
-    index = ScannIndex(embeddings, ids=ids, labels=labels, distance=distance, mode=mode,
-                       metadata={"model_version": embedder.metadata["version"], "model_name": name},
-                       **index_settings)
-    index.save(os.path.join(model_dir, INDEX_DIR))
-    return index
+    version_dir = resolve_export_dir(os.path.join(os.fspath(base_dir), name), version)
+    return _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, index_settings)
+
+
+class IndexMismatchError(ValueError):
+    """An index that was built with another model than the one it is used with."""
+
+
+def load_index(model_path, version=None, index_dir=None):
+    """`(ExportedEmbedder, ScannIndex)` of an exported version and its gallery index, checked to belong
+    together (model name, version and SavedModel fingerprint recorded in the index)."""
+    from tfdml.retrieval import ScannIndex
+
+    embedder = ExportedEmbedder(model_path, version)
+    directory = index_dir or os.path.join(embedder.path, INDEX_DIR)
+    if not os.path.isdir(directory):
+        shared = os.path.join(os.path.dirname(os.path.abspath(embedder.path)), "index")
+        hint = (f" (the index at {shared} is of the old layout, shared by every version and possibly built "
+                f"with another one: it is not used)") if os.path.isdir(shared) else ""
+        raise FileNotFoundError(
+            f"{embedder.path} (model {embedder.name!r} version {embedder.version}) has no gallery index{hint}: "
+            f"build one with 'tfdml export --model MODEL.keras --name {embedder.name} --version "
+            f"{embedder.version} --gallery-dir DIR' or tfdml.export.export_index(...).")
+    index = ScannIndex.load(directory)
+    built = index.metadata
+    fingerprint = _fingerprint(embedder.path)
+    problems = []
+    if built.get("model_name") not in (None, embedder.name):
+        problems.append(f"model {built['model_name']!r}, not {embedder.name!r}")
+    if built.get("model_version") not in (None, embedder.version):
+        problems.append(f"version {built['model_version']}, not {embedder.version}")
+    if built.get("model_fingerprint") and fingerprint and built["model_fingerprint"] != fingerprint:
+        problems.append("another SavedModel (fingerprint differs: the version was re-exported)")
+    if problems:
+        raise IndexMismatchError(
+            f"the index at {directory} was built with {'; '.join(problems)} at {embedder.path}: its "
+            f"neighbours would be wrong. Rebuild it for this version (tfdml export --gallery-dir, or "
+            f"export_index) or use the version it belongs to.")
+    return embedder, index

@@ -327,25 +327,26 @@ def evaluate(config, embedder, datasets):
     return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels)
 
 
-def export(config, embedder, preprocess_name, evaluation):
-    """Exports the SavedModel (and the gallery index); returns the summary entries it adds."""
+def export(config, embedder, preprocess_name, evaluation, eval_source):
+    """Exports the SavedModel with the index of the evaluation items inside its version, in one atomic
+    step; returns the summary entries it adds."""
     from tfdml import export as export_lib
 
     settings, size = config.export, config.data.image_size
+    # The index stores the evaluation items' ids (item numbers or file paths), labels and class names,
+    # embedded by the written SavedModel from the raw images.
     path = export_lib.export_saved_model(
         embedder, base_dir=settings.base_dir, name=settings.name, version=settings.version,
         image_size=(size, size), preprocess=preprocess_name, training_config=config.to_dict(),
-        metrics=evaluation.results, overwrite=settings.version is not None)
+        metrics=evaluation.results, overwrite=settings.version is not None,
+        gallery=eval_source if settings.index else None, index_mode="exact")
     added = {"export_dir": path}
     if settings.index:
-        gallery = np.clip(np.round(evaluation.pixels * 255.0), 0, 255).astype(np.uint8)
-        index = export_lib.export_index(gallery, base_dir=settings.base_dir, name=settings.name,
-                                        labels=evaluation.pixel_labels, mode="exact")
-        added["index_size"] = int(getattr(index, "size", len(evaluation.pixel_labels)))
+        added["index_size"] = int(export_lib.load_metadata(path)["index"]["size"])
     return added
 
 
-def write_report(config, summary, history, evaluation):
+def write_report(config, summary, history, evaluation, class_names=None):
     """Plots and metrics.json in the report directory."""
     from tfdml import plots
 
@@ -353,12 +354,12 @@ def write_report(config, summary, history, evaluation):
     plots.plot_recall_curve({"tfdml": evaluation.results, "raw pixels": evaluation.baseline},
                             os.path.join(report_dir, "recall_at_k.png"))
     plots.plot_training_curves(history, os.path.join(report_dir, "training_curves.png"))
-    _retrieval_grid(evaluation, config.report, os.path.join(report_dir, "retrieval_grid.png"))
+    _retrieval_grid(evaluation, config.report, os.path.join(report_dir, "retrieval_grid.png"), class_names)
     with open(os.path.join(report_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
 
 
-def _retrieval_grid(evaluation, report_cfg, path):
+def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
     """Nearest neighbours of one query per class (then more), for `plot_retrieval_grid`."""
     from tfdml import plots
     from tfdml.ops.neighbours import exact_search
@@ -368,12 +369,21 @@ def _retrieval_grid(evaluation, report_cfg, path):
     rest = [i for i in range(len(labels)) if i not in set(first_of_class)]
     queries = (first_of_class + rest)[:report_cfg.grid_queries]
     k = report_cfg.grid_neighbours
-    neighbours, _ = exact_search(evaluation.embeddings[queries], evaluation.embeddings, k=k + 1,
-                                 distance="squared_l2")
-    neighbours = [[j for j in row if j != q][:k] for q, row in zip(queries, np.asarray(neighbours))]
+    neighbours, distances = exact_search(evaluation.embeddings[queries], evaluation.embeddings, k=k + 1,
+                                         distance="squared_l2")
+    kept = [[(j, d) for j, d in zip(row, drow) if j != q][:k]
+            for q, row, drow in zip(queries, np.asarray(neighbours), np.asarray(distances))]
+    neighbours = [[j for j, _ in row] for row in kept]
+
+    def name(label):
+        return class_names[label] if class_names is not None and 0 <= label < len(class_names) else str(label)
+
+    # Scores as the served index reports them: dot products of the unit-norm embeddings (1 - d^2 / 2).
     plots.plot_retrieval_grid(
         [images[q] for q in queries], [[images[j] for j in row] for row in neighbours],
-        np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]), path)
+        np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]), path,
+        titles=[[f"{name(labels[j])} {1.0 - d / 2.0:.2f}" for j, d in row] for row in kept],
+        query_titles=[f"class {name(labels[q])}" for q in queries])
 
 
 # ---- the job ------------------------------------------------------------------------------------------------
@@ -423,7 +433,7 @@ def run(config=None, verbose=1, restart=False, say=print):
         "history": {k: [float(v) for v in vs] for k, vs in history.items()},
     }
     if config.export.enabled:
-        summary.update(export(config, embedder, preprocess_name, evaluation))
+        summary.update(export(config, embedder, preprocess_name, evaluation, eval_source))
     summary["wall_seconds"] = round(time.time() - started, 2)  # this process
-    write_report(config, summary, history, evaluation)
+    write_report(config, summary, history, evaluation, getattr(eval_source, "class_names", None))
     return summary

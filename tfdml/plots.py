@@ -38,8 +38,19 @@ def _recall_points(results):
     return points
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def _fitted_range(values, floor=0.0, ceiling=1.0):
+    """A y range around `values` with room for the labels, kept inside `[floor, ceiling]`."""
+    low, high = min(values), max(values)
+    margin = max(0.08 * (high - low), 0.004)
+    return max(floor, low - 2 * margin), min(ceiling + 1.5 * margin, high + 2.5 * margin)
+
+
 def plot_recall_curve(results, path, title="Recall@K"):
-    """Recall@K against K (log2 axis) from `evaluate` results.
+    """Recall@K against K (log2 axis, one marker style per run, values written at the points, the y axis
+    fitted to the data so that close runs stay apart) from `evaluate` results (fractions).
 
     Args:
       results: one `evaluate` dict, or `{run_name: evaluate_dict}` to compare runs on one plot.
@@ -47,26 +58,40 @@ def plot_recall_curve(results, path, title="Recall@K"):
     """
     plt = _pyplot()
     runs = results if results and all(isinstance(v, dict) for v in results.values()) else {"": results}
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for label, run in runs.items():
-        ks, values = zip(*_recall_points(run))
-        ax.plot(ks, [100 * v for v in values], marker="o", label=label or None)
-        for k, v in zip(ks, values):
-            ax.annotate(f"{100 * v:.1f}", (k, 100 * v), textcoords="offset points", xytext=(0, 6),
-                        ha="center", fontsize=8)
+    points = {label: _recall_points(run) for label, run in runs.items()}
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    everything = [v for run in points.values() for _, v in run]
+    low, high = _fitted_range(everything)
+    offset = (high - low) * 0.035
+    for n, (label, run) in enumerate(points.items()):
+        ks, values = zip(*run)
+        line, = ax.plot(ks, values, marker=_MARKERS[n % len(_MARKERS)], markersize=6, linewidth=1.8,
+                        label=label or None)
+        if len(points) <= 2:  # values at the points: the higher run's above, the lower run's below
+            for k, v in zip(ks, values):
+                others = [x for m, r in enumerate(points.values()) if m != n for kk, x in r if kk == k]
+                above = all(v > x or (v == x and n == 0) for x in others)
+                ax.annotate(f"{v:.3f}", (k, v), textcoords="offset points", xytext=(0, 7 if above else -13),
+                            ha="center", fontsize=7.5, color=line.get_color())
     ax.set_xscale("log", base=2)
-    all_ks = sorted({k for run in runs.values() for k, _ in _recall_points(run)})
+    all_ks = sorted({k for run in points.values() for k, _ in run})
     ax.set_xticks(all_ks)
     ax.set_xticklabels([str(k) for k in all_ks])
-    ax.set_xlabel("K")
-    ax.set_ylabel("Recall@K (%)")
-    ax.set_ylim(0, 105)
+    ax.minorticks_off()
+    ax.set_xlim(all_ks[0] / 1.25, all_ks[-1] * 1.25)
+    ax.set_ylim(low - offset, high)
+    ax.set_xlabel("K (log scale)")
+    ax.set_ylabel("Recall@K")
     ax.grid(True, alpha=0.3)
-    extras = [f"{key} {100 * float(run[key]):.1f}" for run in list(runs.values())[:1]
-              for key in ("map@r", "r_precision", "nmi", "f1") if key in run]
-    ax.set_title(title + (f"\n{', '.join(extras)}" if extras else ""), fontsize=10)
+    extras = []
+    for label, run in runs.items():
+        found = [f"{key} {float(run[key]):.3f}" for key in ("map@r", "r_precision", "nmi", "f1") if key in run]
+        if found:
+            extras.append((f"{label}: " if label else "") + ", ".join(found))
+    ax.set_title(title + "".join(f"\n{line}" for line in extras), fontsize=9)
     if len(runs) > 1:
-        ax.legend()
+        ax.legend(loc="lower right", fontsize=9)
+    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -80,14 +105,16 @@ def _as_image(image):
     return image
 
 
-def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None):
+def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None,
+                        query_titles=None):
     """One row per query: the query, then its neighbours framed green (same class) or red (other class).
 
     Args:
       query_images: `Q` images (`[H, W, 3]` or `[H, W]`, uint8 or float; sizes may differ).
       neighbour_images: `Q` lists of `k` images, nearest first.
       same_class_flags: `[Q, k]` booleans, or `None` when labels are unknown (grey frames).
-      titles: optional `[Q, k]` strings under the neighbours (e.g. distances).
+      titles: optional `[Q, k]` strings under the rank of each neighbour (e.g. its class and score).
+      query_titles: optional `Q` strings under "query" (e.g. the file name or class).
     """
     plt = _pyplot()
     num_queries = len(query_images)
@@ -95,11 +122,14 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
         raise ValueError(f"need one neighbour list per query, got {num_queries} queries and "
                          f"{len(neighbour_images)} lists.")
     k = max(len(row) for row in neighbour_images)
-    fig, axes = plt.subplots(num_queries, k + 1, figsize=(1.6 * (k + 1), 1.75 * num_queries),
-                             squeeze=False)
+    lines = 1 + (titles is not None or query_titles is not None)
+    cell = 1.35
+    fig, axes = plt.subplots(num_queries, k + 1, squeeze=False, layout="constrained",
+                             figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3))
     for q in range(num_queries):
         axes[q, 0].imshow(_as_image(query_images[q]), cmap="gray")
-        axes[q, 0].set_title("query", fontsize=8)
+        axes[q, 0].set_title("query" + (f"\n{query_titles[q]}" if query_titles is not None else ""),
+                             fontsize=7.5, fontweight="bold")
         for j in range(k):
             ax = axes[q, j + 1]
             if j < len(neighbour_images[q]):
@@ -108,17 +138,21 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
                 colour = "grey" if flag is None else ("tab:green" if flag else "tab:red")
                 for spine in ax.spines.values():
                     spine.set_edgecolor(colour)
-                    spine.set_linewidth(4)
-                label = f"#{j + 1}" + (f" {titles[q][j]}" if titles is not None else "")
-                ax.set_title(label, fontsize=8, color=colour if flag is not None else "black")
+                    spine.set_linewidth(3.5)
+                label = f"#{j + 1}" + (f"\n{titles[q][j]}" if titles is not None else "")
+                ax.set_title(label, fontsize=7.5, color="black" if flag is None else colour)
             else:
                 ax.set_visible(False)
         for ax in axes[q]:
             ax.set_xticks([])
             ax.set_yticks([])
-    for spine in axes[0, 0].spines.values():
-        spine.set_linewidth(2)
-    fig.suptitle("Retrieval: green = same class, red = other class", fontsize=10)
+    for q in range(num_queries):
+        for spine in axes[q, 0].spines.values():
+            spine.set_linewidth(2)
+    legend = ("green frame = same class, red = other class" if same_class_flags is not None
+              else "grey frames: classes unknown")
+    fig.suptitle(f"Nearest neighbours ({legend})", fontsize=9)
+    fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, hspace=0.02, wspace=0.02)
     return _save(fig, path)
 
 

@@ -1,37 +1,39 @@
 """`tfdml evaluate`: retrieval metrics of embeddings, or of an exported model on a dataset.
 
+    tfdml evaluate --model exported_models/digits_rll            # the data the job evaluated on
     tfdml evaluate --embeddings emb.npz --ks 1 2 4 8 --json metrics.json --plot recall.png
-    tfdml evaluate --model exported_models/digits --dataset digits
+    tfdml evaluate --model exported_models/digits_rll --dataset digits
     tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
 """
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
 
 HELP = "Compute Recall@K, MAP@R, R-precision, NMI and F1 of embeddings or of an exported model."
-DIGITS_TEST_CLASSES = tuple(range(5, 10))
 
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "evaluate", help=HELP, description=HELP + " Prints a table; optionally writes JSON and a Recall@K "
-        "plot. Give either --embeddings or --model with a dataset.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "evaluate", help=HELP, description=HELP + " Prints a table of fractions (as 'tfdml train' does); "
+        "optionally writes JSON and a Recall@K plot. Give either --embeddings or --model. An exported model "
+        "embeds raw images through its serving signature (the preprocessing the job evaluated with), so "
+        "evaluating a job's export on the job's evaluation data reproduces the job's metrics. Images that "
+        "cannot be decoded are skipped and named.")
     source = parser.add_argument_group("what to evaluate (one of)")
     source.add_argument("--embeddings", metavar="NPZ",
                         help="NumPy .npz file with arrays 'embeddings' and 'labels' (and optionally "
                              "'query_embeddings' and 'query_labels' for query/gallery evaluation).")
     source.add_argument("--model", metavar="DIR",
                         help="exported model: <base_dir>/<name> (latest version) or a version directory "
-                             "written by 'tfdml export'.")
-    data = parser.add_argument_group("dataset for --model")
-    data.add_argument("--dataset", choices=["digits"],
-                      help="built-in dataset: 'digits' is scikit-learn's 8x8 digits, test classes 5-9 "
-                           "(the zero-shot split, about 900 images).")
+                             "written by 'tfdml train' or 'tfdml export'.")
+    data = parser.add_argument_group(
+        "data for --model (default: the evaluation data recorded in the export by 'tfdml train')")
+    data.add_argument("--dataset", metavar="NAME",
+                      help="embedded data set (no download), its test split (the unseen classes): 'digits' "
+                           "is scikit-learn's 8x8 digits 5-9 (896 images), 'glyphs' tfdml.data.glyphs.")
     data.add_argument("--image-dir", metavar="DIR",
                       help="gallery images, one sub-directory per class (the sub-directory names, sorted, "
                            "give the labels).")
@@ -39,16 +41,19 @@ def register(subparsers):
                       help="query images laid out like --image-dir, for query/gallery evaluation (In-shop); "
                            "class sub-directories are matched by name.")
     data.add_argument("--version", type=int, help="model version to use instead of the latest.")
-    data.add_argument("--batch-size", type=int, default=64, help="images per forward pass.")
+    data.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64).")
     options = parser.add_argument_group("metrics")
-    options.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8], help="the K values of Recall@K.")
+    options.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8],
+                         help="the K values of Recall@K (default 1 2 4 8).")
     options.add_argument("--metrics", nargs="+", default=["recall", "map@r", "r_precision", "nmi", "f1"],
-                         choices=["recall", "map@r", "r_precision", "nmi", "f1"], help="metrics to compute.")
+                         choices=["recall", "map@r", "r_precision", "nmi", "f1"],
+                         help="metrics to compute (default: all).")
     options.add_argument("--approximate", action="store_true",
                          help="use ScaNN approximate search instead of exact search (large galleries).")
     options.add_argument("--distance", choices=["squared_l2", "dot_product"], default="squared_l2",
-                         help="ranking distance (equivalent for L2-normalised embeddings).")
-    options.add_argument("--seed", type=int, default=0, help="k-means seed for NMI and F1.")
+                         help="ranking distance (equivalent for L2-normalised embeddings; default "
+                              "squared_l2, as the job).")
+    options.add_argument("--seed", type=int, default=0, help="k-means seed for NMI and F1 (default 0).")
     out = parser.add_argument_group("outputs")
     out.add_argument("--json", metavar="FILE", help="write the metrics as JSON to this file.")
     out.add_argument("--plot", metavar="PNG", help="write a Recall@K plot to this PNG file.")
@@ -56,20 +61,12 @@ def register(subparsers):
     return parser
 
 
-def load_digits_split(classes=DIGITS_TEST_CLASSES):
-    """scikit-learn digits of the given classes as uint8 RGB images `[N, 8, 8, 3]` and labels."""
-    from sklearn.datasets import load_digits
+def embed_source(embedder, source, batch_size):
+    """`(embeddings, labels)` of every loadable item of `source` through the exported model."""
+    from tfdml.data.sources import load_items
 
-    digits = load_digits()
-    keep = np.isin(digits.target, classes)
-    gray = np.round(digits.images[keep] * (255.0 / 16.0)).astype(np.uint8)
-    return np.repeat(gray[..., None], 3, axis=-1), digits.target[keep].astype(np.int64)
-
-
-def _embed_paths(embedder, paths, batch_size):
-    from tfdml.export import read_image
-
-    return embedder.embed([read_image(p, embedder.channels) for p in paths], batch_size=batch_size)
+    images, kept = load_items(source)
+    return embedder.embed(images, batch_size=batch_size), source.labels[kept]
 
 
 def _load_inputs(args):
@@ -83,33 +80,51 @@ def _load_inputs(args):
             arrays = {key: data[key] for key in data.files}
         return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"),
                 arrays.get("query_labels"))
-    from tfdml.data.sources import list_class_folders
+    from tfdml.data.sources import embedded_source, image_folder, job_evaluation_source
     from tfdml.export import ExportedEmbedder
 
-    if bool(args.dataset) == bool(args.image_dir):
-        raise ValueError("with --model give exactly one of --dataset or --image-dir.")
+    if args.dataset and args.image_dir:
+        raise ValueError("give at most one of --dataset or --image-dir.")
+    if args.query_image_dir and not args.image_dir:
+        raise ValueError("--query-image-dir needs --image-dir (the gallery).")
     embedder = ExportedEmbedder(args.model, args.version)
-    if args.dataset == "digits":
-        images, labels = load_digits_split()
-        images = images[..., :embedder.channels]  # grayscale models take one channel
-        return embedder.embed(images, batch_size=args.batch_size), labels, None, None
-    paths, labels, names = list_class_folders(args.image_dir)
-    gallery = _embed_paths(embedder, paths, args.batch_size)
+    if args.dataset:
+        # Data sets drawn at a size (glyphs) are drawn at the model's input size.
+        source = embedded_source(args.dataset, "test", image_size=embedder.metadata["image_size"][0])
+    elif args.image_dir:
+        source = image_folder(args.image_dir, channels=embedder.channels)
+    else:
+        source = job_evaluation_source(embedder.metadata.get("training_config"), embedder.channels)
+        if source is None:
+            raise ValueError(f"{embedder.path} records no evaluation data it can load (it was not exported "
+                             "by 'tfdml train' from an embedded data set or image folder): give --dataset "
+                             "or --image-dir.")
+    print(f"evaluating {embedder.name} version {embedder.version} on {source.name}: {len(source)} images, "
+          f"{len(source.classes)} classes")
+    gallery, labels = embed_source(embedder, source, args.batch_size)
     if not args.query_image_dir:
         return gallery, labels, None, None
-    query_paths, query_labels, _ = list_class_folders(args.query_image_dir, class_names=names)
-    return gallery, labels, _embed_paths(embedder, query_paths, args.batch_size), query_labels
+    queries = image_folder(args.query_image_dir, channels=embedder.channels, class_names=source.class_names)
+    query_embeddings, query_labels = embed_source(embedder, queries, args.batch_size)
+    return gallery, labels, query_embeddings, query_labels
 
 
 def format_table(results):
-    """Two-column text table of metric -> value (in %)."""
-    width = max(len(key) for key in results)
-    lines = [f"{'metric'.ljust(width)}  value (%)", f"{'-' * width}  ---------"]
-    lines += [f"{key.ljust(width)}  {100 * value:9.2f}" for key, value in results.items()]
+    """Two-column text table of metric -> value (fractions, as `tfdml train` prints them)."""
+    width = max(len("metric"), max(len(key) for key in results))
+    lines = [f"{'metric'.ljust(width)}   value", f"{'-' * width}  ------"]
+    lines += [f"{key.ljust(width)}  {value:.4f}" for key, value in results.items()]
     return "\n".join(lines)
 
 
 def run(args):
+    from tfdml.cli.reporting import warnings_to_stderr
+
+    with warnings_to_stderr('evaluate'):
+        return _run(args)
+
+
+def _run(args):
     from tfdml.retrieval import evaluate
 
     try:

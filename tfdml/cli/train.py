@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from tfdml.cli.reporting import warnings_to_stderr
 from tfdml.config import ConfigError, load_config
 
 HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, export it and write a report."
@@ -108,7 +109,8 @@ def run(args):
             return 0
         # Progress bars only on a terminal: redirected logs get one line per epoch.
         verbose = 2 if args.quiet or not sys.stdout.isatty() else 1
-        summary = pipeline.run(config, verbose=verbose, restart=args.restart)
+        with warnings_to_stderr("train"):  # e.g. the image files an image folder skips, named
+            summary = pipeline.run(config, verbose=verbose, restart=args.restart)
     except ConfigError as error:
         print(f"tfdml train: error: {error}", file=sys.stderr)
         return 2

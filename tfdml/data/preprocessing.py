@@ -89,9 +89,12 @@ def _finish(image, preprocess):
 
 
 def _center_crop(image, size):
-    height, width = tf.shape(image)[0], tf.shape(image)[1]
-    top = (height - size[0]) // 2
-    left = (width - size[1]) // 2
+    """Centre crop of `[H, W, C]` or `[batch, H, W, C]` images."""
+    shape = tf.shape(image)
+    top = (shape[-3] - size[0]) // 2
+    left = (shape[-2] - size[1]) // 2
+    if image.shape.rank == 4:
+        return tf.slice(image, [0, top, left, 0], [-1, size[0], size[1], -1])
     return tf.slice(image, [top, left, 0], [size[0], size[1], -1])
 
 
@@ -127,15 +130,27 @@ def train_image(image, seed, image_size=None, augment=None, preprocess=None):
 
 
 def eval_image(image, image_size=None, center_crop=True, resize=None, preprocess=None):
-    """One evaluation image -> float32: resize to `resize` (default `image_size * 256 / 224`), centre crop
-    `image_size`; with `center_crop=False` a plain resize to `image_size`. Deterministic."""
+    """An evaluation image `[H, W, C]` (or a batch `[N, H, W, C]`) -> float32: resize to `resize` (default
+    `image_size * 256 / 224`), centre crop `image_size`; with `center_crop=False` a plain resize to
+    `image_size`. Deterministic.
+
+    This is THE inference preprocessing: `tfdml.data.eval_dataset` applies it to every evaluated image and
+    `tfdml.export` puts the same function in the serving graph, so a job's metrics describe the model that
+    is served (`tfdml evaluate` on the export reproduces them).
+    """
     image = tf.cast(image, tf.float32)
-    channels = image.shape[-1]
     size = as_size(image_size)
     if size is not None:
         if center_crop:
             image = _center_crop(tf.image.resize(image, _resize_side(size, resize)), size)
         else:
             image = tf.image.resize(image, size)
-        image.set_shape([size[0], size[1], channels])
+        image.set_shape(image.shape[:-3].concatenate([size[0], size[1], image.shape[-1]]))
     return _finish(image, preprocess)
+
+
+def eval_settings(image_size, center_crop=True, resize=None):
+    """JSON description of `eval_image`'s geometry (recorded in export metadata)."""
+    size = as_size(image_size)
+    return {"image_size": list(size), "center_crop": bool(center_crop),
+            "resize": list(_resize_side(size, resize)) if center_crop else list(size)}

@@ -7,7 +7,9 @@ inside `tf.data`, one item at a time. Every source yields `uint8` (or `[0, 255]`
 
 Sources:
 
-- `image_folder(path)`: one sub-folder per class (sorted names are the classes, labels `0..n-1`).
+- `image_folder(path)`: one sub-folder per class (sorted names are the classes, labels `0..n-1`); every
+  file is checked once when the source is made, and files that cannot be decoded (empty, truncated, not
+  an image) are left out and named in one warning.
 - `tfds_source(name, split)`: a TensorFlow Datasets builder read through its random-access data source;
   CUB-200-2011 and Cars196 re-split by class (first / last half of the classes), Stanford Online Products
   with its Ebay train/test split (labels from `class_id`).
@@ -24,7 +26,11 @@ import tensorflow as tf
 
 logger = logging.getLogger("tfdml.data")
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# Formats `tf.io.decode_image` reads; other formats Pillow recognises (TIFF, ...) are decoded by Pillow.
+TF_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "WEBP")
+# Skipped files named in a warning; more are counted.
+MAX_NAMED = 20
 
 # tfds builders whose official metric-learning protocol splits the classes, not the images.
 CLASS_SPLIT_DATASETS = {"caltech_birds2011": 200, "cars196": 196}
@@ -136,9 +142,127 @@ class Source:
                       describe=lambda i: parent.describe(indices[i]), name=name or self.name)
 
 
+class ImageReadError(ValueError):
+    """An image file that cannot be decoded; the message names the file and the reason."""
+
+
+def check_image_file(path):
+    """`(format, None)` for a decodable image file, `(None, reason)` otherwise.
+
+    Cheap: a JPEG is decoded at 1/8 scale (Pillow's draft mode still reads the whole compressed stream, so
+    truncated files are caught); other formats are checked with Pillow's `verify` (structure and PNG
+    checksums, no decoding).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        if os.path.getsize(path) == 0:
+            return None, "empty file"
+        with Image.open(path) as image:
+            image_format = image.format
+            if image_format == "JPEG":
+                image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+                image.load()
+            else:
+                image.verify()
+    except UnidentifiedImageError:
+        return None, "not an image file: format not recognised"
+    except FileNotFoundError:
+        return None, "file not found"
+    except OSError as error:  # truncated or damaged data
+        return None, f"corrupt or truncated: {error}"
+    except Exception as error:  # malformed headers raise ValueError, SyntaxError, struct.error, ...
+        return None, f"corrupt: {type(error).__name__}: {error}"
+    return image_format, None
+
+
+def _pil_pixels(path, channels):
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image = image.convert("L" if channels == 1 else "RGB")  # L: ITU-R 601 luma, as TF's decoders
+        pixels = np.asarray(image, np.uint8)
+    return pixels[..., None] if channels == 1 else pixels
+
+
+def decode_image_file(path, channels=3):
+    """uint8 `[H, W, channels]` pixels of an image file (TensorFlow's decoders; Pillow for TIFF and other
+    formats TensorFlow cannot read); `ImageReadError` naming the file when it cannot be decoded."""
+    path = os.fspath(path)
+    image_format, problem = check_image_file(path)
+    if problem:
+        raise ImageReadError(f"{path}: {problem}")
+    try:
+        if image_format in TF_FORMATS:
+            return tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False).numpy()
+        return _pil_pixels(path, channels)
+    except Exception as error:
+        raise ImageReadError(f"{path}: cannot be decoded ({str(error).splitlines()[0][:200]})") from None
+
+
+def report_skipped(what, problems, total):
+    """One warning naming the skipped items: `problems` is a list of `(name, reason)`."""
+    if not problems:
+        return
+    named = "; ".join(f"{name} ({reason})" for name, reason in problems[:MAX_NAMED])
+    more = f"; and {len(problems) - MAX_NAMED} more" if len(problems) > MAX_NAMED else ""
+    logger.warning("%s: skipped %d of %d images that cannot be decoded: %s%s", what, len(problems), total,
+                   named, more)
+
+
+def read_image_files(paths, channels=3, what="images"):
+    """`(images, kept)`: the decodable files of `paths` as uint8 arrays and their positions in `paths`;
+    the others are skipped and named in one warning. `ValueError` when none can be read."""
+    images, kept, problems = [], [], []
+    for position, path in enumerate(paths):
+        try:
+            images.append(decode_image_file(path, channels))
+            kept.append(position)
+        except ImageReadError as error:
+            problems.append((os.fspath(path), str(error)[len(os.fspath(path)) + 2:]))
+    if not images:  # one error line instead of a warning and an error
+        raise ValueError(f"{what}: none of the {len(paths)} image files can be decoded: "
+                         + "; ".join(f"{name} ({reason})" for name, reason in problems[:MAX_NAMED]))
+    report_skipped(what, problems, len(paths))
+    return images, np.asarray(kept, np.int64)
+
+
+def load_items(source):
+    """`(images, kept)`: every item of `source` as a uint8 array (loaded eagerly, in order) and the indices
+    that loaded; items that fail are skipped, recorded on the source and named in one warning."""
+    def as_uint8(image):
+        image = np.asarray(image)
+        return image if image.dtype == np.uint8 else np.clip(np.round(image), 0, 255).astype(np.uint8)
+
+    stored = getattr(source, "images", None)
+    if stored is not None:
+        return [as_uint8(image) for image in stored], np.arange(len(source), dtype=np.int64)
+    images, kept, problems = [], [], []
+    for i in range(len(source)):
+        try:
+            image = source.load(tf.constant(i, tf.int64))
+        except (tf.errors.OpError, ValueError) as error:
+            problems.append((source.describe(i), str(error).splitlines()[0][:200]))
+            continue
+        images.append(as_uint8(image))
+        kept.append(i)
+    if problems:
+        source.record_skipped([i for i in range(len(source)) if i not in set(kept)])
+    report_skipped(source.name, problems, len(source))
+    if not images:
+        raise ValueError(f"{source.name}: no item can be loaded.")
+    return images, np.asarray(kept, np.int64)
+
+
 def _decode_file(path, channels):
     data = tf.io.read_file(path)
     image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+    image.set_shape([None, None, channels])
+    return image
+
+
+def _pil_decode(path, channels):
+    image = tf.numpy_function(lambda p: _pil_pixels(p.decode(), channels), [path], tf.uint8, stateful=False)
     image.set_shape([None, None, channels])
     return image
 
@@ -172,23 +296,56 @@ def list_class_folders(path, class_names=None, extensions=IMAGE_EXTENSIONS):
     return paths, np.asarray(labels, np.int64), list(class_names)
 
 
-def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS):
-    """A source over `path/<class_name>/<image files>`; class ids follow the sorted class folder names.
+def scan_image_files(paths):
+    """`(formats, problems)`: the image format of each file (None when it cannot be decoded) and the
+    `(path, reason)` of the undecodable ones (see `check_image_file`)."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    Only the file list and labels are held in memory; images are read and decoded lazily. Files that do
-    not decode are skipped and counted by the pipelines (`Source.skipped_count`). The class names are in
-    the returned source's `class_names` attribute.
+    # Pillow releases the GIL while it decodes: threads scale the JPEG check over the cores.
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        checked = list(pool.map(check_image_file, paths, chunksize=64))
+    formats = [image_format for image_format, _ in checked]
+    problems = [(path, problem) for path, (_, problem) in zip(paths, checked) if problem]
+    return formats, problems
+
+
+def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS, class_names=None, validate=True):
+    """A source over `path/<class_name>/<image files>`; class ids follow the sorted class folder names
+    (or the order of `class_names`, e.g. to match a query folder to a gallery folder).
+
+    Only the file list and labels are held in memory; images are read and decoded lazily (TensorFlow's
+    decoders; Pillow for TIFF). With `validate=True` every file is checked once here (measured: 0.55 ms
+    of CPU per 500 x 375 JPEG, half a full decode; 0.06 ms per PNG; see `check_image_file`): undecodable files (empty, truncated, not an image) are left out and
+    named in one warning, and listed in `source.skipped_files` as `(path, reason)`. The class names are
+    in `source.class_names`, the files in `source.paths`.
     """
-    paths, labels, class_names = list_class_folders(path, extensions=extensions)
+    paths, labels, class_names = list_class_folders(path, class_names=class_names, extensions=extensions)
+    skipped = []
+    uses_pil = [False] * len(paths)
+    if validate:
+        formats, skipped = scan_image_files(paths)
+        report_skipped(f"image_folder({path})", skipped, len(paths))
+        keep = [i for i, f in enumerate(formats) if f is not None]
+        if not keep:
+            raise ValueError(f"image folder {path!r}: none of its {len(paths)} image files can be decoded: "
+                             + "; ".join(f"{p} ({r})" for p, r in skipped[:MAX_NAMED]))
+        uses_pil = [formats[i] not in TF_FORMATS for i in keep]
+        paths, labels = [paths[i] for i in keep], labels[keep]
     table = tf.constant(paths)
+    pil_table = tf.constant(uses_pil)
 
     def load(i):
-        return _decode_file(tf.gather(table, i), channels)
+        file = tf.gather(table, i)
+        if not any(uses_pil):
+            return _decode_file(file, channels)
+        return tf.cond(tf.gather(pil_table, i), lambda: _pil_decode(file, channels),
+                       lambda: _decode_file(file, channels))
 
     source = Source(labels, load, channels, num_classes=len(class_names),
                     describe=lambda i: paths[i], name=f"image_folder({path})")
     source.class_names = class_names
     source.paths = paths
+    source.skipped_files = skipped
     return source
 
 
@@ -213,7 +370,9 @@ def array_source(images, labels, num_classes=None, name="array_source"):
     def load(i):
         return tf.gather(table, i)
 
-    return Source(labels, load, images.shape[-1], images.shape[1:], num_classes, name=name)
+    source = Source(labels, load, images.shape[-1], images.shape[1:], num_classes, name=name)
+    source.images = images  # in memory: read directly by `load_items` (export, evaluation of exports)
+    return source
 
 
 def digits(split="train"):
@@ -235,7 +394,35 @@ def digits(split="train"):
         keep = np.ones_like(labels, dtype=bool)
     else:
         raise ValueError(f"digits: split must be 'train', 'test' or 'all', got {split!r}.")
-    return array_source(images[keep], labels[keep], num_classes=10, name=f"digits({split})")
+    source = array_source(images[keep], labels[keep], num_classes=10, name=f"digits({split})")
+    source.class_names = [str(digit) for digit in range(10)]
+    return source
+
+
+# Data sets that ship with tfdml (no network): `name -> function(split) -> Source` with "train" / "test"
+# splits. Other modules add theirs (e.g. `EMBEDDED_SOURCES["glyphs"] = glyphs`).
+EMBEDDED_SOURCES = {"digits": digits}
+
+
+def embedded_source(name, split="test", **options):
+    """The `split` of the embedded data set `name` (see `EMBEDDED_SOURCES`; a `tfdml.data.<name>(split)`
+    function returning a `Source` also counts). `options` (e.g. `image_size` for data sets rendered at a
+    size) are passed on to the functions that take them and ignored by the others."""
+    import inspect
+
+    function = EMBEDDED_SOURCES.get(name)
+    if function is None:
+        import tfdml.data
+
+        function = getattr(tfdml.data, name, None) if not name.startswith("_") else None
+        if not callable(function) or name in ("image_folder", "array_source", "tfds_source"):
+            raise ValueError(f"unknown embedded data set {name!r}; embedded data sets: "
+                             f"{', '.join(sorted(EMBEDDED_SOURCES))}.")
+    accepted = inspect.signature(function).parameters
+    source = function(split, **{k: v for k, v in options.items() if k in accepted and v is not None})
+    if not isinstance(source, Source):
+        raise ValueError(f"tfdml.data.{name}({split!r}) is not a tfdml.data.Source.")
+    return source
 
 
 def _class_split(num_classes, split):
@@ -310,3 +497,18 @@ def _tfds_loader(reader, image_key, channels):
         return image
 
     return load
+
+
+def job_evaluation_source(training_config, channels=3):
+    """The evaluation data of a `tfdml train` job from its configuration's `data` section (as recorded in
+    export metadata and report `config.yaml`): an embedded data set or the evaluation image folder; None
+    for tfds jobs (their data may not be on this machine) or without a configuration."""
+    data = (training_config or {}).get("data") or {}
+    kind = data.get("source")
+    if kind == "folder" and data.get("eval_path"):
+        return image_folder(data["eval_path"], channels=channels)
+    if kind and kind not in ("tfds", "folder"):
+        # The data section's settings that the data set's function takes (image_size, images_per_class, ...).
+        options = {k: v for k, v in data.items() if k not in ("source", "name", "train_split", "eval_split")}
+        return embedded_source(kind, data.get("eval_split") or "test", **options)
+    return None

@@ -74,6 +74,7 @@ class ScannIndex:
       ids: optional `[N]` ids returned by `search` (ints or strings, e.g. image paths); default `0..N-1`.
       labels: optional `[N]` class labels, saved with the index (used by `tfdml search` to mark same-class
         neighbours).
+      class_names: optional names of the classes, `class_names[label]` (printed by `tfdml search`).
       distance: `"dot_product"` (use for L2-normalised embeddings) or `"squared_l2"`.
       mode: `"exact"` (brute force), `"approximate"` (tree + AH + reorder), or `"auto"` (exact below
         20,000 points).
@@ -89,7 +90,7 @@ class ScannIndex:
     """
 
     def __init__(self, embeddings, ids=None, labels=None, distance="dot_product", mode="auto",
-                 num_neighbors=10, metadata=None, **settings):
+                 num_neighbors=10, metadata=None, class_names=None, **settings):
         validate_distance(distance)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
@@ -99,6 +100,8 @@ class ScannIndex:
             raise ValueError("cannot build an index over 0 embeddings.")
         self.ids = self._check_vector(ids, num_points, "ids")
         self.labels = self._check_vector(labels, num_points, "labels")
+        self.class_names = self._check_class_names(class_names, self.labels)
+        self.directory = None
         self.distance = distance
         self.requested_mode = mode
         self.mode = ("exact" if num_points < EXACT_BELOW else "approximate") if mode == "auto" else mode
@@ -126,6 +129,24 @@ class ScannIndex:
             raise ValueError(f"{name} must have one entry per embedding ({num_points}), got shape "
                              f"{values.shape}.")
         return values
+
+    @staticmethod
+    def _check_class_names(class_names, labels):
+        if class_names is None:
+            return None
+        class_names = [str(name) for name in class_names]
+        if labels is not None and labels.size and np.issubdtype(labels.dtype, np.integer) and (
+                labels.min() < 0 or labels.max() >= len(class_names)):
+            raise ValueError(f"class_names has {len(class_names)} names but the labels go from "
+                             f"{labels.min()} to {labels.max()}: class_names[label] must name every label.")
+        return class_names
+
+    def class_name(self, position):
+        """Name (or label as a string) of the class of the gallery item at `position`; None without labels."""
+        if self.labels is None:
+            return None
+        label = self.labels[position]
+        return self.class_names[int(label)] if self.class_names is not None else str(label)
 
     def _build(self, embeddings):
         import scann
@@ -187,12 +208,13 @@ class ScannIndex:
                 "requested_mode": self.requested_mode, "num_neighbors": self.num_neighbors,
                 "size": int(self.size), "dim": int(self.dim), "settings": self.settings,
                 "has_ids": self.ids is not None, "has_labels": self.labels is not None,
-                "metadata": self.metadata}
+                "class_names": self.class_names, "metadata": self.metadata}
 
-    def save(self, directory):
+    def save(self, directory, arrays=None):
         """Writes the index to `directory` (replaced atomically if it exists); returns the path.
 
-        The ScaNN artifacts use relative paths, so the directory can be moved or copied and still loads.
+        `arrays`: optional `{file_name.npy: array}` saved with it (read back with `load_array`). The ScaNN
+        artifacts use relative paths, so the directory can be moved or copied and still loads.
         """
         directory = os.path.abspath(os.fspath(directory))
         parent = os.path.dirname(directory)
@@ -205,9 +227,12 @@ class ScannIndex:
                 np.save(os.path.join(tmp, "ids.npy"), self.ids, allow_pickle=False)
             if self.labels is not None:
                 np.save(os.path.join(tmp, "labels.npy"), self.labels, allow_pickle=False)
+            for file_name, array in (arrays or {}).items():
+                np.save(os.path.join(tmp, file_name), np.asarray(array), allow_pickle=False)
             with open(os.path.join(tmp, _META_FILE), "w") as f:
                 json.dump(self.config(), f, indent=2)
             _replace_directory(tmp, directory)
+            self.directory = directory
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return directory
@@ -231,6 +256,8 @@ class ScannIndex:
         index.size, index.dim = config["size"], config["dim"]
         index.settings = config["settings"]
         index.metadata = config.get("metadata", {})
+        index.class_names = config.get("class_names")
+        index.directory = os.path.abspath(directory)
 
         def optional(name, wanted):
             return np.load(os.path.join(directory, name), allow_pickle=False) if wanted else None
@@ -239,6 +266,11 @@ class ScannIndex:
         index.labels = optional("labels.npy", config["has_labels"])
         index._searcher = scann.scann_ops_pybind.load_searcher(os.path.join(directory, _SCANN_DIR))
         return index
+
+    def load_array(self, file_name):
+        """An array saved with `save(..., arrays=...)`, or None when the saved index has none of that name."""
+        path = os.path.join(self.directory or "", file_name)
+        return np.load(path, allow_pickle=False) if self.directory and os.path.exists(path) else None
 
     def __repr__(self):
         return f"ScannIndex(size={self.size}, dim={self.dim}, distance={self.distance!r}, mode={self.mode!r})"
