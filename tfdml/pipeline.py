@@ -46,6 +46,9 @@ def _sources(data):
     kind = data["source"]
     if kind == "digits":
         return data_lib.digits("train"), data_lib.digits("test")
+    if kind == "glyphs":
+        size = int(data["image_size"])  # rendered at the training size: no upscaling blur
+        return data_lib.glyphs("train", image_size=size), data_lib.glyphs("test", image_size=size)
     if kind == "tfds":
         if not data["name"]:
             raise ValueError("data.source=tfds needs data.name (caltech_birds2011, cars196, "
@@ -58,7 +61,7 @@ def _sources(data):
             raise ValueError("data.source=folder needs data.path (training classes) and data.eval_path "
                              "(evaluation classes), each with one sub-folder per class")
         return data_lib.image_folder(data["path"]), data_lib.image_folder(data["eval_path"])
-    raise ValueError(f"unknown data.source {kind!r}; use digits, tfds or folder")
+    raise ValueError(f"unknown data.source {kind!r}; use digits, glyphs, tfds or folder")
 
 
 def build_loss(section, num_classes=None, total_steps=None):

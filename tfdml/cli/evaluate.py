@@ -2,6 +2,7 @@
 
     tfdml evaluate --embeddings emb.npz --ks 1 2 4 8 --json metrics.json --plot recall.png
     tfdml evaluate --model exported_models/digits --dataset digits
+    tfdml evaluate --model exported_models/glyphs_rll --dataset glyphs
     tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
 """
 
@@ -29,9 +30,11 @@ def register(subparsers):
                         help="exported model: <base_dir>/<name> (latest version) or a version directory "
                              "written by 'tfdml export'.")
     data = parser.add_argument_group("dataset for --model")
-    data.add_argument("--dataset", choices=["digits"],
+    data.add_argument("--dataset", choices=["digits", "glyphs"],
                       help="built-in dataset: 'digits' is scikit-learn's 8x8 digits, test classes 5-9 "
-                           "(the zero-shot split, about 900 images).")
+                           "(the zero-shot split, about 900 images); 'glyphs' is tfdml.data.glyphs' test "
+                           "half of the characters (unseen in training), rendered at the model's input "
+                           "size with seed 0.")
     data.add_argument("--image-dir", metavar="DIR",
                       help="gallery images, one sub-directory per class (the sub-directory names, sorted, "
                            "give the labels).")
@@ -66,6 +69,14 @@ def load_digits_split(classes=DIGITS_TEST_CLASSES):
     return np.repeat(gray[..., None], 3, axis=-1), digits.target[keep].astype(np.int64)
 
 
+def load_glyphs_split(image_size=32, split="test"):
+    """`tfdml.data.glyphs` images of one split as uint8 `[N, size, size, 1]` and their labels."""
+    from tfdml.data.glyphs import glyph_arrays
+
+    images, labels, _ = glyph_arrays(split, image_size=image_size)
+    return images, labels
+
+
 def _embed_paths(embedder, paths, batch_size):
     from tfdml.export import read_image
 
@@ -92,6 +103,10 @@ def _load_inputs(args):
     if args.dataset == "digits":
         images, labels = load_digits_split()
         images = images[..., :embedder.channels]  # grayscale models take one channel
+        return embedder.embed(images, batch_size=args.batch_size), labels, None, None
+    if args.dataset == "glyphs":
+        images, labels = load_glyphs_split(int(embedder.metadata["image_size"][0]))
+        images = np.repeat(images, embedder.channels, axis=-1)  # grayscale glyphs for an RGB model
         return embedder.embed(images, batch_size=args.batch_size), labels, None, None
     paths, labels, names = list_class_folders(args.image_dir)
     gallery = _embed_paths(embedder, paths, args.batch_size)
