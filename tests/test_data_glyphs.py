@@ -170,3 +170,25 @@ def test_learning_on_seen_characters_beats_raw_pixels_on_unseen_ones():
     learned = retrieval.evaluate(embeddings, labels, ks=[1], metrics=["recall", "map@r"])
     raw = retrieval.evaluate(pixels, labels, ks=[1], metrics=["recall", "map@r"])
     assert learned["map@r"] > 2 * raw["map@r"] and learned["recall@1"] > raw["recall@1"] + 0.1, (learned, raw)
+
+
+def test_glyphs_config_runs_tiny_with_whole_images_in_evaluation(tmp_path):
+    from tfdml import pipeline
+    from tfdml.config import load_config
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "glyphs_rll.yaml")
+    config = load_config(path, ["data.image_size=16", "training.epochs=1", "training.steps_per_epoch=2",
+                                "export.enabled=false", "model.widths=[4,8]", "report.grid_queries=2",
+                                "report.grid_neighbours=2", f"report.dir={tmp_path}"])
+    summary = pipeline.run(config, verbose=0)
+    assert (summary["eval_items"], summary["eval_classes"]) == (20 * (len(CLASSES) - len(CLASSES) // 2),
+                                                                len(CLASSES) - len(CLASSES) // 2)
+    assert set(summary["raw_pixels"]) == {"recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision"}
+    # the raw-pixel baseline sees the images the data set rendered, whole (no centre crop: training does none)
+    images, labels, _ = glyphs_lib.glyph_arrays("test", image_size=16)
+    flat = images.reshape(len(images), -1).astype(np.float32)
+    from tfdml import retrieval
+
+    expected = retrieval.evaluate(flat / np.linalg.norm(flat, axis=1, keepdims=True), labels, ks=[1],
+                                  metrics=["recall"])
+    assert summary["raw_pixels"]["recall@1"] == pytest.approx(expected["recall@1"], abs=1e-6)

@@ -218,10 +218,14 @@ def run(config=None, verbose=1):
             num_replicas=strategy.num_replicas_in_sync if strategy.num_replicas_in_sync > 1 else None,
             **common)
     eval_batch = int(config["evaluation"]["batch_size"])
+    # Evaluation images are prepared as training ones: the papers' centre crop when training crops, a plain
+    # resize when it does not (augment: false), so that the model sees whole images in both.
+    center_crop = common["augment"] not in (None, False)
     eval_ds = data_lib.eval_dataset(eval_source, eval_batch, image_size=data_cfg["image_size"],
-                                    preprocess=preprocess)
+                                    center_crop=center_crop, preprocess=preprocess)
     # The same images as pixels in [0, 1]: the raw-pixel baseline, the index gallery and the report grid.
-    pixel_ds = data_lib.eval_dataset(eval_source, eval_batch, image_size=data_cfg["image_size"])
+    pixel_ds = data_lib.eval_dataset(eval_source, eval_batch, image_size=data_cfg["image_size"],
+                                     center_crop=center_crop)
 
     # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen
     # (resume_stream below skips what the checkpointed epochs consumed).
