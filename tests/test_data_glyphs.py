@@ -192,3 +192,30 @@ def test_glyphs_config_runs_tiny_with_whole_images_in_evaluation(tmp_path):
     expected = retrieval.evaluate(flat / np.linalg.norm(flat, axis=1, keepdims=True), labels, ks=[1],
                                   metrics=["recall"])
     assert summary["raw_pixels"]["recall@1"] == pytest.approx(expected["recall@1"], abs=1e-6)
+
+
+def test_evaluate_cli_on_glyphs_matches_the_model_on_the_rendered_test_half(tmp_path):
+    import argparse
+    import json
+
+    import keras
+
+    from tfdml.cli import evaluate as evaluate_cli
+    from tfdml.export import export_saved_model
+    from tfdml.retrieval import evaluate
+
+    inputs = keras.Input((12, 12, 3))  # an RGB model: the grayscale glyphs are repeated to 3 channels
+    hidden = keras.layers.Dense(16, kernel_initializer=keras.initializers.RandomNormal(seed=2))(
+        keras.layers.Flatten()(inputs))
+    model = keras.Model(inputs, keras.layers.UnitNormalization()(hidden), name="glyph_probe")
+    export_saved_model(model, tmp_path, preprocess="unit")
+    parser = argparse.ArgumentParser(prog="tfdml")
+    evaluate_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["evaluate", "--model", str(tmp_path / "glyph_probe"), "--dataset", "glyphs",
+                              "--metrics", "recall", "map@r", "--json", str(tmp_path / "m.json")])
+    assert args.func(args) == 0
+    images, labels, _ = glyphs_lib.glyph_arrays("test", image_size=12)  # rendered at the model's size
+    expected = evaluate(model(np.repeat(images, 3, axis=-1).astype(np.float32) / 255.0).numpy(), labels,
+                        metrics=("recall", "map@r"))
+    assert len(np.unique(labels)) == len(CLASSES) - len(CLASSES) // 2
+    assert json.loads((tmp_path / "m.json").read_text()) == pytest.approx(expected, abs=1e-5)
