@@ -429,7 +429,11 @@ def main(argv=None):
     parser.add_argument("--out-dir", default=OUT_DIR, help="results.jsonl, table.md and methods.png go here")
     parser.add_argument("--table-only", action="store_true", help="only rebuild the table and plot")
     parser.add_argument("--list", action="store_true", help="list the methods and whether they can run")
-    parser.add_argument("--threads", type=int, default=0, help="TensorFlow / torch CPU threads (0: default)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TensorFlow CPU threads (0: TensorFlow's default); torch uses this many, or 1 by "
+                             "default (its OpenMP threads spin when the cores are shared: 10x the CPU time)")
+    parser.add_argument("--rerun", action="store_true",
+                        help="run (method, seed) pairs that already have a line for this protocol again")
     args = parser.parse_args(argv)
     config = dict(CONFIG, steps=int(args.steps))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -447,11 +451,16 @@ def main(argv=None):
     if not args.table_only:
         if args.threads:
             import tensorflow as tf
-            import torch
 
             tf.config.threading.set_intra_op_parallelism_threads(args.threads)
             tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-            torch.set_num_threads(args.threads)
+        try:
+            import torch
+
+            torch.set_num_threads(args.threads or 1)
+        except ImportError:
+            pass  # no bench extra: the PML rows are reported unavailable
+        done = set() if args.rerun else {(r["method"], r["seed"]) for r in read_lines(jsonl, config)}
         runnable = []
         for name in names:
             reason = available(name)
@@ -464,6 +473,8 @@ def main(argv=None):
             batches = index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"],
                                     config["steps"], seed)
             for name in runnable:
+                if (name, seed) in done:
+                    continue
                 try:
                     record = run_one(name, data, batches, config, seed)
                 except Exception:  # one failing row must not stop the others

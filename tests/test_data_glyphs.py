@@ -89,9 +89,10 @@ def test_every_class_is_drawn_by_enough_faces_and_the_dropped_record_is_consiste
         assert small in DROPPED
 
 
-def _shape_masks(face, chars, side=20):
-    """Independent of the selection's code: PIL draws each character, the ink's bounding box is scaled to
-    `side`, and a 3x3 dilation evens out stroke weight -> boolean masks `{char: [side + 4, side + 4]}`."""
+def _shape_masks(face, chars, side=20, rotation=0):
+    """Independent of the selection's code: PIL draws each character (turned by `rotation` degrees), the
+    ink's bounding box is scaled to `side`, and a 3x3 dilation evens out stroke weight -> boolean masks
+    `{char: [side + 4, side + 4]}`."""
     from fontTools.ttLib import TTFont
     from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
@@ -105,7 +106,7 @@ def _shape_masks(face, chars, side=20):
             continue
         canvas = Image.new("L", (150, 150))
         ImageDraw.Draw(canvas).text((75, 75), char, font=font, fill=255, anchor="mm")
-        ink = np.asarray(canvas) > 127
+        ink = np.asarray(canvas.rotate(rotation, resample=Image.BILINEAR)) > 127
         rows, cols = np.nonzero(ink)
         if not rows.size:
             continue
@@ -148,6 +149,27 @@ def test_no_two_classes_share_a_shape():
     kept = fraction[:len(CLASSES), :len(CLASSES)]
     worst = np.unravel_index(np.argmax(kept), kept.shape)
     assert kept.max() < 0.5, (CLASSES[worst[0]], CLASSES[worst[1]], kept.max())
+
+
+def test_shapes_that_differ_by_a_half_turn_stay_apart_under_the_small_rotations():
+    half_turn_pairs = [("6", "9"), ("n", "u"), ("p", "d"), ("b", "q")]
+    assert all(c in CLASSES for pair in half_turn_pairs + [("M", "W")] for c in pair)
+    faces = glyphs_lib.UNICODE_FACES[:4] + glyphs_lib.UNICODE_FACES[8:10]  # sans and serif
+    limit = 2 * glyphs_lib.DEFAULT_ROTATION  # the largest relative rotation of two images
+
+    def best_overlap(a, b, rotations):
+        """Per face: the best intersection-over-union of `a` with `b` turned by one of `rotations`."""
+        overlaps = []
+        for face in faces:
+            upright = _shape_masks(face, a)[a]
+            overlaps.append(max((upright & t).sum() / (upright | t).sum()
+                                for t in (_shape_masks(face, b, rotation=r)[b] for r in rotations)))
+        return np.array(overlaps)
+
+    for a, b in half_turn_pairs + [("M", "W")]:
+        assert best_overlap(a, b, np.linspace(-limit, limit, 5)).max() < 0.85, (a, b)
+    for a, b in half_turn_pairs:  # while a half turn makes them one shape: the check can tell
+        assert np.median(best_overlap(a, b, [180])) >= 0.85, (a, b)
 
 
 def test_learning_on_seen_characters_beats_raw_pixels_on_unseen_ones():
