@@ -90,8 +90,8 @@ def test_config_loads(path):
 
 
 # digits_rll (the default job, see test_digits_rll_is_the_embedded_default) runs from its file in a
-# subprocess in tests/test_cli_train.py.
-@pytest.mark.parametrize("path", [p for p in CONFIGS if not p.endswith("digits_rll.yaml")],
+# subprocess in tests/test_cli_train.py; glyphs_rll (no tfds data) in tests/test_data_glyphs.py.
+@pytest.mark.parametrize("path", [p for p in CONFIGS if not p.endswith(("digits_rll.yaml", "glyphs_rll.yaml"))],
                          ids=lambda p: os.path.basename(p)[:-5])
 def test_config_runs_tiny(path, tmp_path):
     config = load_config(path, TINY + _tiny(load_config(path)) + [f"report.dir={tmp_path}"])

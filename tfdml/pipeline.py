@@ -184,6 +184,12 @@ class Datasets:
     pixels: object      # the same images as pixels in [0, 1] (baseline, index gallery, report grid)
 
 
+def eval_center_crop(data):
+    """Whether evaluation (and so the served graph) centre-crops: as the papers do when training crops, while
+    a model trained on whole images (`augment: false`, or no `random_crop`) is evaluated on whole images."""
+    return data.augment is True or bool(getattr(data.augment, "random_crop", False))
+
+
 def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1):
     from tfdml import data as data_lib
 
@@ -201,11 +207,13 @@ def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1)
                 num_replicas=num_replicas if num_replicas > 1 else None, **common)
     except ValueError as error:
         raise ConfigError(f"{section}: {error}") from None
-    batch = config.evaluation.batch_size
+    batch, crop = config.evaluation.batch_size, eval_center_crop(data)
     return Datasets(
         train=train,
-        eval=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, preprocess=preprocess),
-        pixels=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size))
+        eval=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop,
+                                   preprocess=preprocess),
+        # The same images as pixels in [0, 1]: the raw-pixel baseline and the report grid.
+        pixels=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop))
 
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -337,8 +345,8 @@ def export(config, embedder, preprocess_name, evaluation, eval_source):
     # embedded by the written SavedModel from the raw images.
     path = export_lib.export_saved_model(
         embedder, base_dir=settings.base_dir, name=settings.name, version=settings.version,
-        image_size=(size, size), preprocess=preprocess_name, training_config=config.to_dict(),
-        metrics=evaluation.results, overwrite=settings.version is not None,
+        image_size=(size, size), center_crop=eval_center_crop(config.data), preprocess=preprocess_name,
+        training_config=config.to_dict(), metrics=evaluation.results, overwrite=settings.version is not None,
         gallery=eval_source if settings.index else None, index_mode="exact")
     added = {"export_dir": path}
     if settings.index:

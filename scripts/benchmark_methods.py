@@ -1,0 +1,499 @@
+"""Every metric-learning method of tfdml on the glyph data set, with one backbone, one sampler and one budget.
+
+    python scripts/benchmark_methods.py                          # every method x seeds 0-4 (~25 min, 2 cores)
+    python scripts/benchmark_methods.py --methods rll_uniform triplet_all --seeds 0 1
+    python scripts/benchmark_methods.py --table-only             # rebuild the table and plot from the JSONL
+    python scripts/benchmark_methods.py --list                   # the methods and whether they can run here
+
+Protocol (the same for every row; `CONFIG` below): `tfdml.data.glyphs` at 32 px, training on the "train"
+half of the characters and retrieval on the unseen "test" half (Recall@1 and MAP@R, exact search, every test
+image a query); a small CNN (`tfdml.models.small_cnn`, widths 16-32-64-128, global average pool, Dense 64,
+L2 normalisation) trained from scratch with Adam for a fixed number of steps on class-balanced C x K
+batches. The batches are drawn once per seed as index arrays and every row of that seed trains on exactly
+those batches (DML-ALA rows split each batch's classes into its training and validation halves).
+
+The pytorch-metric-learning rows (the bench extra: torch + pytorch-metric-learning) train a torch copy of
+the same CNN that starts from the same weights as the tfdml model of that seed (copied layer by layer;
+BatchNorm momentum and epsilon and Adam's epsilon set to Keras' values), on the same index batches, for the
+same steps; both are evaluated by the same `tfdml.retrieval.evaluate`.
+
+Rows whose loss is not available in this checkout (a class or argument that does not exist yet) are skipped
+with a message and leave no line; run them again later with `--methods`. Results are appended, one JSON line
+per method and seed, to `--jsonl`; the table (mean and standard deviation over the seeds) and the plot are
+rebuilt from every line for the current protocol.
+"""
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CONFIG = {
+    "image_size": 32,
+    "images_per_class": 20,
+    "classes_per_batch": 22,
+    "samples_per_class": 3,
+    "steps": 300,
+    "widths": [16, 32, 64, 128],
+    "embedding_dim": 64,
+    "learning_rate": 2e-3,
+}
+OUT_DIR = os.path.join(ROOT, "reports", "benchmark_methods")
+
+
+# ------------------------------------------------------------------------------------------------ data
+def load_data(config):
+    glyphs = importlib.import_module("tfdml.data.glyphs")
+    train_x, train_y, _ = glyphs.glyph_arrays("train", config["image_size"], config["images_per_class"])
+    test_x, test_y, _ = glyphs.glyph_arrays("test", config["image_size"], config["images_per_class"])
+    # contiguous training ids for the classifier heads (softmax, Group Loss, proxies)
+    _, train_y = np.unique(train_y, return_inverse=True)
+    return {"train_x": train_x.astype(np.float32) / 255.0, "train_y": train_y.astype(np.int64),
+            "test_x": test_x.astype(np.float32) / 255.0, "test_y": test_y.astype(np.int64),
+            "num_classes": int(train_y.max()) + 1}
+
+
+def index_batches(labels, classes_per_batch, samples_per_class, steps, seed):
+    """`[steps, C * K]` item indices: each row C distinct classes (random), K distinct items of each, class
+    after class (the layout of `tfdml.data.class_balanced_dataset`)."""
+    rng = np.random.default_rng(seed)
+    by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    rows = np.empty((steps, classes_per_batch * samples_per_class), np.int64)
+    for step in range(steps):
+        classes = rng.choice(len(by_class), classes_per_batch, replace=False)
+        rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in classes])
+    return rows
+
+
+def evaluate(embeddings, labels):
+    from tfdml import retrieval
+
+    result = retrieval.evaluate(np.asarray(embeddings, np.float32), labels, ks=[1], metrics=["recall", "map@r"])
+    return {"recall@1": float(result["recall@1"]), "map@r": float(result["map@r"])}
+
+
+# ------------------------------------------------------------------------------------------------ tfdml
+def tfdml_embedder(config, num_classes=None, levels=None, seed=0):
+    import keras
+
+    from tfdml import recipes
+
+    keras.utils.set_random_seed(seed)
+    section = {"type": "single", "backbone": "small_cnn", "embedding_dim": config["embedding_dim"],
+               "widths": config["widths"], "num_classes": num_classes}
+    if levels:
+        blocks = len(config["widths"])  # the last three blocks are the L, M, H levels
+        section.update(type="multilevel", levels=list(levels), head_filters=32, head_units=128,
+                       taps={"L": f"block{blocks - 2}_out", "M": f"block{blocks - 1}_out", "H": f"block{blocks}_out"})
+    size = config["image_size"]
+    return recipes.make_embedder(section, (size, size, 1))
+
+
+class SoftmaxCrossEntropy:
+    """Classification baseline: cross-entropy of the classifier logits (the last `num_classes` columns of a
+    tfdml embedder's training output); the embedding is read before the classifier."""
+
+    def __new__(cls, num_classes):
+        import keras
+        import tensorflow as tf
+
+        class _Loss(keras.losses.Loss):
+            def call(self, y_true, y_pred):
+                logits = y_pred[:, -num_classes:]
+                return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(tf.reshape(y_true, [-1]), tf.int32),
+                                                                      logits)
+
+        return _Loss(name="softmax_cross_entropy")
+
+
+def tfdml_loss(name, **params):
+    """A tfdml loss built by name (raises AttributeError / TypeError while it does not exist here)."""
+    from tfdml import losses
+
+    return getattr(losses, name)(**params)
+
+
+def train_tfdml(spec, data, batches, config, seed):
+    import keras
+    import tensorflow as tf
+
+    num_classes = data["num_classes"]
+    model = tfdml_embedder(config, num_classes=num_classes if spec.get("classifier") else None,
+                           levels=spec.get("levels"), seed=seed)
+    images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
+    optimizer = keras.optimizers.Adam(config["learning_rate"])
+    if spec.get("ala"):
+        from tfdml.models import ALAModel
+
+        half = (config["classes_per_batch"] // 2) * config["samples_per_class"]
+        dataset = tf.data.Dataset.from_tensor_slices(batches).map(lambda idx: (
+            tf.gather(images, idx[:half]), tf.gather(labels, idx[:half]),
+            tf.gather(images, idx[half:]), tf.gather(labels, idx[half:])))
+        trainer = ALAModel(model, base_loss=spec["ala"], seed=seed, embedding_dim=config["embedding_dim"],
+                           **spec.get("ala_params", {}))
+        trainer.compile(optimizer=optimizer)
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices(batches).map(
+            lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)))
+        trainer = model
+        trainer.compile(optimizer=optimizer, loss=spec["loss"](num_classes))
+    trainer.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
+    embeddings = np.concatenate([np.asarray(model(data["test_x"][i:i + 512], training=False))
+                                 for i in range(0, len(data["test_x"]), 512)])
+    return embeddings, model
+
+
+# ------------------------------------------------------------------------------------------------ torch
+def torch_copy(keras_embedder, config):
+    """The tfdml single-level small-CNN embedder as a torch module with the same weights."""
+    import torch
+
+    backbone = keras_embedder.backbone if hasattr(keras_embedder, "backbone") else None
+    layers, width_in = [], 1
+    for i, width in enumerate(config["widths"], start=1):
+        conv = torch.nn.Conv2d(width_in, width, 3, padding=1, bias=False)
+        bn = torch.nn.BatchNorm2d(width, eps=1e-3, momentum=0.01)  # Keras: epsilon 1e-3, momentum 0.99
+        kernel = _keras_layer(keras_embedder, backbone, f"block{i}_conv").get_weights()[0]
+        conv.weight.data = torch.from_numpy(np.ascontiguousarray(kernel.transpose(3, 2, 0, 1)))
+        gamma, beta, mean, var = _keras_layer(keras_embedder, backbone, f"block{i}_bn").get_weights()
+        for tensor, value in ((bn.weight, gamma), (bn.bias, beta), (bn.running_mean, mean), (bn.running_var, var)):
+            tensor.data = torch.from_numpy(value.copy())
+        # Keras MaxPooling2D(2, padding="same") on even sizes = torch MaxPool2d(2); odd sizes pad at the end.
+        layers += [conv, bn, torch.nn.ReLU(), torch.nn.MaxPool2d(2, ceil_mode=True)]
+        width_in = width
+    projection = torch.nn.Linear(width_in, config["embedding_dim"], bias=False)
+    head_kernel = [w for w in keras_embedder.level_heads[0].get_weights() if w.ndim == 2][0]
+    projection.weight.data = torch.from_numpy(np.ascontiguousarray(head_kernel.T))
+
+    class TorchEmbedder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = torch.nn.Sequential(*layers)
+            self.projection = projection
+
+        def forward(self, x):  # x: [B, H, W, 1] floats, as the Keras model takes
+            x = self.features(x.permute(0, 3, 1, 2)).mean(dim=(2, 3))
+            return torch.nn.functional.normalize(self.projection(x), dim=1)
+
+    return TorchEmbedder()
+
+
+def _keras_layer(model, backbone, name):
+    for owner in (backbone, model):
+        if owner is None:
+            continue
+        try:
+            return owner.get_layer(name)
+        except (ValueError, AttributeError):
+            continue
+    for layer in model._flatten_layers():
+        if layer.name == name:
+            return layer
+    raise ValueError(f"layer {name} not found in the tfdml embedder")
+
+
+def train_pml(spec, data, batches, config, seed):
+    import torch
+
+    keras_model = tfdml_embedder(config, seed=seed)  # same initial weights as the tfdml rows of this seed
+    torch.manual_seed(seed)
+    model = torch_copy(keras_model, config)
+    # the copy is the same function as the tfdml model before training
+    probe = data["train_x"][:16]
+    model.eval()
+    with torch.no_grad():
+        difference = float(np.abs(model(torch.from_numpy(probe)).numpy()
+                                  - np.asarray(keras_model(probe, training=False))).max())
+    if difference > 1e-4:
+        raise RuntimeError(f"the torch copy differs from the tfdml model by {difference:.2e}")
+    loss, miner, loss_optimizer = spec["pml"]()
+    optimizer = torch.optim.Adam(model.parameters(), lr=config["learning_rate"], eps=1e-7)
+    images, labels = torch.from_numpy(data["train_x"]), torch.from_numpy(data["train_y"])
+    model.train()
+    for row in batches:
+        index = torch.from_numpy(row)
+        x, y = images[index], labels[index]
+        embeddings = model(x)
+        value = loss(embeddings, y, miner(embeddings, y)) if miner is not None else loss(embeddings, y)
+        optimizer.zero_grad()
+        if loss_optimizer is not None:
+            loss_optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        if loss_optimizer is not None:
+            loss_optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        embeddings = np.concatenate([model(torch.from_numpy(data["test_x"][i:i + 512])).numpy()
+                                     for i in range(0, len(data["test_x"]), 512)])
+    return embeddings, model
+
+
+def _pml(loss_name, miner=None, beta_optimizer=False, **params):
+    def build():
+        import torch
+        from pytorch_metric_learning import losses, miners
+
+        loss = getattr(losses, loss_name)(**params)
+        loss_optimizer = None
+        if beta_optimizer:  # tfdml's MarginLoss trains beta with SGD(0.1, momentum 0.9), as the official code
+            loss_optimizer = torch.optim.SGD(loss.parameters(), lr=0.1, momentum=0.9)
+        return loss, (getattr(miners, miner[0])(**miner[1]) if miner else None), loss_optimizer
+
+    return build
+
+
+# ------------------------------------------------------------------------------------------------ methods
+def _loss(name, **params):
+    return lambda num_classes: tfdml_loss(name, **params)
+
+
+def _loss_with_classes(name, **params):
+    return lambda num_classes: tfdml_loss(name, num_classes=num_classes, **params)
+
+
+def _proxy_loss(name, **params):
+    return lambda num_classes: tfdml_loss(name, num_classes=num_classes, embedding_dim=CONFIG["embedding_dim"],
+                                          **params)
+
+
+RLL = {"margin": 0.4, "alpha": 1.2, "tn": 10.0}
+
+# name -> (label in the table, spec). `loss(num_classes)` builds a tfdml loss; `pml()` a PML loss, miner and
+# loss optimiser; `ala` trains an ALAModel with that base loss; `levels` a multi-level embedder.
+METHODS = {
+    "raw_pixels": ("raw pixels (no training)", {"raw": True}),
+    "softmax": ("softmax classification", {"loss": lambda c: SoftmaxCrossEntropy(c), "classifier": True}),
+    "contrastive": ("contrastive", {"loss": _loss("ContrastiveLoss", pos_margin=0.0, neg_margin=1.0)}),
+    "triplet_all": ("triplet, all", {"loss": _loss("TripletLoss", margin=0.2, mining="all")}),
+    "triplet_semihard": ("triplet, semi-hard", {"loss": _loss("TripletSemiHardLoss", margin=0.2)}),
+    "triplet_hard": ("triplet, hard", {"loss": _loss("TripletHardLoss", margin=0.2)}),
+    "margin_dw": ("margin, distance-weighted", {"loss": _loss("MarginLoss", alpha=0.2, beta=1.2,
+                                                              sampling="distance_weighted")}),
+    "margin_all": ("margin, all triplets", {"loss": _loss("MarginLoss", alpha=0.2, beta=1.2, sampling="all")}),
+    "rll_uniform": ("RLL, uniform query weighting", {"loss": _loss("RankedListLoss", query_weighting="uniform",
+                                                                   **RLL)}),
+    "rll_official": ("RLL, official query weighting", {"loss": _loss("RankedListLoss", query_weighting="official",
+                                                                     **RLL)}),
+    "rll_h": ("RLL-H (current RankedListLoss)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["H"]}),
+    "rll_lmh": ("RLL-(L,M,H)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["L", "M", "H"]}),
+    "group": ("Group Loss", {"loss": _loss_with_classes("GroupLoss"), "classifier": True}),
+    "triplet_ala": ("triplet + ALA", {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2},
+                                                                        "max_tuples": 2000}}),
+    "margin_ala": ("margin + ALA", {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2},
+                                                                     "max_tuples": 2000}}),
+    "multi_similarity": ("MultiSimilarity", {"loss": _loss("MultiSimilarityLoss", alpha=2.0, beta=50.0,
+                                                           base=0.5)}),
+    "proxy_anchor": ("ProxyAnchor", {"loss": _proxy_loss("ProxyAnchorLoss", margin=0.1, alpha=32.0)}),
+    "arcface": ("ArcFace", {"loss": _proxy_loss("ArcFaceLoss", margin=28.6, scale=64.0)}),
+    "pml_rll": ("PML RankedListLoss", {"pml": _pml("RankedListLoss", margin=0.4, alpha=1.2, Tn=10.0)}),
+    "pml_triplet_all": ("PML triplet, all", {"pml": _pml("TripletMarginLoss", margin=0.2)}),
+    "pml_triplet_semihard": ("PML triplet, semi-hard", {"pml": _pml(
+        "TripletMarginLoss", miner=("TripletMarginMiner", {"margin": 0.2, "type_of_triplets": "semihard"}),
+        margin=0.2)}),
+    "pml_triplet_hard": ("PML triplet, hard", {"pml": _pml("TripletMarginLoss", miner=("BatchHardMiner", {}),
+                                                           margin=0.2)}),
+    "pml_margin_dw": ("PML margin, distance-weighted", {"pml": _pml(
+        "MarginLoss", miner=("DistanceWeightedMiner", {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4}),
+        beta_optimizer=True, margin=0.2, beta=1.2, learn_beta=True)}),
+    "pml_margin_all": ("PML margin, all triplets", {"pml": _pml("MarginLoss", beta_optimizer=True, margin=0.2,
+                                                                beta=1.2, learn_beta=True)}),
+}
+
+
+def available(name):
+    """`None` when the method can run in this checkout, else why not."""
+    spec = METHODS[name][1]
+    try:
+        if "loss" in spec:
+            spec["loss"](4)
+        elif "pml" in spec:
+            spec["pml"]()
+        elif "ala" in spec:
+            from tfdml.models import ALAModel  # noqa: F401
+    except (AttributeError, TypeError, ImportError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def run_one(name, data, batches, config, seed):
+    spec = METHODS[name][1]
+    started, cpu = time.time(), time.process_time()
+    if spec.get("raw"):
+        flat = data["test_x"].reshape(len(data["test_x"]), -1)
+        embeddings = flat / np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)
+        framework = "none"
+    elif "pml" in spec:
+        embeddings, _ = train_pml(spec, data, batches, config, seed)
+        framework = "pytorch-metric-learning"
+    else:
+        embeddings, _ = train_tfdml(spec, data, batches, config, seed)
+        framework = "tfdml"
+    seconds, cpu_seconds = time.time() - started, time.process_time() - cpu
+    metrics = evaluate(embeddings, data["test_y"])
+    return {"method": name, "label": METHODS[name][0], "framework": framework, "seed": int(seed),
+            **metrics, "train_wall_s": round(seconds, 2), "train_cpu_s": round(cpu_seconds, 2),
+            "config": config, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def read_lines(path, config):
+    """The result lines of `path` for `config`, the latest per (method, seed)."""
+    latest = {}
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                record = json.loads(line)
+                if record.get("config") == config:
+                    latest[record["method"], record["seed"]] = record
+    return list(latest.values())
+
+
+def summarise(records):
+    """`[(name, label, framework, n, r1 mean, r1 std, map mean, map std, cpu mean)]` in `METHODS` order."""
+    rows = []
+    for name, (label, _) in METHODS.items():
+        mine = [r for r in records if r["method"] == name]
+        if not mine:
+            continue
+        r1 = np.array([r["recall@1"] for r in mine])
+        mapr = np.array([r["map@r"] for r in mine])
+        rows.append((name, label, mine[0]["framework"], len(mine), r1.mean(), r1.std(), mapr.mean(), mapr.std(),
+                     float(np.mean([r["train_cpu_s"] for r in mine]))))
+    return rows
+
+
+def markdown_table(rows, config, missing=()):
+    batch = f"{config['classes_per_batch']} x {config['samples_per_class']}"
+    lines = [
+        f"Glyphs, {config['image_size']} px, {config['images_per_class']} images per character; zero-shot: "
+        f"trained on half of the characters, retrieval on the other half. Every row: small CNN "
+        f"{'-'.join(map(str, config['widths']))}, {config['embedding_dim']}-d, Adam "
+        f"{config['learning_rate']:g}, {config['steps']} steps of the same {batch} batches per seed. "
+        "Mean +- standard deviation over the seeds (n).",
+        "",
+        "| method | framework | Recall@1 (%) | MAP@R (%) | n | train CPU s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, label, framework, n, r1, r1s, mapr, maprs, cpu in rows:
+        lines.append(f"| {label} | {framework} | {100 * r1:.1f} +- {100 * r1s:.1f} | "
+                     f"{100 * mapr:.1f} +- {100 * maprs:.1f} | {n} | {cpu:.1f} |")
+    for name in missing:
+        lines.append(f"| {METHODS[name][0]} | - | not run yet | not run yet | 0 | - |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{label}" + (" [PML]" if framework == "pytorch-metric-learning" else "")
+              for _, label, framework, *_ in rows]
+    y = np.arange(len(rows))
+    figure, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(rows) + 1.5), sharey=True)
+    for axis, (mean_at, std_at, title) in zip(axes, ((4, 5, "Recall@1"), (6, 7, "MAP@R"))):
+        colours = ["tab:orange" if row[2] == "pytorch-metric-learning" else "tab:grey" if row[2] == "none"
+                   else "tab:blue" for row in rows]
+        axis.barh(y, [row[mean_at] for row in rows], xerr=[row[std_at] for row in rows], color=colours)
+        axis.set_title(f"{title} on unseen glyph classes")
+        axis.set_xlim(0, 1)
+        axis.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y)
+    axes[0].set_yticklabels(labels)
+    axes[0].invert_yaxis()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--methods", nargs="+", default=["all"], help="method names (see --list) or 'all'")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    parser.add_argument("--steps", type=int, default=CONFIG["steps"], help="training steps per run")
+    parser.add_argument("--out-dir", default=OUT_DIR, help="results.jsonl, table.md and methods.png go here")
+    parser.add_argument("--table-only", action="store_true", help="only rebuild the table and plot")
+    parser.add_argument("--list", action="store_true", help="list the methods and whether they can run")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="TensorFlow CPU threads (0: TensorFlow's default); torch uses this many, or 1 by "
+                             "default (its OpenMP threads spin when the cores are shared: 10x the CPU time)")
+    parser.add_argument("--rerun", action="store_true",
+                        help="run (method, seed) pairs that already have a line for this protocol again")
+    args = parser.parse_args(argv)
+    config = dict(CONFIG, steps=int(args.steps))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.list:
+        for name, (label, _) in METHODS.items():
+            reason = available(name)
+            print(f"{name:22s} {label:36s} {'ok' if reason is None else 'unavailable: ' + reason}")
+        return 0
+    names = list(METHODS) if args.methods == ["all"] else args.methods
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        parser.error(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    jsonl = os.path.join(args.out_dir, "results.jsonl")
+    if not args.table_only:
+        if args.threads:
+            import tensorflow as tf
+
+            tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+            tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        try:
+            import torch
+
+            torch.set_num_threads(args.threads or 1)
+        except ImportError:
+            pass  # no bench extra: the PML rows are reported unavailable
+        done = set() if args.rerun else {(r["method"], r["seed"]) for r in read_lines(jsonl, config)}
+        runnable = []
+        for name in names:
+            reason = available(name)
+            if reason is None:
+                runnable.append(name)
+            else:
+                print(f"skipping {name}: not available in this checkout ({reason})", flush=True)
+        data = load_data(config)
+        for seed in args.seeds:
+            batches = index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"],
+                                    config["steps"], seed)
+            for name in runnable:
+                if (name, seed) in done:
+                    continue
+                try:
+                    record = run_one(name, data, batches, config, seed)
+                except Exception:  # one failing row must not stop the others
+                    print(f"{name} seed {seed} failed:\n{traceback.format_exc()}", flush=True)
+                    continue
+                with open(jsonl, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+                print(f"{name:22s} seed {seed}: R@1 {record['recall@1']:.3f}  MAP@R {record['map@r']:.3f}  "
+                      f"({record['train_wall_s']:.1f} s wall, {record['train_cpu_s']:.1f} s CPU)", flush=True)
+    rows = summarise(read_lines(jsonl, config))
+    done = {row[0] for row in rows}
+    table = markdown_table(rows, config, missing=[n for n in METHODS if n not in done])
+    with open(os.path.join(args.out_dir, "table.md"), "w") as f:
+        f.write(table)
+    if rows:
+        plot(rows, os.path.join(args.out_dir, "methods.png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
