@@ -55,9 +55,12 @@ def _n_pairs_loss(labels, embeddings, normalize):
     if normalize:
         anchor_rows, positive_rows = l2_normalize(anchor_rows), l2_normalize(positive_rows)
     logits = tf.matmul(anchor_rows, positive_rows, transpose_b=True)
-    # Cross-entropy with the diagonal as targets; written out so that no anchor ([0, 0] logits) gives 0.
-    per_anchor = tf.reduce_logsumexp(logits, axis=1) - tf.linalg.diag_part(logits)
-    return safe_divide(tf.reduce_sum(per_anchor), tf.shape(logits)[0])
+    # Cross-entropy with the diagonal as targets (one fused op). A column at the dtype's minimum adds nothing
+    # to any softmax and keeps the op valid when there is no anchor ([0, 0] logits): the loss is then 0.
+    count = tf.shape(logits)[0]
+    padded = tf.pad(logits, [[0, 0], [0, 1]], constant_values=logits.dtype.min)
+    per_anchor = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.range(count), logits=padded)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_anchor), tf.cast(count, logits.dtype))
 
 
 def n_pairs_loss(labels, embeddings, normalize=True):
