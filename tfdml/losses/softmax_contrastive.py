@@ -22,21 +22,21 @@ from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, mean_of_positi
                        positive_mask, safe_divide, same_label_mask, validate_inputs)
 
 
-def n_pairs_selection(labels):
-    """PML's N-pair tuples: `(anchors [B] bool, targets [B, B] bool)`.
+def n_pairs_indices(labels):
+    """PML's N-pair tuples: `(anchor_index [A], positive_index [A])` int.
 
     Each class with at least two samples contributes its first sample (lowest index) as anchor and its second
-    as that anchor's positive; `targets[a, p]` marks the pair. The candidate set of every anchor is the chosen
-    positives of all classes (`tf.reduce_any(targets, axis=0)`).
+    as that anchor's positive, in the order of the anchors' positions. O(B^2) booleans, O(B) otherwise.
     """
-    same = same_label_mask(labels)
     size = tf.shape(labels)[0]
-    earlier = tf.linalg.band_part(tf.ones([size, size], tf.bool), -1, 0) & ~tf.cast(tf.eye(size), tf.bool)
-    rank_in_class = tf.reduce_sum(tf.cast(same & earlier, tf.int32), axis=1)  # samples of the class before i
-    class_size = tf.reduce_sum(tf.cast(same, tf.int32), axis=1)
-    anchors = tf.equal(rank_in_class, 0) & (class_size > 1)
-    targets = same & anchors[:, None] & tf.equal(rank_in_class, 1)[None, :]
-    return anchors, targets
+    position = tf.range(size)
+    # Each sample's class is named by the position of its first sample (argmax returns the first maximum).
+    first_of_class = tf.argmax(tf.cast(same_label_mask(labels), tf.int32), axis=1, output_type=tf.int32)
+    later = tf.where(tf.equal(position, first_of_class), tf.fill([size], size), position)
+    second_of_class = tf.math.unsorted_segment_min(later, first_of_class, size)  # `size` where there is none
+    has_pair = second_of_class < size
+    anchor_index = tf.reshape(tf.where(has_pair), [-1])
+    return anchor_index, tf.gather(second_of_class, anchor_index)
 
 
 @tf.custom_gradient
@@ -47,19 +47,20 @@ def _dense_gradient(x):
 
 
 def _n_pairs_loss(labels, embeddings, normalize):
-    anchors, targets = n_pairs_selection(labels)
     # Only the [A, A] anchor-positive similarities are needed (A = classes with two samples, about B / 4 with
     # class-balanced batches): gathering them is ~16x cheaper than the [B, B] matrix.
-    anchor_index = tf.reshape(tf.where(anchors), [-1])
-    positive_index = tf.argmax(tf.cast(tf.gather(targets, anchor_index), tf.int32), axis=1)
+    anchor_index, positive_index = n_pairs_indices(labels)
     embeddings = _dense_gradient(embeddings)
     anchor_rows, positive_rows = tf.gather(embeddings, anchor_index), tf.gather(embeddings, positive_index)
     if normalize:
         anchor_rows, positive_rows = l2_normalize(anchor_rows), l2_normalize(positive_rows)
     logits = tf.matmul(anchor_rows, positive_rows, transpose_b=True)
-    # Cross-entropy with the diagonal as targets; written out so that no anchor ([0, 0] logits) gives 0.
-    per_anchor = tf.reduce_logsumexp(logits, axis=1) - tf.linalg.diag_part(logits)
-    return safe_divide(tf.reduce_sum(per_anchor), tf.shape(logits)[0])
+    # Cross-entropy with the diagonal as targets (one fused op). A column at the dtype's minimum adds nothing
+    # to any softmax and keeps the op valid when there is no anchor ([0, 0] logits): the loss is then 0.
+    count = tf.shape(logits)[0]
+    padded = tf.pad(logits, [[0, 0], [0, 1]], constant_values=logits.dtype.min)
+    per_anchor = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.range(count), logits=padded)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_anchor), tf.cast(count, logits.dtype))
 
 
 def n_pairs_loss(labels, embeddings, normalize=True):
