@@ -20,6 +20,9 @@ from tfdml.losses import LinearTemperature, RankedListLoss, ranked_list_loss
 from tfdml.losses.ranked_list import ranked_list_weights
 from tfdml.ops import pairwise_distance
 
+# The NumPy reference and pytorch-metric-learning's values follow eq. 14 (mean over queries).
+UNIFORM = dict(query_weighting="uniform")
+
 PARAMS = [
     dict(),
     dict(margin=0.4, alpha=1.2, tn=10.0, tp=0.0, lam=0.5),
@@ -37,8 +40,8 @@ def _reference_cases():
 @pytest.mark.parametrize("labels, embeddings, params, expected", _reference_cases())
 def test_matches_shared_reference_file(labels, embeddings, params, expected):
     labels, embeddings = np.array(labels), np.array(embeddings, np.float64)
-    np.testing.assert_allclose(ranked_list_loss(labels, embeddings, query_weighting="uniform", **params).numpy(), expected, rtol=1e-6)
-    np.testing.assert_allclose(RankedListLoss(query_weighting="uniform", **params)(labels, embeddings).numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(ranked_list_loss(labels, embeddings, **UNIFORM, **params).numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(RankedListLoss(**UNIFORM, **params)(labels, embeddings).numpy(), expected, rtol=1e-6)
 
 
 # ------------------------------------------------------------------ official query weighting (Caffe layer)
@@ -126,7 +129,7 @@ def test_matches_numpy_reference(params, seed, batch_size, num_classes):
     for stop in (True, False):
         value = ranked_list_loss(labels, embeddings, stop_gallery_gradient=stop, query_weighting="uniform", **params)
         np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6, atol=1e-12)
-    np.testing.assert_allclose(RankedListLoss(query_weighting="uniform", **params)(labels, embeddings).numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(RankedListLoss(**UNIFORM, **params)(labels, embeddings).numpy(), expected, rtol=1e-6)
 
 
 def test_unit_norm_embeddings_match_reference_over_many_seeds():
@@ -150,7 +153,7 @@ def test_gradient_with_gallery_stop_gradient(params, seed):
     # Reference: only the query side moves; the gallery and the (constant) weights stay at x0.
     reference = lambda q: ref.ranked_list_loss(labels, q, gallery=x0, weights_from=x0, **params)  # noqa: E731
     checks.assert_gradient_matches(
-        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=True, query_weighting="uniform", **params), reference, labels, x0)
+        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=True, **UNIFORM, **params), reference, labels, x0)
 
 
 @pytest.mark.parametrize("params", [PARAMS[1], PARAMS[2], PARAMS[3]])
@@ -159,7 +162,7 @@ def test_gradient_through_both_ends(params, seed):
     labels, x0 = checks.random_batch(seed, 8, 3, dim=3)
     reference = lambda x: ref.ranked_list_loss(labels, x, weights_from=x0, **params)  # noqa: E731
     checks.assert_gradient_matches(
-        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=False, query_weighting="uniform", **params), reference, labels, x0)
+        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=False, **UNIFORM, **params), reference, labels, x0)
 
 
 def test_stop_gradient_changes_the_gradient_not_the_value():

@@ -62,8 +62,8 @@ class MultiLevelEmbedder(MetricModel):
 
     The "H" level gets the global head (avg pool -> Dense(D, no bias)); every other level gets the auxiliary
     head (avg pool 5x5/3 rounded up as Caffe -> 1x1 conv 128 + BN + ReLU -> Dense 1024 + BN + ReLU ->
-    Dense(D, no bias)), as in the official RLL code. Each level output is L2-normalised for its own loss; the inference embedding normalises
-    the concatenation of the un-normalised outputs.
+    Dense(D, no bias)), as in the official RLL code. Each level output is L2-normalised for its own loss;
+    the inference embedding normalises the concatenation of the un-normalised outputs.
 
     Compile with any tfdml loss: `model.compile(optimizer, loss=RankedListLoss())` applies the loss to each
     level's normalised embedding and sums them with `level_weights`; per-level values are logged as
