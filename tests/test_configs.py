@@ -89,9 +89,9 @@ def test_config_loads(path):
         load_config(path, ["training.epoch=2"])
 
 
-# digits_rll (the default job, see test_digits_rll_is_the_embedded_default) runs from its file in a
-# subprocess in tests/test_cli_train.py; glyphs_rll (no tfds data) in tests/test_data_glyphs.py.
-@pytest.mark.parametrize("path", [p for p in CONFIGS if not p.endswith(("digits_rll.yaml", "glyphs_rll.yaml"))],
+# glyphs_rll (the default job, see test_glyphs_rll_is_the_embedded_default) runs from its file in a
+# subprocess in tests/test_cli_train.py.
+@pytest.mark.parametrize("path", [p for p in CONFIGS if not p.endswith("glyphs_rll.yaml")],
                          ids=lambda p: os.path.basename(p)[:-5])
 def test_config_runs_tiny(path, tmp_path):
     config = load_config(path, TINY + _tiny(load_config(path)) + [f"report.dir={tmp_path}"])
@@ -122,9 +122,9 @@ def test_classifier_head_too_small_for_the_labels(tmp_path):
             pipeline.run(config, verbose=0)
 
 
-def test_digits_rll_is_the_embedded_default():
-    """configs/digits_rll.yaml writes out the job `tfdml train` runs with no options."""
-    written = pipeline.resolve_paths(load_config(os.path.join(CONFIG_DIR, "digits_rll.yaml")))
+def test_glyphs_rll_is_the_embedded_default():
+    """configs/glyphs_rll.yaml writes out the job `tfdml train` runs with no options."""
+    written = pipeline.resolve_paths(load_config(os.path.join(CONFIG_DIR, "glyphs_rll.yaml")))
     default = pipeline.resolve_paths(load_config())
     assert pipeline.build_loss(written.loss).get_config() == pipeline.build_loss(default.loss).get_config()
     written, default = written.to_dict(), default.to_dict()
