@@ -142,7 +142,8 @@ def test_meta_gradient_equals_central_finite_differences(kind, state):
 
 def test_train_step_is_algorithm_1_with_the_updated_assessor():
     """One step = K=2 SGD steps of phi on the exact meta-gradient, then theta updated with A(phi*) (eq 13)
-    and the margin's beta by its own SGD(0.1, momentum 0.9) on the weighted margin loss / active terms."""
+    and the margin's beta by its own SGD(0.1, momentum 0.9) on the weighted margin loss / weighted active
+    terms."""
     b = 0.5
     model, rates = _float64_model("margin", assessor_learning_rate=b, assessor_steps=2)
     episode = _episode(dtype="float64", seed=4)
@@ -166,9 +167,9 @@ def test_train_step_is_algorithm_1_with_the_updated_assessor():
         losses = _reference_tuple_losses("margin", embeddings, train_y, beta)
         tuples = np.array(_reference_tuples("margin", train_y))
         d = lambda i, j: tf.norm(tf.gather(embeddings, i) - tf.gather(embeddings, j), axis=1)  # noqa: E731
-        active = (np.sum(d(tuples[:, 0], tuples[:, 1]).numpy() - 1.2 + 0.2 > 0)
-                  + np.sum(1.2 - d(tuples[:, 0], tuples[:, 2]).numpy() + 0.2 > 0))
-        normalised = tf.reduce_sum(tf.stop_gradient(weights) * losses) / active
+        active = ((d(tuples[:, 0], tuples[:, 1]).numpy() - 1.2 + 0.2 > 0).astype(float)
+                  + (1.2 - d(tuples[:, 0], tuples[:, 2]).numpy() + 0.2 > 0))
+        normalised = tf.reduce_sum(tf.stop_gradient(weights) * losses) / np.sum(weights.numpy() * active)
     expected_beta = 1.2 - float(np.float32(0.1)) * tape.gradient(normalised, beta).numpy()
     assert max(np.abs(p - q).max() for p, q in zip(phi_star, phi0)) > 1e-4  # the assessor did move
     for variable, value in zip(model.assessor.trainable_variables, phi0):

@@ -74,3 +74,30 @@ def test_assessor_learns_at_the_papers_rates():
     assert change.std() > 1e-5
     assert 0.05 < learnt.min() and learnt.max() < 0.95  # not saturated
     assert 0.05 < logs["weight_mean"] < 0.95
+
+
+def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
+    from tfdml import data
+    from tfdml.models.ala import ala_training
+
+    source = data.digits("train")
+    runs = {}
+    for weighting in ("uniform", "assessor"):
+        keras.utils.set_random_seed(0)
+        embedder = Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1))  # no Input: size from it
+        runs[weighting] = ala_training(embedder, source, 2, base_loss="margin", weighting=weighting, seed=3,
+                                       state="per_step",  # no XLA compilation: a cheaper test
+                                       episode={"train_size": 9, "val_size": 6, "samples_per_class": 3})
+    model, ds = runs["assessor"]
+    assert model.embedding_dim == 16 and model.weighting == "assessor" and model.margin_beta is not None
+    rates = {v.path: float(r) for v, r in zip(model.embedder.trainable_variables, model.inner_rates())}
+    assert [r for p, r in rates.items() if "head_H" in p] == [pytest.approx(1e-3)]  # the new layer's 10x rate
+    np.testing.assert_allclose([r for p, r in rates.items() if "head_H" not in p], 1e-4, rtol=1e-6)
+    episodes = [list(runs[w][1]) for w in ("uniform", "assessor")]
+    assert len(episodes[0]) == 2
+    for a, b in zip(*episodes):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+    logs = model.train_step(episodes[1][0])
+    assert np.isfinite(float(logs["loss"])) and 0 < float(logs["weight_mean"]) < 1
+    assert "meta_loss" not in runs["uniform"][0].train_step(episodes[0][0])

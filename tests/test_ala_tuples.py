@@ -13,6 +13,7 @@ from tfdml.ops import (
     triplet_indices,
     triplet_tuple_losses,
 )
+from tfdml.ops.tuples import triplet_hardness
 
 
 def _brute_triplets(labels):
@@ -79,6 +80,10 @@ def test_triplet_and_margin_tuple_losses_match_numpy():
     d_ap, d_an = d(triplets[:, 0], triplets[:, 1]), d(triplets[:, 0], triplets[:, 2])
     got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3).numpy()
     np.testing.assert_allclose(got, np.maximum(d_ap - d_an + 0.3, 0), atol=1e-12)
+    got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3, squared=True).numpy()
+    np.testing.assert_allclose(got, np.maximum(d_ap ** 2 - d_an ** 2 + 0.3, 0), atol=1e-12)  # DML-ALA eq 4
+    ratio = triplet_hardness(tf.constant(f), tf.constant(triplets, tf.int32)).numpy()
+    np.testing.assert_allclose(ratio, d_ap / d_an, rtol=1e-12)
     got = margin_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), alpha=0.2, beta=1.1).numpy()
     expected = np.maximum(d_ap - 1.1 + 0.2, 0) + np.maximum(1.1 - d_an + 0.2, 0)
     np.testing.assert_allclose(got, expected, atol=1e-12)
@@ -111,20 +116,9 @@ def test_tuple_losses_have_finite_gradients_on_identical_embeddings():
         assert np.isfinite(tape.gradient(value, f).numpy()).all()
 
 
-def test_squared_triplet_losses_and_hardness_match_numpy():
-    from tfdml.ops.tuples import triplet_hardness
-
-    f = _embeddings(2)
-    labels = np.array([0, 0, 1, 1, 2, 2, 0, 1])
-    triplets = np.array(_brute_triplets(labels))
-    d = lambda i, j: np.linalg.norm(f[i] - f[j], axis=1)  # noqa: E731
-    d_ap, d_an = d(triplets[:, 0], triplets[:, 1]), d(triplets[:, 0], triplets[:, 2])
-    got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3, squared=True).numpy()
-    np.testing.assert_allclose(got, np.maximum(d_ap ** 2 - d_an ** 2 + 0.3, 0), atol=1e-12)  # DML-ALA eq 4
-    ratio = triplet_hardness(tf.constant(f), tf.constant(triplets, tf.int32)).numpy()
-    np.testing.assert_allclose(ratio, d_ap / d_an, rtol=1e-12)
+def test_hardness_is_zero_not_nan_when_the_negative_coincides_with_the_anchor():
     same = triplet_hardness(tf.constant(np.ones((3, 2))), tf.constant([[0, 1, 2]], tf.int32)).numpy()
-    assert same.tolist() == [0.0]  # d(a, n) = 0: 0, not NaN
+    assert same.tolist() == [0.0]
 
 
 def test_plot_ala_weights_writes_the_four_panels(tmp_path):

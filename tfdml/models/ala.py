@@ -32,8 +32,8 @@ validation subset at theta' (`stateless_call` at substituted weights) and one Ja
 Base losses: triplet `[d_ap^2 - d_an^2 + m]+` (eq 4, squared distances by default), margin
 `[d_ap - beta + alpha]+ + [beta - d_an + alpha]+` with a learnable `beta` trained by its own
 SGD(0.1, momentum 0.9) as in `tfdml.losses.MarginLoss` (on the weighted margin loss normalised like
-`MarginLoss`, by the number of active terms, so that its step does not grow with the number of tuples;
-`beta` is a constant of the virtual step), contrastive pairs.
+`MarginLoss`, by the weighted number of active terms, so that its step depends neither on the number of
+tuples nor on the mean weight; `beta` is a constant of the virtual step), contrastive pairs.
 
 Logged per step (Keras metrics, epoch means in `History` and TensorBoard; paper Fig. 4): `loss` (weighted
 training loss per tuple at `phi*`, `sum_i w_i L_i / n`), `meta_loss` (validation loss per tuple at `theta'`),
@@ -441,16 +441,18 @@ class _EpisodeDerivatives:
                                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
     def beta_gradient(self, weights):
-        """Gradient in `beta` of the weighted margin loss normalised like `MarginLoss` (by the number of
-        active terms), so that beta's own SGD(0.1, 0.9) takes steps of the usual size."""
+        """Gradient in `beta` of the weighted margin loss normalised like `MarginLoss`, by the (weighted)
+        number of active terms `sum_i w_i (#(pos_i > 0) + #(neg_i > 0))`: beta's own SGD(0.1, 0.9) takes
+        steps of the usual size whatever the number of tuples and whatever the mean weight (weights all c
+        give `MarginLoss`'s step, as weights 1 do)."""
         upstream = tf.cast(tf.stop_gradient(weights), self.losses.dtype)
         grad = self.loss_tape.gradient(self.losses, self.beta, output_gradients=upstream,
                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
         d_ap, d_an = triplet_distances(pairwise_distance(self.embeddings), self.tuples)
         alpha = self.model.loss_params["alpha"]
-        active = (tf.reduce_sum(tf.cast(d_ap - self.beta + alpha > 0, grad.dtype))
-                  + tf.reduce_sum(tf.cast(self.beta - d_an + alpha > 0, grad.dtype)))
-        return tf.cast(safe_divide(grad, active), self.model.margin_beta.dtype)
+        active = (tf.cast(d_ap - self.beta + alpha > 0, grad.dtype)
+                  + tf.cast(self.beta - d_an + alpha > 0, grad.dtype))
+        return tf.cast(safe_divide(grad, tf.reduce_sum(upstream * active)), self.model.margin_beta.dtype)
 
     def lookahead(self, weights):
         """Validation loss (sum over tuples) at `theta' = theta - a (.) grad(...)` (eqs 10-11) and its
