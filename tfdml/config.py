@@ -506,7 +506,10 @@ DEFAULT_JOB = {
     "data": {"source": "glyphs", "image_size": 32, "classes_per_batch": 22, "samples_per_class": 3,
              "augment": False},
     "model": {"type": "single", "embedding_dim": 64, "widths": [16, 32, 64, 128]},
-    "loss": {"name": "ranked_list", "params": {"margin": 0.4, "alpha": 1.0, "tn": 10.0}},
+    # Eq. 14's uniform query weighting: on glyphs it beats the authors' Caffe weighting (the library default),
+    # MAP@R 0.499 vs 0.436 at seed 0 (README method table: over 5 seeds).
+    "loss": {"name": "ranked_list",
+             "params": {"margin": 0.4, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}},
     "optimizer": {"name": "adam", "learning_rate": 2e-3},
     "training": {"epochs": 10, "steps_per_epoch": 60},
     # k-means (NMI, F1) over 155 classes would take most of the job's time.
