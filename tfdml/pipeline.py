@@ -184,12 +184,6 @@ class Datasets:
     pixels: object      # the same images as pixels in [0, 1] (baseline, index gallery, report grid)
 
 
-def eval_center_crop(data):
-    """Whether evaluation (and so the served graph) centre-crops: as the papers do when training crops, while
-    a model trained on whole images (`augment: false`, or no `random_crop`) is evaluated on whole images."""
-    return data.augment is True or bool(getattr(data.augment, "random_crop", False))
-
-
 def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1):
     from tfdml import data as data_lib
 
@@ -207,7 +201,7 @@ def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1)
                 num_replicas=num_replicas if num_replicas > 1 else None, **common)
     except ValueError as error:
         raise ConfigError(f"{section}: {error}") from None
-    batch, crop = config.evaluation.batch_size, eval_center_crop(data)
+    batch, crop = config.evaluation.batch_size, data_lib.evaluation_center_crop(data.augment)
     return Datasets(
         train=train,
         eval=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop,
@@ -338,6 +332,7 @@ def evaluate(config, embedder, datasets):
 def export(config, embedder, preprocess_name, evaluation, eval_source):
     """Exports the SavedModel with the index of the evaluation items inside its version, in one atomic
     step; returns the summary entries it adds."""
+    from tfdml import data as data_lib
     from tfdml import export as export_lib
 
     settings, size = config.export, config.data.image_size
@@ -345,7 +340,8 @@ def export(config, embedder, preprocess_name, evaluation, eval_source):
     # embedded by the written SavedModel from the raw images.
     path = export_lib.export_saved_model(
         embedder, base_dir=settings.base_dir, name=settings.name, version=settings.version,
-        image_size=(size, size), center_crop=eval_center_crop(config.data), preprocess=preprocess_name,
+        image_size=(size, size), center_crop=data_lib.evaluation_center_crop(config.data.augment),
+        preprocess=preprocess_name,
         training_config=config.to_dict(), metrics=evaluation.results, overwrite=settings.version is not None,
         gallery=eval_source if settings.index else None, index_mode="exact")
     added = {"export_dir": path}

@@ -34,7 +34,9 @@ def register(subparsers):
                         help="input size of the model (default: the model's input size).")
     parser.add_argument("--no-center-crop", action="store_true",
                         help="resize images straight to the input size instead of resizing to 256/224 of it "
-                             "and cropping the centre (the evaluation preprocessing of tfdml.data).")
+                             "and cropping the centre (the evaluation preprocessing of tfdml.data). A model "
+                             "from a report folder whose job trained on whole images (no random crop) is "
+                             "exported without the crop anyway.")
     parser.add_argument("--preprocess",
                         help="pixel preprocessing in the graph: none, unit (x/255), symmetric (x/127.5-1) or "
                              "a dotted function name (default: what the model declares, as 'tfdml train' "
@@ -86,6 +88,7 @@ def _run(args):
         preprocess = args.preprocess
         if preprocess is None and training_config is None and getattr(model, "preprocessing", "absent") is None:
             preprocess = "unit"  # outside the job, tfdml.data feeds models without preprocessing [0, 1] pixels
+        from tfdml.data.preprocessing import evaluation_center_crop
         from tfdml.data.sources import image_folder, job_evaluation_source
 
         channels = export_lib.input_channels(model)
@@ -96,10 +99,13 @@ def _run(args):
             gallery = image_folder(args.gallery_dir, channels=channels)
         elif not args.no_index:
             gallery = job_evaluation_source(training_config, channels)
+        # A model from a report folder is served with the geometry its job evaluated with.
+        center_crop = not args.no_center_crop and (
+            training_config is None or evaluation_center_crop(training_config["data"]["augment"]))
         path = export_lib.export_saved_model(
             model, base_dir=args.base_dir, name=args.name, version=args.version,
             image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
-            overwrite=args.version is not None, center_crop=not args.no_center_crop,
+            overwrite=args.version is not None, center_crop=center_crop,
             training_config=training_config, metrics=metrics, gallery=gallery)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:
         print(f"tfdml export: error: {error}", file=sys.stderr)

@@ -4,7 +4,7 @@ batches are built and why they keep whole classes per replica."""
 
 from tfdml.data.evaluation import eval_dataset
 from tfdml.data.glyphs import glyphs
-from tfdml.data.preprocessing import Augment, eval_image, train_image
+from tfdml.data.preprocessing import Augment, eval_image, evaluation_center_crop, train_image
 from tfdml.data.sampling import class_balanced_dataset, episode_dataset, steps_per_epoch
 from tfdml.data.sources import Source, array_source, digits, image_folder, tfds_source
 
@@ -17,6 +17,7 @@ __all__ = [
     "episode_dataset",
     "eval_dataset",
     "eval_image",
+    "evaluation_center_crop",
     "glyphs",
     "image_folder",
     "steps_per_epoch",

@@ -154,3 +154,12 @@ def eval_settings(image_size, center_crop=True, resize=None):
     size = as_size(image_size)
     return {"image_size": list(size), "center_crop": bool(center_crop),
             "resize": list(_resize_side(size, resize)) if center_crop else list(size)}
+
+
+def evaluation_center_crop(augment):
+    """Whether evaluation (and so the served graph) takes the papers' centre crop for a model trained with
+    `augment` (as `train_image` takes it, or a mapping of `Augment` fields as `data.augment` in a
+    configuration). Every augmentation trains on crops of the `256/224` resize, random or central, so the
+    model is evaluated on the centre crop; a model trained on whole images (`augment` false or None) is
+    evaluated on whole images."""
+    return augment is not None and augment is not False
