@@ -204,8 +204,10 @@ def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
         evaluated = json.load(f)
     trained = _metrics(runs["main"])["model"]
     # The same model on the same raw images, preprocessed in the serving graph by the function the job
-    # evaluated with: the job's figures, reproduced.
-    assert evaluated == pytest.approx(trained, abs=1e-6)
+    # evaluated with: the job's figures, reproduced. (Float32 differences of ~1e-6 between the served graph
+    # and the Keras model reorder a few near-ties among 3,100 barely trained embeddings: MAP@R moves by
+    # ~1e-6; another preprocessing moved it by ~3e-3.)
+    assert evaluated == pytest.approx(trained, abs=1e-4)
 
 
 def test_export_command_reexports(runs, tmp_path, capsys):
