@@ -19,8 +19,10 @@ same steps; both are evaluated by the same `tfdml.retrieval.evaluate`.
 
 Rows whose loss is not available in this checkout (a class or argument that does not exist yet) are skipped
 with a message and leave no line; run them again later with `--methods`. Results are appended, one JSON line
-per method and seed, to `--jsonl`; the table (mean and standard deviation over the seeds) and the plot are
-rebuilt from every line for the current protocol.
+per method and seed, to `<out-dir>/results.jsonl` (default `benchmarks/glyph_methods/`, committed); pairs of
+method and seed that already have a line for the current protocol are skipped unless `--rerun` (the latest
+line counts). `table.md` (mean and standard deviation over the seeds) and `methods.png` are rebuilt from
+every line for the current protocol.
 """
 
 import argparse
@@ -47,7 +49,7 @@ CONFIG = {
     "embedding_dim": 64,
     "learning_rate": 2e-3,
 }
-OUT_DIR = os.path.join(ROOT, "reports", "benchmark_methods")
+OUT_DIR = os.path.join(ROOT, "benchmarks", "glyph_methods")  # committed: rows can be re-run and appended
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -382,7 +384,8 @@ def markdown_table(rows, config, missing=()):
         f"trained on half of the characters, retrieval on the other half. Every row: small CNN "
         f"{'-'.join(map(str, config['widths']))}, {config['embedding_dim']}-d, Adam "
         f"{config['learning_rate']:g}, {config['steps']} steps of the same {batch} batches per seed. "
-        "Mean +- standard deviation over the seeds (n).",
+        "Mean +- standard deviation over the seeds (n). Train CPU s: process CPU seconds of the training "
+        "(TensorFlow on its default threads, torch on one).",
         "",
         "| method | framework | Recall@1 (%) | MAP@R (%) | n | train CPU s |",
         "|---|---|---|---|---|---|",
@@ -401,8 +404,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{label}" + (" [PML]" if framework == "pytorch-metric-learning" else "")
-              for _, label, framework, *_ in rows]
+    labels = [label for _, label, *_ in rows]  # the PML rows' labels say so; their bars are orange
     y = np.arange(len(rows))
     figure, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(rows) + 1.5), sharey=True)
     for axis, (mean_at, std_at, title) in zip(axes, ((4, 5, "Recall@1"), (6, 7, "MAP@R"))):

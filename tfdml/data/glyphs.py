@@ -25,7 +25,6 @@ keyed by every parameter and the font files, and are identical for a given seed.
 import functools
 import hashlib
 import os
-import unicodedata
 import warnings
 
 import numpy as np
@@ -393,9 +392,3 @@ def glyphs(split="train", image_size=32, images_per_class=20, seed=0, max_rotati
                           name=f"glyphs({split}: {len(np.unique(labels))} of {len(classes)} characters)")
     source.class_names = list(classes)
     return source
-
-
-def describe_classes(classes=None):
-    """`[(char, unicode name)]` of the classes, for reports."""
-    classes = _classes() if classes is None else classes
-    return [(c, unicodedata.name(c, f"U+{ord(c):04X}")) for c in classes]
