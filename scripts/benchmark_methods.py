@@ -286,13 +286,21 @@ METHODS = {
                                                                    **RLL)}),
     "rll_official": ("RLL, official query weighting", {"loss": _loss("RankedListLoss", query_weighting="official",
                                                                      **RLL)}),
-    "rll_h": ("RLL-H (current RankedListLoss)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["H"]}),
+    "rll_h": ("RLL-H (default RankedListLoss)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["H"]}),
     "rll_lmh": ("RLL-(L,M,H)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["L", "M", "H"]}),
     "group": ("Group Loss", {"loss": _loss_with_classes("GroupLoss"), "classifier": True}),
     "triplet_ala": ("triplet + ALA", {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2},
                                                                         "max_tuples": 2000}}),
     "margin_ala": ("margin + ALA", {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2},
                                                                      "max_tuples": 2000}}),
+    # The same episodes, tuples and sums as the two rows above with every weight 1 (no assessor): ALA's
+    # baseline without confound.
+    "triplet_ala_uniform": ("triplet, ALA's tuples, uniform weights", {
+        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
+                                         "weighting": "uniform"}}),
+    "margin_ala_uniform": ("margin, ALA's tuples, uniform weights", {
+        "ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000,
+                                        "weighting": "uniform"}}),
     "multi_similarity": ("MultiSimilarity", {"loss": _loss("MultiSimilarityLoss", alpha=2.0, beta=50.0,
                                                            base=0.5)}),
     "proxy_anchor": ("ProxyAnchor", {"loss": _proxy_loss("ProxyAnchorLoss", margin=0.1, alpha=32.0)}),
