@@ -339,7 +339,7 @@ def test_changed_configuration_is_refused(tmp_path, capsys):
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "holds an unfinished run (1 epoch(s) done) with another configuration (optimizer.learning_rate, " \
            "training.epochs differ)" in err and "--restart" in err
-    assert cli.main(["train", "--report-dir", str(tmp_path), "--set", "model.embedding_dim=64"]) == 2
+    assert cli.main(["train", "--report-dir", str(tmp_path), "--set", "model.embedding_dim=32"]) == 2
     assert "(model.embedding_dim differs)" in capsys.readouterr().err
 
 
@@ -347,7 +347,7 @@ def test_resume_and_restart_decisions(tmp_path):
     config = _unfinished_run(tmp_path)
     said = []
     assert pipeline.prepare_report_dir(config, say=said.append) == 1
-    assert said == [f"resuming from epoch 2/16 (1 epoch(s) restored from {tmp_path}/checkpoints)"]
+    assert said == [f"resuming from epoch 2/10 (1 epoch(s) restored from {tmp_path}/checkpoints)"]
     # evaluation, export and report settings do not change what is trained
     assert pipeline.prepare_report_dir(config.replace(evaluation=config.evaluation.replace(ks=[1])),
                                        say=said.append) == 1
@@ -400,9 +400,9 @@ def test_train_on_an_image_folder(tmp_path, capsys):
     """`tfdml train --image-dir DIR`: the first half of the classes (by sorted folder name) trains, the unseen
     second half is evaluated; the job is named after the folder."""
     folder = _class_folders(tmp_path / "photos", ["dog", "ant", "cat", "bee"])
-    # the default job's 5 classes per batch do not fit 2 training classes: said before anything is built
+    # the default job's 22 classes per batch do not fit 2 training classes: said before anything is built
     assert cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report")]) == 2
-    assert "data.classes_per_batch: 5 classes per batch, but the training data" in capsys.readouterr().err
+    assert "data.classes_per_batch: 22 classes per batch, but the training data" in capsys.readouterr().err
     rc = cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report"), "--no-export",
                    "--epochs", "1", "--steps-per-epoch", "1", *TINY_MODEL])
     assert rc == 0, capsys.readouterr().err

@@ -52,7 +52,7 @@ BAD = [
     (["loss.name=arcface_typo"], "loss.name: must be one of ranked_list, triplet"),
     (["loss.name=triplet", "loss.dynamic_temperature={t1: 20, t2: 5}"],
      "loss.dynamic_temperature: applies to loss.name=ranked_list only, not triplet"),
-    (["training.pretrain_epochs=20"], "training.pretrain_epochs: must be <= training.epochs (16), got 20"),
+    (["training.pretrain_epochs=20"], "training.pretrain_epochs: must be <= training.epochs (10), got 20"),
     (["evaluation.metrics=[recall, map]"], "evaluation.metrics[1]: must be one of recall, map@r"),
     (["evaluation.ks=[]"], "evaluation.ks: expected a non-empty list"),
     (["training"], "override 'training' must look like key.path=value"),
@@ -117,5 +117,5 @@ def test_every_loss_name_is_a_tfdml_loss():
 
 def test_differences_name_nested_keys():
     old = load_config().to_dict()
-    new = load_config(overrides=["optimizer.learning_rate=0.01", "model.embedding_dim=64"]).to_dict()
+    new = load_config(overrides=["optimizer.learning_rate=0.01", "model.embedding_dim=32"]).to_dict()
     assert config_lib.differences(old, new) == ["model.embedding_dim", "optimizer.learning_rate"]

@@ -101,7 +101,7 @@ def _run(args):
             gallery = job_evaluation_source(training_config, channels)
         # A model from a report folder is served with the geometry its job evaluated with.
         center_crop = not args.no_center_crop and (
-            training_config is None or evaluation_center_crop(training_config["data"]["augment"]))
+            training_config is None or evaluation_center_crop(training_config.get("data", {}).get("augment", True)))
         path = export_lib.export_saved_model(
             model, base_dir=args.base_dir, name=args.name, version=args.version,
             image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
