@@ -496,7 +496,7 @@ class Config(_Section):
                 raise ConfigError(f"loss.params: {error}") from None
 
 
-# The embedded default job (what `tfdml train` runs with no options; configs/digits_rll.yaml writes it out).
+# The embedded default job (what `tfdml train` runs with no options; configs/glyphs_rll.yaml writes it out).
 DEFAULT_JOB = {
     "name": "glyphs_rll",
     "description": "Embedded default: small-CNN embedder, RLL, 155 font-rendered characters -> 155 unseen ones.",

@@ -1,9 +1,9 @@
 """The main job: train an embedder from a configuration, evaluate it, export it, and write a report.
 
-`run(config)` is what `tfdml train` runs. With the default job of `tfdml.config` it trains a multi-level
-small-CNN embedder with Ranked List Loss on class-balanced batches of digits 0-4, evaluates retrieval on the
-unseen digits 5-9 (exact ScaNN search) beside a raw-pixel baseline, exports a TF Serving SavedModel plus
-its ScaNN gallery index, and writes a report folder:
+`run(config)` is what `tfdml train` runs. With the default job of `tfdml.config` it trains a small-CNN
+embedder with Ranked List Loss on class-balanced batches of half of the glyph classes (`tfdml.data.glyphs`),
+evaluates retrieval on the unseen half (exact ScaNN search) beside a raw-pixel baseline, exports a TF Serving
+SavedModel with the ScaNN index of the evaluation images inside its version, and writes a report folder:
 
     <report_dir>/metrics.json          metrics of the model and of the raw-pixel baseline, timings, history
     <report_dir>/config.yaml           the resolved configuration (`load_config` reads it back)

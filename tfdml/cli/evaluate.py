@@ -1,8 +1,8 @@
 """`tfdml evaluate`: retrieval metrics of embeddings, or of an exported model on a dataset.
 
-    tfdml evaluate --model exported_models/digits_rll            # the data the job evaluated on
+    tfdml evaluate --model exported_models/glyphs_rll            # the data the job evaluated on
     tfdml evaluate --embeddings emb.npz --ks 1 2 4 8 --json metrics.json --plot recall.png
-    tfdml evaluate --model exported_models/digits_rll --dataset digits
+    tfdml evaluate --model exported_models/glyphs_rll --dataset glyphs
     tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
 """
 

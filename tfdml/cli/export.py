@@ -1,6 +1,6 @@
 """`tfdml export`: a saved Keras embedder (.keras) -> TF Serving SavedModel (+ ScaNN index).
 
-    tfdml export --model reports/digits_rll/model.keras --name digits_rll
+    tfdml export --model reports/glyphs_rll/model.keras --name glyphs_rll
     tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3
 """
 

@@ -19,10 +19,10 @@ HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, exp
 def register(subparsers):
     parser = subparsers.add_parser(
         "train", help=HELP,
-        description=HELP + " With no options it runs the embedded default job: a multi-level small-CNN "
-        "embedder trained with Ranked List Loss on scikit-learn's digits 0-4 and evaluated on the unseen "
-        "digits 5-9, exported to exported_models/digits_rll/<version>/ with its ScaNN index, and a report "
-        "in reports/digits_rll/. A killed run resumes from its checkpoints when started again with the "
+        description=HELP + " With no options it runs the embedded default job: a small-CNN embedder trained "
+        "with Ranked List Loss on half of the font-rendered characters of tfdml.data.glyphs and evaluated on "
+        "the unseen half, exported to exported_models/glyphs_rll/<version>/ with its ScaNN index, and a "
+        "report in reports/glyphs_rll/. A killed run resumes from its checkpoints when started again with the "
         "same report directory and configuration. Configuration errors exit with status 2.")
     parser.add_argument("--config", metavar="YAML",
                         help="configuration file (see configs/); its values override the built-in defaults "
