@@ -293,7 +293,12 @@ METHODS = {
                                                                         "max_tuples": 2000}}),
     "margin_ala": ("margin + ALA", {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2},
                                                                      "max_tuples": 2000}}),
-    # The same episodes, tuples and sums as the two rows above with every weight 1 (no assessor): ALA's
+    # The look-ahead (eq 10) at the paper's CNN rate (1e-4) instead of the rate of the real step (Adam 2e-3,
+    # taken as an SGD rate over the sum of up to 2,000 tuples).
+    "triplet_ala_inner_1e-4": ("triplet + ALA, look-ahead rate 1e-4", {
+        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
+                                         "inner_learning_rate": 1e-4}}),
+    # The same episodes, tuples and sums as the ALA rows with every weight 1 (no assessor): ALA's
     # baseline without confound.
     "triplet_ala_uniform": ("triplet, ALA's tuples, uniform weights", {
         "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
