@@ -1,4 +1,4 @@
-"""Options added for the embedded digits job: small-CNN widths, an `Augment` mapping for `data.augment`, and
+"""Options added for the embedded jobs (glyphs, digits): small-CNN widths, an `Augment` mapping for `data.augment`, and
 loss parameters that reset when the loss changes."""
 
 import os
@@ -47,18 +47,20 @@ def test_augment_mapping_becomes_an_augment():
         pipeline.augment_setting({"scale": [0.0, 1.0]})
 
 
-def test_default_augment_is_the_digits_setting():
-    augment = load_config().data.augment
+def test_job_augment_settings():
+    assert load_config().data.augment is False  # the glyph images already vary: whole images
+    augment = load_config(os.path.join(CONFIG_DIR, "digits_rll.yaml")).data.augment
     assert augment == data_lib.Augment(flip=False, scale=(0.7, 1.0))
 
 
 def test_loss_params_reset_when_the_loss_changes():
     default = load_config().loss.params
-    assert default == {"margin": 0.05, "alpha": 0.9}
+    assert default == {"margin": 0.4, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}
     assert load_config(overrides=["loss.name=triplet"]).loss.params == {}
     assert load_config(overrides=["loss.name=triplet", "loss.params.margin=0.2"]).loss.params == {"margin": 0.2}
     # Same loss: a single parameter is merged into the defaults.
-    assert load_config(overrides=["loss.params.margin=0.5"]).loss.params == {"margin": 0.5, "alpha": 0.9}
+    assert load_config(overrides=["loss.params.margin=0.5"]).loss.params == {
+        "margin": 0.5, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}
     # A configuration file for another loss sees none of the default job's RLL parameters.
     margin = load_config(os.path.join(CONFIG_DIR, "margin_cub.yaml")).loss.params
     assert "margin" not in margin and margin["alpha"] == 0.2
