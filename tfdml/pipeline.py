@@ -138,14 +138,11 @@ def load_sources(data):
     """`(train source, evaluation source)` from a `DataConfig`."""
     from tfdml import data as data_lib
 
-    if data.source == "digits":
-        return data_lib.digits("train"), data_lib.digits("test")
-    if data.source == "glyphs":
-        from tfdml.data.glyphs import glyphs  # the function, whatever tfdml.data re-exports
-
-        options = {} if data.images_per_class is None else {"images_per_class": data.images_per_class}
-        return (glyphs("train", image_size=data.image_size, **options),
-                glyphs("test", image_size=data.image_size, **options))
+    if data.source in data_lib.EMBEDDED_SOURCES:
+        # The same path as `tfdml evaluate` / `tfdml export` take to a job's embedded data: each data set's
+        # function gets the settings it takes (glyphs: image_size, images_per_class).
+        options = dict(image_size=data.image_size, images_per_class=data.images_per_class)
+        return tuple(data_lib.embedded_source(data.source, split, **options) for split in ("train", "test"))
     if data.source == "tfds":
         common = dict(data_dir=data.data_dir, manual_dir=data.manual_dir, download=data.download)
         return (data_lib.tfds_source(data.name, data.train_split, **common),

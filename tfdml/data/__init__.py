@@ -6,15 +6,20 @@ from tfdml.data.evaluation import eval_dataset
 from tfdml.data.glyphs import glyphs
 from tfdml.data.preprocessing import Augment, eval_image, evaluation_center_crop, train_image
 from tfdml.data.sampling import class_balanced_dataset, episode_dataset, steps_per_epoch
-from tfdml.data.sources import Source, array_source, digits, image_folder, tfds_source
+from tfdml.data.sources import (EMBEDDED_SOURCES, Source, array_source, digits, embedded_source, image_folder,
+                                tfds_source)
+
+EMBEDDED_SOURCES["glyphs"] = glyphs
 
 __all__ = [
+    "EMBEDDED_SOURCES",
     "Augment",
     "Source",
     "array_source",
     "class_balanced_dataset",
     "digits",
     "episode_dataset",
+    "embedded_source",
     "eval_dataset",
     "eval_image",
     "evaluation_center_crop",
