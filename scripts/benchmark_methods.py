@@ -79,8 +79,10 @@ def index_batches(labels, classes_per_batch, samples_per_class, steps, seed):
 def evaluate(embeddings, labels):
     from tfdml import retrieval
 
-    result = retrieval.evaluate(np.asarray(embeddings, np.float32), labels, ks=[1], metrics=["recall", "map@r"])
-    return {"recall@1": float(result["recall@1"]), "map@r": float(result["map@r"])}
+    result = retrieval.evaluate(np.asarray(embeddings, np.float32), labels, ks=[1],
+                                metrics=["recall", "map@r", "r_precision"])
+    return {"recall@1": float(result["recall@1"]), "map@r": float(result["map@r"]),
+            "r_precision": float(result["r_precision"])}
 
 
 # ------------------------------------------------------------------------------------------------ tfdml
@@ -124,13 +126,28 @@ def tfdml_loss(name, **params):
     return getattr(losses, name)(**params)
 
 
-def train_tfdml(spec, data, batches, config, seed):
+def transfer_weights(source, target):
+    """Copies a trained tfdml embedder's backbone, and its global head when `target` has one of the same
+    shape, into `target` (a warm start); classifier heads and auxiliary heads keep their initialisation."""
+    target.backbone.set_weights(source.backbone.get_weights())
+    heads = {head.name: head for head in source.level_heads}
+    for head in target.level_heads:
+        if head.name in heads and [w.shape for w in head.get_weights()] == [
+                w.shape for w in heads[head.name].get_weights()]:
+            head.set_weights(heads[head.name].get_weights())
+
+
+def train_tfdml(spec, data, batches, config, seed, warm_start=None):
+    """Trains `spec` on `batches` of `data["train_x"]` and embeds `data["test_x"]`: `(embeddings, embedder)`.
+    `warm_start`: a trained tfdml embedder whose backbone (and global head) the new embedder starts from."""
     import keras
     import tensorflow as tf
 
     num_classes = data["num_classes"]
     model = tfdml_embedder(config, num_classes=num_classes if spec.get("classifier") else None,
                            levels=spec.get("levels"), seed=seed)
+    if warm_start is not None:
+        transfer_weights(warm_start, model)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
     optimizer = keras.optimizers.Adam(config["learning_rate"])
     if spec.get("ala"):
@@ -255,17 +272,39 @@ def _pml(loss_name, miner=None, beta_optimizer=False, **params):
 
 
 # ------------------------------------------------------------------------------------------------ methods
+class LossBuilder:
+    """`builder(num_classes)` -> the tfdml loss `name(**params)`; `kind` says which of `num_classes` and
+    `embedding_dim` it also takes. `with_params(**changes)` gives a builder of the same loss with other
+    parameters (the hyperparameter search of `scripts/reality_check.py`)."""
+
+    def __init__(self, name, kind="plain", **params):
+        self.name, self.kind, self.params = name, kind, params
+
+    def with_params(self, **changes):
+        return LossBuilder(self.name, self.kind, **{**self.params, **changes})
+
+    def __call__(self, num_classes):
+        params = dict(self.params)
+        if self.kind in ("classes", "proxy"):
+            params["num_classes"] = num_classes
+        if self.kind == "proxy":
+            params["embedding_dim"] = CONFIG["embedding_dim"]
+            rate = params.pop("proxy_learning_rate", None)
+            if rate is not None:  # proxies on their own Adam (Proxy-Anchor's paper: 100x the network's rate)
+                params["proxy_optimizer"] = {"class_name": "Adam", "config": {"learning_rate": float(rate)}}
+        return tfdml_loss(self.name, **params)
+
+
 def _loss(name, **params):
-    return lambda num_classes: tfdml_loss(name, **params)
+    return LossBuilder(name, **params)
 
 
 def _loss_with_classes(name, **params):
-    return lambda num_classes: tfdml_loss(name, num_classes=num_classes, **params)
+    return LossBuilder(name, "classes", **params)
 
 
 def _proxy_loss(name, **params):
-    return lambda num_classes: tfdml_loss(name, num_classes=num_classes, embedding_dim=CONFIG["embedding_dim"],
-                                          **params)
+    return LossBuilder(name, "proxy", **params)
 
 
 RLL = {"margin": 0.4, "alpha": 1.2, "tn": 10.0}
@@ -309,6 +348,7 @@ METHODS = {
     "multi_similarity": ("MultiSimilarity", {"loss": _loss("MultiSimilarityLoss", alpha=2.0, beta=50.0,
                                                            base=0.5)}),
     "proxy_anchor": ("ProxyAnchor", {"loss": _proxy_loss("ProxyAnchorLoss", margin=0.1, alpha=32.0)}),
+    "normsoftmax": ("NormSoftmax", {"loss": _proxy_loss("NormalizedSoftmaxLoss", temperature=0.05)}),
     "arcface": ("ArcFace", {"loss": _proxy_loss("ArcFaceLoss", margin=28.6, scale=64.0)}),
     "pml_rll": ("PML RankedListLoss", {"pml": _pml("RankedListLoss", margin=0.4, alpha=1.2, Tn=10.0)}),
     "pml_triplet_all": ("PML triplet, all", {"pml": _pml("TripletMarginLoss", margin=0.2)}),
@@ -323,6 +363,22 @@ METHODS = {
     "pml_margin_all": ("PML margin, all triplets", {"pml": _pml("MarginLoss", beta_optimizer=True, margin=0.2,
                                                                 beta=1.2, learn_beta=True)}),
 }
+
+
+def with_params(name, params):
+    """`METHODS[name]`'s spec with its loss parameters changed by `params` (for the ALA rows, the base loss's
+    parameters under `loss_params` and ALAModel's own, e.g. `inner_learning_rate`, beside them)."""
+    spec = dict(METHODS[name][1])
+    if "loss" in spec and isinstance(spec["loss"], LossBuilder):
+        spec["loss"] = spec["loss"].with_params(**params)
+    elif "ala" in spec:
+        ala = dict(spec.get("ala_params", {}))
+        ala["loss_params"] = {**ala.get("loss_params", {}), **params.get("loss_params", {})}
+        ala.update({k: v for k, v in params.items() if k != "loss_params"})
+        spec["ala_params"] = ala
+    elif params:
+        raise ValueError(f"{name} has no parameters to change (got {sorted(params)}).")
+    return spec
 
 
 def available(name):
