@@ -113,8 +113,8 @@ def _print_summary(summary):
         f"; {summary['train_seconds_this_run']:.1f} s of it in this run, epochs {epochs - this_run + 1}-{epochs}"
         if this_run else "; all of it in earlier runs")
     print(f"\ntraining: {summary['train_seconds']:.1f} s for {epochs} epoch{'s' if epochs != 1 else ''}{resumed}")
-    print(f"this run: {summary['wall_seconds']:.1f} s since the process started (Python and TensorFlow "
-          f"imports included), {summary['job_seconds']:.1f} s of it in the job")
+    print(f"this process: {summary['wall_seconds']:.1f} s since it started (Python and TensorFlow imports "
+          f"included), {summary['job_seconds']:.1f} s of it in the job (from the configuration to the report)")
     if "export_dir" in summary:
         print(f"exported SavedModel: {summary['export_dir']}")
     print(f"report: {os.path.join(summary['report_dir'], 'metrics.json')}")
