@@ -135,8 +135,8 @@ def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsy
     other = tmp_path / "other"
     export_saved_model(digits_model(), other, preprocess="unit")  # version 1 of the same name elsewhere
     export_index(paths, other, "digits", labels=labels[:40])
-    argv = ["search", "--model", str(other / "digits"), paths[3], paths[7], "-k", "4", "--query-labels",
-            str(labels[3]), str(labels[7]), "--json", str(tmp_path / "n.json"), "--grid", str(tmp_path / "g.png")]
+    argv = ["search", "--model", str(other / "digits"), paths[3], paths[7], "-k", "4", "--query-label",
+            str(labels[3]), "--query-label", str(labels[7]), "--json", str(tmp_path / "n.json"), "--grid", str(tmp_path / "g.png")]
     args = parse(search_cli, argv)
     assert args.func(args) == 0
     report = json.loads((tmp_path / "n.json").read_text())
@@ -151,9 +151,14 @@ def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsy
     assert grid.shape[1] > grid.shape[0] > 100  # 2 rows x 5 columns
     out = capsys.readouterr().out
     assert "retrieval grid written" in out and f"1. {os.path.abspath(paths[3])}  class {labels[3]}" in out
-    args = parse(search_cli, argv[:3] + [paths[0], "--query-labels", "1", "2"])
+    args = parse(search_cli, argv[:3] + [paths[0], "--query-label", "1", "--query-label", "2"])
     assert args.func(args) == 2
-    assert "--query-labels has 2 entries for 1 queries" in capsys.readouterr().err
+    assert "2 --query-label for 1 query images: give one --query-label CLASS per image" in capsys.readouterr().err
+    # a label option before the images takes one value: the images stay queries (and the count is checked)
+    args = parse(search_cli, ["search", "--model", str(other / "digits"), "--query-labels", "1", paths[0], paths[1]])
+    assert args.queries == [paths[0], paths[1]] and args.query_labels == ["1"]
+    assert args.func(args) == 2
+    assert "1 --query-label for 2 query images" in capsys.readouterr().err
 
 
 def test_search_an_embedded_gallery_prints_items_and_classes_and_draws_the_grid(exported_digits, tmp_path,
@@ -161,7 +166,7 @@ def test_search_an_embedded_gallery_prints_items_and_classes_and_draws_the_grid(
     _, base = exported_digits
     source = data.digits("test")
     query = write_pngs(tmp_path, source.images[[0]], ["q.png"])[0]
-    args = parse(search_cli, ["search", "--model", str(base / "digits"), query, "-k", "3", "--query-labels",
+    args = parse(search_cli, ["search", "--model", str(base / "digits"), query, "-k", "3", "--query-label",
                               str(source.labels[0]), "--grid", str(tmp_path / "grid.png")])
     assert args.func(args) == 0
     out = capsys.readouterr().out

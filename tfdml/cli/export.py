@@ -1,12 +1,15 @@
 """`tfdml export`: a saved Keras embedder (.keras) -> TF Serving SavedModel (+ ScaNN index).
 
-    tfdml export --model reports/glyphs_rll/model.keras --name glyphs_rll
+    tfdml export --model reports/glyphs_rll/model.keras              # named glyphs_rll, as the job
     tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3
 """
 
 import json
 import os
 import sys
+
+from tfdml.cli import positive_int, usage_error
+from tfdml.config import output_dir_problem
 
 HELP = "Export a trained Keras embedder as a TF Serving SavedModel, optionally with a ScaNN gallery index."
 
@@ -24,13 +27,14 @@ def register(subparsers):
     parser.add_argument("--model", required=True, metavar="KERAS_FILE",
                         help="a model saved with model.save('....keras') (tfdml train writes "
                              "<report-dir>/model.keras).")
-    parser.add_argument("--name", required=True, help="model name: the directory under --base-dir that TF "
-                                                      "Serving's --model_base_path points to.")
+    parser.add_argument("--name", help="model name: the directory under --base-dir that TF Serving's "
+                                       "--model_base_path points to (default: the job's export name when the "
+                                       "model sits in a 'tfdml train' report folder).")
     parser.add_argument("--base-dir", default="exported_models",
                         help="TF Serving base directory (default exported_models).")
-    parser.add_argument("--version", type=int, help="version number (default: next free integer); an existing "
-                                                    "version is replaced.")
-    parser.add_argument("--image-size", type=int, nargs=2, metavar=("HEIGHT", "WIDTH"),
+    parser.add_argument("--version", type=positive_int, help="version number (default: next free integer); an "
+                                                             "existing version is replaced.")
+    parser.add_argument("--image-size", type=positive_int, nargs=2, metavar=("HEIGHT", "WIDTH"),
                         help="input size of the model (default: the model's input size).")
     parser.add_argument("--no-center-crop", action="store_true",
                         help="resize images straight to the input size instead of resizing to 256/224 of it "
@@ -66,9 +70,24 @@ def report_files(model_path):
     return config, metrics
 
 
+def argument_problem(args):
+    """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
+    if not os.path.isfile(args.model):
+        return f"--model: no model file at {args.model}"
+    if args.gallery_dir and args.no_index:
+        return "give at most one of --gallery-dir and --no-index."
+    if args.gallery_dir and not os.path.isdir(args.gallery_dir):
+        return f"--gallery-dir: no such folder: {args.gallery_dir}"
+    problem = output_dir_problem(os.path.join(args.base_dir, args.name or "x"), writable=True)
+    return f"--base-dir: {problem}" if problem else None
+
+
 def run(args):
     from tfdml.cli.reporting import warnings_to_stderr
 
+    problem = argument_problem(args)
+    if problem:  # before TensorFlow is imported
+        return usage_error("export", problem)
     with warnings_to_stderr('export'):
         return _run(args)
 
@@ -81,10 +100,12 @@ def _run(args):
     from tfdml import export as export_lib
 
     try:
-        if not os.path.exists(args.model):
-            raise FileNotFoundError(f"no model file at {args.model}")
-        model = keras.saving.load_model(args.model, compile=False)
         training_config, metrics = report_files(args.model)
+        name = args.name or ((training_config or {}).get("export") or {}).get("name") or (
+            training_config or {}).get("name")
+        if not name:
+            raise ValueError("--name is needed: the model is not in a 'tfdml train' report folder that names it.")
+        model = keras.saving.load_model(args.model, compile=False)
         preprocess = args.preprocess
         if preprocess is None and training_config is None and getattr(model, "preprocessing", "absent") is None:
             preprocess = "unit"  # outside the job, tfdml.data feeds models without preprocessing [0, 1] pixels
@@ -93,23 +114,25 @@ def _run(args):
 
         channels = export_lib.input_channels(model)
         gallery = None
-        if args.gallery_dir and args.no_index:
-            raise ValueError("give at most one of --gallery-dir and --no-index.")
         if args.gallery_dir:
             gallery = image_folder(args.gallery_dir, channels=channels)
         elif not args.no_index:
             gallery = job_evaluation_source(training_config, channels)
+            if gallery is None:  # said, not silent: 'tfdml search' needs an index
+                print("tfdml export: note: no ScaNN index: " + (
+                    "the model is not in a 'tfdml train' report folder" if training_config is None else
+                    "the job's evaluation data is not on this machine (tfds)") + "; give --gallery-dir DIR to "
+                    "build one for 'tfdml search'", file=sys.stderr)
         # A model from a report folder is served with the geometry its job evaluated with.
         center_crop = not args.no_center_crop and (
             training_config is None or evaluation_center_crop(training_config.get("data", {}).get("augment", True)))
         path = export_lib.export_saved_model(
-            model, base_dir=args.base_dir, name=args.name, version=args.version,
+            model, base_dir=args.base_dir, name=name, version=args.version,
             image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
             overwrite=args.version is not None, center_crop=center_crop,
             training_config=training_config, metrics=metrics, gallery=gallery)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:
-        print(f"tfdml export: error: {error}", file=sys.stderr)
-        return 2
+    except (ValueError, TypeError, OSError) as error:
+        return usage_error("export", error)
     print(f"exported SavedModel: {path}")
     if gallery is not None:
         summary = export_lib.load_metadata(path)["index"]

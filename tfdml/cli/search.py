@@ -1,14 +1,16 @@
 """`tfdml search`: top-k gallery neighbours of query images from an exported model and its ScaNN index.
 
     tfdml search --model exported_models/cub query1.jpg query2.jpg -k 5 --grid neighbours.png
+    tfdml search --model exported_models/cub q1.jpg q2.jpg --query-label 017 --query-label 142
 """
 
-import argparse
 import json
 import os
 import sys
 
 import numpy as np
+
+from tfdml.cli import positive_int, usage_error
 
 HELP = "Find the nearest gallery images of query images with an exported model and its ScaNN index."
 
@@ -25,14 +27,17 @@ def register(subparsers):
                         help="query image files (JPEG, PNG, BMP, GIF, WebP, TIFF).")
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="exported model: <base_dir>/<name> (latest version) or a version directory.")
-    parser.add_argument("--version", type=int, help="model version to use instead of the latest.")
+    parser.add_argument("--version", type=positive_int, help="model version to use instead of the latest.")
     parser.add_argument("--index", metavar="DIR",
                         help="another ScaNN index directory (default: the one inside the model version); "
                              "it must have been built with the same model version.")
-    parser.add_argument("-k", "--k", type=int, default=5, help="number of neighbours per query (default 5).")
-    parser.add_argument("--query-labels", nargs="+", metavar="CLASS",
-                        help="class of each query (a class name stored in the index, or a label number); "
-                             "neighbours are then marked same-class (green) or other-class (red).")
+    parser.add_argument("-k", "--k", type=positive_int, default=5,
+                        help="number of neighbours per query (default 5).")
+    # One value per option (not nargs="+"): a list option before the images would swallow them.
+    parser.add_argument("--query-label", "--query-labels", dest="query_labels", action="append", metavar="CLASS",
+                        help="class of a query (a class name stored in the index, or a label number); give it "
+                             "once per query image, in the order of the images; neighbours are then marked "
+                             "same-class (green) or other-class (red).")
     parser.add_argument("--json", metavar="FILE", help="write the neighbours as JSON to this file.")
     parser.add_argument("--grid", metavar="PNG",
                         help="write a retrieval grid PNG: queries and their neighbours with class and score.")
@@ -47,7 +52,7 @@ def _query_label(text, index):
         return int(text)
     except ValueError:
         names = ", ".join(index.class_names[:20]) if index.class_names else "none stored"
-        raise ValueError(f"--query-labels: {text!r} is neither a class name of the index ({names}) nor a "
+        raise ValueError(f"--query-label: {text!r} is neither a class name of the index ({names}) nor a "
                          "label number.") from None
 
 
@@ -86,16 +91,29 @@ def run(args):
         return _run(args)
 
 
+def argument_problem(args):
+    """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
+    if args.query_labels is not None and len(args.query_labels) != len(args.queries):
+        return (f"{len(args.query_labels)} --query-label for {len(args.queries)} query images: give one "
+                "--query-label CLASS per image, in the order of the images.")
+    if not os.path.exists(args.model):
+        return f"--model: no exported model at {args.model}"
+    if args.index and not os.path.isdir(args.index):
+        return f"--index: no such folder: {args.index}"
+    for option, path in (("--json", args.json), ("--grid", args.grid)):
+        if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
+            return f"{option}: cannot write the file {path} (a folder, or its folder does not exist)"
+    return None
+
+
 def _run(args):
+    problem = argument_problem(args)
+    if problem:  # before TensorFlow is imported
+        return usage_error("search", problem)
     from tfdml.data.sources import read_image_files
     from tfdml.export import load_index
 
     try:
-        if args.k < 1:
-            raise ValueError(f"-k must be at least 1, got {args.k}.")
-        if args.query_labels is not None and len(args.query_labels) != len(args.queries):
-            raise ValueError(f"--query-labels has {len(args.query_labels)} entries for "
-                             f"{len(args.queries)} queries.")
         embedder, index = load_index(args.model, args.version, args.index)
         images, kept = read_image_files(args.queries, embedder.channels, what="query images")
         queries = [args.queries[i] for i in kept]
@@ -103,9 +121,8 @@ def _run(args):
         if args.query_labels is not None:
             query_labels = np.asarray([_query_label(args.query_labels[i], index) for i in kept])
         ids, values = index.search(embedder.embed(images), k=min(args.k, index.size))
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        print(f"tfdml search: error: {error}", file=sys.stderr)
-        return 2
+    except (ValueError, TypeError, OSError) as error:
+        return usage_error("search", error)
     ids = np.asarray(ids)
     all_ids = np.arange(index.size) if index.ids is None else index.ids
     position_of = {key: p for p, key in enumerate(all_ids.tolist())}
