@@ -52,14 +52,16 @@ from tfdml.export.layout import (
     METADATA_FILE,
     PREPROCESSED_INPUT,
     PREPROCESSED_SIGNATURE,
+    SEARCH_SIGNATURE,
     SERVING_SIGNATURE,
     load_metadata,
     resolve_export_dir,
 )
 from tfdml.export.savedmodel import export_saved_model, input_channels, resolve_preprocessing
+from tfdml.export.search import DEFAULT_TOP_K, GALLERY_DTYPES
 
 __all__ = [
-    "EMBEDDING_OUTPUT", "GALLERY_IMAGES_FILE", "IMAGE_INPUT", "INDEX_DIR", "MAX_STORED_GALLERY_BYTES",
+    "DEFAULT_TOP_K", "GALLERY_DTYPES", "SEARCH_SIGNATURE", "EMBEDDING_OUTPUT", "GALLERY_IMAGES_FILE", "IMAGE_INPUT", "INDEX_DIR", "MAX_STORED_GALLERY_BYTES",
     "METADATA_FILE", "PREPROCESSED_INPUT", "PREPROCESSED_SIGNATURE", "SERVING_SIGNATURE", "ExportedEmbedder",
     "IndexMismatchError", "export_index", "export_saved_model", "input_channels", "load_index", "load_metadata",
     "read_image", "resolve_export_dir", "resolve_preprocessing", "rest_request_body",

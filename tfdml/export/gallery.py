@@ -74,13 +74,19 @@ def _gallery(gallery, channels):
     return _path_gallery(list(gallery), channels)
 
 
-def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, settings,
-                 distance="dot_product"):
-    """Embeds `gallery` with the SavedModel in `version_dir` and saves the index inside it."""
-    from tfdml.retrieval import ScannIndex
+class EmbeddedGallery:
+    """A gallery embedded by a version: `[N, D]` embeddings and, per item, ids, labels (with class names),
+    the pixels kept for `tfdml search --grid` (or None) and the name of the source (or None)."""
 
-    embedder = ExportedEmbedder(version_dir)
-    found = _gallery(gallery, embedder.channels)
+    def __init__(self, embeddings, ids, labels, class_names, images, source):
+        self.embeddings, self.ids, self.labels = embeddings, ids, labels
+        self.class_names, self.images, self.source = class_names, images, source
+
+
+def embed_gallery(embed, channels, gallery, ids=None, labels=None, class_names=None, batch_size=64):
+    """Reads `gallery` (the forms of `export_index`) and embeds it with `embed(images, batch_size=...)`
+    (`ExportedEmbedder.embed`, or the serving function before it is written); an `EmbeddedGallery`."""
+    found = _gallery(gallery, channels)
     embeddings, found_labels = [], []
     for batch in found.batches:
         if isinstance(batch, tuple):
@@ -88,7 +94,7 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
             if batch_labels is not None:
                 found_labels.append(np.asarray(batch_labels).reshape(-1))
         if len(batch):
-            embeddings.append(embedder.embed(batch, batch_size=batch_size))
+            embeddings.append(embed(batch, batch_size=batch_size))
     if not embeddings:
         raise ValueError("the gallery holds no readable image: nothing to index.")
     embeddings = np.concatenate(embeddings, axis=0)
@@ -101,14 +107,30 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
     if ids is None:
         ids = found.ids
     class_names = class_names if class_names is not None else found.class_names
-    metadata = {"model_name": embedder.name, "model_version": embedder.version,
-                "model_fingerprint": _fingerprint(version_dir), "gallery": found.source}
-    index = ScannIndex(embeddings, ids=ids, labels=labels, distance=distance, mode=mode,
-                       class_names=class_names, metadata={k: v for k, v in metadata.items() if v is not None},
-                       **settings)
-    arrays = {GALLERY_IMAGES_FILE: found.images} if found.images is not None else None
+    return EmbeddedGallery(embeddings, ids, labels, class_names, found.images, found.source)
+
+
+def save_index(version_dir, embedded, model_name, model_version, mode, settings, distance="dot_product"):
+    """Builds the `ScannIndex` of an `EmbeddedGallery` and saves it inside the (written) version directory,
+    recording the model name, version and SavedModel fingerprint it belongs to."""
+    from tfdml.retrieval import ScannIndex
+
+    metadata = {"model_name": model_name, "model_version": model_version,
+                "model_fingerprint": _fingerprint(version_dir), "gallery": embedded.source}
+    index = ScannIndex(embedded.embeddings, ids=embedded.ids, labels=embedded.labels, distance=distance,
+                       mode=mode, class_names=embedded.class_names,
+                       metadata={k: v for k, v in metadata.items() if v is not None}, **settings)
+    arrays = {GALLERY_IMAGES_FILE: embedded.images} if embedded.images is not None else None
     index.save(os.path.join(version_dir, INDEX_DIR), arrays=arrays)
     return index
+
+
+def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, settings,
+                 distance="dot_product"):
+    """Embeds `gallery` with the SavedModel in `version_dir` and saves the index inside it."""
+    embedder = ExportedEmbedder(version_dir)
+    embedded = embed_gallery(embedder.embed, embedder.channels, gallery, ids, labels, class_names, batch_size)
+    return save_index(version_dir, embedded, embedder.name, embedder.version, mode, settings, distance)
 
 
 def _index_summary(index):

@@ -9,6 +9,7 @@ import tensorflow as tf
 METADATA_FILE = "tfdml_metadata.json"
 SERVING_SIGNATURE = "serving_default"
 PREPROCESSED_SIGNATURE = "embed_preprocessed"
+SEARCH_SIGNATURE = "search"
 IMAGE_INPUT = "images"
 PREPROCESSED_INPUT = "preprocessed"
 EMBEDDING_OUTPUT = "embedding"
@@ -26,7 +27,6 @@ def _fingerprint(version_dir):
         return tf.saved_model.experimental.read_fingerprint(os.fspath(version_dir)).singleprint()
     except Exception:  # older SavedModels have no fingerprint.pb
         return None
-
 
 
 def _write_json(path, value):

@@ -4,23 +4,36 @@ import dataclasses
 import datetime
 import importlib
 import json
+import math
 import os
 import shutil
 import tempfile
 
+import numpy as np
 import tensorflow as tf
 
 from tfdml.data.preprocessing import eval_image, eval_settings
-from tfdml.export.gallery import _build_index, _index_summary
+from tfdml.export.client import embed_uint8
+from tfdml.export.gallery import _index_summary, embed_gallery, save_index
 from tfdml.export.layout import (
     EMBEDDING_OUTPUT,
     IMAGE_INPUT,
     METADATA_FILE,
     PREPROCESSED_INPUT,
     PREPROCESSED_SIGNATURE,
+    SEARCH_SIGNATURE,
     SERVING_SIGNATURE,
     _write_json,
 )
+from tfdml.export.search import (
+    DEFAULT_BLOCK_ROWS,
+    DEFAULT_TOP_K,
+    GALLERY_DTYPES,
+    GallerySearch,
+    item_strings,
+    search_signature_info,
+)
+from tfdml.retrieval.calibration import calibrate
 
 _NAMED_PREPROCESSING = {
     "none": lambda x: x,
@@ -154,7 +167,9 @@ def _serving_images(images, channels):
 def export_saved_model(model, base_dir="exported_models", name=None, version=None, image_size=None,
                        preprocess=None, training_config=None, metrics=None, overwrite=False,
                        center_crop=True, resize=None, gallery=None, gallery_ids=None, gallery_labels=None,
-                       class_names=None, index_mode="auto", batch_size=64, index_settings=None):
+                       class_names=None, index_mode="auto", batch_size=64, index_settings=None, search=True,
+                       top_k=DEFAULT_TOP_K, gallery_dtype="float32", match_precision=0.9, calibration=None,
+                       search_block_rows=DEFAULT_BLOCK_ROWS):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
 
     Args:
@@ -171,10 +186,18 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         `image_size * 256 / 224`, centre crop `image_size`, as `tfdml.data.eval_dataset` evaluates). Pass
         what the evaluation used, so that the served function is the evaluated one.
       gallery: optional gallery to index inside the version (see `export_index` for the accepted forms,
-        e.g. a `tfdml.data.Source`); the index is built with the written SavedModel before the version
-        appears, so a version never exists without the index it was exported with.
+        e.g. a `tfdml.data.Source`); it is embedded by the serving function that is written, and its index
+        is saved before the version appears, so a version never exists without the index it was exported
+        with.
       gallery_ids, gallery_labels, class_names, index_mode, batch_size, index_settings: for the index (see
         `export_index`).
+      search: with a gallery, also write the `search` signature (`tfdml.export.search`): uint8 images in,
+        the `top_k` nearest gallery items out (`scores`, `labels`, `ids`, `match`) with the `embedding`,
+        the gallery held in variables as `gallery_dtype` (`"float32"`, `"bfloat16"` or `"int8"`), scored
+        `search_block_rows` rows at a time.
+      match_precision, calibration: `match` is `score >= threshold`, the threshold of a
+        `tfdml.retrieval.Calibration` (default: `calibrate` on the labelled gallery itself, leave-one-out, at
+        `match_precision`); without gallery labels nothing is a match. The thresholds go to the metadata.
 
     Example:
       >>> path = export_saved_model(embedder, "exported_models", name="cub", metrics=results,
@@ -192,6 +215,8 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         preprocess if preprocess is not None else config.get("preprocessing"))
     channels = _resolve_channels(model, config)
     geometry = eval_settings((height, width), center_crop, resize)
+    if search and gallery is not None:
+        _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows)
 
     def embed_preprocessed(preprocessed):
         return _named_outputs(model, preprocessed)
@@ -211,6 +236,24 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
     output_shapes = serve.get_concrete_function().structured_outputs
     outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None
                for key, value in output_shapes.items()}
+    embedded = searcher = None
+    if gallery is not None:
+        # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
+        embedded = embed_gallery(lambda images, batch_size: embed_uint8(serve, images, batch_size), channels,
+                                 gallery, gallery_ids, gallery_labels, class_names, batch_size)
+    if search and embedded is not None:
+        if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
+            calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
+        ids, labels = item_strings(embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings),
+                                   embedded.source)
+        searcher = GallerySearch(embedded.embeddings, ids, labels, top_k, gallery_dtype,
+                                 calibration.threshold if calibration is not None else math.inf, search_block_rows)
+
+        def search_images(images):
+            embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
+            return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
+
+        archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec]))
 
     model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
     os.makedirs(model_dir, exist_ok=True)
@@ -244,6 +287,8 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
                 "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
                 "outputs": sorted(outputs)},
         },
+        "search": None if searcher is None else _search_info(searcher, calibration, embedded),
+        "calibration": None if searcher is None or calibration is None else calibration.to_dict(),
         "model": {"class": type(model).__name__, "name": model.name},
         "compile_config": _compile_info(model),
         "training_config": _json_safe(training_config) if training_config else None,
@@ -251,14 +296,15 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
     metadata = {key: value for key, value in metadata.items() if value is not None}  # unknown: left out
+    if searcher is not None:
+        metadata["signatures"][SEARCH_SIGNATURE] = search_signature_info(searcher.k, outputs[EMBEDDING_OUTPUT])
     staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
     try:
         written = os.path.join(staging, "model")
         archive.write_out(written, verbose=False)
         _write_json(os.path.join(written, METADATA_FILE), metadata)
-        if gallery is not None:
-            index = _build_index(written, gallery, gallery_ids, gallery_labels, class_names, index_mode,
-                                 batch_size, index_settings or {})
+        if embedded is not None:
+            index = save_index(written, embedded, name, version, index_mode, index_settings or {})
             metadata["index"] = _index_summary(index)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
         if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
@@ -268,3 +314,32 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
+
+def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
+    if gallery_dtype not in GALLERY_DTYPES:
+        raise ValueError(f"gallery_dtype must be one of {', '.join(GALLERY_DTYPES)}, got {gallery_dtype!r}.")
+    if not 0.0 < float(match_precision) <= 1.0:
+        raise ValueError(f"match_precision must be in (0, 1], got {match_precision}.")
+    if int(block_rows) < 1:
+        raise ValueError(f"search_block_rows must be at least 1, got {block_rows}.")
+
+
+def _search_info(searcher, calibration, embedded):
+    """The metadata's `search` entry: what the signature returns and how `match` is decided."""
+    if calibration is None:
+        match = "uncalibrated: the gallery has no labels, so match is always false"
+    elif not calibration.reached:
+        match = (f"precision {calibration.target_precision:g} is not reached on the calibration data: match "
+                 f"is always false")
+    else:
+        match = (f"score >= {calibration.threshold:.6g} (precision {calibration.precision:.3f}, recall "
+                 f"{calibration.recall:.3f} of top-1 matches on the calibration data)")
+    return {"signature": SEARCH_SIGNATURE, "top_k": searcher.k, "gallery_size": searcher.size,
+            "gallery_dtype": searcher.gallery_dtype, "gallery_bytes": searcher.memory_bytes(),
+            "block_rows": searcher.block_rows, "score": "cosine similarity, descending",
+            "match_threshold": calibration.threshold if calibration is not None and calibration.reached
+            else None, "match_precision": None if calibration is None else calibration.target_precision,
+            "match": match, "ids": "file paths" if embedded.ids is not None and np.asarray(embedded.ids).dtype.kind
+            in "UO" else "<source>:<item number>" if embedded.source else "item numbers"}
