@@ -91,6 +91,11 @@ def blocked_top_k(queries, gallery, k, block_rows, scales=None):
     return tf.ensure_shape(scores, [None, k]), tf.ensure_shape(positions, [None, k])
 
 
+def _utf8(strings):
+    """`[G]` UTF-8 bytes of strings (class names and paths may be any text)."""
+    return np.array([str(text).encode("utf-8") for text in strings], dtype=object)
+
+
 class GallerySearch(tf.Module):
     """The gallery of a version as variables, and its top-k search.
 
@@ -123,9 +128,8 @@ class GallerySearch(tf.Module):
         values, scales = quantize(embeddings, gallery_dtype)
         self.gallery = tf.Variable(values, trainable=False, name="gallery_embeddings")
         self.scales = None if scales is None else tf.Variable(scales, trainable=False, name="gallery_scales")
-        self.ids = tf.Variable(np.asarray(ids, dtype=object).astype(bytes), trainable=False, name="gallery_ids")
-        self.labels = tf.Variable(np.asarray(labels, dtype=object).astype(bytes), trainable=False,
-                                  name="gallery_labels")
+        self.ids = tf.Variable(_utf8(ids), trainable=False, name="gallery_ids")
+        self.labels = tf.Variable(_utf8(labels), trainable=False, name="gallery_labels")
         self.threshold = tf.Variable(float(threshold), dtype=tf.float32, trainable=False, name="match_threshold")
 
     @property
