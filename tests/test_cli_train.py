@@ -28,7 +28,7 @@ SHORT = ["--epochs", "2", "--steps-per-epoch", "10"]
 # Keras warnings about the input, progress-bar escape codes in a redirected log.
 NOISE = ("cuInit", "oneDNN", "cpu_feature_guard", "shuffle=True", "ran out of data", "\x1b[", "Traceback")
 REPORT_FILES = ("metrics.json", "config.yaml", "recall_at_k.png", "training_curves.png", "retrieval_grid.png",
-                "model.keras")
+                "match_calibration.png", "model.keras")
 
 
 def _env():
@@ -122,6 +122,11 @@ def test_report_files(runs):
         assert {"recall@1", "recall@8", "map@r", "r_precision"} <= set(summary[key])
         assert all(0.0 <= v <= 1.0 for v in summary[key].values()), summary[key]
     assert len(summary["history"]["loss"]) == 2
+    # The served match decision, calibrated on the evaluation items at the default precision.
+    calibration = summary["match_calibration"]
+    assert calibration["target_precision"] == 0.9 and calibration["queries"] == 3100
+    assert summary["search"] == {"top_k": 10, "gallery_dtype": "float32", "match_precision": 0.9,
+                                 "match_threshold": calibration["threshold"]}
     with open(report / "config.yaml") as f:
         config = yaml.safe_load(f)
     assert config["training"]["epochs"] == 2 and config["training"]["steps_per_epoch"] == 10
@@ -163,6 +168,9 @@ def test_export_reloads_without_tfdml(runs, tmp_path):
         images = tf.constant(np.load({str(tmp_path / "images.npy")!r}))
         outputs = model.signatures["serving_default"](images=images)
         np.save({str(tmp_path / "served.npy")!r}, outputs["embedding"].numpy())
+        found = model.signatures["search"](images=images)  # the gallery is the evaluation data
+        np.savez({str(tmp_path / "found.npz")!r}, **{{k: v.numpy().astype("S") if v.dtype == tf.string
+                                                     else v.numpy() for k, v in found.items()}})
         assert not any(name == "tfdml" or name.startswith("tfdml.") for name in sys.modules)
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=dict(_env(), PYTHONPATH=""),
@@ -175,6 +183,16 @@ def test_export_reloads_without_tfdml(runs, tmp_path):
     assert served.shape == expected.shape == (16, metadata["embedding_dim"])
     np.testing.assert_allclose(served, expected, atol=1e-4)
     np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-4)
+    # `tfdml train` wrote the search signature: each evaluation image finds itself first, with its class.
+    from tfdml import data
+
+    source = data.glyphs("test", image_size=32)
+    with np.load(tmp_path / "found.npz") as found:
+        assert found["scores"].shape == (16, 10) and found["match"].dtype == bool
+        np.testing.assert_allclose(found["scores"][:, 0], 1.0, atol=1e-4)
+        np.testing.assert_allclose(found["embedding"], served, atol=1e-6)
+        assert [i.decode() for i in found["ids"][:, 0]] == [f"{source.name}:{i}" for i in range(16)]
+        assert [c.decode() for c in found["labels"][:, 0]] == [source.class_names[c] for c in source.labels[:16]]
 
 
 def test_search_and_evaluate_the_export(runs, tmp_path, capsys):

@@ -515,6 +515,16 @@ class ExportConfig(_Section):
     name: Optional[str] = None            # default: the configuration's name
     version: Optional[int] = _field(None, minimum=1)  # default: the next integer version
     index: bool = True
+    # The `search` signature (written whenever an index is built): top_k neighbours, the gallery stored as
+    # gallery_dtype, `match` at the score threshold of match_precision on the evaluation data.
+    search: bool = True
+    top_k: int = _field(10, minimum=1)
+    gallery_dtype: str = _field("float32", choices=("float32", "bfloat16", "int8"))
+    match_precision: float = _field(0.9, above=0.0)
+
+    def check(self, key):
+        if self.match_precision > 1.0:
+            raise ConfigError(f"{key}.match_precision: expected a precision in (0, 1], got {self.match_precision}")
 
 
 @dataclasses.dataclass

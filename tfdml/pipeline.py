@@ -354,6 +354,7 @@ class Evaluation:
     labels: np.ndarray
     pixels: np.ndarray   # evaluation images in [0, 1]
     pixel_labels: np.ndarray
+    calibration: object = None  # tfdml.retrieval.Calibration of the served `match` decision
 
 
 def evaluate(config, embedder, datasets):
@@ -365,12 +366,16 @@ def evaluate(config, embedder, datasets):
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
     pixels, pixel_labels = _pixels(datasets.pixels)
     baseline = retrieval.evaluate(_l2_normalise(pixels), pixel_labels, ks=ks, metrics=metrics, exact=True)
-    return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels)
+    # The score threshold of a correct top-1 match at the export's precision, on the held-out items.
+    calibration = retrieval.calibrate(embeddings, labels, target_precision=config.export.match_precision) \
+        if len(labels) > 1 else None
+    return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels, calibration)
 
 
 def export(config, embedder, preprocess_name, evaluation, eval_source):
-    """Exports the SavedModel with the index of the evaluation items inside its version, in one atomic
-    step; returns the summary entries it adds."""
+    """Exports the SavedModel with the index of the evaluation items inside its version (and, with it, the
+    `search` signature over the same items, `match` calibrated on them), in one atomic step; returns the
+    summary entries it adds."""
     from tfdml import data as data_lib
     from tfdml import export as export_lib
 
@@ -382,10 +387,16 @@ def export(config, embedder, preprocess_name, evaluation, eval_source):
         image_size=(size, size), center_crop=data_lib.evaluation_center_crop(config.data.augment),
         preprocess=preprocess_name,
         training_config=config.to_dict(), metrics=evaluation.results, overwrite=settings.version is not None,
-        gallery=eval_source if settings.index else None, index_mode="exact")
+        gallery=eval_source if settings.index else None, index_mode="exact", search=settings.search,
+        top_k=settings.top_k, gallery_dtype=settings.gallery_dtype, match_precision=settings.match_precision,
+        calibration=evaluation.calibration)
     added = {"export_dir": path}
     if settings.index:
-        added["index_size"] = int(export_lib.load_metadata(path)["index"]["size"])
+        metadata = export_lib.load_metadata(path)
+        added["index_size"] = int(metadata["index"]["size"])
+        if "search" in metadata:
+            added["search"] = {key: metadata["search"][key] for key in (
+                "top_k", "gallery_dtype", "match_threshold", "match_precision")}
     return added
 
 
@@ -397,6 +408,8 @@ def write_report(config, summary, history, evaluation, class_names=None):
     plots.plot_recall_curve({"tfdml": evaluation.results, "raw pixels": evaluation.baseline},
                             os.path.join(report_dir, "recall_at_k.png"))
     plots.plot_training_curves(history, os.path.join(report_dir, "training_curves.png"))
+    if evaluation.calibration is not None:
+        plots.plot_match_calibration(evaluation.calibration, os.path.join(report_dir, "match_calibration.png"))
     _retrieval_grid(evaluation, config.report, os.path.join(report_dir, "retrieval_grid.png"), class_names)
     with open(os.path.join(report_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -579,6 +592,7 @@ def _run(config, verbose, train_source, eval_source, stage):
         "raw_pixels": evaluation.baseline,
         "eval_items": int(len(evaluation.labels)),
         "eval_classes": int(len(np.unique(evaluation.labels))),
+        "match_calibration": evaluation.calibration.to_dict() if evaluation.calibration else None,
         "steps_per_epoch": int(steps),
         "history": {k: [float(v) for v in vs] for k, vs in trained.history.items()},
     })

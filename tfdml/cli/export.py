@@ -1,7 +1,7 @@
-"""`tfdml export`: a saved Keras embedder (.keras) -> TF Serving SavedModel (+ ScaNN index).
+"""`tfdml export`: a saved Keras embedder (.keras) -> TF Serving SavedModel (+ ScaNN index, + `search` signature).
 
     tfdml export --model reports/glyphs_rll/model.keras              # named glyphs_rll, as the job
-    tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3
+    tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3 --top-k 20
 """
 
 import json
@@ -21,7 +21,9 @@ def register(subparsers):
         "images of any size and preprocesses them as the job's evaluation did; embed_preprocessed takes "
         "preprocessed float tensors), with tfdml_metadata.json (filled from the report's config.yaml and "
         "metrics.json when the model file sits in a 'tfdml train' report folder) and, with --gallery-dir, "
-        "the gallery's ScaNN index inside the version (assets.extra/tfdml_index, ignored by TF Serving). "
+        "the gallery's ScaNN index inside the version (assets.extra/tfdml_index, ignored by TF Serving) and "
+        "the 'search' signature (images in; the --top-k nearest gallery items' scores, class names, ids and "
+        "calibrated match decisions out, core TensorFlow ops only). "
         "Serve it with: tensorflow_model_server --rest_api_port=8501 --model_name=<name> "
         "--model_base_path=$PWD/<base-dir>/<name>")
     parser.add_argument("--model", required=True, metavar="KERAS_FILE",
@@ -50,7 +52,21 @@ def register(subparsers):
                              "cannot be decoded are skipped and named. Default: the job's evaluation data "
                              "when the model sits in a 'tfdml train' report folder (embedded data set or "
                              "image folder), else no index.")
-    parser.add_argument("--no-index", action="store_true", help="export the SavedModel without an index.")
+    parser.add_argument("--no-index", action="store_true", help="export the SavedModel without an index "
+                                                                "(and so without the search signature).")
+    parser.add_argument("--no-search", action="store_true",
+                        help="leave the 'search' signature out (the gallery's ScaNN index is still written).")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help="neighbours the search signature returns per image (default: the job's "
+                             "export.top_k for a model in a report folder, else 10).")
+    parser.add_argument("--gallery-dtype", choices=("float32", "bfloat16", "int8"),
+                        help="how the search signature stores the gallery: float32 (exact), bfloat16 (half "
+                             "the memory, scores within ~0.002) or int8 with per-row scales (a quarter; see "
+                             "the README for the recall cost). Default: the job's, else float32.")
+    parser.add_argument("--match-precision", type=float, metavar="P",
+                        help="the search signature's match output is true at the score threshold where a "
+                             "top-1 match is correct with this precision on the gallery's labelled items "
+                             "(leave-one-out; default: the job's, else 0.9).")
     parser.set_defaults(func=run)
     return parser
 
@@ -80,6 +96,14 @@ def argument_problem(args):
         return f"--gallery-dir: no such folder: {args.gallery_dir}"
     problem = output_dir_problem(os.path.join(args.base_dir, args.name or "x"), writable=True)
     return f"--base-dir: {problem}" if problem else None
+
+
+def _search_settings(args, training_config):
+    """The search signature's settings: the options given, else the job's `export` section, else defaults."""
+    job = (training_config or {}).get("export") or {}
+    given = {"top_k": args.top_k, "gallery_dtype": args.gallery_dtype, "match_precision": args.match_precision}
+    defaults = {"top_k": 10, "gallery_dtype": "float32", "match_precision": 0.9}
+    return {key: value if value is not None else job.get(key, defaults[key]) for key, value in given.items()}
 
 
 def run(args):
@@ -130,7 +154,8 @@ def _run(args):
             model, base_dir=args.base_dir, name=name, version=args.version,
             image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
             overwrite=args.version is not None, center_crop=center_crop,
-            training_config=training_config, metrics=metrics, gallery=gallery)
+            training_config=training_config, metrics=metrics, gallery=gallery, search=not args.no_search,
+            **_search_settings(args, training_config))
     except (ValueError, TypeError, OSError) as error:
         return usage_error("export", error)
     print(f"exported SavedModel: {path}")
@@ -138,6 +163,10 @@ def _run(args):
         summary = export_lib.load_metadata(path)["index"]
         print(f"ScaNN index of {summary['size']} images of {gallery.name}, {summary['classes']} classes: "
               f"{os.path.join(path, export_lib.INDEX_DIR)}")
+        search = export_lib.load_metadata(path).get("search")
+        if search:
+            print(f"search signature: top {search['top_k']} of {search['gallery_size']} items "
+                  f"({search['gallery_dtype']}), match: {search['match']}")
     return 0
 
 
