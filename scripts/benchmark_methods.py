@@ -126,18 +126,20 @@ def tfdml_loss(name, **params):
     return getattr(losses, name)(**params)
 
 
-def transfer_weights(source, target):
+def transfer_weights(source, target, classifiers=False):
     """Copies a trained tfdml embedder's backbone, and its global head when `target` has one of the same
-    shape, into `target` (a warm start); classifier heads and auxiliary heads keep their initialisation."""
+    shape, into `target` (a warm start); auxiliary heads keep their initialisation, and so do classifier
+    heads unless `classifiers` (then those of the same name and shape are copied too: same classes)."""
     target.backbone.set_weights(source.backbone.get_weights())
-    heads = {head.name: head for head in source.level_heads}
-    for head in target.level_heads:
+    layers = list(source.level_heads) + (list(getattr(source, "classifiers", [])) if classifiers else [])
+    heads = {head.name: head for head in layers}
+    for head in list(target.level_heads) + (list(getattr(target, "classifiers", [])) if classifiers else []):
         if head.name in heads and [w.shape for w in head.get_weights()] == [
                 w.shape for w in heads[head.name].get_weights()]:
             head.set_weights(heads[head.name].get_weights())
 
 
-def train_tfdml(spec, data, batches, config, seed, warm_start=None):
+def train_tfdml(spec, data, batches, config, seed, warm_start=None, keep_classifier=False):
     """Trains `spec` on `batches` of `data["train_x"]` and embeds `data["test_x"]`: `(embeddings, embedder)`.
     `warm_start`: a trained tfdml embedder whose backbone (and global head) the new embedder starts from."""
     import keras
@@ -147,7 +149,7 @@ def train_tfdml(spec, data, batches, config, seed, warm_start=None):
     model = tfdml_embedder(config, num_classes=num_classes if spec.get("classifier") else None,
                            levels=spec.get("levels"), seed=seed)
     if warm_start is not None:
-        transfer_weights(warm_start, model)
+        transfer_weights(warm_start, model, classifiers=keep_classifier)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
     optimizer = keras.optimizers.Adam(config["learning_rate"])
     if spec.get("ala"):

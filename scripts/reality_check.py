@@ -190,13 +190,14 @@ class Pretrained:
 
 
 # ------------------------------------------------------------------------------------------------ runs
-def run(name, params, data, config, seed, warm_start=None):
+def run(name, params, data, config, seed, warm_start=None, keep_classifier=False):
     spec, learning_rate = method_spec(name, params)
     run_config = dict(config, learning_rate=learning_rate)
     batches = bm.index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"],
                                config["steps"], seed)
     started, cpu = time.time(), time.process_time()
-    embeddings, _ = bm.train_tfdml(spec, data, batches, run_config, seed, warm_start=warm_start)
+    embeddings, _ = bm.train_tfdml(spec, data, batches, run_config, seed, warm_start=warm_start,
+                                   keep_classifier=keep_classifier)
     metrics = bm.evaluate(embeddings, data["test_y"])
     return {**metrics, "train_wall_s": round(time.time() - started, 2),
             "train_cpu_s": round(time.process_time() - cpu, 2)}
@@ -242,6 +243,10 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=bm.CONFIG["steps"], help="training steps per run (a smoke "
                         "test's; the protocol is 300)")
     parser.add_argument("--trials", type=int, default=TRIALS, help="settings per method and regime")
+    parser.add_argument("--keep-classifier", action="store_true", help="pretrained regime: the method's "
+                        "classifier head (softmax, Group Loss) also starts from the pretrained one (same classes), "
+                        "as in the Group Loss paper's warm start; use another --out-dir")
+    parser.add_argument("--cache-dir", default=None, help="pretrained embedders (default: <out-dir>/cache)")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args(argv)
@@ -273,7 +278,7 @@ def main(argv=None):
             tf.config.threading.set_inter_op_parallelism_threads(args.threads)
         full = bm.load_data(config)
         parts = {"search": split_training_classes(full), "final": full}
-        pretrained = Pretrained(config, os.path.join(args.out_dir, "cache"))
+        pretrained = Pretrained(config, args.cache_dir or os.path.join(args.out_dir, "cache"))
 
         def record(line):
             line.update(protocol=proto, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -285,7 +290,8 @@ def main(argv=None):
             data = parts[phase]
             try:
                 warm = pretrained.get(phase, data, seed) if regime == "pretrained" else None
-                metrics = run(name, params, data, config, seed, warm_start=warm)
+                metrics = run(name, params, data, config, seed, warm_start=warm,
+                              keep_classifier=args.keep_classifier)
             except Exception:  # one failing run must not stop the others
                 print(f"{phase} {regime} {name} {key} failed:\n{traceback.format_exc()}", flush=True)
                 return
