@@ -5,6 +5,7 @@
     python scripts/reality_check.py --phase search            # only the searches
     python scripts/reality_check.py --table-only              # table.md and methods.png from the JSONL
     python scripts/reality_check.py --list                    # the methods and their search spaces
+    python scripts/reality_check.py --paired scratch rll_uniform margin_dw   # per-seed differences (JSON)
 
 Protocol ("A Metric Learning Reality Check", Musgrave, Belongie and Lim, ECCV 2020, on a small scale):
 
@@ -49,7 +50,7 @@ SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
 sys.path.insert(0, SCRIPTS)
 
-import benchmark_methods as bm  # noqa: E402  (the methods, data and training function of the method table)
+import benchmark_methods as bm  # (after the path insert) the methods, data and training function of the method table)
 
 OUT_DIR = os.path.join(ROOT, "benchmarks", "reality_check")
 REGIMES = ("scratch", "pretrained")
@@ -156,7 +157,7 @@ def split_training_classes(data):
     and the validation classes as `test_*`."""
     classes = np.unique(data["train_y"])
     order = np.random.default_rng(SPLIT_SEED).permutation(classes)
-    validation = np.sort(order[:int(round(len(classes) * VALIDATION_FRACTION))])
+    validation = np.sort(order[:round(len(classes) * VALIDATION_FRACTION)])
     held = np.isin(data["train_y"], validation)
     _, train_y = np.unique(data["train_y"][~held], return_inverse=True)
     return {"train_x": data["train_x"][~held], "train_y": train_y.astype(np.int64),
@@ -249,6 +250,8 @@ def main(argv=None):
     parser.add_argument("--cache-dir", default=None, help="pretrained embedders (default: <out-dir>/cache)")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--paired", nargs=3, metavar=("REGIME", "A", "B"), help="print the final runs' "
+                        "differences A - B paired by seed (same batches and initial weights), as JSON")
     args = parser.parse_args(argv)
     if args.list:
         for name in METHODS:
@@ -270,6 +273,9 @@ def main(argv=None):
     proto = protocol(config)
     os.makedirs(args.out_dir, exist_ok=True)
     jsonl = os.path.join(args.out_dir, "results.jsonl")
+    if args.paired:
+        print(json.dumps(paired(read_lines(jsonl, proto), *args.paired)))
+        return 0
     if not args.table_only:
         if args.threads:
             import tensorflow as tf
@@ -281,7 +287,7 @@ def main(argv=None):
         pretrained = Pretrained(config, args.cache_dir or os.path.join(args.out_dir, "cache"))
 
         def record(line):
-            line.update(protocol=proto, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+            line.update(protocol=proto, date=datetime.datetime.now(datetime.UTC).isoformat(
                 timespec="seconds"))
             with open(jsonl, "a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -292,7 +298,7 @@ def main(argv=None):
                 warm = pretrained.get(phase, data, seed) if regime == "pretrained" else None
                 metrics = run(name, params, data, config, seed, warm_start=warm,
                               keep_classifier=args.keep_classifier)
-            except Exception:  # one failing run must not stop the others
+            except Exception:  # noqa: BLE001  (one failing run must not stop the others)
                 print(f"{phase} {regime} {name} {key} failed:\n{traceback.format_exc()}", flush=True)
                 return
             record({"phase": phase, "regime": regime, "method": name, "seed": seed, "params": params, **key,
@@ -342,6 +348,21 @@ def summary(lines, regime, name):
     return result
 
 
+def paired(lines, regime, a, b):
+    """Per metric, mean and standard deviation over the common seeds of `a - b` (points) and how many
+    seeds `a` is higher on."""
+    finals = {(r["method"], r["seed"]): r for r in lines.values() if r["phase"] == "final" and r["regime"] == regime}
+    seeds = sorted(s for (m, s) in finals if m == a and (b, s) in finals)
+    if not seeds:
+        raise SystemExit(f"no common final seeds of {a} and {b} in regime {regime}")
+    result = {"regime": regime, "a": a, "b": b, "seeds": seeds}
+    for metric in ("recall@1", "map@r", "r_precision"):
+        d = np.array([100 * (finals[(a, s)][metric] - finals[(b, s)][metric]) for s in seeds])
+        result[metric] = {"mean": round(float(d.mean()), 2), "std": round(float(d.std()), 2),
+                          "a_higher": int((d > 0).sum())}
+    return result
+
+
 def _cell(value):
     if value is None:
         return "-"
@@ -352,7 +373,7 @@ def _cell(value):
 def _setting(best):
     if best is None:
         return "search running"
-    trial, params, _ = best
+    _, params, _ = best
     if not params:
         return "default"
     return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in params.items())
@@ -366,12 +387,12 @@ def markdown_table(lines, config):
         f"{TRIALS} settings (the default and {TRIALS - 1} random draws) scored by MAP@R on validation classes "
         f"held out of the training characters; the best retrained on all training characters with seeds "
         f"{FINAL_SEEDS[0]}-{FINAL_SEEDS[-1]} and tested on the unseen characters (mean +- standard deviation, %). "
-        f"Pretrained: the backbone first trained {PRETRAIN_STEPS} steps with softmax on the same training "
-        "characters.",
+        (f"Pretrained: the backbone first trained {PRETRAIN_STEPS} steps with softmax on the same training "
+         "characters."),
         "",
-        "| method | from scratch: Recall@1 | MAP@R | R-precision | pretrained: Recall@1 | MAP@R | R-precision | "
-        "validation MAP@R, default -> tuned (scratch / pretrained) | tuned setting (scratch) | "
-        "tuned setting (pretrained) |",
+        ("| method | from scratch: Recall@1 | MAP@R | R-precision | pretrained: Recall@1 | MAP@R | R-precision | "
+         "validation MAP@R, default -> tuned (scratch / pretrained) | tuned setting (scratch) | "
+         "tuned setting (pretrained) |"),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in METHODS:
