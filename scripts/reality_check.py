@@ -381,14 +381,14 @@ def _setting(best):
 
 def markdown_table(lines, config):
     lines_out = [
-        f"Glyphs, {config['image_size']} px, {config['images_per_class']} images per character; small CNN "
-        f"{'-'.join(map(str, config['widths']))}, {config['embedding_dim']}-d, {config['steps']} steps of "
-        f"{config['classes_per_batch']} x {config['samples_per_class']} batches, Adam. Per method and regime, "
-        f"{TRIALS} settings (the default and {TRIALS - 1} random draws) scored by MAP@R on validation classes "
-        f"held out of the training characters; the best retrained on all training characters with seeds "
-        f"{FINAL_SEEDS[0]}-{FINAL_SEEDS[-1]} and tested on the unseen characters (mean +- standard deviation, %). "
-        (f"Pretrained: the backbone first trained {PRETRAIN_STEPS} steps with softmax on the same training "
-         "characters."),
+        (f"Glyphs, {config['image_size']} px, {config['images_per_class']} images per character; small CNN "
+         f"{'-'.join(map(str, config['widths']))}, {config['embedding_dim']}-d, {config['steps']} steps of "
+         f"{config['classes_per_batch']} x {config['samples_per_class']} batches, Adam. Per method and regime, "
+         f"{TRIALS} settings (the default and {TRIALS - 1} random draws) scored by MAP@R on validation classes "
+         f"held out of the training characters; the best retrained on all training characters with seeds "
+         f"{FINAL_SEEDS[0]}-{FINAL_SEEDS[-1]} and tested on the unseen characters (mean +- standard deviation, "
+         f"%). Pretrained: the backbone first trained {PRETRAIN_STEPS} steps with softmax on the same "
+         "training characters."),
         "",
         ("| method | from scratch: Recall@1 | MAP@R | R-precision | pretrained: Recall@1 | MAP@R | R-precision | "
          "validation MAP@R, default -> tuned (scratch / pretrained) | tuned setting (scratch) | "
