@@ -93,6 +93,8 @@ SEARCH_SPACE = {
 METHODS = [name for name in SEARCH_SPACE]
 ALA_METHODS = ("triplet_ala", "margin_ala")
 ALA_PARAMS = ("inner_learning_rate", "assessor_learning_rate")  # ALAModel's own; the rest are the loss's
+# The ALA rows were run with the ALA code of issue 23's session, before the ALA issue changed its defaults.
+ALA_LABEL = " (ALA code before the ALA issue's changes)"
 
 
 def protocol(config):
@@ -404,7 +406,8 @@ def markdown_table(lines, config):
             f"{100 * r['default_val']:.1f} -> {100 * r['best_val']:.1f}" if r["best_val"] is not None else
             f"{100 * r['default_val']:.1f} -> ({r['trials_done']}/{TRIALS} trials)" for r in rows.values())
         cells = [_cell(rows[regime][metric]) for regime in REGIMES for metric in ("recall@1", "map@r", "r_precision")]
-        lines_out.append(f"| {bm.METHODS[name][0]} | " + " | ".join(cells) + f" | {validation} | "
+        label = bm.METHODS[name][0] + (ALA_LABEL if name in ALA_METHODS else "")
+        lines_out.append(f"| {label} | " + " | ".join(cells) + f" | {validation} | "
                          f"{_setting(rows['scratch']['best'])} | {_setting(rows['pretrained']['best'])} |")
     return "\n".join(lines_out) + "\n"
 
