@@ -31,8 +31,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (negative_mask, pair_indices, pairwise_distance, positive_mask, safe_divide,
-                       triplet_distances, validate_inputs)
+from tfdml.ops import (negative_mask, pair_indices, pair_masks, pairwise_distance, reference_embeddings,
+                       safe_divide, triplet_distances, validate_inputs)
 
 SAMPLING_MODES = ("distance_weighted", "all")
 
@@ -122,16 +122,20 @@ def distance_weighted_probabilities(labels, embeddings, cutoff=0.5, nonzero_loss
     return tf.nn.softmax(logits, axis=1)
 
 
-def sample_distance_weighted_triplets(labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None):
+def sample_distance_weighted_triplets(labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None,
+                                      references=None):
     """One distance-weighted negative per ordered anchor-positive pair.
+
+    With `references` (a `tfdml.ops.References`; `distances` then `[B, G]`) positives and negatives are
+    references and the triplets' second and third columns index them.
 
     Returns:
         `(triplets, valid)`: `[P, 3]` int32 `(anchor, positive, negative)` rows for the `P` ordered positive
         pairs, and a `[P]` bool mask that is false where the anchor has no negative at all.
         With an integer `seed` the draw is stateless (same batch, same triplets).
     """
-    negatives = negative_mask(labels)
-    pairs = pair_indices(positive_mask(labels))
+    positives, negatives = pair_masks(labels, references)
+    pairs = pair_indices(positives)
     logits = distance_weighted_log_weights(distances, negatives, dim, cutoff, nonzero_loss_cutoff)
     pair_logits = tf.gather(logits, pairs[:, 0])
     # categorical needs float32/64 logits
@@ -165,12 +169,12 @@ def margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha=0.2, nu=0
     return loss + _regulariser(beta, tf.reduce_sum(beta_a * keep), tf.reduce_sum(keep), active, nu, dtype)
 
 
-def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu):
+def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references=None):
     """Every (a, p, n) triplet in O(B^2): pos_ap is repeated once per negative of a, neg_an once per positive."""
     dtype = embeddings.dtype
-    distances = pairwise_distance(embeddings)
-    positives = tf.cast(positive_mask(labels), dtype)
-    negatives = tf.cast(negative_mask(labels), dtype)
+    distances = pairwise_distance(embeddings, reference_embeddings(references))
+    positives, negatives = pair_masks(labels, references)
+    positives, negatives = tf.cast(positives, dtype), tf.cast(negatives, dtype)
     num_pos = tf.reduce_sum(positives, axis=1, keepdims=True)  # [B, 1] positives per anchor
     num_neg = tf.reduce_sum(negatives, axis=1, keepdims=True)
     beta_a = _beta_per_anchor(beta, labels, dtype)
@@ -195,14 +199,15 @@ def _check_sampling(sampling, cutoff, nonzero_loss_cutoff):
                          f"nonzero_loss_cutoff={nonzero_loss_cutoff}.")
 
 
-def _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed):
+def _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed,
+                 references=None):
     """Margin loss on validated inputs (int32 labels, float embeddings); see `margin_loss`."""
     if sampling == "all":
-        return _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu)
-    distances = pairwise_distance(embeddings)
+        return _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references)
+    distances = pairwise_distance(embeddings, reference_embeddings(references))
     dim = tf.shape(embeddings)[1]
     triplets, valid = sample_distance_weighted_triplets(labels, distances, dim, cutoff,
-                                                        nonzero_loss_cutoff, seed)
+                                                        nonzero_loss_cutoff, seed, references)
     return margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha, nu, valid, distances)
 
 
@@ -322,7 +327,9 @@ class MarginLoss(MetricLoss):
                                                    name="margin_beta_sgd")
         return self._optimizer
 
-    def compute(self, labels, embeddings):
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
         beta = self.beta
         beta = beta.value if isinstance(beta, keras.Variable) else beta
         if self.num_classes is not None:
@@ -332,7 +339,7 @@ class MarginLoss(MetricLoss):
         # The official code (and pytorch-metric-learning) regularises beta only when it is learned.
         nu = self.nu if self.learn_beta else 0.0
         return _margin_loss(labels, embeddings, beta, self.alpha, nu, self.sampling, self.cutoff,
-                            self.nonzero_loss_cutoff, self.seed)
+                            self.nonzero_loss_cutoff, self.seed, references)
 
     def get_config(self):
         config = super().get_config()

@@ -32,8 +32,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, negative_mask, pairwise_distance, positive_mask, safe_divide,
-                       validate_inputs)
+from tfdml.ops import as_scalar, pair_masks, pairwise_distance, reference_embeddings, safe_divide, validate_inputs
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -103,7 +102,7 @@ def _masked_exp_and_log_sum(logits, mask):
 
 
 def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5,
-                        query_weighting="official"):
+                        query_weighting="official", references=None):
     """Constant per-pair coefficients `(c_pos, c_neg)` of RLL: the loss is
     `sum_ij c_pos_ij (d_ij - (alpha - m)) + c_neg_ij (alpha - d_ij)` with `c` held constant.
 
@@ -116,7 +115,8 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
 
     Args:
         labels: int32 `[B]`.
-        distances: `[B, B]` (or `[B, G]` with the same labels) distances; only their values are used.
+        distances: `[B, B]` distances, or `[B, G]` to the `references` (a `tfdml.ops.References`, whose
+            rows form every query's gallery); only their values are used.
 
     Returns:
         `(c_pos, c_neg, q)`: `[B, B]`, `[B, B]` and `[B]`, all without gradient.
@@ -127,9 +127,10 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
     alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     lam = as_scalar(lam, dtype)
-    # positive_mask excludes j == i, which also matters with a separate gallery (its diagonal is not 0).
-    mined_pos = tf.logical_and(positive_mask(labels), dist > pos_boundary)
-    mined_neg = tf.logical_and(negative_mask(labels), dist < alpha)
+    # The pair masks exclude j == i (the query's own copy among references), whose distance is not exactly 0.
+    positives, negatives = pair_masks(labels, references)
+    mined_pos = tf.logical_and(positives, dist > pos_boundary)
+    mined_neg = tf.logical_and(negatives, dist < alpha)
     if isinstance(tp, (int, float)) and tp == 0:
         # The default tp = 0 weighs every mined positive 1: S_P is their count (cheaper than the softmax).
         pos_exp = tf.cast(mined_pos, dtype)
@@ -153,15 +154,19 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
     return (1.0 - lam) * q[:, None] * w_pos, lam * q[:, None] * w_neg, q
 
 
-def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting):
+def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting,
+                      references=None):
     """RLL on validated inputs (int32 labels, float embeddings); see the module docstring."""
     dtype = embeddings.dtype
-    if stop_gallery_gradient:
+    if references is not None:
+        # Each query's ranked list is the reference set (constants, whatever stop_gallery_gradient says).
+        dist = pairwise_distance(embeddings, tf.stop_gradient(reference_embeddings(references)))
+    elif stop_gallery_gradient:
         # Sec. 3.2: "in the ranked list of x_i we regard the features of other examples as constants".
         dist = pairwise_distance(embeddings, tf.stop_gradient(embeddings))
     else:
         dist = pairwise_distance(embeddings)
-    c_pos, c_neg, _ = ranked_list_weights(labels, dist, margin, alpha, tn, tp, lam, query_weighting)
+    c_pos, c_neg, _ = ranked_list_weights(labels, dist, margin, alpha, tn, tp, lam, query_weighting, references)
     alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     # Weights are constants (official code), so the loss is linear in the distances.
@@ -276,10 +281,12 @@ class RankedListLoss(MetricLoss):
                 step = self._step
         return self.tn(tf.convert_to_tensor(step), dtype=dtype)
 
-    def compute(self, labels, embeddings):
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
         tn = self.temperature(dtype=embeddings.dtype)
         return _ranked_list_loss(labels, embeddings, self.margin, self.alpha, tn, self.tp, self.lam,
-                                 self.stop_gallery_gradient, self.query_weighting)
+                                 self.stop_gallery_gradient, self.query_weighting, references)
 
     def get_config(self):
         config = super().get_config()

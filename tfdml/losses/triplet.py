@@ -17,8 +17,9 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, masked_max, masked_mean, masked_min, negative_mask, pairwise_angular_distance,
-                       pairwise_distance, positive_mask, safe_divide, validate_inputs)
+from tfdml.ops import (as_scalar, masked_max, masked_mean, masked_min, negative_mask, pair_masks,
+                       pairwise_angular_distance, pairwise_distance, positive_mask, reference_embeddings, safe_divide,
+                       validate_inputs)
 
 MINING_STRATEGIES = ("all", "hard", "semi_hard")
 
@@ -91,8 +92,6 @@ def _triplet_sums(dist, pos, neg, margin, semi_hard, soft):
     return sums(dist)
 
 
-def _distances(embeddings, squared):
-    return pairwise_distance(embeddings, squared=squared)
 
 
 def _check_mining(mining):
@@ -100,10 +99,9 @@ def _check_mining(mining):
         raise ValueError(f"mining must be one of {MINING_STRATEGIES}, got {mining!r}.")
 
 
-def _triplet_loss(labels, embeddings, margin, mining, soft, squared):
-    dist = _distances(embeddings, squared)
-    pos = positive_mask(labels)
-    neg = negative_mask(labels)
+def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=None):
+    dist = pairwise_distance(embeddings, reference_embeddings(references), squared=squared)
+    pos, neg = pair_masks(labels, references)
     if mining == "hard":
         hardest_pos = masked_max(dist, pos, axis=1)
         hardest_neg = masked_min(dist, neg, axis=1)
@@ -169,8 +167,10 @@ class TripletLoss(MetricLoss):
         self.soft = bool(soft)
         self.squared = bool(squared)
 
-    def compute(self, labels, embeddings):
-        return _triplet_loss(labels, embeddings, self.margin, self.mining, self.soft, self.squared)
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
+        return _triplet_loss(labels, embeddings, self.margin, self.mining, self.soft, self.squared, references)
 
     def get_config(self):
         config = super().get_config()

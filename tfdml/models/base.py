@@ -8,7 +8,10 @@ support are untouched:
   `train_step` and are saved by `model.save` / checkpoints. When the loss names a `variable_optimizer`, those
   variables are trained by it (through `tfdml.optimizers.MultiOptimizer`), not by the model's optimizer;
 - losses with a `bind_step(step)` method (e.g. `RankedListLoss` with a temperature schedule) are bound to
-  `optimizer.iterations`.
+  `optimizer.iterations`;
+- losses with state that only training steps update (the queue of `CrossBatchMemory`) have their
+  `non_trainable_variables` tracked (saved, checkpointed) and are told through `loss.training` whether a
+  step trains, so `evaluate` leaves that state alone.
 
 `get_compile_config` stores the optimizer the user passed, so `keras.saving.load_model` recompiles the same
 way (and restores the losses' variables and every inner optimizer's state).
@@ -54,6 +57,7 @@ class MetricModel(keras.Model):
         for item in losses:
             variables = list(getattr(item, "trainable_variables", None) or [])
             loss_variables.extend(variables)
+            loss_variables.extend(getattr(item, "non_trainable_variables", None) or [])
             variable_optimizer = getattr(item, "variable_optimizer", None)
             if variables and variable_optimizer is not None:
                 routes.append((variable_optimizer, variables))
@@ -70,6 +74,13 @@ class MetricModel(keras.Model):
         for item in losses:
             if hasattr(item, "bind_step"):
                 item.bind_step(self.optimizer.iterations)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        # Read while the train / test function is traced: a test step must not update the losses' state.
+        for item in _flat_losses(getattr(self, "loss", None)):
+            if hasattr(item, "training"):
+                item.training = bool(training)
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
 
     def compile_from_config(self, config):
         # keras skips compile_from_config for models that override compile; ours is safe to replay.

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tfdml.models import backbones as backbones_lib
 from tfdml.distribute import scale_for_replicas, unscale_for_replicas
+from tfdml.losses import CrossBatchMemory
 from tfdml.models.base import MetricModel
 from tfdml.models.heads import AuxiliaryEmbeddingHead, GlobalEmbeddingHead, L2Normalize
 
@@ -251,7 +252,13 @@ class MultiLevelEmbedder(MetricModel):
             raise ValueError(
                 f"{type(self).__name__} applies one loss to every level; got {type(loss).__name__} {loss!r}. "
                 "Pass a single loss (weight levels with level_weights).")
-        return keras.losses.get(loss)
+        loss = keras.losses.get(loss)
+        if isinstance(loss, CrossBatchMemory):
+            # One queue cannot hold the embeddings of every level (and would enqueue each batch once per level).
+            raise ValueError(f"{type(self).__name__} applies its loss to every level; a cross-batch memory "
+                             f"({type(loss).__name__}) holds one embedding per sample. Use it with a single-level "
+                             "embedder (tfdml.models.Embedder).")
+        return loss
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """Sum over levels of `level_weight * loss(y, level prediction)`, plus regularisation losses.

@@ -31,6 +31,7 @@ from tfdml.ops.neighbours import (
     ranking_scores,
 )
 from tfdml.ops.scalars import as_scalar
+from tfdml.ops.references import References, pair_masks, reference_embeddings
 from tfdml.ops.tuples import (
     triplet_indices,
     triplet_distances,
@@ -48,6 +49,9 @@ from tfdml.ops.validation import (
 
 __all__ = [
     "as_scalar",
+    "References",
+    "pair_masks",
+    "reference_embeddings",
     "pairwise_distance",
     "pairwise_angular_distance",
     "pairwise_squared_distance",
