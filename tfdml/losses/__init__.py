@@ -31,6 +31,7 @@ from tfdml.losses.softmax_contrastive import (
     supcon_loss,
 )
 from tfdml.losses.proxies import ProxyAnchorLoss, ProxyLoss, ProxyNCALoss, proxy_anchor_loss, proxy_nca_loss
+from tfdml.losses.smooth_ap import SmoothAPLoss, smooth_ap_loss
 from tfdml.losses.cross_batch_memory import CrossBatchMemory
 from tfdml.losses.classifier import (
     ArcFaceLoss,
