@@ -151,8 +151,8 @@ def test_ranked_list_loss_with_memory_equals_numpy_on_every_step():
         count += len(labels)
         ref_labels, references = loss.stored()
 
-        def fn(x):
-            return _numpy_rll_to_references(labels, x, ref_labels, references, slots, embeddings)
+        def fn(x, labels=labels, ref_labels=ref_labels, references=references, slots=slots, fixed=embeddings):
+            return _numpy_rll_to_references(labels, x, ref_labels, references, slots, fixed)
 
         np.testing.assert_allclose(value, fn(embeddings), rtol=1e-10)
         np.testing.assert_allclose(grad, ref.numerical_gradient(fn, embeddings), rtol=0, atol=1e-6)
@@ -183,10 +183,10 @@ def test_traced_and_xla_calls_equal_eager_calls():
     for jit in (False, True):
         loss = CrossBatchMemory(losses.MultiSimilarityLoss(), memory_size=MEMORY, embedding_dim=DIM, start_step=1,
                                 dtype="float64")
-        loss.non_trainable_variables  # created outside the function
+        _ = loss.non_trainable_variables  # created outside the function
 
         @tf.function(jit_compile=jit, reduce_retracing=True)
-        def step(labels, x):
+        def step(labels, x, loss=loss):
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 value = loss(labels, x)
@@ -403,11 +403,11 @@ def test_replicas_hold_the_same_queue_and_sum_to_the_single_device_gradient(repl
     strategy = distribute.mirrored_strategy([f"/cpu:{i}" for i in range(replicas)])
     with strategy.scope():
         replica_model, replica_loss = _linear_model(), _make_xbm()
-        replica_loss.non_trainable_variables  # mirrored variables, created in the scope
+        _ = replica_loss.non_trainable_variables  # mirrored variables, created in the scope
     for step, (x, y) in enumerate(_global_batches()):
         batch = strategy.experimental_distribute_values_from_function(
-            lambda context: replica_slice((tf.constant(x), tf.constant(y)), context.replica_id_in_sync_group,
-                                          replicas))
+            lambda context, x=x, y=y: replica_slice((tf.constant(x), tf.constant(y)),
+                                                    context.replica_id_in_sync_group, replicas))
 
         def replica_step(features, labels):
             with tf.GradientTape() as tape:
@@ -466,5 +466,21 @@ def test_multi_level_embedder_refuses_a_memory_shared_by_its_levels():
 
     model = MultiLevelEmbedder("small_cnn", embedding_dim=4, input_shape=(12, 12, 1), head_filters=4, head_units=6)
     model.compile(optimizer="sgd", loss=CrossBatchMemory(losses.ContrastiveLoss(), embedding_dim=4))
-    with pytest.raises(ValueError, match="cross-batch memory .* holds one embedding per sample"):
+    with pytest.raises(ValueError, match="each of its 3 levels; a cross-batch memory .* one embedding per sample"):
         model.compute_loss(np.zeros((4, 12, 12, 1), np.float32), np.arange(4), model(np.zeros((4, 12, 12, 1))))
+
+
+def test_single_level_embedder_trains_with_a_memory_and_its_evaluation_leaves_it_alone():
+    from tfdml.models import Embedder
+
+    keras.utils.set_random_seed(0)
+    model = Embedder("small_cnn", embedding_dim=4, input_shape=(12, 12, 1), weights=None)
+    loss = CrossBatchMemory(losses.TripletLoss(), memory_size=16, embedding_dim=4)
+    model.compile(optimizer="adam", loss=loss, jit_compile=False)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 12, 12, 1)).astype(np.float32), np.repeat(np.arange(4), 4).astype(np.int32)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False, validation_data=(x[:8], y[:8]))
+    assert np.all(np.isfinite(history.history["val_loss"]))
+    assert int(loss.memory_count.numpy()) == 32 and int(loss.steps.numpy()) == 4
+    labels, _ = loss.stored()
+    np.testing.assert_array_equal(labels, y)  # the second epoch's two batches, in order

@@ -76,11 +76,15 @@ class MetricModel(keras.Model):
                 item.bind_step(self.optimizer.iterations)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        # Read while the train / test function is traced: a test step must not update the losses' state.
+        self._tell_losses_whether_training(training)
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+    def _tell_losses_whether_training(self, training):
+        """Sets `loss.training` on the losses that have it; read while the train / test function is traced,
+        so that a test step does not update the losses' state (the cross-batch memory's queue)."""
         for item in _flat_losses(getattr(self, "loss", None)):
             if hasattr(item, "training"):
                 item.training = bool(training)
-        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
 
     def compile_from_config(self, config):
         # keras skips compile_from_config for models that override compile; ours is safe to replay.

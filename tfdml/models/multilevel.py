@@ -253,11 +253,11 @@ class MultiLevelEmbedder(MetricModel):
                 f"{type(self).__name__} applies one loss to every level; got {type(loss).__name__} {loss!r}. "
                 "Pass a single loss (weight levels with level_weights).")
         loss = keras.losses.get(loss)
-        if isinstance(loss, CrossBatchMemory):
+        if isinstance(loss, CrossBatchMemory) and len(self.levels) > 1:
             # One queue cannot hold the embeddings of every level (and would enqueue each batch once per level).
-            raise ValueError(f"{type(self).__name__} applies its loss to every level; a cross-batch memory "
-                             f"({type(loss).__name__}) holds one embedding per sample. Use it with a single-level "
-                             "embedder (tfdml.models.Embedder).")
+            raise ValueError(f"{type(self).__name__} applies its loss to each of its {len(self.levels)} levels; a "
+                             f"cross-batch memory ({type(loss).__name__}) holds one embedding per sample. Use it "
+                             "with a single-level embedder (tfdml.models.Embedder).")
         return loss
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
@@ -266,6 +266,7 @@ class MultiLevelEmbedder(MetricModel):
         During classification pre-training (`tfdml.callbacks.ClassificationPretraining`) the per-level loss
         is the sparse softmax cross-entropy of the level's logits instead of the compiled loss.
         """
+        self._tell_losses_whether_training(training)
         level_predictions, logits = self._level_predictions(x, y_pred)
         if self.classification_pretraining:
             cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
