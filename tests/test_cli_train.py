@@ -210,6 +210,33 @@ def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
     assert evaluated == pytest.approx(trained, abs=1e-4)
 
 
+def test_report_and_evaluate_write_the_embedding_projector(runs, tmp_path, capsys):
+    """The job's `tensorboard/` holds a projector run that TensorBoard's projector plugin serves (every
+    evaluation image, its class name, the sprite); `tfdml evaluate --model ... --projector` writes the same
+    from the export."""
+    from tests.test_projector import read_projector
+    from tfdml import data
+
+    served = read_projector(runs["main"] / "tensorboard")
+    assert list(served) == ["projector"]  # not attached to the training runs beside it
+    job = served["projector"]
+    source = data.glyphs("test", image_size=32)
+    assert job["tensor"].shape == (3100, 64)
+    np.testing.assert_allclose(np.linalg.norm(job["tensor"], axis=1), 1.0, atol=1e-4)
+    assert job["metadata"][1:] == [f"{source.class_names[c]}\t{c}" for c in source.labels]
+    assert job["config"]["embeddings"][0]["sprite"]["singleImageDim"] == [32, 32]
+    assert job["sprite"].shape == (56 * 32, 56 * 32, 3)  # ceil(sqrt(3100)) = 56 thumbnails a side
+    np.testing.assert_array_equal(job["sprite"][:32, 32:64, 0], source.images[1][..., 0])
+
+    rc = cli.main(["evaluate", "--model", str(_export_dir(runs)), "--metrics", "recall", "--ks", "1",
+                   "--projector", str(tmp_path / "tb")])
+    assert rc == 0, capsys.readouterr().err
+    exported = read_projector(tmp_path / "tb")["projector"]
+    assert exported["metadata"] == job["metadata"]
+    np.testing.assert_allclose(exported["tensor"], job["tensor"], atol=1e-4)
+    np.testing.assert_array_equal(exported["sprite"], job["sprite"])
+
+
 def test_export_command_reexports(runs, tmp_path, capsys):
     import tensorflow as tf
 

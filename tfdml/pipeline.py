@@ -10,7 +10,8 @@ SavedModel with the ScaNN index of the evaluation images inside its version, and
     <report_dir>/recall_at_k.png       Recall@K curves (model vs raw pixels)
     <report_dir>/training_curves.png   loss (and per-level losses) per epoch
     <report_dir>/retrieval_grid.png    query images and their nearest neighbours
-    <report_dir>/tensorboard/          TensorBoard logs
+    <report_dir>/tensorboard/          TensorBoard logs; its run `projector` holds the evaluation embeddings,
+                                       class names and image sprite for the projector (PCA, t-SNE)
     <report_dir>/checkpoints/          state of an unfinished run: started again, it resumes where it stopped
 
 The job runs in stages, each a function of the typed `Config`: `prepare_report_dir` (resume or refuse),
@@ -360,6 +361,17 @@ def write_report(config, summary, history, evaluation, class_names=None):
         json.dump(summary, f, indent=2)
 
 
+def write_projector(config, evaluation, class_names=None):
+    """The evaluation embeddings with class names and images for TensorBoard's projector
+    (`<report_dir>/tensorboard`, run `projector`, see `tfdml.projector`)."""
+    from tfdml import projector
+
+    # The pixels come from their own pass over the evaluation data, in the same order.
+    same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
+    return projector.write_projector(os.path.join(config.report.dir, "tensorboard"), evaluation.embeddings,
+                                     evaluation.labels, class_names, evaluation.pixels if same_items else None)
+
+
 def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
     """Nearest neighbours of one query per class (then more), for `plot_retrieval_grid`."""
     from tfdml import plots
@@ -437,4 +449,5 @@ def run(config=None, verbose=1, restart=False, say=print):
         summary.update(export(config, embedder, preprocess_name, evaluation, eval_source))
     summary["wall_seconds"] = round(time.time() - started, 2)  # this process
     write_report(config, summary, history, evaluation, getattr(eval_source, "class_names", None))
+    write_projector(config, evaluation, getattr(eval_source, "class_names", None))
     return summary

@@ -4,6 +4,7 @@
     tfdml evaluate --embeddings emb.npz --ks 1 2 4 8 --json metrics.json --plot recall.png
     tfdml evaluate --model exported_models/glyphs_rll --dataset glyphs
     tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
+    tfdml evaluate --model exported_models/glyphs_rll --projector reports/glyphs_rll/tensorboard
 """
 
 import argparse
@@ -57,19 +58,27 @@ def register(subparsers):
     out = parser.add_argument_group("outputs")
     out.add_argument("--json", metavar="FILE", help="write the metrics as JSON to this file.")
     out.add_argument("--plot", metavar="PNG", help="write a Recall@K plot to this PNG file.")
+    out.add_argument("--projector", metavar="LOGDIR",
+                     help="write the (gallery) embeddings with their class names and a sprite of their images "
+                          "for TensorBoard's projector into this log directory (run 'projector'; then "
+                          "'tensorboard --logdir LOGDIR'). With --embeddings, optional arrays 'class_names' and "
+                          "'images' of the .npz are used.")
     parser.set_defaults(func=run)
     return parser
 
 
-def embed_source(embedder, source, batch_size):
-    """`(embeddings, labels)` of every loadable item of `source` through the exported model."""
+def embed_source(embedder, source, batch_size, view=None):
+    """`(embeddings, labels)` of every loadable item of `source` through the exported model; `view` (a dict),
+    when given, receives the loaded images and the class names (for the projector)."""
     from tfdml.data.sources import load_items
 
     images, kept = load_items(source)
+    if view is not None:
+        view.update(images=images, class_names=getattr(source, "class_names", None))
     return embedder.embed(images, batch_size=batch_size), source.labels[kept]
 
 
-def _load_inputs(args):
+def _load_inputs(args, view=None):
     if bool(args.embeddings) == bool(args.model):
         raise ValueError("give exactly one of --embeddings or --model.")
     if args.embeddings:
@@ -78,6 +87,8 @@ def _load_inputs(args):
             if missing:
                 raise ValueError(f"{args.embeddings} lacks arrays {sorted(missing)} (has {data.files}).")
             arrays = {key: data[key] for key in data.files}
+        if view is not None:
+            view.update(images=arrays.get("images"), class_names=arrays.get("class_names"))
         return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"),
                 arrays.get("query_labels"))
     from tfdml.data.sources import embedded_source, image_folder, job_evaluation_source
@@ -101,7 +112,7 @@ def _load_inputs(args):
                              "or --image-dir.")
     print(f"evaluating {embedder.name} version {embedder.version} on {source.name}: {len(source)} images, "
           f"{len(source.classes)} classes")
-    gallery, labels = embed_source(embedder, source, args.batch_size)
+    gallery, labels = embed_source(embedder, source, args.batch_size, view)
     if not args.query_image_dir:
         return gallery, labels, None, None
     queries = image_folder(args.query_image_dir, channels=embedder.channels, class_names=source.class_names)
@@ -128,7 +139,8 @@ def _run(args):
     from tfdml.retrieval import evaluate
 
     try:
-        embeddings, labels, query_embeddings, query_labels = _load_inputs(args)
+        view = {}
+        embeddings, labels, query_embeddings, query_labels = _load_inputs(args, view)
         results = evaluate(embeddings, labels, ks=args.ks, query_embeddings=query_embeddings,
                            query_labels=query_labels, metrics=args.metrics, exact=not args.approximate,
                            distance=args.distance, seed=args.seed, progress=len(labels) > 20000)
@@ -148,6 +160,17 @@ def _run(args):
             print(f"Recall@K plot written to {args.plot}")
         else:
             print("no recall@K computed: --plot skipped", file=sys.stderr)
+    if args.projector:
+        from tfdml.projector import write_projector
+
+        try:
+            written = write_projector(args.projector, embeddings, labels, view.get("class_names"),
+                                      view.get("images"))
+        except ValueError as error:
+            print(f"tfdml evaluate: error: --projector: {error}", file=sys.stderr)
+            return 2
+        print(f"projector: {written['points']} embeddings written to {written['run_dir']} "
+              f"(tensorboard --logdir {args.projector})")
     return 0
 
 
