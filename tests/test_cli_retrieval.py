@@ -181,8 +181,8 @@ def test_search_exact_answers_with_the_signature_as_the_index_does(exported_digi
     _, base = exported_digits
     source = data.digits("test")
     queries = write_pngs(tmp_path, source.images[[0, 9]], ["a.png", "b.png"])
-    common = ["search", "--model", str(base / "digits"), *queries, "-k", "3", "--query-labels",
-              str(source.labels[0]), str(source.labels[9])]
+    common = ["search", "--model", str(base / "digits"), *queries, "-k", "3", "--query-label",
+              str(source.labels[0]), "--query-label", str(source.labels[9])]
     args = parse(search_cli, [*common, "--json", str(tmp_path / "scann.json")])
     assert args.func(args) == 0
     args = parse(search_cli, [*common, "--exact", "--json", str(tmp_path / "exact.json"), "--grid",

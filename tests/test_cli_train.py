@@ -125,7 +125,7 @@ def test_report_files(runs):
     assert len(summary["history"]["loss"]) == 2
     # The served match decision, calibrated on the evaluation items at the default precision.
     calibration = summary["match_calibration"]
-    assert calibration["target_precision"] == 0.9 and calibration["queries"] == 3100
+    assert calibration["target_precision"] == 0.9 and calibration["queries"] == summary["eval_items"]
     assert summary["search"] == {"top_k": 10, "gallery_dtype": "float32", "match_precision": 0.9,
                                  "match_threshold": calibration["threshold"]}
     with open(report / "config.yaml") as f:
