@@ -46,6 +46,7 @@ LOSSES = {
     "n_pairs": "NPairsLoss",
     "supcon": "SupConLoss",
     "ntxent": "NTXentLoss",
+    "smooth_ap": "SmoothAPLoss",
     "proxy_anchor": "ProxyAnchorLoss",
     "proxy_nca": "ProxyNCALoss",
     "normalized_softmax": "NormalizedSoftmaxLoss",
