@@ -484,3 +484,33 @@ def test_single_level_embedder_trains_with_a_memory_and_its_evaluation_leaves_it
     assert int(loss.memory_count.numpy()) == 32 and int(loss.steps.numpy()) == 4
     labels, _ = loss.stored()
     np.testing.assert_array_equal(labels, y)  # the second epoch's two batches, in order
+
+
+def test_job_configuration_wraps_the_loss_in_a_memory_and_trains():
+    from tfdml import pipeline
+    from tfdml.config import ConfigError, load_config
+
+    small = ["loss.name=contrastive", "data.classes_per_batch=4", "data.samples_per_class=2"]
+    config = load_config(overrides=[*small, "loss.cross_batch_memory.memory_size=16",
+                                    "loss.cross_batch_memory.start_step=1"])
+    keras.utils.set_random_seed(0)
+    model, embedder = pipeline.build_model(config, (32, 32, 1), total_steps=2)
+    loss = model.loss
+    assert isinstance(loss, CrossBatchMemory) and isinstance(loss.loss, losses.ContrastiveLoss)
+    assert (loss.memory_size, loss.embedding_dim, loss.start_step) == (16, embedder.embedding_dim, 1)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(size=(16, 32, 32, 1)).astype(np.float32), np.repeat(np.arange(8), 2).astype(np.int32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert int(loss.steps.numpy()) == 2 and int(loss.memory_count.numpy()) == 8  # the warm-up step enqueues nothing
+    np.testing.assert_array_equal(loss.stored()[0], y[8:])
+
+    for overrides, message in [
+            (["loss.cross_batch_memory.memory_size=7"], r"memory_size: 7 is less than a batch .* = 8\)"),
+            (["model.type=multilevel", "model.levels=[L,H]", "loss.cross_batch_memory.memory_size=16"],
+             "one embedding per image; model.levels"),
+            (["loss.name=n_pairs", "loss.cross_batch_memory.memory_size=16"],
+             "n_pairs has no pairs to a memory .* works with circle, contrastive"),
+            (["loss.cross_batch_memory.memory_size=16", "loss.cross_batch_memory.start=3"],
+             "unknown configuration key 'loss.cross_batch_memory.start'")]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(overrides=[*small, *overrides])

@@ -363,11 +363,20 @@ class TemperatureConfig(_Section):
 
 
 @dataclasses.dataclass
+class MemoryConfig(_Section):
+    _KEY = "loss.cross_batch_memory"
+    memory_size: int = _field(1024, minimum=1)  # embeddings the queue holds (>= the batch)
+    start_step: int = _field(0, minimum=0)      # warm-up: training steps on the batch alone
+
+
+@dataclasses.dataclass
 class LossConfig(_Section):
     _KEY = "loss"
     name: str = _field("ranked_list", choices=tuple(LOSSES))
     params: Dict[str, Any] = _field(factory=dict)  # arguments of the loss class (checked against it)
     dynamic_temperature: Optional[TemperatureConfig] = None  # RLL eq. 15
+    # XBM (Wang et al. 2020): tfdml.losses.CrossBatchMemory around the loss
+    cross_batch_memory: Optional[MemoryConfig] = None
 
     def check(self, key):
         if self.dynamic_temperature is not None and self.name != "ranked_list":
@@ -379,6 +388,10 @@ class LossConfig(_Section):
 
         _check_arguments(getattr(losses, LOSSES[self.name]), self.params, f"{key}.params",
                          skip=("self", "name"))
+        if self.cross_batch_memory is not None and not getattr(losses, LOSSES[self.name]).supports_references:
+            usable = sorted(name for name, cls in LOSSES.items() if getattr(losses, cls).supports_references)
+            raise ConfigError(f"{key}.cross_batch_memory: {self.name} has no pairs to a memory of past "
+                              f"embeddings; a cross-batch memory works with {', '.join(usable)}")
 
 
 def _check_arguments(function, params, key, skip=()):
@@ -573,6 +586,21 @@ class Config(_Section):
         if self.ala.enabled and self.loss.name not in ALA_LOSSES:
             raise ConfigError(f"loss.name: DML-ALA (ala.enabled) weights {', '.join(ALA_LOSSES)} tuples, "
                               f"not {self.loss.name}")
+        if self.loss.cross_batch_memory is not None:
+            self._check_memory(self.loss.cross_batch_memory)
+
+    def _check_memory(self, memory):
+        key = "loss.cross_batch_memory"
+        if self.ala.enabled:
+            raise ConfigError(f"{key}: DML-ALA (ala.enabled) trains on its own episodes, without a memory")
+        if self.model.type == "multilevel" and len(self.model.levels) > 1:
+            raise ConfigError(f"{key}: the memory holds one embedding per image; model.levels "
+                              f"{self.model.levels} gives {len(self.model.levels)} (use model.levels=[H] or "
+                              "model.type=single)")
+        batch = self.data.classes_per_batch * self.data.samples_per_class
+        if memory.memory_size < batch:
+            raise ConfigError(f"{key}.memory_size: {memory.memory_size} is less than a batch "
+                              f"(data.classes_per_batch x data.samples_per_class = {batch})")
 
     def _check_pairs(self):
         """Pair-based losses need a positive pair in every batch: at least 2 images per class."""

@@ -37,8 +37,9 @@ _RESUMABLE_CHANGES = ("description", "paper_target", "evaluation", "export", "re
 CONFIG_SNAPSHOT = "tfdml_config.yaml"
 
 
-def build_loss(section, num_classes=None, total_steps=None):
-    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`)."""
+def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
+    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), in a
+    `CrossBatchMemory` of `embedding_dim`-wide embeddings with `cross_batch_memory`."""
     from tfdml import losses
 
     params = dict(section.params)
@@ -49,7 +50,12 @@ def build_loss(section, num_classes=None, total_steps=None):
         params.setdefault("num_classes", num_classes)
         if params["num_classes"] is None:
             raise ConfigError("model.num_classes: the group loss needs the classifier head size")
-    return getattr(losses, LOSSES[section.name])(**params)
+    loss = getattr(losses, LOSSES[section.name])(**params)
+    memory = section.cross_batch_memory
+    if memory is not None:
+        loss = losses.CrossBatchMemory(loss, memory_size=memory.memory_size, embedding_dim=embedding_dim,
+                                       start_step=memory.start_step)
+    return loss
 
 
 def augment_setting(augment):
@@ -273,7 +279,8 @@ def build_model(config, input_shape, total_steps):
                           "weights file downloaded elsewhere: --set model.weights=/path/to/file.h5") from None
     optimizer = recipes.make_optimizer(config.optimizer, embedder, total_steps)
     if not config.ala.enabled:
-        embedder.compile(optimizer=optimizer, loss=build_loss(config.loss, config.model.num_classes, total_steps))
+        embedder.compile(optimizer=optimizer, loss=build_loss(config.loss, config.model.num_classes, total_steps,
+                                                              embedder.embedding_dim))
         return embedder, embedder
     # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
     # reads the embedding size from the tfdml embedder.
