@@ -3,6 +3,7 @@
     python scripts/bench_xbm.py                                   # 2 losses x 3 set-ups x seeds 0-4 (~15 min)
     python scripts/bench_xbm.py --seeds 0 1 --losses contrastive
     python scripts/bench_xbm.py --summary-only                    # JSON summary, table and plot from the JSONL
+    python scripts/bench_xbm.py --steps 900 --start-step 300 --out-dir benchmarks/xbm/900_steps  # longer runs
 
 Protocol: that of `scripts/benchmark_methods.py` (glyphs at 32 px, trained on the "train" characters, Recall@1
 and MAP@R on the unseen "test" characters, the small CNN 16-32-64-128 with a 64-d embedding, Adam 2e-3), the
@@ -49,7 +50,8 @@ LOSSES = {"contrastive": ("ContrastiveLoss", {"pos_margin": 0.0, "neg_margin": 1
           "multi_similarity": ("MultiSimilarityLoss", {"alpha": 2.0, "beta": 50.0, "base": 0.5})}
 
 
-def _compiled(loss_name, memory, seed, start_step=START_STEP):
+def _compiled(loss_name, memory, seed, start_step=None):
+    start_step = START_STEP if start_step is None else start_step
     import keras
 
     from tfdml import losses
@@ -184,6 +186,7 @@ def plot(summary, path):
 
 
 def main(argv=None):
+    global START_STEP
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=list(LOSSES))
@@ -192,7 +195,10 @@ def main(argv=None):
     parser.add_argument("--rerun", action="store_true")
     parser.add_argument("--summary-only", action="store_true")
     parser.add_argument("--timing", action="store_true", help="only the step-time ratios (seed 0)")
+    parser.add_argument("--steps", type=int, default=CONFIG["steps"], help="training steps of every set-up")
+    parser.add_argument("--start-step", type=int, default=START_STEP, help="XBM warm-up steps")
     args = parser.parse_args(argv)
+    CONFIG["steps"], START_STEP = args.steps, args.start_step
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, "results.jsonl")
     if not args.summary_only:

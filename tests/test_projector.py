@@ -130,3 +130,13 @@ def test_evaluate_command_writes_the_projector_from_an_npz(tmp_path, capsys):
     np.testing.assert_array_equal(served["tensor"], embeddings)
     assert served["metadata"][1:] == [f"class {c}\t{c}" for c in labels]
     assert served["sprite"].shape == (4 * 8, 4 * 8, 3)
+
+
+def test_evaluate_command_refuses_a_file_as_projector_folder(tmp_path, capsys):
+    embeddings, labels, _, _ = _data(count=6, classes=3)
+    path, taken = tmp_path / "emb.npz", tmp_path / "taken"
+    np.savez(path, embeddings=embeddings, labels=labels)
+    taken.write_text("")
+    rc = cli.main(["evaluate", "--embeddings", str(path), "--projector", str(taken)])
+    assert rc == 2
+    assert f"--projector: {taken} is a file, not a (TensorBoard log) folder" in capsys.readouterr().err
