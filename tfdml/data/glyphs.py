@@ -34,6 +34,8 @@ import warnings
 
 import numpy as np
 
+from tfdml.data.sources import array_source
+
 # Faces with Unicode character maps (each drawn in the four weights/slants the files provide).
 UNICODE_FACES = (
     "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
@@ -297,6 +299,7 @@ def select_classes(min_faces=MIN_FACES, similar=LOOKALIKE_SIMILAR, same=LOOKALIK
 
 
 def _classes():
+    # Imported when needed: scripts/make_glyph_classes.py uses this module to write glyph_classes.py.
     from tfdml.data.glyph_classes import CLASSES
 
     return CLASSES
@@ -453,8 +456,6 @@ def glyphs(split="train", image_size=32, images_per_class=20, seed=0, max_rotati
       >>> train, test = tfdml.data.glyphs("train"), tfdml.data.glyphs("test")
       >>> ds = tfdml.data.class_balanced_dataset(train, 22, 3, image_size=32)
     """
-    from tfdml.data.sources import array_source
-
     images, labels, classes = glyph_arrays(split, image_size, images_per_class, seed, max_rotation, scale,
                                            max_blur, classes, cache)
     source = array_source(images, labels, num_classes=len(classes),

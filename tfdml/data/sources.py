@@ -18,6 +18,7 @@ Sources:
 """
 
 import collections
+import inspect
 import logging
 import os
 import threading
@@ -456,24 +457,19 @@ def digits(split="train"):
 
 
 # Data sets that ship with tfdml (no network): `name -> function(split) -> Source` with "train" / "test"
-# splits. Other modules add theirs (e.g. `EMBEDDED_SOURCES["glyphs"] = glyphs`).
+# splits. Other modules add theirs (`tfdml.data` adds `EMBEDDED_SOURCES["glyphs"] = glyphs`; a user's own
+# function can be added the same way).
 EMBEDDED_SOURCES = {"digits": digits}
 
 
 def embedded_source(name, split="test", **options):
-    """The `split` of the embedded data set `name` (see `EMBEDDED_SOURCES`; a `tfdml.data.<name>(split)`
-    function returning a `Source` also counts). `options` (e.g. `image_size` for data sets rendered at a
+    """The `split` of the embedded data set `name` (see `EMBEDDED_SOURCES`). `options` (e.g. `image_size` for data sets rendered at a
     size) are passed on to the functions that take them and ignored by the others."""
-    import inspect
 
     function = EMBEDDED_SOURCES.get(name)
     if function is None:
-        import tfdml.data
-
-        function = getattr(tfdml.data, name, None) if not name.startswith("_") else None
-        if not callable(function) or name in ("image_folder", "array_source", "tfds_source"):
-            raise ValueError(f"unknown embedded data set {name!r}; embedded data sets: "
-                             f"{', '.join(sorted(EMBEDDED_SOURCES))}.")
+        raise ValueError(f"unknown embedded data set {name!r}; embedded data sets: "
+                         f"{', '.join(sorted(EMBEDDED_SOURCES))}.")
     accepted = inspect.signature(function).parameters
     source = function(split, **{k: v for k, v in options.items() if k in accepted and v is not None})
     if not isinstance(source, Source):
