@@ -58,6 +58,7 @@ LOSSES = {
 UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface", "cosface", "group")
 # Losses DML-ALA weights per tuple (`tfdml.models.ALAModel` base losses).
 ALA_LOSSES = ("triplet", "margin", "contrastive")
+# == tfdml.optimizers.OPTIMIZER_NAMES (tested); written out so that parsing a configuration imports no TensorFlow.
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
 
 

@@ -185,3 +185,24 @@ def preprocessing_name(backbone):
 def default_taps(backbone):
     """`{"L": layer, "M": layer, "H": layer}` for backbones with known taps, else None."""
     return dict(DEFAULT_TAPS[backbone.name]) if backbone.name in DEFAULT_TAPS else None
+
+
+def _all_layers(layer):
+    for sub in getattr(layer, "layers", None) or getattr(layer, "_layers", []):
+        yield sub
+        yield from _all_layers(sub)
+
+
+def freeze_batchnorm(model):
+    """Freezes every BatchNormalization layer in `model` (recursively) and returns their number.
+
+    A frozen Keras BatchNormalization runs in inference mode (moving statistics, which are not updated) and
+    its scale and offset are not trained, Caffe's `use_global_stats` plus zero learning rate (the RLL
+    paper's frozen BatchNorm on CUB and Cars). Recompile the model afterwards if it was already compiled.
+    """
+    count = 0
+    for layer in _all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.trainable = False
+            count += 1
+    return count
