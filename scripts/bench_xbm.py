@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import benchmark_methods as bm
+import benchmark_methods as bm  # noqa: E402
 
 OUT_DIR = os.path.join(ROOT, "benchmarks", "xbm")
 CONFIG = dict(bm.CONFIG, steps=300, samples_per_class=3)
@@ -86,7 +86,9 @@ def run_one(loss_name, setup, data, seed):
 
 def run_timing(loss_name, data, seed=0):
     """Seconds per step (median over rounds) of the plain loss and of XBM at each `TIMING_MEMORIES` size, on
-    one 8 x 3 batch, interleaved; the memories are past their warm-up and full."""
+    one 8 x 3 batch, interleaved; the memories are past their warm-up and full. Then the loss call alone."""
+    import tensorflow as tf
+
     batch = bm.index_batches(data["train_y"], 8, CONFIG["samples_per_class"], 1, seed)[0]
     x, y = data["train_x"][batch], data["train_y"][batch]
     models = {"plain": _compiled(loss_name, None, seed)}
@@ -103,8 +105,33 @@ def run_timing(loss_name, data, seed=0):
                 model.train_on_batch(x, y)
             seconds[name].append((time.perf_counter() - start) / TIMING_STEPS)
     plain = np.asarray(seconds["plain"])
-    return {f"{name}_over_plain": float(np.median(np.asarray(s) / plain)) for name, s in seconds.items()
-            if name != "plain"}
+    ratios = {f"{name}_over_plain": float(np.median(np.asarray(s) / plain)) for name, s in seconds.items()
+              if name != "plain"}
+    # The loss alone (value and gradient on the batch's embeddings, traced), interleaved the same way: what
+    # the memory adds, as a fraction of a whole plain training step (the whole-step ratios above are within
+    # the noise of a shared machine).
+    embeddings = tf.constant(np.asarray(models["plain"](x, training=False)))
+    calls = {}
+    for name, model in models.items():
+        @tf.function
+        def call(labels, features, loss=model.loss):
+            with tf.GradientTape() as tape:
+                tape.watch(features)
+                value = loss(labels, features)
+            return tape.gradient(value, features)
+        call(tf.constant(y), embeddings)
+        calls[name] = call
+    loss_seconds = {name: [] for name in models}
+    for _ in range(TIMING_ROUNDS):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(10 * TIMING_STEPS):
+                call(tf.constant(y), embeddings)
+            loss_seconds[name].append((time.perf_counter() - start) / (10 * TIMING_STEPS))
+    step = float(np.median(plain))
+    added = {f"{name}_loss_added_over_plain_step": float((np.median(s) - np.median(loss_seconds["plain"])) / step)
+             for name, s in loss_seconds.items() if name != "plain"}
+    return dict(ratios, **added, plain_loss_over_plain_step=float(np.median(loss_seconds["plain"]) / step))
 
 
 def read_lines(path):
@@ -133,6 +160,8 @@ def summarise(lines):
                                for metric in ("recall@1", "map@r")}
         timing = latest.get((loss_name, "timing", 0))
         if timing:
+            per_loss["loss_time_added_over_plain_step"] = {
+                k.split("_")[0]: v for k, v in timing.items() if k.endswith("_loss_added_over_plain_step")}
             per_loss["step_time_over_plain"] = {k[:-len("_over_plain")]: v for k, v in timing.items()
                                                 if k.endswith("_over_plain")}
         summary["results"][loss_name] = per_loss
@@ -155,6 +184,11 @@ def markdown_table(summary):
         if ratio:
             lines.append(f"- {loss_name}, time of an 8 x 3 training step with XBM / without: " + ", ".join(
                 f"memory {name[3:]}: {value:.2f}x" for name, value in ratio.items()) + ".")
+        added = per_loss.get("loss_time_added_over_plain_step")
+        if added:
+            lines.append(f"- {loss_name}, the loss call (value and gradient) with XBM takes longer than without by, "
+                         "as a fraction of a whole plain 8 x 3 training step: " + ", ".join(
+                             f"memory {name[3:]}: {100 * value:+.1f}%" for name, value in added.items()) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -200,7 +200,8 @@ def test_traced_and_xla_calls_equal_eager_calls():
 
 # ------------------------------------------------------------------------------ errors and config
 @pytest.mark.parametrize("inner", [losses.NPairsLoss(), losses.LiftedStructureLoss(), losses.ProxyAnchorLoss(4, 5),
-                                   losses.GroupLoss(4), losses.TripletSemiHardLoss(), losses.NormalizedSoftmaxLoss(4, 5)])
+                                   losses.GroupLoss(4), losses.TripletSemiHardLoss(),
+                                   losses.NormalizedSoftmaxLoss(4, 5), losses.SmoothAPLoss()])
 def test_losses_without_pairs_to_references_are_refused(inner):
     with pytest.raises(ValueError, match=f"{type(inner).__name__} cannot use a cross-batch memory"):
         CrossBatchMemory(inner, memory_size=16, embedding_dim=5)
