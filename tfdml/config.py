@@ -23,32 +23,13 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from tfdml.loss_names import LOSSES  # noqa: F401  (loss name -> tfdml.losses class name)
+
 
 class ConfigError(ValueError):
     """A configuration value that does not fit the schema; the message is one line naming the key."""
 
 
-# Loss names of the configuration -> class names in `tfdml.losses` (one line per loss).
-LOSSES = {
-    "ranked_list": "RankedListLoss",
-    "triplet": "TripletLoss",
-    "triplet_semihard": "TripletSemiHardLoss",
-    "triplet_hard": "TripletHardLoss",
-    "margin": "MarginLoss",
-    "contrastive": "ContrastiveLoss",
-    "group": "GroupLoss",
-    "multi_similarity": "MultiSimilarityLoss",
-    "circle": "CircleLoss",
-    "lifted_structure": "LiftedStructureLoss",
-    "n_pairs": "NPairsLoss",
-    "supcon": "SupConLoss",
-    "ntxent": "NTXentLoss",
-    "proxy_anchor": "ProxyAnchorLoss",
-    "proxy_nca": "ProxyNCALoss",
-    "normalized_softmax": "NormalizedSoftmaxLoss",
-    "arcface": "ArcFaceLoss",
-    "cosface": "CosFaceLoss",
-}
 # Losses DML-ALA weights per tuple (`tfdml.models.ALAModel` base losses).
 ALA_LOSSES = ("triplet", "margin", "contrastive")
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")

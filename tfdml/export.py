@@ -17,20 +17,27 @@ Signatures of the SavedModel:
   preprocessing the job evaluated with: resize to `resize`, centre crop `image_size`, pixel
   preprocessing) -> outputs `embedding` (L2-normalised) plus any other named outputs of the model (e.g.
   `L`, `M`, `H`).
-- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, channels]` already preprocessed ->
-  the same outputs.
+- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, channels]` as the model takes it (for
+  a tfdml embedder, which preprocesses itself: 0-255 pixels at its input size; for other models, already
+  preprocessed) -> the same outputs.
 
 Model protocol (any Keras model works; tfdml embedders implement the optional parts):
 
 - outputs: `model.export_outputs(x)` -> dict of named tensors containing `"embedding"` if defined, else
-  `model(x, training=False)`: a tensor (becomes `embedding`) or a dict containing `"embedding"`;
+  `model(x, training=False)`: a tensor (becomes `embedding`) or a dict containing `"embedding"`; the
+  embedding is L2-normalised in the graph unless `model.embedding_normalized` says it is already;
 - channels: `model.preprocessing_config()["channels"]`, else a static `model.input_shape[-1]`, else 3;
 - input size: `image_size=` argument, else `model.preprocessing_config()["image_size"]`, else a static
   `model.input_shape[1:3]`;
-- preprocessing: `preprocess=` argument, else `model.preprocessing_config()["preprocessing"]`. A spec is
-  `None` / `"none"` (pixels 0-255 as floats), `"unit"` (pixels / 255), `"symmetric"` (pixels / 127.5 - 1),
-  a dotted function name such as `"keras.applications.resnet50.preprocess_input"` (applied to 0-255
-  floats), or a callable (recorded by its qualified name).
+- preprocessing: a model whose `preprocessing_config()` says `"applied_by_model": True` (every tfdml
+  embedder: its first layer, `tfdml.models.preprocessing.PixelPreprocessing`) takes raw 0-255 pixels and
+  preprocesses them itself, so the graph only converts channels, resizes and crops (`preprocess=` may only
+  repeat the model's own spec). For other models the graph applies `preprocess=`, else
+  `model.preprocessing_config()["preprocessing"]`. A spec (`tfdml.models.preprocessing`) is `None` /
+  `"none"` (pixels 0-255 as floats), `"unit"` (pixels / 255), `"symmetric"` (pixels / 127.5 - 1), a dotted
+  function name such as `"keras.applications.resnet50.preprocess_input"` (applied to 0-255 floats), or a
+  callable (recorded by its qualified name). Either way the metadata's `preprocessing` names the pixel
+  preprocessing of the served function and `preprocessing_in_model` says where it happens.
 
 The export is atomic: the SavedModel, its metadata and (with `gallery=`) its index are written to a hidden
 temporary directory under `<base_dir>/<name>/` (TF Serving only loads numeric version directories) and
@@ -39,7 +46,6 @@ renamed to `<version>` when complete, so a failed or interrupted export leaves n
 
 import dataclasses
 import datetime
-import importlib
 import json
 import os
 import shutil
@@ -49,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdml.data.preprocessing import eval_image, eval_settings
+from tfdml.models.preprocessing import resolve_preprocessing  # noqa: F401  (part of this module's API)
 
 METADATA_FILE = "tfdml_metadata.json"
 SERVING_SIGNATURE = "serving_default"
@@ -61,32 +68,6 @@ INDEX_DIR = os.path.join("assets.extra", "tfdml_index")
 # Gallery pixels kept with an index of in-memory images (no file paths to show), up to this size.
 GALLERY_IMAGES_FILE = "gallery_images.npy"
 MAX_STORED_GALLERY_BYTES = 64 * 2**20
-
-_NAMED_PREPROCESSING = {
-    "none": lambda x: x,
-    "unit": lambda x: x / 255.0,
-    "symmetric": lambda x: x / 127.5 - 1.0,
-}
-
-
-def resolve_preprocessing(spec):
-    """`(function, json_name)` for a preprocessing spec (see the module docstring)."""
-    if spec is None:
-        spec = "none"
-    if callable(spec):
-        return spec, f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
-    if not isinstance(spec, str):
-        raise TypeError(f"preprocess must be None, a string or a callable, got {type(spec).__name__}.")
-    if spec in _NAMED_PREPROCESSING:
-        return _NAMED_PREPROCESSING[spec], spec
-    module_name, _, function_name = spec.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), function_name), spec
-    except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(f"unknown preprocessing {spec!r}: use one of {sorted(_NAMED_PREPROCESSING)}, a "
-                         f"dotted function name such as 'keras.applications.resnet50.preprocess_input', "
-                         f"or a callable.") from error
-
 
 def _model_preprocessing_config(model):
     config = getattr(model, "preprocessing_config", None)
@@ -142,7 +123,10 @@ def _named_outputs(model, images):
     else:
         outputs = {EMBEDDING_OUTPUT: outputs}
     outputs = {key: tf.cast(value, tf.float32) for key, value in outputs.items()}
-    outputs[EMBEDDING_OUTPUT] = tf.math.l2_normalize(outputs[EMBEDDING_OUTPUT], axis=-1)
+    if not getattr(model, "embedding_normalized", False):
+        # Normalising a unit vector again moves it by an ulp, enough to swap near-tied neighbours: a model
+        # whose embedding is unit-norm already (tfdml embedders) is served exactly as Keras computes it.
+        outputs[EMBEDDING_OUTPUT] = tf.math.l2_normalize(outputs[EMBEDDING_OUTPUT], axis=-1)
     return outputs
 
 
@@ -212,7 +196,9 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
       name: model name (the TF Serving `model_name`); default `model.name`.
       version: positive integer version; default one more than the largest existing version.
       image_size: `(height, width)` the model takes; default from the model.
-      preprocess: pixel preprocessing spec; default from `model.preprocessing_config()`, else `"none"`.
+      preprocess: pixel preprocessing spec of the graph, for a model that does not preprocess its raw input
+        itself; default from `model.preprocessing_config()`, else `"none"`. A tfdml embedder applies its own
+        (a different spec here is refused rather than applied twice).
       training_config, metrics: JSON-serialisable dicts copied into the metadata file (loss and training
         settings, evaluation results); omitted from the metadata when not given.
       overwrite: replace an existing version directory instead of raising `FileExistsError`.
@@ -237,8 +223,17 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         raise ValueError(f"name must be a plain directory name, got {name!r}.")
     config = _model_preprocessing_config(model)
     height, width = _resolve_image_size(model, image_size, config)
+    in_model = bool(config.get("applied_by_model"))
     preprocess_fn, preprocess_name = resolve_preprocessing(
         preprocess if preprocess is not None else config.get("preprocessing"))
+    if in_model:
+        # The model preprocesses its raw input itself: the graph must not do it a second time.
+        own = resolve_preprocessing(config.get("preprocessing"))[1]
+        if preprocess_name != own:
+            raise ValueError(f"model {model.name!r} applies its own pixel preprocessing ({own!r}) to raw 0-255 "
+                             f"pixels; preprocess={preprocess_name!r} would preprocess them a second time. "
+                             "Leave preprocess unset.")
+        preprocess_fn = resolve_preprocessing(None)[0]
     channels = _resolve_channels(model, config)
     geometry = eval_settings((height, width), center_crop, resize)
 
@@ -286,6 +281,7 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "image_size": [height, width],
         "eval_image": geometry,  # tfdml.data.eval_image(image_size, center_crop, resize)
         "preprocessing": preprocess_name,
+        "preprocessing_in_model": in_model,  # else applied by the serving graph before the model
         "signatures": {
             SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
                                 "outputs": sorted(outputs)},

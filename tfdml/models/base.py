@@ -8,7 +8,9 @@ support are untouched:
   `train_step` and are saved by `model.save` / checkpoints. When the loss names a `variable_optimizer`, those
   variables are trained by it (through `tfdml.optimizers.MultiOptimizer`), not by the model's optimizer;
 - losses with a `bind_step(step)` method (e.g. `RankedListLoss` with a temperature schedule) are bound to
-  `optimizer.iterations`.
+  `optimizer.iterations`;
+- tfdml losses given by their short name (`loss="ranked_list"`, the configuration's names) are built first
+  (`tfdml.losses.get`), so that the two points above apply to them too.
 
 `get_compile_config` stores the optimizer the user passed, so `keras.saving.load_model` recompiles the same
 way (and restores the losses' variables and every inner optimizer's state).
@@ -18,7 +20,15 @@ import keras
 from keras.src.models.functional import Functional
 from keras.src.models.model import Trainer, functional_init_arguments
 
+from tfdml.loss_names import LOSSES
+from tfdml.losses.aliases import get as get_loss
 from tfdml.optimizers import MultiOptimizer
+
+
+def _resolve_names(loss):
+    """Builds the tfdml losses named by string in `loss` (a loss or a structure of losses)."""
+    return keras.tree.map_structure(lambda item: get_loss(item) if isinstance(item, str) and item in LOSSES
+                                    else item, loss)
 
 
 def _flat_losses(loss):
@@ -49,6 +59,7 @@ class MetricModel(keras.Model):
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         optimizer = keras.optimizers.get(optimizer)
+        loss = _resolve_names(loss)
         losses = _flat_losses(loss)
         routes, loss_variables = [], []
         for item in losses:
