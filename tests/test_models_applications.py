@@ -6,7 +6,7 @@ import pytest
 import keras
 
 from tfdml.models import DEFAULT_TAPS, Embedder, MultiLevelEmbedder
-from tfdml.recipes import freeze_batchnorm
+from tfdml.models.backbones import freeze_batchnorm
 
 DIM = 16
 

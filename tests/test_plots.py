@@ -114,3 +114,18 @@ def test_training_curves_draw_a_single_level_loss_once(tmp_path, figures):
     levels = {"loss": [3.0, 2.0], "loss_L": [1.2, 0.9], "loss_H": [1.8, 1.1]}
     plots.plot_training_curves(levels, tmp_path / "levels.png")
     assert [ax.get_title() for ax in figures[-1].axes if ax.get_visible()] == ["loss", "loss_L", "loss_H"]
+
+
+def test_match_calibration_marks_the_chosen_threshold(tmp_path, figures):
+    from tfdml.retrieval import calibrate
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(5), 6)
+    embeddings = rng.normal(size=(5, 4))[labels] + 0.8 * rng.normal(size=(30, 4))
+    cal = calibrate(embeddings, labels, target_precision=0.9)
+    read(plots.plot_match_calibration(cal, tmp_path / "cal.png"))
+    left, right = figures[-1].axes
+    assert [line.get_xdata()[0] for line in left.get_lines() if line.get_linestyle() == "--"] == [cal.threshold]
+    point = [line for line in right.get_lines() if line.get_marker() == "o"][0]
+    assert (point.get_xdata()[0], point.get_ydata()[0]) == (cal.recall, cal.precision)
+    assert f"threshold {cal.threshold:.3f}" in left.get_legend().get_texts()[-1].get_text()

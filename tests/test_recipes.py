@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from tfdml.losses import MarginLoss
 from tfdml.models import Embedder, MultiLevelEmbedder
-from tfdml.optimizers import MultiOptimizer
+from tfdml.config import OPTIMIZERS
+from tfdml.optimizers import OPTIMIZER_NAMES, MultiOptimizer, build_optimizer, build_schedule
 from tfdml.recipes import freeze_batchnorm, make_optimizer, make_schedule
 
 SHAPE = (16, 16, 1)
@@ -139,3 +140,16 @@ def test_make_embedder_from_config():
         make_embedder({"embeding_dim": 3}, SHAPE)
     with pytest.raises(ValueError, match="model.type: must be one of multilevel, single, got 'triple'"):
         make_embedder({"type": "triple"}, SHAPE)
+
+
+def test_optimizer_builders_take_plain_values():
+    """The configuration names exactly the optimizers `tfdml.optimizers` builds, and the builders refuse
+    what they cannot build with the offending value named."""
+    assert OPTIMIZERS == OPTIMIZER_NAMES
+    sgd = build_optimizer("sgd", 0.05, momentum=0.5, weight_decay=1e-4)
+    assert isinstance(sgd, keras.optimizers.SGD) and sgd.momentum == 0.5 and np.isclose(float(sgd.learning_rate), 0.05)
+    with pytest.raises(ValueError, match="Unknown optimizer 'adagrad2'; expected one of sgd, adam"):
+        build_optimizer("adagrad2")
+    with pytest.raises(ValueError, match="Unknown learning-rate schedule 'linear'"):
+        build_schedule(0.1, "linear", total_steps=10)
+    assert build_schedule(0.3) == 0.3

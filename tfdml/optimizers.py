@@ -5,6 +5,9 @@ backbone learning rate", RLL) and train auxiliary variables with their own optim
 `beta`: SGD 0.1, momentum 0.9, whatever trains the network). `MultiOptimizer` routes each variable to one
 inner optimizer; `learning_rate_multipliers` builds one from a base optimizer.
 
+`build_optimizer` / `build_schedule` construct the papers' optimizers from plain values (the configuration
+layer, `tfdml.recipes.make_optimizer`, validates a configuration section and calls them).
+
 Both build on Keras' own `keras.optimizers.MultiOptimizer` (state of every inner optimizer is part of
 `optimizer.variables`, so it is saved by `model.save`, restored by `load_model` and checkpointed; updates go
 through each inner optimizer's distribution-aware `apply`, so `MirroredStrategy` works). What this module
@@ -237,3 +240,79 @@ def learning_rate_multipliers(optimizer, multipliers, default_multiplier=1.0):
         pairs.append((_scaled_clone(optimizer, multiplier, f"group{index}"), selector))
     default = _scaled_clone(optimizer, default_multiplier, "default")
     return MultiOptimizer(pairs, default=default, name=f"{optimizer.name}_multipliers")
+
+
+# The optimizers of the papers' recipes: SGD with momentum (RLL: lr 1e-2, momentum 0.9, weight decay 2e-5),
+# Adam (Group Loss: 2e-4; margin loss), AdamW, Lamb, RMSprop. Weight decay is Keras' decoupled decay
+# (`w <- w - lr * weight_decay * w`), Caffe's L2 decay for SGD without momentum.
+OPTIMIZER_BUILDERS = {
+    "sgd": lambda lr, momentum, decay: keras.optimizers.SGD(lr, momentum=momentum, weight_decay=decay or None),
+    "adam": lambda lr, momentum, decay: keras.optimizers.Adam(lr, weight_decay=decay or None),
+    "adamw": lambda lr, momentum, decay: keras.optimizers.AdamW(lr, weight_decay=decay),
+    "lamb": lambda lr, momentum, decay: keras.optimizers.Lamb(lr, weight_decay=decay or None),
+    "rmsprop": lambda lr, momentum, decay: keras.optimizers.RMSprop(lr, momentum=momentum,
+                                                                    weight_decay=decay or None),
+}
+OPTIMIZER_NAMES = tuple(OPTIMIZER_BUILDERS)
+
+
+def build_schedule(learning_rate, schedule=None, total_steps=None, boundaries=(0.5,), factor=0.1):
+    """A learning-rate value or schedule.
+
+    Args:
+        learning_rate: the base (initial) learning rate.
+        schedule: None / "none" / "constant" (the value itself); "cosine" (`CosineDecay` to 0 over
+            `total_steps`); "step" (multiply by `factor` from each of `boundaries` on).
+        total_steps: training steps, needed by "cosine" and "step".
+        boundaries: for "step": fractions of `total_steps` when below 1, else step numbers (the step counter
+            starts at 0). The Group Loss recipe: `boundaries=[0.5], factor=0.1` (lr / 10 after 30 of 60 epochs).
+        factor: for "step": the multiplier applied at each boundary.
+    """
+    if schedule in (None, "none", "constant"):
+        return learning_rate
+    if total_steps is None:
+        raise ValueError(f"The {schedule!r} learning-rate schedule needs total_steps (epochs x steps per epoch).")
+    if schedule == "cosine":
+        return keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=int(total_steps))
+    if schedule != "step":
+        raise ValueError(f"Unknown learning-rate schedule {schedule!r}; expected cosine, step or constant.")
+    steps = sorted(int(round(b * total_steps)) if b < 1 else int(b) for b in boundaries)
+    values = [learning_rate * factor**i for i in range(len(steps) + 1)]
+    # Keras keeps values[i] up to and including boundaries[i]; ours change *at* the boundary step.
+    return keras.optimizers.schedules.PiecewiseConstantDecay([s - 1 for s in steps], values)
+
+
+def build_optimizer(name="sgd", learning_rate=1e-2, momentum=0.9, weight_decay=0.0, head_lr_multiplier=1.0,
+                    model=None, schedule=None, total_steps=None, boundaries=(0.5,), factor=0.1):
+    """An optimizer of the papers' recipes, with the "new layers at `head_lr_multiplier` x" rule.
+
+    Args:
+        name: one of `OPTIMIZER_NAMES` ("sgd", "adam", "adamw", "lamb", "rmsprop").
+        learning_rate, schedule, total_steps, boundaries, factor: see `build_schedule`.
+        momentum: SGD's and RMSprop's momentum (ignored by the Adam family).
+        weight_decay: Keras' decoupled weight decay (0: none).
+        head_lr_multiplier: learning-rate multiple of the new layers; needs `model`, a tfdml embedder whose
+            `level_heads` / `classifiers` are the new layers (everything else, the backbone, keeps the base
+            rate). Implemented with `learning_rate_multipliers`, exact for every optimizer.
+
+    Returns:
+        a Keras optimizer, or a `MultiOptimizer` when `head_lr_multiplier != 1`.
+
+    Example (RLL, new layers at 10x):
+        >>> build_optimizer("sgd", 1e-2, momentum=0.9, weight_decay=2e-5, head_lr_multiplier=10, model=embedder)
+    """
+    if name not in OPTIMIZER_BUILDERS:
+        raise ValueError(f"Unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}.")
+    rate = build_schedule(learning_rate, schedule, total_steps, boundaries, factor)
+    optimizer = OPTIMIZER_BUILDERS[name](rate, momentum, weight_decay)
+    if head_lr_multiplier == 1.0:
+        return optimizer
+    return learning_rate_multipliers(optimizer, [(_head_layers(model), head_lr_multiplier)])
+
+
+def _head_layers(model):
+    layers = list(getattr(model, "level_heads", [])) + list(getattr(model, "classifiers", []))
+    if not layers:
+        raise ValueError("head_lr_multiplier != 1 needs a tfdml Embedder / MultiLevelEmbedder (its heads are the "
+                         f"new layers); got {type(model).__name__}.")
+    return layers

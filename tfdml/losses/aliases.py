@@ -15,6 +15,7 @@ import inspect
 import keras
 
 from tfdml import losses as losses_lib
+from tfdml.keras_private import LOSS_NAMES_TABLE
 from tfdml.loss_names import LOSSES
 
 
@@ -45,13 +46,9 @@ def get(identifier):
 def register_aliases():
     """Adds every short name that Keras does not already use to `keras.losses.get`'s table; returns the
     names added."""
-    try:
-        from keras.src.losses import ALL_OBJECTS_DICT  # the table keras.losses.get reads (Keras 3)
-    except ImportError:  # another Keras layout: tfdml models still resolve the names through `get`
-        return []
     added = []
     for name in LOSSES:
-        if name not in ALL_OBJECTS_DICT:
-            ALL_OBJECTS_DICT[name] = loss_class(name)
+        if name not in LOSS_NAMES_TABLE:
+            LOSS_NAMES_TABLE[name] = loss_class(name)
             added.append(name)
     return added

@@ -53,8 +53,10 @@ small).
 import keras
 import tensorflow as tf
 
+from tfdml import data as data_lib
 from tfdml.distribute import gather_replicas, num_replicas
 from tfdml.models.assessor import STATE_MODES, TupleAssessor
+from tfdml.optimizers import build_optimizer
 from tfdml.ops import pairwise_distance, safe_divide, validate_labels
 from tfdml.ops.tuples import (
     contrastive_tuple_losses,
@@ -560,12 +562,9 @@ def ala_training(embedder, source, steps, base_loss="triplet", weighting="assess
         ...     model.fit(ds)
         ...     results[weighting] = tfdml.retrieval.evaluate(model.predict(test_images), test_labels)
     """
-    from tfdml import data as data_lib
-    from tfdml.recipes import make_optimizer
-
     if optimizer is None:
         head = 10.0 if hasattr(embedder, "head_variables") else 1.0
-        optimizer = make_optimizer({"name": "adam", "learning_rate": 1e-4, "head_lr_multiplier": head}, embedder)
+        optimizer = build_optimizer("adam", 1e-4, head_lr_multiplier=head, model=embedder)
     model = ALAModel(embedder, base_loss=base_loss, weighting=weighting, seed=seed, **ala_kwargs)
     model.compile(optimizer=optimizer)
     episode = {"train_size": 100, "val_size": 20, "samples_per_class": 5, **dict(episode or {})}

@@ -101,13 +101,24 @@ def small_cnn(input_shape=SMALL_CNN_INPUT_SHAPE, widths=(8, 16, 32), name=SMALL_
     return keras.Model(inputs, x, name=name)
 
 
+class PretrainedWeightsError(RuntimeError):
+    """ImageNet weights that could not be fetched; `reason` says why in one line."""
+
+    def __init__(self, message, reason):
+        super().__init__(message)
+        self.reason = reason
+
+
 def _imagenet_error(name, cause):
-    return RuntimeError(
+    first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+    reason = (f"cannot load the ImageNet weights of backbone {name!r} ({type(cause).__name__}: {first_line}); "
+              "keras.applications downloads them on first use, which needs network access")
+    return PretrainedWeightsError(
         f"Could not load the ImageNet weights of backbone {name!r}: {type(cause).__name__}: {cause}. "
         "keras.applications downloads them on first use, which needs network access (they are then "
         "cached in ~/.keras/models). Offline, download the weights file elsewhere and pass its path, "
         "e.g. weights='/path/to/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5' (a `notop` file), "
-        "or pass weights=None for a randomly initialised backbone.")
+        "or pass weights=None for a randomly initialised backbone.", reason)
 
 
 def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
@@ -148,6 +159,9 @@ def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
                          "or pass a Keras model.")
     constructor = getattr(keras.applications, _APPLICATIONS[key][0])
     input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPE)
+    if weights == "imagenet" and input_shape[-1] != 3:  # keras' own error would read as a failed download
+        raise ValueError(f"ImageNet weights of {backbone!r} take 3-channel (RGB) images, got input_shape "
+                         f"{input_shape}; pass weights=None or RGB images.")
     try:
         return constructor(include_top=False, weights=weights, input_shape=input_shape)
     except Exception as cause:  # keras raises bare Exception / URLError / OSError on a failed fetch
@@ -174,3 +188,24 @@ def preprocessing_name(backbone):
 def default_taps(backbone):
     """`{"L": layer, "M": layer, "H": layer}` for backbones with known taps, else None."""
     return dict(DEFAULT_TAPS[backbone.name]) if backbone.name in DEFAULT_TAPS else None
+
+
+def _all_layers(layer):
+    for sub in getattr(layer, "layers", None) or getattr(layer, "_layers", []):
+        yield sub
+        yield from _all_layers(sub)
+
+
+def freeze_batchnorm(model):
+    """Freezes every BatchNormalization layer in `model` (recursively) and returns their number.
+
+    A frozen Keras BatchNormalization runs in inference mode (moving statistics, which are not updated) and
+    its scale and offset are not trained, Caffe's `use_global_stats` plus zero learning rate (the RLL
+    paper's frozen BatchNorm on CUB and Cars). Recompile the model afterwards if it was already compiled.
+    """
+    count = 0
+    for layer in _all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.trainable = False
+            count += 1
+    return count

@@ -105,7 +105,7 @@ class MultiLevelEmbedder(MetricModel):
     "preprocessing": spec, "applied_by_model": True}`; `image_shape`, `input_shape_hw`;
     `export_outputs(x)` -> `{"embedding": ..., "L": ..., "M": ..., "H": ...}`.
     `backbone_variables` and `head_variables` (new layers) split the trainable variables for the 10x
-    learning-rate recipe (`tfdml.recipes.make_optimizer`).
+    learning-rate recipe (`tfdml.optimizers.build_optimizer`).
 
     Example:
       >>> model = MultiLevelEmbedder("resnet50", embedding_dim=512, weights=None)
@@ -174,8 +174,7 @@ class MultiLevelEmbedder(MetricModel):
         self.normalize = L2Normalize(name="l2_normalize")
         self.level_loss_trackers = [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels]
         if self.freeze_batchnorm:
-            from tfdml.recipes import freeze_batchnorm
-            freeze_batchnorm(self.backbone)
+            backbones_lib.freeze_batchnorm(self.backbone)
         self.build((None,) + self.image_shape)
 
     # --- structure -----------------------------------------------------------------------------------------
