@@ -12,16 +12,22 @@ from tfdml.models import Embedder, MetricModel
 
 
 def _required(cls):
-    return [n for n, p in inspect.signature(cls).parameters.items()
-            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return [
+        n
+        for n, p in inspect.signature(cls).parameters.items()
+        if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_every_name_gives_its_class(name):
     cls = getattr(losses, LOSSES[name])
     if _required(cls):  # e.g. group: num_classes; the proxy losses: num_classes and embedding_dim
-        with pytest.raises(ValueError, match=rf"loss '{name}' needs arguments \({', '.join(_required(cls))}\): "
-                                             rf"pass tfdml.losses.{cls.__name__}\("):
+        with pytest.raises(
+            ValueError,
+            match=rf"loss '{name}' needs arguments \({', '.join(_required(cls))}\): "
+            rf"pass tfdml.losses.{cls.__name__}\(",
+        ):
             losses.get(name)
         return
     loss = losses.get(name)

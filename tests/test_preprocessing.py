@@ -28,14 +28,17 @@ def pixels(shape, seed=0):
     return np.random.default_rng(seed).integers(0, 256, shape).astype(np.uint8)
 
 
-@pytest.mark.parametrize("spec, reference", [
-    (None, lambda x: x),
-    ("unit", lambda x: x / 255.0),
-    ("symmetric", lambda x: x / 127.5 - 1.0),
-    # Caffe mode (ResNet50, VGG): RGB -> BGR, minus the ImageNet mean; "tf" mode (InceptionV3): [-1, 1].
-    ("keras.applications.resnet50.preprocess_input", lambda x: x[..., ::-1] - IMAGENET_MEAN_BGR),
-    ("keras.applications.inception_v3.preprocess_input", lambda x: x / 127.5 - 1.0),
-])
+@pytest.mark.parametrize(
+    "spec, reference",
+    [
+        (None, lambda x: x),
+        ("unit", lambda x: x / 255.0),
+        ("symmetric", lambda x: x / 127.5 - 1.0),
+        # Caffe mode (ResNet50, VGG): RGB -> BGR, minus the ImageNet mean; "tf" mode (InceptionV3): [-1, 1].
+        ("keras.applications.resnet50.preprocess_input", lambda x: x[..., ::-1] - IMAGENET_MEAN_BGR),
+        ("keras.applications.inception_v3.preprocess_input", lambda x: x / 127.5 - 1.0),
+    ],
+)
 def test_layer_applies_the_spec_to_uint8_pixels(spec, reference):
     images = pixels((2, 4, 5, 3))
     layer = PixelPreprocessing(spec)
@@ -93,7 +96,7 @@ def test_model_on_raw_pixels_equals_the_served_model(model, exported):
     side = round(SIZE * 256 / 224)
     resized = tf.image.resize(other.astype(np.float32), (side, side)).numpy()
     top = (side - SIZE) // 2
-    expected = model(resized[:, top:top + SIZE, top:top + SIZE]).numpy()
+    expected = model(resized[:, top : top + SIZE, top : top + SIZE]).numpy()
     np.testing.assert_allclose(E.ExportedEmbedder(cropped).embed(other), expected, atol=1e-5)
     meta = E.load_metadata(whole)
     assert meta["preprocessing"] == "unit" and meta["preprocessing_in_model"] is True
@@ -114,8 +117,7 @@ def test_retrieval_evaluation_on_raw_uint8_equals_the_export(model, exported):
     labels = np.repeat(np.arange(8), 5)
     callback = RetrievalEvaluation((images, labels), ks=(1, 2), metrics=("recall", "map@r"))
     callback.set_model(model)
-    served = evaluate(E.ExportedEmbedder(exported[0]).embed(images), labels, ks=(1, 2),
-                      metrics=("recall", "map@r"))
+    served = evaluate(E.ExportedEmbedder(exported[0]).embed(images), labels, ks=(1, 2), metrics=("recall", "map@r"))
     assert callback.evaluate() == pytest.approx(served, abs=1e-6)
 
 
@@ -128,8 +130,7 @@ def test_pipelines_feed_raw_pixels():
         assert any(np.array_equal(image, images[i]) for i in np.flatnonzero(source.labels == label))
     evaluated, _ = next(iter(data.eval_dataset(source, 8, image_size=SIZE, center_crop=False)))
     np.testing.assert_array_equal(evaluated.numpy(), images.astype(np.float32))
-    episode = next(iter(data.episode_dataset(source, train_size=4, val_size=2, train_classes=2, val_classes=1,
-                                             seed=0)))
+    episode = next(iter(data.episode_dataset(source, train_size=4, val_size=2, train_classes=2, val_classes=1, seed=0)))
     assert float(tf.reduce_max(episode[0])) > 1.0  # 0-255, not [0, 1]
 
 

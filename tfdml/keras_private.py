@@ -19,8 +19,8 @@ public way to add a name to it; `tfdml.losses.register_aliases` adds tfdml's los
 release that moves them fails there, by name, rather than somewhere inside model construction.
 """
 
-from keras.src.models.functional import Functional
 from keras.src.losses import ALL_OBJECTS_DICT as LOSS_NAMES_TABLE
+from keras.src.models.functional import Functional
 from keras.src.models.model import Trainer, functional_init_arguments
 
 __all__ = ["Functional", "LOSS_NAMES_TABLE", "Trainer", "functional_init_arguments"]

@@ -35,6 +35,7 @@ from tfdml.export.search import (
 from tfdml.models.preprocessing import resolve_preprocessing
 from tfdml.retrieval.calibration import calibrate
 
+
 def _model_preprocessing_config(model):
     config = getattr(model, "preprocessing_config", None)
     if callable(config):

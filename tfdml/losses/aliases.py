@@ -14,14 +14,17 @@ import inspect
 
 import keras
 
-from tfdml import losses as losses_lib
 from tfdml.keras_private import LOSS_NAMES_TABLE
 from tfdml.loss_names import LOSSES
 
 
 def loss_class(name):
-    """The `tfdml.losses` class of a short name ("ranked_list" -> `RankedListLoss`)."""
-    return getattr(losses_lib, LOSSES[name])
+    """The `tfdml.losses` class of a short name ("ranked_list" -> `RankedListLoss`), found where Keras keeps
+    the registered classes (every tfdml loss is registered as "tfdml>ClassName" when `tfdml.losses` loads)."""
+    cls = keras.saving.get_registered_object(f"tfdml>{LOSSES[name]}")
+    if cls is None:  # only when this module is loaded without its package
+        raise ValueError(f"loss {name!r}: tfdml.losses.{LOSSES[name]} is not registered; import tfdml.losses.")
+    return cls
 
 
 def get(identifier):
@@ -32,13 +35,18 @@ def get(identifier):
     """
     if isinstance(identifier, str) and identifier in LOSSES:
         cls = loss_class(identifier)
-        required = [name for name, p in inspect.signature(cls).parameters.items()
-                    if p.default is inspect.Parameter.empty
-                    and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+        required = [
+            name
+            for name, p in inspect.signature(cls).parameters.items()
+            if p.default is inspect.Parameter.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        ]
         if required:
-            raise ValueError(f"loss {identifier!r} needs arguments ({', '.join(required)}): pass "
-                             f"tfdml.losses.{cls.__name__}({', '.join(f'{r}=...' for r in required)}) instead "
-                             "of its name.")
+            raise ValueError(
+                f"loss {identifier!r} needs arguments ({', '.join(required)}): pass "
+                f"tfdml.losses.{cls.__name__}({', '.join(f'{r}=...' for r in required)}) instead "
+                "of its name."
+            )
         return cls()
     return keras.losses.get(identifier)
 

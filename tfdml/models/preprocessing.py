@@ -22,6 +22,7 @@ import importlib
 
 import keras
 
+
 def _divide(x, divisor):
     # An exact division: inside a tf.function Grappler turns `x / constant` into `x * (1 / constant)`, which
     # rounds differently (1 ulp), so the same pixels would give other embeddings in and outside a graph.
@@ -51,9 +52,11 @@ def resolve_preprocessing(spec):
     try:
         return getattr(importlib.import_module(module_name), function_name), spec
     except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(f"unknown preprocessing {spec!r}: use one of {sorted(NAMED_PREPROCESSING)}, a "
-                         f"dotted function name such as 'keras.applications.resnet50.preprocess_input', "
-                         f"or a callable.") from error
+        raise ValueError(
+            f"unknown preprocessing {spec!r}: use one of {sorted(NAMED_PREPROCESSING)}, a "
+            f"dotted function name such as 'keras.applications.resnet50.preprocess_input', "
+            f"or a callable."
+        ) from error
 
 
 def preprocessing_spec(spec):
@@ -65,9 +68,11 @@ def preprocessing_spec(spec):
         except ValueError:
             stored = None
         if stored is not function:
-            raise ValueError(f"preprocessing {name!r} cannot be saved with the model: pass a spec string "
-                             f"({sorted(NAMED_PREPROCESSING)}) or a module-level function, which is stored "
-                             "by its dotted name.")
+            raise ValueError(
+                f"preprocessing {name!r} cannot be saved with the model: pass a spec string "
+                f"({sorted(NAMED_PREPROCESSING)}) or a module-level function, which is stored "
+                "by its dotted name."
+            )
     return None if name == "none" else name
 
 
