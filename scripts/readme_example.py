@@ -10,9 +10,12 @@ import io
 import json
 import os
 import re
+import sys
 import time
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's tfdml, not an installed one
+README = os.path.join(ROOT, "README.md")
 
 
 def concepts_code():
@@ -33,6 +36,7 @@ def main():
     seconds = time.perf_counter() - started
     import tfdml
 
+    assert os.path.dirname(os.path.dirname(os.path.abspath(tfdml.__file__))) == ROOT
     metrics = tfdml.retrieval.evaluate(names["embeddings"], names["labels"], ks=(1, 2, 4, 8),
                                        metrics=("recall", "map@r", "r_precision"))
     print(json.dumps({"readme_example": {k: round(float(v), 4) for k, v in metrics.items()},
