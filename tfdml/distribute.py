@@ -28,6 +28,7 @@ Example:
 For several machines (`MultiWorkerMirroredStrategy`) use `tfdml.training.fit_distributed`.
 """
 
+import keras
 import tensorflow as tf
 
 __all__ = ["num_replicas", "is_cross_replica_step", "gather_replicas", "scale_for_replicas",
@@ -148,8 +149,6 @@ def synchronize_batch_normalization(model):
         ...     model = tfdml.models.MultiLevelEmbedder("resnet50", weights=None)
         ...     tfdml.distribute.synchronize_batch_normalization(model)
     """
-    import keras  # keras is only needed here; the rest of the module is plain tf.distribute
-
     changed = 0
     for layer in model._flatten_layers(include_self=True, recursive=True):
         if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:

@@ -32,7 +32,11 @@ import hashlib
 import os
 import warnings
 
+import matplotlib
 import numpy as np
+from fontTools.ttLib import TTFont
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+from scipy import ndimage
 
 from tfdml.data.sources import array_source
 
@@ -87,8 +91,6 @@ CACHE_VERSION = 1
 
 def font_dir():
     """The folder of TrueType files that ships inside matplotlib."""
-    import matplotlib
-
     return os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "fonts", "ttf")
 
 
@@ -100,8 +102,6 @@ _FONTS = {}
 
 
 def _font(face, size=RENDER_SIZE):
-    from PIL import ImageFont
-
     key = (face, size)
     if key not in _FONTS:
         _FONTS[key] = ImageFont.truetype(_font_path(face), size)
@@ -113,8 +113,6 @@ _CMAPS = {}
 
 def _cmap(face):
     if face not in _CMAPS:
-        from fontTools.ttLib import TTFont
-
         with TTFont(_font_path(face), lazy=True) as font:
             _CMAPS[face] = frozenset(font.getBestCmap() or ())
     return _CMAPS[face]
@@ -123,8 +121,6 @@ def _cmap(face):
 def render_glyph(char, face, rotation=0.0, size=RENDER_SIZE):
     """`char` drawn white on black in `face`, rotated by `rotation` degrees (counter-clockwise) and cropped
     to its ink: a `uint8` array, or `None` when the face draws nothing there."""
-    from PIL import Image, ImageDraw
-
     canvas = Image.new("L", (3 * size, 3 * size), 0)
     ImageDraw.Draw(canvas).text((1.5 * size, 1.5 * size), char, font=_font(face, size), fill=255, anchor="mm")
     if rotation:
@@ -156,8 +152,6 @@ def candidates(min_faces=MIN_FACES):
 def normalise(glyph, side=NORMAL_SIDE, blur=0.0):
     """A cropped glyph -> float32 `[side + 4, side + 4]` in [0, 1]: longer side scaled to `side`, centred,
     optionally blurred."""
-    from PIL import Image, ImageFilter
-
     height, width = glyph.shape
     scale = side / max(height, width)
     new = (max(1, round(width * scale)), max(1, round(height * scale)))
@@ -179,8 +173,6 @@ def face_distances(chars_faces, max_rotation=DEFAULT_ROTATION):
     is rotated by up to `max_rotation`). It ignores stroke weight (a thin stroke lies inside a thick one)
     and counts every misplaced stroke, however thin.
     """
-    from scipy import ndimage
-
     chars = list(chars_faces)
     index = {c: i for i, c in enumerate(chars)}
     faces = sorted({f for fs in chars_faces.values() for f in fs})
@@ -224,8 +216,6 @@ def lookalikes(distances, similar=LOOKALIKE_SIMILAR, same=LOOKALIKE_SAME):
 def _undo_size_and_position(image, side=20):
     """An image -> float32 `[(side + 2) ** 2]`, zero mean and unit norm: cropped to its ink (above 30 % of
     its brightest pixel: the blur's halo is not ink), longer side scaled to `side`, centred."""
-    from PIL import Image
-
     rows, cols = np.nonzero(image > 0.3 * image.max())
     crop = Image.fromarray(image[rows.min():rows.max() + 1, cols.min():cols.max() + 1])
     scale = side / max(crop.size)
@@ -321,8 +311,6 @@ def class_split(classes, split):
 
 def _draw(glyph, image_size, params):
     """One image from a master rendering and its random parameters."""
-    from PIL import Image, ImageFilter
-
     image = Image.fromarray(glyph)
     if params["weight"] > 0:
         image = image.filter(ImageFilter.MaxFilter(2 * params["weight"] + 1))

@@ -351,17 +351,8 @@ def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, tr
       ...                                 train_classes=3, val_classes=1, image_size=16, seed=0)
       >>> train_x, train_y, val_x, val_y = next(iter(ds))
     """
-    for name, value in (("train_size", train_size), ("val_size", val_size),
-                        ("samples_per_class", samples_per_class)):
-        _check_positive(name, value)
-    train_classes = train_classes or max(1, train_size // samples_per_class)
-    val_classes = val_classes or max(1, val_size // samples_per_class)
-    _check_positive("train_classes", train_classes)
-    _check_positive("val_classes", val_classes)
-    for subset, size, n in (("train", train_size, train_classes), ("val", val_size, val_classes)):
-        if size % n:
-            raise ValueError(f"{subset}_size={size} is not divisible by {subset}_classes={n}; pick sizes "
-                             "that split evenly over the classes.")
+    train_classes, val_classes = _episode_classes(train_size, val_size, samples_per_class, train_classes,
+                                                  val_classes)
     k_train, k_val = train_size // train_classes, val_size // val_classes
     group = train_classes + val_classes
     classes = usable_classes(source, max(k_train, k_val), drop_small_classes)
@@ -382,6 +373,7 @@ def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, tr
             subsets.append(_batches(sampler, schedule, n, parallel_batches))
         ds = tf.data.Dataset.zip(tuple(subsets)).map(lambda train, val: (*train, *val))
         return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+    # One batch of both subsets' classes (distinct by construction), split after the training images.
     ks = [k_train] * train_classes + [k_val] * val_classes
     sampler = _BatchSampler(source, classes, ks, sample_seed, image_size, augment, preprocess)
     schedule = _slot_schedule(len(classes), group, schedule_seed, epochs)
@@ -391,3 +383,19 @@ def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, tr
 
     ds = _batches(sampler, schedule, group, parallel_batches).map(split)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes):
+    """The checked `(train_classes, val_classes)` of an episode (defaults: size // samples_per_class)."""
+    for name, value in (("train_size", train_size), ("val_size", val_size),
+                        ("samples_per_class", samples_per_class)):
+        _check_positive(name, value)
+    train_classes = train_classes or max(1, train_size // samples_per_class)
+    val_classes = val_classes or max(1, val_size // samples_per_class)
+    _check_positive("train_classes", train_classes)
+    _check_positive("val_classes", val_classes)
+    for subset, size, n in (("train", train_size, train_classes), ("val", val_size, val_classes)):
+        if size % n:
+            raise ValueError(f"{subset}_size={size} is not divisible by {subset}_classes={n}; pick sizes "
+                             "that split evenly over the classes.")
+    return train_classes, val_classes

@@ -22,9 +22,12 @@ import inspect
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorflow as tf
+from PIL import Image, UnidentifiedImageError
+from sklearn.datasets import load_digits
 
 logger = logging.getLogger("tfdml.data")
 
@@ -175,8 +178,6 @@ def check_image_file(path):
     truncated files are caught); other formats are checked with Pillow's `verify` (structure and PNG
     checksums, no decoding).
     """
-    from PIL import Image, UnidentifiedImageError
-
     try:
         if os.path.getsize(path) == 0:
             return None, "empty file"
@@ -199,8 +200,6 @@ def check_image_file(path):
 
 
 def _pil_pixels(path, channels):
-    from PIL import Image
-
     with Image.open(path) as image:
         image = image.convert("L" if channels == 1 else "RGB")  # L: ITU-R 601 luma, as TF's decoders
         pixels = np.asarray(image, np.uint8)
@@ -321,8 +320,6 @@ def list_class_folders(path, class_names=None, extensions=IMAGE_EXTENSIONS):
 def scan_image_files(paths):
     """`(formats, problems)`: the image format of each file (None when it cannot be decoded) and the
     `(path, reason)` of the undecodable ones (see `check_image_file`)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     # Pillow releases the GIL while it decodes: threads scale the JPEG check over the cores.
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         checked = list(pool.map(check_image_file, paths, chunksize=64))
@@ -438,8 +435,6 @@ def digits(split="train"):
     Split by class: `"train"` holds digits 0-4, `"test"` digits 5-9 (labels keep their digit value),
     `"all"` every digit. Pass `image_size=32` (or any size) to the dataset functions to upscale.
     """
-    from sklearn.datasets import load_digits
-
     data = load_digits()
     images = np.round(data.images * (255.0 / 16.0)).astype(np.uint8)
     labels = data.target.astype(np.int64)
@@ -500,7 +495,7 @@ def tfds_source(name, split, data_dir=None, manual_dir=None, download=False, lab
     that way under `data_dir`; Cars196's upstream URL is dead, so put its archives in `manual_dir`.
     Only the labels are read up front (one pass, images not decoded); images load lazily.
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # only for tfds data sets: its import takes seconds
 
     label_key = label_key or LABEL_KEYS.get(name, "label")
     if class_split is None:

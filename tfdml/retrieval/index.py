@@ -149,7 +149,7 @@ class ScannIndex:
         return self.class_names[int(label)] if self.class_names is not None else str(label)
 
     def _build(self, embeddings):
-        import scann
+        import scann  # loaded when an index is built or loaded: its custom ops are not needed before
 
         builder = scann.scann_ops_pybind.builder(embeddings, self.num_neighbors, self.distance)
         if self.mode == "exact":
@@ -240,7 +240,7 @@ class ScannIndex:
     @classmethod
     def load(cls, directory):
         """Loads an index written by `save` (from wherever the directory now lives)."""
-        import scann
+        import scann  # loaded when an index is built or loaded: its custom ops are not needed before
 
         directory = os.fspath(directory)
         meta_path = os.path.join(directory, _META_FILE)

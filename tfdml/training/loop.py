@@ -113,6 +113,23 @@ def _build(model, strategy, batch_spec):
             model.optimizer.build(model.trainable_variables)
 
 
+def _resume(checkpoint, checkpoint_dir, cursor, progress, epoch_counter):
+    """Restores the newest checkpoint in `checkpoint_dir`, if any, and puts the data cursor back in place."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest is not None:
+        _restore(checkpoint, latest)
+        progress.message(f"Resumed from {latest} after epoch {int(epoch_counter.numpy())}.")
+        cursor.resume()
+
+
+def _save(manager, epochs_done, chief):
+    if manager is None:
+        return
+    manager.save(checkpoint_number=epochs_done)
+    if not chief:  # a worker's copy only makes the collective save possible; the chief's is the checkpoint
+        shutil.rmtree(manager.directory, ignore_errors=True)
+
+
 def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_dir=None, strategy=None,
                     max_checkpoints=3, data_position="auto", verbose=1):
     """Trains a compiled Keras model with `strategy.run`, checkpointing and resuming; returns the history.
@@ -166,11 +183,7 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
     manager = None
     if checkpoint_dir is not None:
         manager = _checkpoint_manager(checkpoint, checkpoint_dir, chief, task_type, task_id, max_checkpoints)
-        latest = tf.train.latest_checkpoint(checkpoint_dir)
-        if latest is not None:
-            _restore(checkpoint, latest)
-            progress.message(f"Resumed from {latest} after epoch {int(epoch_counter.numpy())}.")
-            cursor.resume()
+        _resume(checkpoint, checkpoint_dir, cursor, progress, epoch_counter)
 
     train_step = _distributed_train_step(model, strategy)
     history = {}
@@ -183,10 +196,7 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
             for name, value in logs.items():
                 history.setdefault(name, []).append(value)
             progress.epoch(epoch, step, time.time() - start, logs)
-            if manager is not None:
-                manager.save(checkpoint_number=epoch + 1)
-                if not chief:
-                    shutil.rmtree(manager.directory, ignore_errors=True)
+            _save(manager, epoch + 1, chief)
         if out_of_data:
             warnings.warn(
                 f"The dataset ran out of data after {step} steps of epoch {epoch + 1} (steps_per_epoch="
