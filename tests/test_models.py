@@ -315,3 +315,14 @@ def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tm
     np.testing.assert_array_equal(restored(images, training=False).numpy(), model(images, training=False).numpy())
     with pytest.raises(ValueError, match="embedding_dim=None .* needs the single level"):
         MultiLevelEmbedder("small_cnn", embedding_dim=None, input_shape=SHAPE)
+
+
+def test_embedder_takes_the_small_cnn_widths():
+    """`Embedder("small_cnn", widths=...)` builds the main job's CNN (16-32-64-128) without a config file."""
+    model = Embedder("small_cnn", embedding_dim=4, input_shape=SHAPE, widths=(4, 6, 10))
+    convs = [layer.filters for layer in model.backbone.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert convs == [4, 6, 10] and model.get_config()["widths"] == [4, 6, 10]
+    restored = Embedder.from_config(model.get_config())
+    assert [layer.filters for layer in restored.backbone.layers if isinstance(layer, keras.layers.Conv2D)] == convs
+    with pytest.raises(ValueError, match="widths sets the small CNN's block widths; backbone 'resnet50'"):
+        Embedder("resnet50", weights=None, widths=(4, 6))
