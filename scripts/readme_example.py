@@ -37,10 +37,14 @@ def main():
     import tfdml
 
     assert os.path.dirname(os.path.dirname(os.path.abspath(tfdml.__file__))) == ROOT
-    metrics = tfdml.retrieval.evaluate(names["embeddings"], names["labels"], ks=(1, 2, 4, 8),
-                                       metrics=("recall", "map@r", "r_precision"))
-    print(json.dumps({"readme_example": {k: round(float(v), 4) for k, v in metrics.items()},
-                      "seconds": round(seconds, 1)}))
+    metrics = tfdml.retrieval.evaluate(
+        names["embeddings"], names["labels"], ks=(1, 2, 4, 8), metrics=("recall", "map@r", "r_precision")
+    )
+    print(
+        json.dumps(
+            {"readme_example": {k: round(float(v), 4) for k, v in metrics.items()}, "seconds": round(seconds, 1)}
+        )
+    )
 
 
 if __name__ == "__main__":

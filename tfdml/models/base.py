@@ -26,8 +26,9 @@ from tfdml.optimizers import MultiOptimizer
 
 def _resolve_names(loss):
     """Builds the tfdml losses named by string in `loss` (a loss or a structure of losses)."""
-    return keras.tree.map_structure(lambda item: get_loss(item) if isinstance(item, str) and item in LOSSES
-                                    else item, loss)
+    return keras.tree.map_structure(
+        lambda item: get_loss(item) if isinstance(item, str) and item in LOSSES else item, loss
+    )
 
 
 def _flat_losses(loss):
