@@ -38,8 +38,8 @@ from tfdml.models.ala import ala_training  # noqa: E402
 IMAGE_SIZE = 16
 
 
-def embed(model, source, preprocess):
-    ds = data.eval_dataset(source, 256, image_size=IMAGE_SIZE, preprocess=preprocess)
+def embed(model, source):
+    ds = data.eval_dataset(source, 256, image_size=IMAGE_SIZE)  # raw pixels: the embedder preprocesses
     return np.concatenate([model.predict_on_batch(images) for images, _ in ds]), source.labels
 
 
@@ -53,7 +53,7 @@ def run(kind, weighting, seed, args, train, test):
         max_tuples=args.max_tuples, state=args.state)
     history = model.fit(ds, epochs=args.steps // args.log_every, steps_per_epoch=args.log_every,
                         verbose=0).history
-    embeddings, labels = embed(model, test, embedder.preprocess)
+    embeddings, labels = embed(model, test)
     metrics = retrieval.evaluate(embeddings, labels, ks=(1,), metrics=("recall", "map@r"))
     return metrics["recall@1"], metrics["map@r"], history
 

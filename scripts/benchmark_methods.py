@@ -87,17 +87,20 @@ def evaluate(embeddings, labels):
 def tfdml_embedder(config, num_classes=None, levels=None, seed=0):
     import keras
 
-    from tfdml import recipes
+    from tfdml.models import Embedder, MultiLevelEmbedder
 
     keras.utils.set_random_seed(seed)
-    section = {"type": "single", "backbone": "small_cnn", "embedding_dim": config["embedding_dim"],
-               "widths": config["widths"], "num_classes": num_classes}
+    size = config["image_size"]
+    # The arrays are in [0, 1] already (the torch copy takes them too): no pixel preprocessing in the model.
+    common = dict(embedding_dim=config["embedding_dim"], input_shape=(size, size, 1), weights=None,
+                  num_classes=num_classes, widths=tuple(config["widths"]), preprocessing=None)
     if levels:
         blocks = len(config["widths"])  # the last three blocks are the L, M, H levels
-        section.update(type="multilevel", levels=list(levels), head_filters=32, head_units=128,
-                       taps={"L": f"block{blocks - 2}_out", "M": f"block{blocks - 1}_out", "H": f"block{blocks}_out"})
-    size = config["image_size"]
-    return recipes.make_embedder(section, (size, size, 1))
+        return MultiLevelEmbedder(
+            "small_cnn", levels=tuple(levels), head_filters=32, head_units=128,
+            taps={"L": f"block{blocks - 2}_out", "M": f"block{blocks - 1}_out", "H": f"block{blocks}_out"},
+            **common)
+    return Embedder("small_cnn", **common)
 
 
 class SoftmaxCrossEntropy:

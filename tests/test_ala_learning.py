@@ -28,7 +28,8 @@ sklearn_datasets = pytest.importorskip("sklearn.datasets")
 
 def _digits_episodes(steps, train_classes=6, val_classes=3, per_class=5, seed=0):
     digits = sklearn_datasets.load_digits()
-    x, y = (digits.images / 16.0).astype("float32")[..., None], digits.target.astype("int32")
+    # Raw 0-255 pixels, as the pipelines give them: the embedder divides by 255 itself.
+    x, y = (digits.images * (255.0 / 16.0)).astype("float32")[..., None], digits.target.astype("int32")
     rng = np.random.default_rng(seed)
     by_class = {c: np.flatnonzero(y == c) for c in range(10)}
     episodes = []

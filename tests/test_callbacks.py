@@ -126,3 +126,29 @@ def test_resume_stream_skips_checkpointed_epochs(tmp_path):
     assert int(next(iter(resume_stream(stream, tmp_path, 3)))) == 12
     with pytest.raises(ValueError, match="steps_per_epoch must be >= 1"):
         resume_stream(stream, tmp_path, 0)
+
+
+def test_retrieval_evaluation_takes_a_source_and_refuses_what_it_cannot_embed():
+    from tfdml import data
+    from tfdml.models import Embedder
+
+    keras.utils.set_random_seed(0)
+    model = Embedder("small_cnn", embedding_dim=8, input_shape=(16, 16, 1))
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (24, 20, 20, 1)).astype(np.uint8)  # another size: resized to the model's
+    labels = np.repeat(np.arange(6), 4)
+    source = RetrievalEvaluation(data.array_source(images, labels), ks=(1, 2), center_crop=False)
+    source.set_model(model)
+    resized = tf.image.resize(images.astype(np.float32), (16, 16)).numpy()
+    arrays = RetrievalEvaluation((resized, labels), ks=(1, 2))
+    arrays.set_model(model)
+    assert source.evaluate() == pytest.approx(arrays.evaluate(), abs=1e-6)
+    reference = _reference_metrics(model.predict(resized, verbose=0), labels, (1, 2))
+    results = source.evaluate()
+    assert set(results) == {"recall@1", "recall@2", "map@r"}
+    assert results == pytest.approx({key: reference[key] for key in results}, abs=1e-6)
+    with pytest.raises(TypeError, match=r"takes \(images, labels\) arrays, a tf.data.Dataset .* or a "
+                                        r"tfdml.data.Source; got str"):
+        RetrievalEvaluation("glyphs")
+    with pytest.raises(ValueError, match="24 images but 23 labels"):
+        RetrievalEvaluation((images, labels[:-1]))

@@ -20,7 +20,7 @@ def tagged_source(counts, size=4, num_classes=None):
 
 
 def decode_tags(images):
-    pixels = np.rint(np.asarray(images)[:, 0, :2, 0] * 255.0).astype(np.int64)
+    pixels = np.rint(np.asarray(images)[:, 0, :2, 0]).astype(np.int64)  # raw 0-255 pixels
     return pixels[:, 0], pixels[:, 1]
 
 
@@ -189,7 +189,7 @@ def test_streaming_loads_only_what_the_batches_need():
     assert len(batches) == 2
     assert 16 <= len(loaded) <= 6 * 8, len(loaded)  # in-flight batches only, not 2,000 images
     for images, labels_ in batches:
-        np.testing.assert_allclose(images[:, 0, 0, 0] * 255.0, labels_, atol=1e-3)
+        np.testing.assert_allclose(images[:, 0, 0, 0], labels_, atol=1e-3)
 
 
 def test_replica_shares_hold_whole_classes():
@@ -251,6 +251,6 @@ def test_digits_pipeline_shapes_and_range():
     assert set(test.classes) == {5, 6, 7, 8, 9} and len(train) + len(test) == 1797
     images, labels = take(data.class_balanced_dataset(train, 5, 4, image_size=32, seed=0), 1)[0]
     assert images.shape == (20, 32, 32, 1) and images.dtype == np.float32
-    assert images.min() >= 0.0 and images.max() <= 1.0 and images.max() > 0.5
+    assert images.min() >= 0.0 and images.max() <= 255.0 and images.max() > 128.0  # raw pixels
     with pytest.raises(ValueError, match="split must be 'train', 'test' or 'all'"):
         data.digits("validation")

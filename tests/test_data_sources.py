@@ -37,8 +37,8 @@ def test_image_folder_labels_follow_sorted_class_folders(tmp_path):
     ds = data.class_balanced_dataset(source, 2, 3, image_size=8, seed=0)
     for images, labels in ds.take(4):
         assert images.shape == (6, 8, 8, 3)
-        expected = (10 * labels.numpy() + 5) / 255.0
-        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2 / 255)
+        expected = 10 * labels.numpy() + 5  # raw pixels: the model preprocesses
+        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2)
 
 
 def test_image_folder_errors(tmp_path):
@@ -84,7 +84,7 @@ def test_image_folder_checks_each_file_once_and_names_the_skipped(tmp_path, capl
     batches = list(data.eval_dataset(source, batch_size=8, image_size=6, with_index=True))
     images, labels, indices = (t.numpy() for t in batches[0])
     assert source.skipped_count == 0 and len(indices) == 8  # nothing left to fail at training time
-    np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), (10 * labels + 5) / 255.0, atol=2 / 255)
+    np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), 10 * labels + 5, atol=2)
     assert {os.path.basename(source.paths[i]) for i in indices} >= {"t.tif", "w.webp"}
     for bad, reason in (("class_0/empty.jpg", "empty file"), ("class_1/cut.jpg", "corrupt or truncated"),
                         ("class_1/missing.png", "file not found")):
@@ -111,8 +111,8 @@ def test_corrupt_jpeg_is_skipped_counted_and_replaced(tmp_path, caplog):
     for images, labels in batches:
         labels = labels.numpy()
         assert sorted(np.unique(labels, return_counts=True)[1]) == [4, 4]
-        expected = (10 * labels + 5) / 255.0  # the corrupt file was replaced by a class-0 image
-        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2 / 255)
+        expected = 10 * labels + 5  # the corrupt file was replaced by a class-0 image
+        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2)
     # K = 4 takes every class-0 file each time: the broken one is met once in each of the 3 batches.
     assert source.skipped_count == 3
     assert source.corrupt_items == broken
@@ -172,9 +172,9 @@ def test_eval_centre_crop_matches_numpy_reference():
     image = rng.integers(0, 256, (40, 30, 3)).astype(np.uint8)
     out = eval_image(tf.constant(image), image_size=16, resize=20).numpy()
     resized = tf.image.resize(tf.cast(image, tf.float32), (20, 20)).numpy()
-    np.testing.assert_allclose(out, resized[2:18, 2:18] / 255.0, rtol=1e-6)
+    np.testing.assert_allclose(out, resized[2:18, 2:18], rtol=1e-6)  # values left alone
     plain = eval_image(tf.constant(image), image_size=16, center_crop=False).numpy()
-    np.testing.assert_allclose(plain, tf.image.resize(tf.cast(image, tf.float32), (16, 16)).numpy() / 255.0)
+    np.testing.assert_allclose(plain, tf.image.resize(tf.cast(image, tf.float32), (16, 16)).numpy())
 
 
 def test_train_augmentation_shapes_ranges_and_seeds():
@@ -183,14 +183,14 @@ def test_train_augmentation_shapes_ranges_and_seeds():
     seed = tf.constant([3, 4], tf.int64)
     out = train_image(image, seed, image_size=24, augment=data.Augment()).numpy()
     assert out.shape == (24, 24, 3) and out.dtype == np.float32
-    assert 0.0 <= out.min() and out.max() <= 1.0
+    assert 0.0 <= out.min() and out.max() <= 255.0 and out.max() > 128.0  # raw pixels
     np.testing.assert_array_equal(out, train_image(image, seed, 24, data.Augment()).numpy())
     outputs = [train_image(image, tf.constant([s, 0], tf.int64), 24, data.Augment()).numpy()
                for s in range(6)]
     assert len({o.tobytes() for o in outputs}) > 1  # crops and flips vary with the seed
     # Without the random crop the only randomness left is the flip: centre crop or its mirror.
     flips = data.Augment(random_crop=False, resize=28)
-    centre = tf.image.resize(tf.cast(image, tf.float32), (28, 28)).numpy()[2:26, 2:26] / 255.0
+    centre = tf.image.resize(tf.cast(image, tf.float32), (28, 28)).numpy()[2:26, 2:26]
     for s in range(6):
         out = train_image(image, tf.constant([s, 1], tf.int64), 24, flips).numpy()
         assert np.allclose(out, centre) or np.allclose(out, centre[:, ::-1])

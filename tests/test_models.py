@@ -169,10 +169,12 @@ def test_save_load_round_trip_keeps_outputs(multilevel, grouped, tmp_path):
 
 def test_serving_attributes(multilevel):
     assert multilevel.image_shape == SHAPE and multilevel.input_shape_hw == SHAPE[:2]
-    assert multilevel.preprocessing == "unit"  # the small CNN sees pixels / 255, as tfdml.data produces
-    assert multilevel.preprocessing_config() == {"image_size": SHAPE[:2], "channels": 1, "preprocessing": "unit"}
-    pixels = np.full((1,) + SHAPE, 255.0, "float32")
-    np.testing.assert_allclose(multilevel.preprocess(pixels), np.ones_like(pixels))
+    assert multilevel.preprocessing == "unit"  # the small CNN divides its raw input by 255 itself
+    assert multilevel.preprocessing_config() == {"image_size": SHAPE[:2], "channels": 1, "preprocessing": "unit",
+                                                 "applied_by_model": True}
+    pixels = np.full((1,) + SHAPE, 255, "uint8")
+    np.testing.assert_allclose(multilevel.pixel_preprocessing(pixels), np.ones(pixels.shape))
+    np.testing.assert_allclose(multilevel(pixels).numpy(), multilevel(pixels.astype("float32")).numpy())
     assert backbones.preprocessing_name("resnet50") == "keras.applications.resnet50.preprocess_input"
     assert backbones.preprocessing_name("EfficientNetV2B0") == "keras.applications.efficientnet_v2.preprocess_input"
     assert backbones.preprocessing_name(keras.Sequential(name="custom")) is None
@@ -290,7 +292,8 @@ def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tm
     keras.utils.set_random_seed(5)
     model = Embedder("small_cnn", embedding_dim=None, input_shape=SHAPE, num_classes=4)
     images, labels = _batch()
-    feature_map = model.backbone(images, training=False).numpy()  # small CNN: 2x2x32
+    preprocessed = images / 255.0  # the model's first layer: the small CNN's pixels / 255
+    feature_map = model.backbone(preprocessed, training=False).numpy()  # small CNN: 2x2x32
     pooled = feature_map.mean(axis=(1, 2))
     assert model.embedding_dim == model.output_dim == 32 and model.get_layer("head_H").projection is None
     np.testing.assert_allclose(model(images, training=False).numpy(), _normalise(pooled), atol=1e-5)
@@ -298,7 +301,7 @@ def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tm
     assert classifier.kernel.shape == (32, 4)
     training_output = model(images, training=True).numpy()
     assert training_output.shape == (len(images), 32 + 4)
-    pooled_train = model.backbone(images, training=True).numpy().mean(axis=(1, 2))  # BatchNorm in training mode
+    pooled_train = model.backbone(preprocessed, training=True).numpy().mean(axis=(1, 2))  # BatchNorm in training mode
     np.testing.assert_allclose(training_output[:, :32], _normalise(pooled_train), atol=1e-5)
     np.testing.assert_allclose(training_output[:, 32:], classifier(pooled_train).numpy(), rtol=1e-4, atol=1e-5)
     # No layer between the backbone and the classifier: the heads own only the classifier's variables.
@@ -312,3 +315,14 @@ def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tm
     np.testing.assert_array_equal(restored(images, training=False).numpy(), model(images, training=False).numpy())
     with pytest.raises(ValueError, match="embedding_dim=None .* needs the single level"):
         MultiLevelEmbedder("small_cnn", embedding_dim=None, input_shape=SHAPE)
+
+
+def test_embedder_takes_the_small_cnn_widths():
+    """`Embedder("small_cnn", widths=...)` builds the main job's CNN (16-32-64-128) without a config file."""
+    model = Embedder("small_cnn", embedding_dim=4, input_shape=SHAPE, widths=(4, 6, 10))
+    convs = [layer.filters for layer in model.backbone.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert convs == [4, 6, 10] and model.get_config()["widths"] == [4, 6, 10]
+    restored = Embedder.from_config(model.get_config())
+    assert [layer.filters for layer in restored.backbone.layers if isinstance(layer, keras.layers.Conv2D)] == convs
+    with pytest.raises(ValueError, match="widths sets the small CNN's block widths; backbone 'resnet50'"):
+        Embedder("resnet50", weights=None, widths=(4, 6))

@@ -37,12 +37,18 @@ def test_default_taps_and_shapes(fixture, taps, shapes, request):
     assert tuple(DEFAULT_TAPS[model.backbone.name].values()) == taps
     assert [tuple(o.shape[1:]) for o in model.feature_extractor.outputs] == shapes
     images = np.random.RandomState(0).uniform(0, 255, (2,) + model.image_shape).astype("float32")
-    outputs = model.export_outputs(model.preprocess(images))
+    outputs = model.export_outputs(images)  # raw pixels: the model applies preprocess_input itself
     assert outputs["embedding"].shape == (2, 3 * DIM)
     np.testing.assert_allclose(np.linalg.norm(outputs["embedding"], axis=1), 1.0, atol=1e-5)
     for level in "LMH":
         assert outputs[level].shape == (2, DIM)
     assert model.preprocessing == f"keras.applications.{fixture}.preprocess_input"
+    preprocessed = getattr(keras.applications, fixture).preprocess_input(images.copy())
+    features = model.feature_extractor(preprocessed)
+    raw = [head(f) for head, f in zip(model.level_heads, features)]
+    expected = np.concatenate([r.numpy() for r in raw], axis=1)
+    np.testing.assert_allclose(outputs["embedding"], expected / np.linalg.norm(expected, axis=1, keepdims=True),
+                               atol=1e-5)
     # new layers vs backbone: disjoint and together every trainable variable
     head, backbone = model.head_variables, model.backbone_variables
     assert {id(v) for v in head}.isdisjoint({id(v) for v in backbone})

@@ -105,6 +105,17 @@ def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
     assert longest_blank_band(path) < 0.03  # the old layout left ~9 % of the height blank under the title
 
 
+def test_training_curves_draw_a_single_level_loss_once(tmp_path, figures):
+    """A single-level embedder logs `loss_H` equal to `loss`: one panel says so; distinct levels keep theirs."""
+    single = {"loss": [1.0, 0.6, 0.4], "loss_H": [1.0, 0.6, 0.4], "val_map@r": [0.1, 0.2, 0.3]}
+    plots.plot_training_curves(single, tmp_path / "single.png")
+    titles = [ax.get_title() for ax in figures[-1].axes if ax.get_visible()]
+    assert titles == ["loss = loss_H", "map@r"]
+    levels = {"loss": [3.0, 2.0], "loss_L": [1.2, 0.9], "loss_H": [1.8, 1.1]}
+    plots.plot_training_curves(levels, tmp_path / "levels.png")
+    assert [ax.get_title() for ax in figures[-1].axes if ax.get_visible()] == ["loss", "loss_L", "loss_H"]
+
+
 def test_match_calibration_marks_the_chosen_threshold(tmp_path, figures):
     from tfdml.retrieval import calibrate
 

@@ -26,33 +26,13 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from tfdml.loss_names import LOSSES  # noqa: F401  (loss name -> tfdml.losses class name)
+
 
 class ConfigError(ValueError):
     """A configuration value that does not fit the schema; the message is one line naming the key."""
 
 
-# Loss names of the configuration -> class names in `tfdml.losses` (one line per loss).
-LOSSES = {
-    "ranked_list": "RankedListLoss",
-    "triplet": "TripletLoss",
-    "triplet_semihard": "TripletSemiHardLoss",
-    "triplet_hard": "TripletHardLoss",
-    "margin": "MarginLoss",
-    "contrastive": "ContrastiveLoss",
-    "group": "GroupLoss",
-    "multi_similarity": "MultiSimilarityLoss",
-    "circle": "CircleLoss",
-    "lifted_structure": "LiftedStructureLoss",
-    "n_pairs": "NPairsLoss",
-    "supcon": "SupConLoss",
-    "ntxent": "NTXentLoss",
-    "smooth_ap": "SmoothAPLoss",
-    "proxy_anchor": "ProxyAnchorLoss",
-    "proxy_nca": "ProxyNCALoss",
-    "normalized_softmax": "NormalizedSoftmaxLoss",
-    "arcface": "ArcFaceLoss",
-    "cosface": "CosFaceLoss",
-}
 # Losses that learn from one image per class (class proxies or a classifier; Group Loss refines a
 # classifier's predictions): every other loss needs positive pairs, >= 2 images per class in a batch.
 UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface", "cosface", "group")

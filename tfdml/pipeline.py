@@ -210,15 +210,17 @@ def steps_per_epoch(config, train_source):
 @dataclasses.dataclass
 class Datasets:
     train: object       # class-balanced batches or ALA episodes, endless
-    eval: object        # evaluation images, preprocessed for the model
-    pixels: object      # the same images as pixels in [0, 1] (baseline, index gallery, report grid)
+    eval: object        # evaluation images: raw pixels at the model's input size
+    pixels: object      # the same batches (raw-pixel baseline, report grid)
 
 
-def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1):
+def make_datasets(config, train_source, eval_source, num_replicas=1):
+    """Raw pixels, resized, cropped or augmented as the job says: the embedder applies its own pixel
+    preprocessing (its first layer), as the exported model does."""
     from tfdml import data as data_lib
 
     data = config.data
-    common = dict(image_size=data.image_size, augment=data.augment, preprocess=preprocess, seed=config.seed,
+    common = dict(image_size=data.image_size, augment=data.augment, seed=config.seed,
                   drop_small_classes=data.small_class_policy == "drop")
     # What the sampler cannot do with this data (too few classes or images) is a setting of that section.
     section = "ala.episode" if config.ala.enabled else "data"
@@ -232,12 +234,8 @@ def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1)
     except ValueError as error:
         raise ConfigError(f"{section}: {error}") from None
     batch, crop = config.evaluation.batch_size, data_lib.evaluation_center_crop(data.augment)
-    return Datasets(
-        train=train,
-        eval=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop,
-                                   preprocess=preprocess),
-        # The same images as pixels in [0, 1]: the raw-pixel baseline and the report grid.
-        pixels=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop))
+    evaluation = data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop)
+    return Datasets(train=train, eval=evaluation, pixels=evaluation)
 
 
 # ---- model --------------------------------------------------------------------------------------------------
@@ -373,6 +371,7 @@ def evaluate(config, embedder, datasets):
     embeddings, labels = retrieval.embed_batches(embedder, datasets.eval)
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
     pixels, pixel_labels = _pixels(datasets.pixels)
+    pixels = pixels / np.float32(255.0)  # [0, 1] for the grid; the baseline normalises anyway
     baseline = retrieval.evaluate(_l2_normalise(pixels), pixel_labels, ks=ks, metrics=metrics, exact=True)
     # The score threshold of a correct top-1 match at the export's precision, on the held-out items.
     calibration = retrieval.calibrate(embeddings, labels, target_precision=config.export.match_precision) \
@@ -380,7 +379,7 @@ def evaluate(config, embedder, datasets):
     return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels, calibration)
 
 
-def export(config, embedder, preprocess_name, evaluation, eval_source):
+def export(config, embedder, evaluation, eval_source):
     """Exports the SavedModel with the index of the evaluation items inside its version (and, with it, the
     `search` signature over the same items, `match` calibrated on them), in one atomic step; returns the
     summary entries it adds."""
@@ -393,7 +392,6 @@ def export(config, embedder, preprocess_name, evaluation, eval_source):
     path = export_lib.export_saved_model(
         embedder, base_dir=settings.base_dir, name=settings.name, version=settings.version,
         image_size=(size, size), center_crop=data_lib.evaluation_center_crop(config.data.augment),
-        preprocess=preprocess_name,
         training_config=config.to_dict(), metrics=evaluation.results, overwrite=settings.version is not None,
         gallery=eval_source if settings.index else None, index_mode="exact", search=settings.search,
         top_k=settings.top_k, gallery_dtype=settings.gallery_dtype, match_precision=settings.match_precision,
@@ -577,8 +575,6 @@ def _write_metrics(config, summary):
 
 
 def _run(config, verbose, train_source, eval_source, stage):
-    from tfdml import export as export_lib
-
     steps = steps_per_epoch(config, train_source)
     input_shape = (config.data.image_size, config.data.image_size, getattr(train_source, "channels", 3))
     _check_weights(config, train_source)
@@ -586,10 +582,7 @@ def _run(config, verbose, train_source, eval_source, stage):
     strategy = _strategy(config.training.distribute)
     with strategy.scope():
         model, embedder = build_model(config, input_shape, config.training.epochs * steps)
-    # One preprocessing spec serves the input pipeline here and the exported serving graph.
-    preprocess_name = embedder.preprocessing
-    preprocess = export_lib.resolve_preprocessing(preprocess_name)[0]
-    datasets = make_datasets(config, train_source, eval_source, preprocess, strategy.num_replicas_in_sync)
+    datasets = make_datasets(config, train_source, eval_source, strategy.num_replicas_in_sync)
     stage[0] = "training"
     trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
     stage[0] = "after training"
@@ -620,7 +613,7 @@ def _run(config, verbose, train_source, eval_source, stage):
     write_projector(config, evaluation, eval_source.class_names)
     if config.export.enabled:
         try:
-            summary.update(export(config, embedder, preprocess_name, evaluation, eval_source))
+            summary.update(export(config, embedder, evaluation, eval_source))
         except (OSError, ValueError) as error:
             raise JobError(f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
                            f"({error}); the evaluation is saved in "

@@ -200,7 +200,9 @@ def plot_match_calibration(calibration, path, title="Match calibration (leave-on
 def plot_training_curves(history, path, title="Training"):
     """Loss and metric curves per epoch from a Keras `History` (or its `.history` dict of lists).
 
-    Each metric gets one panel; `val_<name>` is drawn in the same panel as `<name>`.
+    Each metric gets one panel; `val_<name>` is drawn in the same panel as `<name>`. A per-level loss equal
+    to `loss` at every epoch (`loss_H` of a single-level embedder) is named in the `loss` panel's title
+    instead of getting an identical panel of its own.
     """
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -210,6 +212,10 @@ def plot_training_curves(history, path, title="Training"):
         raise ValueError("history is empty: nothing to plot.")
     names = [key for key in history if not key.startswith("val_")]
     names += [key[4:] for key in history if key.startswith("val_") and key[4:] not in names]
+    same_as_loss = [key for key in names if key.startswith("loss_") and "loss" in history
+                    and _same_series(history[key], history["loss"])
+                    and _same_series(history.get(f"val_{key}"), history.get("val_loss"))]
+    names = [key for key in names if key not in same_as_loss]
     columns = min(3, len(names))
     rows = math.ceil(len(names) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
@@ -218,7 +224,7 @@ def plot_training_curves(history, path, title="Training"):
             if series in history:
                 values = np.asarray(history[series], np.float64)
                 ax.plot(np.arange(1, len(values) + 1), values, style, marker=".", label=series)
-        ax.set_title(key, fontsize=10)
+        ax.set_title(" = ".join([key] + same_as_loss) if key == "loss" else key, fontsize=10)
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
@@ -228,6 +234,13 @@ def plot_training_curves(history, path, title="Training"):
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _same_series(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-6, atol=0.0)
 
 
 def plot_ala_weights(history, path, title="DML-ALA assessed weights"):

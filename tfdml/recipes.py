@@ -74,11 +74,9 @@ def make_embedder(config, input_shape=None):
     """
     config = ModelConfig.from_dict(config)
     backbone = config.backbone
-    if config.widths is not None and backbones.is_small_cnn(backbone):
-        # A small CNN of other widths is passed as a built model (saved in full by get_config).
-        backbone = backbones.small_cnn(input_shape or backbones.SMALL_CNN_INPUT_SHAPE, widths=tuple(config.widths))
+    widths = tuple(config.widths) if config.widths is not None and backbones.is_small_cnn(backbone) else None
     common = dict(embedding_dim=config.embedding_dim, input_shape=input_shape, weights=config.weights,
-                  num_classes=config.num_classes, freeze_batchnorm=config.freeze_batchnorm)
+                  num_classes=config.num_classes, freeze_batchnorm=config.freeze_batchnorm, widths=widths)
     if config.type == "single":
         return Embedder(backbone, **common)
     return MultiLevelEmbedder(backbone, taps=config.taps, levels=tuple(config.levels),

@@ -44,9 +44,10 @@ def register(subparsers):
                              "from a report folder whose job trained on whole images (no random crop) is "
                              "exported without the crop anyway.")
     parser.add_argument("--preprocess",
-                        help="pixel preprocessing in the graph: none, unit (x/255), symmetric (x/127.5-1) or "
-                             "a dotted function name (default: what the model declares, as 'tfdml train' "
-                             "used it; unit for a model outside a report that declares none).")
+                        help="pixel preprocessing in the graph, for a Keras model that does not preprocess its "
+                             "input itself: none, unit (x/255), symmetric (x/127.5-1) or a dotted function "
+                             "name (default: none). tfdml embedders apply their own preprocessing to raw "
+                             "pixels (their first layer), so the graph adds none.")
     parser.add_argument("--gallery-dir", metavar="DIR",
                         help="build the ScaNN index of these images (one sub-folder per class); files that "
                              "cannot be decoded are skipped and named. Default: the job's evaluation data "
@@ -130,9 +131,6 @@ def _run(args):
         if not name:
             raise ValueError("--name is needed: the model is not in a 'tfdml train' report folder that names it.")
         model = keras.saving.load_model(args.model, compile=False)
-        preprocess = args.preprocess
-        if preprocess is None and training_config is None and getattr(model, "preprocessing", "absent") is None:
-            preprocess = "unit"  # outside the job, tfdml.data feeds models without preprocessing [0, 1] pixels
         from tfdml.data.preprocessing import evaluation_center_crop
         from tfdml.data.sources import image_folder, job_evaluation_source
 
@@ -152,7 +150,7 @@ def _run(args):
             training_config is None or evaluation_center_crop(training_config.get("data", {}).get("augment", True)))
         path = export_lib.export_saved_model(
             model, base_dir=args.base_dir, name=name, version=args.version,
-            image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
+            image_size=tuple(args.image_size) if args.image_size else None, preprocess=args.preprocess,
             overwrite=args.version is not None, center_crop=center_crop,
             training_config=training_config, metrics=metrics, gallery=gallery, search=not args.no_search,
             **_search_settings(args, training_config))

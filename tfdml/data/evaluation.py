@@ -16,7 +16,8 @@ def eval_dataset(source, batch_size, image_size=None, center_crop=True, resize=N
       batch_size: items per batch (the last batch may be smaller).
       image_size: output size; images are resized to `resize` (default `image_size * 256 / 224`, i.e.
         256 for 224) and centre-cropped to `image_size` (`center_crop=False`: plain resize).
-      preprocess: `None` for float32 pixels in `[0, 1]`, or a function of float32 images in `[0, 255]`.
+      preprocess: `None` (default) for raw float32 pixels in `[0, 255]`, what tfdml embedders take (they
+        apply their own preprocessing); or a function of float32 images in `[0, 255]`.
       with_index: also yield each item's index in the source, `(images, labels, indices)`, so that
         embeddings can be matched back to items (e.g. file paths) even when a corrupt item was skipped.
 

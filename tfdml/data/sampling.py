@@ -278,8 +278,9 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_s
       image_size: output size (int or `(height, width)`); required unless all images share one size.
       augment: `False` (resize only), `True` (paper augmentation: resize 256, random crop of 50-100 % area
         and aspect 3/4-4/3 to `image_size`, horizontal flip) or a `tfdml.data.Augment`.
-      preprocess: `None` for float32 pixels in `[0, 1]`, or a function of float32 images in `[0, 255]`
-        (backbone-specific, e.g. `keras.applications.resnet.preprocess_input`).
+      preprocess: `None` (default) for raw float32 pixels in `[0, 255]`, what tfdml embedders take (they
+        apply their own preprocessing); or a function of float32 images in `[0, 255]` for a model that does
+        not preprocess itself (e.g. `lambda x: x / 255`).
       seed: int; the same seed gives the same batches (classes, images and augmentation).
       epochs: number of class epochs (`steps_per_epoch(source, C)` batches each); `None` repeats forever.
       num_replicas: when set, checks that `C` divides evenly so each replica's contiguous share of a batch

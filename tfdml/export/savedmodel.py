@@ -2,7 +2,6 @@
 
 import dataclasses
 import datetime
-import importlib
 import json
 import math
 import os
@@ -33,32 +32,8 @@ from tfdml.export.search import (
     item_strings,
     search_signature_info,
 )
+from tfdml.models.preprocessing import resolve_preprocessing
 from tfdml.retrieval.calibration import calibrate
-
-_NAMED_PREPROCESSING = {
-    "none": lambda x: x,
-    "unit": lambda x: x / 255.0,
-    "symmetric": lambda x: x / 127.5 - 1.0,
-}
-
-
-def resolve_preprocessing(spec):
-    """`(function, json_name)` for a preprocessing spec (see the module docstring)."""
-    if spec is None:
-        spec = "none"
-    if callable(spec):
-        return spec, f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
-    if not isinstance(spec, str):
-        raise TypeError(f"preprocess must be None, a string or a callable, got {type(spec).__name__}.")
-    if spec in _NAMED_PREPROCESSING:
-        return _NAMED_PREPROCESSING[spec], spec
-    module_name, _, function_name = spec.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), function_name), spec
-    except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(f"unknown preprocessing {spec!r}: use one of {sorted(_NAMED_PREPROCESSING)}, a "
-                         f"dotted function name such as 'keras.applications.resnet50.preprocess_input', "
-                         f"or a callable.") from error
 
 
 def _model_preprocessing_config(model):
@@ -115,7 +90,10 @@ def _named_outputs(model, images):
     else:
         outputs = {EMBEDDING_OUTPUT: outputs}
     outputs = {key: tf.cast(value, tf.float32) for key, value in outputs.items()}
-    outputs[EMBEDDING_OUTPUT] = tf.math.l2_normalize(outputs[EMBEDDING_OUTPUT], axis=-1)
+    if not getattr(model, "embedding_normalized", False):
+        # Normalising a unit vector again moves it by an ulp, enough to swap near-tied neighbours: a model
+        # whose embedding is unit-norm already (tfdml embedders) is served exactly as Keras computes it.
+        outputs[EMBEDDING_OUTPUT] = tf.math.l2_normalize(outputs[EMBEDDING_OUTPUT], axis=-1)
     return outputs
 
 
@@ -178,7 +156,9 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
       name: model name (the TF Serving `model_name`); default `model.name`.
       version: positive integer version; default one more than the largest existing version.
       image_size: `(height, width)` the model takes; default from the model.
-      preprocess: pixel preprocessing spec; default from `model.preprocessing_config()`, else `"none"`.
+      preprocess: pixel preprocessing spec of the graph, for a model that does not preprocess its raw input
+        itself; default from `model.preprocessing_config()`, else `"none"`. A tfdml embedder applies its own
+        (a different spec here is refused rather than applied twice).
       training_config, metrics: JSON-serialisable dicts copied into the metadata file (loss and training
         settings, evaluation results); omitted from the metadata when not given.
       overwrite: replace an existing version directory instead of raising `FileExistsError`.
@@ -211,8 +191,17 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         raise ValueError(f"name must be a plain directory name, got {name!r}.")
     config = _model_preprocessing_config(model)
     height, width = _resolve_image_size(model, image_size, config)
+    in_model = bool(config.get("applied_by_model"))
     preprocess_fn, preprocess_name = resolve_preprocessing(
         preprocess if preprocess is not None else config.get("preprocessing"))
+    if in_model:
+        # The model preprocesses its raw input itself: the graph must not do it a second time.
+        own = resolve_preprocessing(config.get("preprocessing"))[1]
+        if preprocess_name != own:
+            raise ValueError(f"model {model.name!r} applies its own pixel preprocessing ({own!r}) to raw 0-255 "
+                             f"pixels; preprocess={preprocess_name!r} would preprocess them a second time. "
+                             "Leave preprocess unset.")
+        preprocess_fn = resolve_preprocessing(None)[0]
     channels = _resolve_channels(model, config)
     geometry = eval_settings((height, width), center_crop, resize)
     if search and gallery is not None:
@@ -280,6 +269,7 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "image_size": [height, width],
         "eval_image": geometry,  # tfdml.data.eval_image(image_size, center_crop, resize)
         "preprocessing": preprocess_name,
+        "preprocessing_in_model": in_model,  # else applied by the serving graph before the model
         "signatures": {
             SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
                                 "outputs": sorted(outputs)},

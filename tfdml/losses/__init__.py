@@ -41,3 +41,6 @@ from tfdml.losses.classifier import (
     cosface_loss,
     normalized_softmax_loss,
 )
+from tfdml.losses.aliases import get, register_aliases
+
+register_aliases()  # model.compile(loss="ranked_list"), as Keras names its own losses

@@ -547,8 +547,8 @@ def ala_training(embedder, source, steps, base_loss="triplet", weighting="assess
             a tfdml embedder); a fresh instance per model.
         episode: `episode_dataset` arguments (default the paper's: train_size 100, val_size 20,
             samples_per_class 5; `disjoint_labels=False` for Table 1's random episodes).
-        image_size, augment, preprocess: as for `episode_dataset` (`preprocess` defaults to the embedder's
-            own preprocessing when it has one).
+        image_size, augment, preprocess: as for `episode_dataset` (`preprocess=None`: raw 0-255 pixels, which
+            a tfdml embedder preprocesses itself).
         seed: seed of the episodes and of the tuple subsets.
         **ala_kwargs: further `ALAModel` arguments (state, max_tuples, assessor_steps, ...).
 
@@ -562,8 +562,6 @@ def ala_training(embedder, source, steps, base_loss="triplet", weighting="assess
         ...     model.fit(ds)
         ...     results[weighting] = tfdml.retrieval.evaluate(model.predict(test_images), test_labels)
     """
-    if preprocess is None and hasattr(embedder, "preprocess"):
-        preprocess = embedder.preprocess
     if optimizer is None:
         head = 10.0 if hasattr(embedder, "head_variables") else 1.0
         optimizer = build_optimizer("adam", 1e-4, head_lr_multiplier=head, model=embedder)

@@ -22,10 +22,10 @@ counterparts of `inception_3c` and `inception_4e`.
 
 Any other functional backbone is tapped by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
 
-`preprocessing_name(backbone)` is the pixel preprocessing the backbone expects, as a `tfdml.export` spec
-applied to RGB pixels in [0, 255]: the dotted name of the `keras.applications` function (for example
-`keras.applications.resnet50.preprocess_input`), "unit" (pixels / 255) for the small CNN, None for
-custom backbones (pixels used as they come).
+`preprocessing_name(backbone)` is the pixel preprocessing the backbone expects, as a
+`tfdml.models.preprocessing` spec applied to RGB pixels in [0, 255] by the embedder's first layer: the
+dotted name of the `keras.applications` function (for example `keras.applications.resnet50.preprocess_input`),
+"unit" (pixels / 255) for the small CNN, None for custom backbones (pixels used as they come).
 """
 
 import keras
@@ -121,7 +121,7 @@ def _imagenet_error(name, cause):
         "or pass weights=None for a randomly initialised backbone.", reason)
 
 
-def get_backbone(backbone, input_shape=None, weights="imagenet"):
+def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
     """Resolves `backbone` to a functional Keras model without a classification top.
 
     Args:
@@ -132,6 +132,7 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
         (32, 32, 1) for the small CNN. Ignored for a Keras model.
       weights: "imagenet" (downloaded by Keras), None (random initialisation) or a path to a weights file.
         Must be None for "small_cnn". Ignored for a Keras model.
+      widths: the small CNN's block widths (default (8, 16, 32)); only for "small_cnn".
     """
     if isinstance(backbone, keras.Model):
         try:
@@ -150,7 +151,9 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
     if is_small_cnn(backbone):
         if weights not in (None, "none"):
             raise ValueError(f"The small CNN has no pretrained weights; pass weights=None (got {weights!r}).")
-        return small_cnn(input_shape or SMALL_CNN_INPUT_SHAPE)
+        return small_cnn(input_shape or SMALL_CNN_INPUT_SHAPE, **({} if widths is None else {"widths": widths}))
+    if widths is not None:
+        raise ValueError(f"widths sets the small CNN's block widths; backbone {backbone!r} does not take it.")
     if key not in _APPLICATIONS:
         raise ValueError(f"Unknown backbone {backbone!r}. Known names: {', '.join(backbone_names())}; "
                          "or pass a Keras model.")
@@ -168,10 +171,10 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
 
 
 def preprocessing_name(backbone):
-    """Preprocessing spec of the backbone (as understood by `tfdml.export`), applied to 0-255 pixels.
+    """Preprocessing spec of the backbone (`tfdml.models.preprocessing`), applied to 0-255 pixels.
 
-    A dotted function name for `keras.applications` backbones, "unit" (pixels / 255, the `tfdml.data`
-    default) for the small CNN, None (pixels used as they come) for other models.
+    A dotted function name for `keras.applications` backbones, "unit" (pixels / 255) for the small CNN,
+    None (pixels used as they come) for other models.
     """
     name = backbone if isinstance(backbone, str) else getattr(backbone, "name", "")
     key = normalise_name(name)

@@ -12,6 +12,8 @@ support are untouched:
 - losses with state that only training steps update (the queue of `CrossBatchMemory`) have their
   `non_trainable_variables` tracked (saved, checkpointed) and are told through `loss.training` whether a
   step trains, so `evaluate` leaves that state alone.
+- tfdml losses given by their short name (`loss="ranked_list"`, the configuration's names) are built first
+  (`tfdml.losses.get`), so that the two points above apply to them too.
 
 `get_compile_config` stores the optimizer the user passed, so `keras.saving.load_model` recompiles the same
 way (and restores the losses' variables and every inner optimizer's state).
@@ -20,7 +22,16 @@ way (and restores the losses' variables and every inner optimizer's state).
 import keras
 
 from tfdml.keras_private import Functional, Trainer, functional_init_arguments
+from tfdml.loss_names import LOSSES
+from tfdml.losses.aliases import get as get_loss
 from tfdml.optimizers import MultiOptimizer
+
+
+def _resolve_names(loss):
+    """Builds the tfdml losses named by string in `loss` (a loss or a structure of losses)."""
+    return keras.tree.map_structure(
+        lambda item: get_loss(item) if isinstance(item, str) and item in LOSSES else item, loss
+    )
 
 
 def _flat_losses(loss):
@@ -51,6 +62,7 @@ class MetricModel(keras.Model):
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         optimizer = keras.optimizers.get(optimizer)
+        loss = _resolve_names(loss)
         losses = _flat_losses(loss)
         routes, loss_variables = [], []
         for item in losses:
