@@ -51,8 +51,9 @@ def synthetic(size, dim, seed=0, chunk=100000):
     out = np.empty((size, dim), np.float32)
     for start in range(0, size, chunk):
         n = min(chunk, size - start)
-        part = centres[rng.integers(0, clusters, n)] + rng.standard_normal((n, dim), dtype=np.float32) / np.float32(np.sqrt(dim))
-        out[start:start + n] = part / np.linalg.norm(part, axis=1, keepdims=True)
+        noise = rng.standard_normal((n, dim), dtype=np.float32) / np.float32(np.sqrt(dim))
+        part = centres[rng.integers(0, clusters, n)] + noise
+        out[start : start + n] = part / np.linalg.norm(part, axis=1, keepdims=True)
     return out
 
 
@@ -98,10 +99,11 @@ def timed(fn, queries):
 
 
 def all_neighbours(fn, queries):
-    return np.concatenate([fn(queries[i:i + BATCH]) for i in range(0, len(queries), BATCH)])
+    return np.concatenate([fn(queries[i : i + BATCH]) for i in range(0, len(queries), BATCH)])
 
 
 # ---- one method in its own process ---------------------------------------------------------------------------
+
 
 def _numpy_exact(size, dim, work):
     base = memory_mib()[0]
@@ -143,8 +145,10 @@ def _tf(size, dim, work, dtype):
     path = os.path.join(work, f"tf_{dtype}_{size}")
     info_path = path + ".json"
     if not os.path.exists(info_path):
-        subprocess.run([sys.executable, __file__, "--build", dtype, "--size", str(size), "--dim", str(dim),
-                        "--work", work], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--build", dtype, "--size", str(size), "--dim", str(dim), "--work", work],
+            check=True,
+        )
     with open(info_path) as f:
         info = json.load(f)
     base = memory_mib()[0]
@@ -170,8 +174,7 @@ def _scann(size, dim, work, mode):
     build = time.perf_counter() - start
     del gallery
     gc.collect()
-    info = {"build_seconds": build, "resident_mib": memory_mib()[0] - base,
-            "settings": index.settings or "brute force"}
+    info = {"build_seconds": build, "resident_mib": memory_mib()[0] - base, "settings": index.settings or "brute force"}
 
     def search(q):
         return np.asarray(index.search(q, k=K)[0])
@@ -195,6 +198,7 @@ def run_child(method, size, dim, work):
 
 
 # ---- the driver ------------------------------------------------------------------------------------------------
+
 
 def recall_against(neighbours, exact):
     found = np.mean([len(set(a) & set(b)) / K for a, b in zip(neighbours, exact)])
@@ -229,8 +233,22 @@ def main():
             key = f"{size}/{method}"
             if key in results:
                 continue
-            done = subprocess.run([sys.executable, __file__, "--child", method, "--size", str(size), "--dim",
-                                   str(args.dim), "--work", args.work], capture_output=True, text=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    method,
+                    "--size",
+                    str(size),
+                    "--dim",
+                    str(args.dim),
+                    "--work",
+                    args.work,
+                ],
+                capture_output=True,
+                text=True,
+            )
             if done.returncode:
                 results[key] = {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
             else:
@@ -255,7 +273,8 @@ def main():
             if "seconds_per_batch32" in tf_row and "seconds_per_batch32" in row:
                 ratios[f"tf_float32_over_{other}"] = {
                     "batch32": tf_row["seconds_per_batch32"] / row["seconds_per_batch32"],
-                    "query1": tf_row["seconds_per_query1"] / row["seconds_per_query1"]}
+                    "query1": tf_row["seconds_per_query1"] / row["seconds_per_query1"],
+                }
         report["sizes"][str(size)] = {"methods": rows, "time_ratios": ratios}
     print(json.dumps(report, indent=1))
 

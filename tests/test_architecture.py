@@ -64,10 +64,12 @@ def test_no_import_cycle_between_tfdml_modules():
 
 
 def test_configuration_errors_are_found_before_tensorflow_is_imported():
-    code = ("import sys, tfdml.config as c\n"
-            "try:\n    c.load_config(overrides=['training.epoch=2'])\n"
-            "except c.ConfigError as e:\n    print(e)\n"
-            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    code = (
+        "import sys, tfdml.config as c\n"
+        "try:\n    c.load_config(overrides=['training.epoch=2'])\n"
+        "except c.ConfigError as e:\n    print(e)\n"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     message, imported = out.splitlines()
     assert message.startswith("unknown configuration key 'training.epoch' (did you mean 'epochs'?)")

@@ -45,7 +45,8 @@ def _selector_to_rules(selector):
         return [("fn", selector)]
     raise TypeError(
         "A variable selector must be a string (layer name, path or regex), a Layer, a Variable, a callable "
-        f"fn(variable) -> bool, or a list of these; got {type(selector).__name__}: {selector!r}.")
+        f"fn(variable) -> bool, or a list of these; got {type(selector).__name__}: {selector!r}."
+    )
 
 
 def _path_matches(pattern, path):
@@ -83,7 +84,8 @@ class _Router:
         if self.default_optimizer is None:
             raise ValueError(
                 f"Variable {variable.path!r} matches no selector of the MultiOptimizer and no default "
-                "optimizer was given. Add a selector for it or pass default=...")
+                "optimizer was given. Add a selector for it or pass default=..."
+            )
         return self.default_optimizer
 
 
@@ -124,7 +126,8 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
             if isinstance(optimizer, (keras.optimizers.MultiOptimizer, keras.optimizers.LossScaleOptimizer)):
                 raise ValueError(
                     f"An inner optimizer cannot be a {type(optimizer).__name__}; nest plain optimizers only "
-                    "(use with_routes() to add routes to an existing MultiOptimizer).")
+                    "(use with_routes() to add routes to an existing MultiOptimizer)."
+                )
         # The routes live in the router, a plain object that no tracker follows.
         super().__init__(_Router(routes, default), loss_scale_factor=loss_scale_factor, name=name)
         # Named attributes make each inner optimizer (and its slots) a dependency of tf.train.Checkpoint;
@@ -150,8 +153,12 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
         """A new `MultiOptimizer` whose extra `(optimizer, selector)` pairs take precedence over these ones
         (same inner optimizer objects, same default)."""
         own = [(optimizer, [value for _, value in rules]) for optimizer, rules in self._routes]
-        return MultiOptimizer(list(optimizers_and_selectors) + own, default=self.default_optimizer,
-                              loss_scale_factor=self.loss_scale_factor, name=self.name)
+        return MultiOptimizer(
+            list(optimizers_and_selectors) + own,
+            default=self.default_optimizer,
+            loss_scale_factor=self.loss_scale_factor,
+            name=self.name,
+        )
 
     def get_config(self):
         def rule_config(rule):
@@ -165,7 +172,8 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
         return {
             "optimizers_and_selectors": [
                 [serialize_keras_object(optimizer), [rule_config(rule) for rule in rules]]
-                for optimizer, rules in self._routes],
+                for optimizer, rules in self._routes
+            ],
             "default": None if self.default_optimizer is None else serialize_keras_object(self.default_optimizer),
             "loss_scale_factor": self.loss_scale_factor,
             "name": self.name,
@@ -176,14 +184,15 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
         pairs = []
         for optimizer_config, rules in config["optimizers_and_selectors"]:
             optimizer = deserialize_keras_object(optimizer_config, custom_objects=custom_objects)
-            selector = [rule["path"] if "path" in rule else
-                        deserialize_keras_object(rule["fn"], custom_objects=custom_objects) for rule in rules]
+            selector = [
+                rule["path"] if "path" in rule else deserialize_keras_object(rule["fn"], custom_objects=custom_objects)
+                for rule in rules
+            ]
             pairs.append((optimizer, selector))
         default = config.get("default")
         if default is not None:
             default = deserialize_keras_object(default, custom_objects=custom_objects)
-        return cls(pairs, default=default, loss_scale_factor=config.get("loss_scale_factor"),
-                   name=config.get("name"))
+        return cls(pairs, default=default, loss_scale_factor=config.get("loss_scale_factor"), name=config.get("name"))
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -250,8 +259,7 @@ OPTIMIZER_BUILDERS = {
     "adam": lambda lr, momentum, decay: keras.optimizers.Adam(lr, weight_decay=decay or None),
     "adamw": lambda lr, momentum, decay: keras.optimizers.AdamW(lr, weight_decay=decay),
     "lamb": lambda lr, momentum, decay: keras.optimizers.Lamb(lr, weight_decay=decay or None),
-    "rmsprop": lambda lr, momentum, decay: keras.optimizers.RMSprop(lr, momentum=momentum,
-                                                                    weight_decay=decay or None),
+    "rmsprop": lambda lr, momentum, decay: keras.optimizers.RMSprop(lr, momentum=momentum, weight_decay=decay or None),
 }
 OPTIMIZER_NAMES = tuple(OPTIMIZER_BUILDERS)
 
@@ -282,8 +290,18 @@ def build_schedule(learning_rate, schedule=None, total_steps=None, boundaries=(0
     return keras.optimizers.schedules.PiecewiseConstantDecay([s - 1 for s in steps], values)
 
 
-def build_optimizer(name="sgd", learning_rate=1e-2, momentum=0.9, weight_decay=0.0, head_lr_multiplier=1.0,
-                    model=None, schedule=None, total_steps=None, boundaries=(0.5,), factor=0.1):
+def build_optimizer(
+    name="sgd",
+    learning_rate=1e-2,
+    momentum=0.9,
+    weight_decay=0.0,
+    head_lr_multiplier=1.0,
+    model=None,
+    schedule=None,
+    total_steps=None,
+    boundaries=(0.5,),
+    factor=0.1,
+):
     """An optimizer of the papers' recipes, with the "new layers at `head_lr_multiplier` x" rule.
 
     Args:
@@ -313,6 +331,8 @@ def build_optimizer(name="sgd", learning_rate=1e-2, momentum=0.9, weight_decay=0
 def _head_layers(model):
     layers = list(getattr(model, "level_heads", [])) + list(getattr(model, "classifiers", []))
     if not layers:
-        raise ValueError("head_lr_multiplier != 1 needs a tfdml Embedder / MultiLevelEmbedder (its heads are the "
-                         f"new layers); got {type(model).__name__}.")
+        raise ValueError(
+            "head_lr_multiplier != 1 needs a tfdml Embedder / MultiLevelEmbedder (its heads are the "
+            f"new layers); got {type(model).__name__}."
+        )
     return layers

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -184,28 +185,16 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
       ...                           gallery=tfdml.data.image_folder("cub/test"))
       >>> # tensorflow_model_server --rest_api_port=8501 --model_name=cub --model_base_path=$PWD/exported_models/cub
     """
-    import keras
-
     name = name or model.name
     if not name or os.sep in name or name in (".", ".."):
         raise ValueError(f"name must be a plain directory name, got {name!r}.")
     config = _model_preprocessing_config(model)
     height, width = _resolve_image_size(model, image_size, config)
-    in_model = bool(config.get("applied_by_model"))
-    preprocess_fn, preprocess_name = resolve_preprocessing(
-        preprocess if preprocess is not None else config.get("preprocessing"))
-    if in_model:
-        # The model preprocesses its raw input itself: the graph must not do it a second time.
-        own = resolve_preprocessing(config.get("preprocessing"))[1]
-        if preprocess_name != own:
-            raise ValueError(f"model {model.name!r} applies its own pixel preprocessing ({own!r}) to raw 0-255 "
-                             f"pixels; preprocess={preprocess_name!r} would preprocess them a second time. "
-                             "Leave preprocess unset.")
-        preprocess_fn = resolve_preprocessing(None)[0]
+    preprocess_fn, preprocess_name, in_model = _graph_preprocessing(model, config, preprocess)
     channels = _resolve_channels(model, config)
-    geometry = eval_settings((height, width), center_crop, resize)
     if search and gallery is not None:
         _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows)
+    model_dir, version, target = _version_path(base_dir, name, version, overwrite)
 
     def embed_preprocessed(preprocessed):
         return _named_outputs(model, preprocessed)
@@ -233,25 +222,8 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
     if search and embedded is not None:
         if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
             calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
-        ids, labels = item_strings(embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings),
-                                   embedded.source)
-        searcher = GallerySearch(embedded.embeddings, ids, labels, top_k, gallery_dtype,
-                                 calibration.threshold if calibration is not None else math.inf, search_block_rows)
-
-        def search_images(images):
-            embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
-            return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
-
-        archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec]))
-
-    model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
-    os.makedirs(model_dir, exist_ok=True)
-    version = _next_version(model_dir) if version is None else int(version)
-    if version < 1:
-        raise ValueError(f"version must be a positive integer, got {version}.")
-    target = os.path.join(model_dir, str(version))
-    if os.path.exists(target) and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
+        searcher = _add_search_signature(archive, embed_images, image_spec, embedded, calibration, top_k,
+                                         gallery_dtype, search_block_rows)
 
     metadata = {
         "format": "tfdml.export/2",
@@ -262,6 +234,72 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "outputs": outputs,
         "embedding_normalized": True,
         "distance": "dot_product",
+        **_input_metadata(channels, (height, width), eval_settings((height, width), center_crop, resize),
+                          preprocess_name, in_model, outputs),
+        "search": None if searcher is None else _search_info(searcher, calibration, embedded),
+        "calibration": None if searcher is None or calibration is None else calibration.to_dict(),
+        "model": {"class": type(model).__name__, "name": model.name},
+        "compile_config": _compile_info(model),
+        "training_config": _json_safe(training_config) if training_config else None,
+        "metrics": _json_safe(metrics) if metrics else None,
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+    }
+    metadata = {key: value for key, value in metadata.items() if value is not None}  # unknown: left out
+    if searcher is not None:
+        metadata["signatures"][SEARCH_SIGNATURE] = search_signature_info(searcher.k, outputs[EMBEDDING_OUTPUT])
+    _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings)
+    return target
+
+
+def _graph_preprocessing(model, config, preprocess):
+    """`(function, spec name, applied by the model)` of the pixel preprocessing the serving graph applies:
+    none for a model that preprocesses its raw input itself (a different `preprocess` is refused)."""
+    preprocess_fn, preprocess_name = resolve_preprocessing(
+        preprocess if preprocess is not None else config.get("preprocessing"))
+    in_model = bool(config.get("applied_by_model"))
+    if in_model:
+        own = resolve_preprocessing(config.get("preprocessing"))[1]
+        if preprocess_name != own:
+            raise ValueError(f"model {model.name!r} applies its own pixel preprocessing ({own!r}) to raw 0-255 "
+                             f"pixels; preprocess={preprocess_name!r} would preprocess them a second time. "
+                             "Leave preprocess unset.")
+        preprocess_fn = resolve_preprocessing(None)[0]
+    return preprocess_fn, preprocess_name, in_model
+
+
+def _version_path(base_dir, name, version, overwrite):
+    """`(model folder, version, version folder)`, checked before anything is built or written."""
+    model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
+    version = _next_version(model_dir) if version is None else int(version)
+    if version < 1:
+        raise ValueError(f"version must be a positive integer, got {version}.")
+    target = os.path.join(model_dir, str(version))
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
+    return model_dir, version, target
+
+
+def _add_search_signature(archive, embed_images, image_spec, embedded, calibration, top_k, gallery_dtype,
+                          block_rows):
+    """Adds the `search` endpoint over the embedded gallery to `archive`; returns its `GallerySearch`."""
+    ids, labels = item_strings(embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings),
+                               embedded.source)
+    searcher = GallerySearch(embedded.embeddings, ids, labels, top_k, gallery_dtype,
+                             calibration.threshold if calibration is not None else math.inf, block_rows)
+
+    def search_images(images):
+        embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
+        return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
+
+    archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec]))
+    return searcher
+
+
+def _input_metadata(channels, image_size, geometry, preprocess_name, in_model, outputs):
+    """The metadata of what the version takes: input, geometry, preprocessing and the two embedding
+    signatures."""
+    height, width = image_size
+    return {
         "input": {"signature": SERVING_SIGNATURE, "name": IMAGE_INPUT, "dtype": "uint8",
                   "shape": [None, None, None, channels], "channels": channels,
                   "channel_conversion": "1 <-> 3 channels converted in the graph (RGB -> luma "
@@ -277,24 +315,21 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
                 "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
                 "outputs": sorted(outputs)},
         },
-        "search": None if searcher is None else _search_info(searcher, calibration, embedded),
-        "calibration": None if searcher is None or calibration is None else calibration.to_dict(),
-        "model": {"class": type(model).__name__, "name": model.name},
-        "compile_config": _compile_info(model),
-        "training_config": _json_safe(training_config) if training_config else None,
-        "metrics": _json_safe(metrics) if metrics else None,
-        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
-    metadata = {key: value for key, value in metadata.items() if value is not None}  # unknown: left out
-    if searcher is not None:
-        metadata["signatures"][SEARCH_SIGNATURE] = search_signature_info(searcher.k, outputs[EMBEDDING_OUTPUT])
+
+
+def _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings):
+    """Writes the SavedModel, its metadata and index in a temporary folder, then renames it into place, so
+    that a version never exists half-written or without the index it was exported with."""
+    os.makedirs(model_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
     try:
         written = os.path.join(staging, "model")
         archive.write_out(written, verbose=False)
         _write_json(os.path.join(written, METADATA_FILE), metadata)
         if embedded is not None:
-            index = save_index(written, embedded, name, version, index_mode, index_settings or {})
+            index = save_index(written, embedded, metadata["name"], metadata["version"], index_mode,
+                               index_settings or {})
             metadata["index"] = _index_summary(index)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
         if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
@@ -302,7 +337,6 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         os.rename(written, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):

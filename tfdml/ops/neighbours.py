@@ -114,8 +114,16 @@ def drop_own_rows(found, first_row, *aligned):
     return tuple(a[keep].reshape(rows, width - 1) for a in (found, *aligned))
 
 
-def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=None,
-                 memory_budget=DEFAULT_MEMORY_BUDGET, progress=False, block_size=None):
+def exact_search(
+    queries,
+    gallery=None,
+    k=10,
+    distance="squared_l2",
+    chunk_size=None,
+    memory_budget=DEFAULT_MEMORY_BUDGET,
+    progress=False,
+    block_size=None,
+):
     """Exact top-`k` neighbours of each query row among the gallery rows.
 
     Args:
@@ -167,14 +175,17 @@ def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=
 
 def _check_search_arguments(queries, gallery, k, same_set):
     if queries.ndim != 2 or gallery.ndim != 2:
-        raise ValueError(f"queries and gallery must be 2-D [rows, dim], got shapes {queries.shape} and "
-                         f"{gallery.shape}.")
+        raise ValueError(
+            f"queries and gallery must be 2-D [rows, dim], got shapes {queries.shape} and {gallery.shape}."
+        )
     if queries.shape[1] != gallery.shape[1]:
         raise ValueError(f"queries have dimension {queries.shape[1]} but the gallery has {gallery.shape[1]}.")
     available = gallery.shape[0] - (1 if same_set else 0)
     if not 1 <= k <= available:
-        raise ValueError(f"k must be between 1 and {available} (gallery size"
-                         f"{' minus the query itself' if same_set else ''}), got {k}.")
+        raise ValueError(
+            f"k must be between 1 and {available} (gallery size"
+            f"{' minus the query itself' if same_set else ''}), got {k}."
+        )
     if not (np.isfinite(queries).all() and np.isfinite(gallery).all()):
         raise ValueError("embeddings contain NaN or Inf values.")
 

@@ -44,13 +44,15 @@ def _embeddings(x, name):
 
 
 def _approximate_search(queries, gallery, k, distance, same_set, index_kwargs):
-    unit_norm = np.allclose(np.einsum("ij,ij->i", gallery, gallery), 1.0, atol=1e-3) and \
-        np.allclose(np.einsum("ij,ij->i", queries, queries), 1.0, atol=1e-3)
+    unit_norm = np.allclose(np.einsum("ij,ij->i", gallery, gallery), 1.0, atol=1e-3) and np.allclose(
+        np.einsum("ij,ij->i", queries, queries), 1.0, atol=1e-3
+    )
     if unit_norm:
         # Same ranking as squared L2 on the unit sphere, and ScaNN's anisotropic AH is built for it.
         distance = "dot_product"
-    index = ScannIndex(gallery, distance=distance, mode="approximate", num_neighbors=k + same_set,
-                       **(index_kwargs or {}))
+    index = ScannIndex(
+        gallery, distance=distance, mode="approximate", num_neighbors=k + same_set, **(index_kwargs or {})
+    )
     found, _ = index.search(queries, k + same_set)
     return drop_own_rows(found, 0)[0] if same_set else found
 
@@ -65,9 +67,20 @@ def embed_batches(model, batches):
     return np.concatenate(embeddings), np.concatenate(labels)
 
 
-def evaluate(embeddings, labels, ks=(1, 2, 4, 8), query_embeddings=None, query_labels=None,
-             metrics=METRICS, exact=True, distance="squared_l2", chunk_size=None, index_kwargs=None,
-             seed=0, progress=False):
+def evaluate(
+    embeddings,
+    labels,
+    ks=(1, 2, 4, 8),
+    query_embeddings=None,
+    query_labels=None,
+    metrics=METRICS,
+    exact=True,
+    distance="squared_l2",
+    chunk_size=None,
+    index_kwargs=None,
+    seed=0,
+    progress=False,
+):
     """Retrieval and clustering metrics of embeddings.
 
     Args:
@@ -99,10 +112,17 @@ def evaluate(embeddings, labels, ks=(1, 2, 4, 8), query_embeddings=None, query_l
     same_set = query_embeddings is None
     results = {}
     if any(m in metrics for m in ("recall", "map@r", "r_precision")):
+
         def search(needed):
             if exact:
-                return exact_search(queries, None if same_set else gallery, k=needed, distance=distance,
-                                    chunk_size=chunk_size, progress=progress)[0]
+                return exact_search(
+                    queries,
+                    None if same_set else gallery,
+                    k=needed,
+                    distance=distance,
+                    chunk_size=chunk_size,
+                    progress=progress,
+                )[0]
             return _approximate_search(queries, gallery, needed, distance, same_set, index_kwargs)
 
         results.update(_retrieval_metrics(search, q_labels, gallery_labels, same_set, metrics, ks))
@@ -134,8 +154,7 @@ def _query_set(gallery, gallery_labels, query_embeddings, query_labels):
         return gallery, gallery_labels
     queries = _embeddings(query_embeddings, "query_embeddings")
     if queries.shape[1] != gallery.shape[1]:
-        raise ValueError(f"query_embeddings have dimension {queries.shape[1]}, embeddings have "
-                         f"{gallery.shape[1]}.")
+        raise ValueError(f"query_embeddings have dimension {queries.shape[1]}, embeddings have {gallery.shape[1]}.")
     return queries, _labels(query_labels, queries.shape[0], "query_labels")
 
 

@@ -64,7 +64,8 @@ def cluster_embeddings(embeddings, num_clusters, seed=0):
     """k-means cluster ids (scikit-learn `KMeans`, k-means++ init, `n_init=1` above 20k points for speed)."""
     n_init = 3 if len(embeddings) <= 20000 else 1
     return KMeans(n_clusters=num_clusters, n_init=n_init, random_state=seed).fit_predict(
-        np.asarray(embeddings, np.float64))
+        np.asarray(embeddings, np.float64)
+    )
 
 
 def nmi(cluster_ids, labels):

@@ -41,6 +41,7 @@ def replica_slice(batch, replica_id, num_replicas):
     The split `experimental_distribute_dataset` makes of a global batch on one machine; shares differ by at
     most one row when `B` is not a multiple of `num_replicas`.
     """
+
     def take(tensor):
         size = tf.shape(tensor)[0]
         start = size * replica_id // num_replicas
@@ -93,14 +94,17 @@ class _Progress:
 
 def _check_model(model, strategy):
     if getattr(model, "optimizer", None) is None:
-        raise ValueError("fit_distributed needs a compiled model: call model.compile(optimizer=..., loss=...) "
-                         "inside strategy.scope() first.")
+        raise ValueError(
+            "fit_distributed needs a compiled model: call model.compile(optimizer=..., loss=...) "
+            "inside strategy.scope() first."
+        )
     model_strategy = model.distribute_strategy
     if model_strategy is not strategy:
         raise ValueError(
             f"The model was created under {type(model_strategy).__name__} but fit_distributed got "
             f"{type(strategy).__name__}: create and compile the model inside `strategy.scope()` of the "
-            f"strategy you train with.")
+            f"strategy you train with."
+        )
 
 
 def _build(model, strategy, batch_spec):
@@ -130,8 +134,17 @@ def _save(manager, epochs_done, chief):
         shutil.rmtree(manager.directory, ignore_errors=True)
 
 
-def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_dir=None, strategy=None,
-                    max_checkpoints=3, data_position="auto", verbose=1):
+def fit_distributed(
+    model,
+    dataset,
+    epochs=1,
+    steps_per_epoch=None,
+    checkpoint_dir=None,
+    strategy=None,
+    max_checkpoints=3,
+    data_position="auto",
+    verbose=1,
+):
     """Trains a compiled Keras model with `strategy.run`, checkpointing and resuming; returns the history.
 
     Works with `tf.distribute.MirroredStrategy`, `MultiWorkerMirroredStrategy` (N processes, one per
@@ -201,7 +214,9 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
             warnings.warn(
                 f"The dataset ran out of data after {step} steps of epoch {epoch + 1} (steps_per_epoch="
                 f"{steps_per_epoch}): the epoch ends early and the next one starts the dataset again, as in "
-                "`fit`. Repeat the dataset (`.repeat()`) or lower steps_per_epoch.", stacklevel=2)
+                "`fit`. Repeat the dataset (`.repeat()`) or lower steps_per_epoch.",
+                stacklevel=2,
+            )
     return history
 
 
@@ -262,8 +277,11 @@ class _DataCursor:
 def _checkpoint_manager(checkpoint, checkpoint_dir, chief, task_type, task_id, max_checkpoints):
     # MultiWorkerMirroredStrategy needs every worker to save: the others write to a temporary directory
     # that is deleted right after each save.
-    write_dir = checkpoint_dir if chief else os.path.join(
-        tempfile.gettempdir(), f"tfdml_worker_{task_type}_{task_id}_{os.getpid()}")
+    write_dir = (
+        checkpoint_dir
+        if chief
+        else os.path.join(tempfile.gettempdir(), f"tfdml_worker_{task_type}_{task_id}_{os.getpid()}")
+    )
     return tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=max_checkpoints if chief else 1)
 
 
@@ -275,6 +293,7 @@ def _distributed_train_step(model, strategy):
     def split(batch):
         def value_fn(context):
             return replica_slice(batch, context.replica_id_in_sync_group, num_replicas)
+
         return strategy.experimental_distribute_values_from_function(value_fn)
 
     def replicated_step(per_replica_batch):
@@ -311,11 +330,14 @@ def _training_state(model):
     variables explicitly: the model's (weights, loss variables such as `beta`, carried states, seeds)
     and the optimizer's (iterations, slots, inner optimizers). The same model code gives the same order.
     """
+
     def tf_variables(variables):
         return [variable.value if isinstance(variable, keras.Variable) else variable for variable in variables]
 
-    return {"model_variables": tf_variables(model.variables),
-            "optimizer_variables": tf_variables(model.optimizer.variables)}
+    return {
+        "model_variables": tf_variables(model.variables),
+        "optimizer_variables": tf_variables(model.optimizer.variables),
+    }
 
 
 def _is_checkpointable(iterator):
