@@ -336,6 +336,11 @@ def _check_arguments(function, params, key, skip=()):
 class ALAParams(_Section):
     """`tfdml.models.ALAModel` arguments; null keeps the ALAModel default."""
     _KEY = "ala.params"
+    variant: Optional[str] = _field(None, choices=("default", "paper"))  # paper: Algorithm 1 literally
+    normalize_weights: Optional[bool] = None   # weights divided by their mean (default variant: true)
+    lookahead: Optional[str] = _field(None, choices=("optimizer", "sgd"))
+    assessor_input: Optional[str] = _field(None, choices=("embeddings", "embeddings+geometry", "geometry"))
+    meta_interval: Optional[int] = _field(None, minimum=1)  # assessor updated every N steps
     assessor_units: Optional[int] = _field(None, minimum=1)
     assessor_layers: Optional[int] = _field(None, minimum=1)
     inner_learning_rate: Optional[float] = _field(None, above=0.0)
