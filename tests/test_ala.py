@@ -190,8 +190,8 @@ OPTIMIZERS = {
 
 
 def _default_model(kind, optimizer_name, **kwargs):
-    """A float64 model at the library defaults (normalised weights, optimizer look-ahead, geometry input)
-    whose optimizer has state: two real steps taken on other episodes."""
+    """A float64 model at the library defaults (normalised weights, geometry input) unless `kwargs` say
+    otherwise, whose optimizer has state: two real steps taken on other episodes."""
     model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, dtype="float64", **kwargs)
     optimizer = OPTIMIZERS[optimizer_name]()
     if optimizer_name.endswith("head_8x"):
@@ -237,28 +237,39 @@ def _reference_lookahead(model, uniform_grads):
     return preconditioners, offsets
 
 
-@pytest.mark.parametrize("kind,optimizer_name", [("triplet", name) for name in OPTIMIZERS]
-                         + [("margin", "adam"), ("contrastive", "adamw_head_8x")])
-def test_default_meta_gradient_equals_central_finite_differences(kind, optimizer_name):
-    """The library default: weights divided by their mean, the virtual step modelled on the compiled
-    optimizer with its state held constant, the assessor reading embeddings and geometry; the meta-gradient
-    through all of it equals finite differences of the reference (written from the update rules)."""
-    model = _default_model(kind, optimizer_name)
-    assert (model.normalize_weights, model.lookahead, model.assessor.num_features) == (True, "optimizer", 3)
+@pytest.mark.parametrize("kind,optimizer_name,lookahead,assessor_input", [
+    *[("triplet", name, "optimizer", "geometry") for name in OPTIMIZERS],
+    ("margin", "adam", "optimizer", "embeddings+geometry"),
+    ("contrastive", "adamw_head_8x", "optimizer", "embeddings+geometry"),
+    ("triplet", "adamw_head_8x", None, None),  # the library defaults
+])
+def test_normalised_meta_gradient_equals_central_finite_differences(kind, optimizer_name, lookahead, assessor_input):
+    """Weights divided by their mean, the assessor reading the tuples' geometry (and embeddings), the
+    virtual step modelled on the compiled optimizer with its state held constant, or (the default) SGD at
+    its rates: the meta-gradient through all of it equals finite differences of the reference (written from
+    the update rules)."""
+    model = _default_model(kind, optimizer_name, lookahead=lookahead, assessor_input=assessor_input)
+    assert model.normalize_weights and model.assessor.num_features == 3
     rng = np.random.default_rng(1)  # a non-zero carried state, so the state path is exercised too
     model.assessor.state_h.assign(rng.normal(size=model.assessor.state_h.shape) * 0.5)
     episode = _episode(dtype="float64")
     train_x, train_y = episode[:2]
-    uniform = _reference_theta_grads(model, train_x, train_y, np.ones(len(_reference_tuples(kind, train_y))))
-    preconditioners, offsets = _reference_lookahead(model, uniform)
-    assert max(np.abs(o).max() for o in offsets) > 1e-6  # the optimizer's state does enter
+    if model.lookahead == "optimizer":
+        uniform = _reference_theta_grads(model, train_x, train_y, np.ones(len(_reference_tuples(kind, train_y))))
+        preconditioners, offsets = _reference_lookahead(model, uniform)
+        assert max(np.abs(o).max() for o in offsets) > 1e-6  # the optimizer's state does enter
+    else:
+        preconditioners = [float(np.asarray(_inner(model.optimizer, v).learning_rate))
+                           for v in model.embedder.trainable_variables]
+        assert len(set(preconditioners)) == 2  # the head's 8x rate
+        offsets = None
     _check_meta_gradient(model, episode, preconditioners, offsets)
 
 
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 def test_optimizer_lookahead_at_uniform_weights_is_the_real_step(optimizer_name):
     """With every weight 1 the virtual step (10) is exactly the step Keras' optimizer then takes (13)."""
-    model = _default_model("triplet", optimizer_name)
+    model = _default_model("triplet", optimizer_name, lookahead="optimizer")
     train_x, train_y = _episode(dtype="float64", seed=3)[:2]
     grads = _reference_theta_grads(model, train_x, train_y, np.ones(len(_reference_tuples("triplet", train_y))))
     theta = [tf.identity(v.value) for v in model.embedder.trainable_variables]
@@ -395,6 +406,62 @@ def test_uniform_weighting_is_the_base_loss_on_the_same_tuples():
         np.testing.assert_array_equal(variable.numpy(), value)
 
 
+# ------------------------------------------------------------------------------ tuple_weights, meta_interval
+@pytest.mark.parametrize("kind,variant", [("triplet", "default"), ("contrastive", "default"), ("margin", "paper")])
+def test_tuple_weights_are_the_weights_of_a_step_on_that_subset(kind, variant):
+    model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, dtype="float64", variant=variant)
+    model.compile(optimizer=keras.optimizers.Adam(0.01))
+    model.train_step(_episode(dtype="float64", seed=1))
+    state = model.assessor.state_h.numpy()
+    x, y = _episode(dtype="float64", seed=2)[:2]
+    tuples, weights = model.tuple_weights(x, y)
+    assert tuples.dtype == tf.int32 and tuples.shape[1] == (2 if kind == "contrastive" else 3)
+    assert [tuple(t) for t in tuples.numpy()] == _reference_tuples(kind, y)
+    np.testing.assert_allclose(weights.numpy(), _assessed_weights(model, model.embedder(x), y).numpy(), rtol=1e-10)
+    if variant == "default":
+        np.testing.assert_allclose(weights.numpy().mean(), 1.0, rtol=1e-12)
+    else:
+        assert 0 < weights.numpy().min() and weights.numpy().max() < 1
+    np.testing.assert_array_equal(model.assessor.state_h.numpy(), state)  # only read
+    with pytest.raises(TypeError, match="labels must be integer"):
+        model.tuple_weights(x, y.astype("float32"))
+
+
+def test_meta_interval_updates_the_assessor_every_nth_step_and_trains_the_embedder_every_step():
+    model = ALAModel(_embedder(), base_loss="triplet", assessor_units=3, assessor_steps=1, meta_interval=2)
+    model.compile(optimizer=keras.optimizers.Adam(0.01))
+    step = tf.function(model.train_step)
+    moved = []
+    for seed in range(4):
+        phi = [v.numpy() for v in model.assessor.trainable_variables]
+        theta = [v.numpy() for v in model.embedder.trainable_variables]
+        logs = step(_episode(seed=seed))
+        moved.append((max(np.abs(v.numpy() - p).max() for v, p in zip(model.assessor.trainable_variables, phi)),
+                      max(np.abs(v.numpy() - t).max() for v, t in zip(model.embedder.trainable_variables, theta))))
+        assert np.isfinite(logs["meta_loss"].numpy()) and logs["meta_loss"].numpy() > 0
+    assert [m[0] > 0 for m in moved] == [True, False, True, False]
+    assert all(m[1] > 0 for m in moved)
+    assert model.get_config()["meta_interval"] == 2
+
+
+def test_variant_switches_their_defaults_and_config_round_trip():
+    default = ALAModel(_embedder(), assessor_units=2)
+    paper = ALAModel(_embedder(), assessor_units=2, variant="paper")
+    assert (default.normalize_weights, default.lookahead, default.assessor_input) == (
+        True, "sgd", "geometry")
+    assert (paper.normalize_weights, paper.lookahead, paper.assessor_input) == (False, "sgd", "embeddings")
+    assert isinstance(paper.assessor_optimizer, keras.optimizers.SGD) and paper.assessor_learning_rate == 4e-4
+    assert paper.assessor.num_features == 0 and default.assessor.num_features == 3
+    mixed = ALAModel(_embedder(), assessor_units=2, variant="paper", normalize_weights=True,
+                     assessor_input="embeddings+geometry")
+    config = mixed.get_config()
+    again = ALAModel.from_config(config)
+    assert again.get_config() == config and again.normalize_weights and again.assessor_input == "embeddings+geometry"
+    old = {k: v for k, v in config.items() if k not in ("variant", "normalize_weights", "lookahead",
+                                                        "assessor_input", "meta_interval")}
+    assert ALAModel.from_config(old).variant == "paper"  # saved before the variants: Algorithm 1 literally
+
+
 # ---------------------------------------------------------------------------------------- LSTM state
 def test_lstm_state_carries_across_steps_survives_save_load_and_resets(tmp_path):
     model = ALAModel(_embedder(), base_loss="triplet", assessor_units=4, inner_learning_rate=0.3)
@@ -477,8 +544,10 @@ def test_mirrored_strategy_update_equals_single_device_update():
     episode = _episode(seed=7, train_classes=2, val_classes=2, per_class=4)  # halves split the classes
 
     def make():
+        # The paper's SGD assessor: Adam's normalised step would blow float32 summation-order noise in
+        # near-zero gradient entries up to full steps.
         model = ALAModel(_embedder(seed=3), base_loss="margin", assessor_units=4, assessor_steps=1,
-                         inner_learning_rate=0.5, assessor_learning_rate=0.5, seed=1)
+                         inner_learning_rate=0.5, assessor_learning_rate=0.5, seed=1, variant="paper")
         model.compile(optimizer=keras.optimizers.SGD(0.5))
         return model
 
@@ -528,6 +597,11 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         model.train_step((x, np.zeros(len(x), "float32"), vx, vy))
     with pytest.raises(ValueError, match="do not pass loss"):
         model.compile(optimizer="sgd", loss="mse")
+    for bad, message in (({"variant": "literal"}, "variant must be one of"), ({"lookahead": "adam"}, "lookahead"),
+                         ({"assessor_input": "pixels"}, "assessor_input"), ({"meta_interval": 0}, "meta_interval"),
+                         ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "cannot be combined")):
+        with pytest.raises(ValueError, match=message):
+            ALAModel(_embedder(), **bad)
 
 
 def test_tfdml_loss_instances_give_their_margins():

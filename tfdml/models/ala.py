@@ -18,12 +18,13 @@ Two variants (`ALAModel(variant=...)`), each a set of defaults for the switches 
 - `variant="default"` (the library default; measured in the README): the weights only redistribute,
   `w_i = A_i / mean_j A_j` (`normalize_weights=True`): the mean weight of a step is 1, a common scale of
   the assessor's outputs changes neither (10) nor (13), and the meta-gradient has no component along a
-  common shift, so the assessor cannot learn a step size and can only learn which tuples matter. The
-  look-ahead models the compiled optimizer (`lookahead="optimizer"`), the assessor also reads the tuples'
-  geometry (`assessor_input`) and is trained by Adam.
+  common scale, so the assessor cannot learn a step size and can only learn which tuples matter. The
+  assessor reads the tuples' geometry (`assessor_input="geometry"`) and is trained by Adam(1e-3); the
+  look-ahead is the paper's (`lookahead="sgd"`): with label noise it is the look-ahead whose meta-gradient
+  separates mislabelled tuples, while the optimizer-modelled one below does not (README, DML-ALA).
 
-The look-ahead `U` with `lookahead="optimizer"` is the real optimizer's update, linearised in the new
-gradient with the optimizer's state held constant (a per-coordinate preconditioner `P` and an offset `o`
+The look-ahead `U` with `lookahead="optimizer"` (an option) is the real optimizer's update, linearised in
+the new gradient with the optimizer's state held constant (a per-coordinate preconditioner `P` and an offset `o`
 that do not depend on `phi`): `theta' = theta - o - P (.) g(phi)`, with `g(phi)` the gradient of
 `sum_i w_i(phi) L_i` (the same sum, the same scale, as the real step (13)):
 
@@ -38,7 +39,9 @@ that do not depend on `phi`): `theta' = theta - o - P (.) g(phi)`, with `g(phi)`
     weight decay (any optimizer): o += lr * weight_decay * theta for the decayed variables.
 
 This is Adam's own step for this episode except that the new gradient enters the second moment as `g_1`
-(uniform weights) rather than `g(phi)`: Adam's update is scale-invariant, `P` carries that scale.
+(uniform weights) rather than `g(phi)`: Adam's update is scale-invariant, `P` carries that scale. With
+normalised weights `g(phi)` and `g_1` are on the same scale (both sums with mean weight 1), so (10) moves
+theta by what (13) will; at uniform weights it is exactly Keras' step (`tests/test_ala.py`).
 Other optimizers are modelled as SGD at their learning rate (a warning says so). Gradient clipping and
 EMA are not modelled.
 
@@ -120,7 +123,7 @@ LOOKAHEADS = ("optimizer", "sgd")
 ASSESSOR_INPUTS = ("embeddings", "embeddings+geometry", "geometry")
 # What each variant sets when the switch itself is None (module docstring).
 VARIANTS = {
-    "default": {"normalize_weights": True, "lookahead": "optimizer", "assessor_input": "embeddings+geometry",
+    "default": {"normalize_weights": True, "lookahead": "sgd", "assessor_input": "geometry",
                 "assessor_optimizer": "adam", "assessor_learning_rate": 1e-3},
     "paper": {"normalize_weights": False, "lookahead": "sgd", "assessor_input": "embeddings",
               "assessor_optimizer": "sgd", "assessor_learning_rate": 4e-4},
@@ -192,15 +195,15 @@ class ALAModel(keras.Model):
             MarginLoss / ContrastiveLoss whose margins (and initial beta) are used (its `mining` is replaced
             by the assessor, which weights every tuple).
         loss_params: overrides of the base loss's margins for a string `base_loss`.
-        variant: "default" (weights that only redistribute, a look-ahead that models the compiled
-            optimizer, geometry input, Adam assessor) or "paper" (Algorithm 1 literally: raw sigmoid
-            weights, SGD look-ahead at the real step's rates, embeddings input, SGD(4e-4) assessor). The
-            switches below override single choices; None takes the variant's.
+        variant: "default" (weights that only redistribute, geometry input, Adam(1e-3) assessor, SGD
+            look-ahead) or "paper" (Algorithm 1 literally: raw sigmoid weights, SGD look-ahead at the real
+            step's rates, embeddings input, SGD(4e-4) assessor). The switches below override single
+            choices; None takes the variant's.
         normalize_weights: divide the step's weights by their mean (mean weight 1: the assessor decides
             relative weights, the optimizer keeps the step size).
         lookahead: "optimizer" (the virtual step (10) is the compiled optimizer's step with its state held
             constant, module docstring) or "sgd" (plain SGD at the real step's per-variable rates).
-        assessor_input: "embeddings" (paper), "embeddings+geometry" or "geometry" (module docstring).
+        assessor_input: "embeddings" (paper), "embeddings+geometry" or "geometry" (default; module docstring).
         assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
         state: "per_tuple" (paper's eq 8: the LSTM reads the step's tuples in order as one sequence, its
             final state starts the next step) or "per_step" (all tuples of a step from one shared state;
