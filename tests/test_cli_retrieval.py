@@ -135,8 +135,8 @@ def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsy
     other = tmp_path / "other"
     export_saved_model(digits_model(), other, preprocess="unit")  # version 1 of the same name elsewhere
     export_index(paths, other, "digits", labels=labels[:40])
-    argv = ["search", "--model", str(other / "digits"), paths[3], paths[7], "-k", "4", "--query-labels",
-            str(labels[3]), str(labels[7]), "--json", str(tmp_path / "n.json"), "--grid", str(tmp_path / "g.png")]
+    argv = ["search", "--model", str(other / "digits"), paths[3], paths[7], "-k", "4", "--query-label",
+            str(labels[3]), "--query-label", str(labels[7]), "--json", str(tmp_path / "n.json"), "--grid", str(tmp_path / "g.png")]
     args = parse(search_cli, argv)
     assert args.func(args) == 0
     report = json.loads((tmp_path / "n.json").read_text())
@@ -151,9 +151,14 @@ def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsy
     assert grid.shape[1] > grid.shape[0] > 100  # 2 rows x 5 columns
     out = capsys.readouterr().out
     assert "retrieval grid written" in out and f"1. {os.path.abspath(paths[3])}  class {labels[3]}" in out
-    args = parse(search_cli, argv[:3] + [paths[0], "--query-labels", "1", "2"])
+    args = parse(search_cli, argv[:3] + [paths[0], "--query-label", "1", "--query-label", "2"])
     assert args.func(args) == 2
-    assert "--query-labels has 2 entries for 1 queries" in capsys.readouterr().err
+    assert "2 --query-label for 1 query images: give one --query-label CLASS per image" in capsys.readouterr().err
+    # a label option before the images takes one value: the images stay queries (and the count is checked)
+    args = parse(search_cli, ["search", "--model", str(other / "digits"), "--query-labels", "1", paths[0], paths[1]])
+    assert args.queries == [paths[0], paths[1]] and args.query_labels == ["1"]
+    assert args.func(args) == 2
+    assert "1 --query-label for 2 query images" in capsys.readouterr().err
 
 
 def test_search_an_embedded_gallery_prints_items_and_classes_and_draws_the_grid(exported_digits, tmp_path,
@@ -161,13 +166,46 @@ def test_search_an_embedded_gallery_prints_items_and_classes_and_draws_the_grid(
     _, base = exported_digits
     source = data.digits("test")
     query = write_pngs(tmp_path, source.images[[0]], ["q.png"])[0]
-    args = parse(search_cli, ["search", "--model", str(base / "digits"), query, "-k", "3", "--query-labels",
+    args = parse(search_cli, ["search", "--model", str(base / "digits"), query, "-k", "3", "--query-label",
                               str(source.labels[0]), "--grid", str(tmp_path / "grid.png")])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert f"  1. item 0  class {source.labels[0]}  score 1.0000" in out
     assert "gallery of 896 images" in out and "retrieval grid written" in out
     assert mpimg.imread(tmp_path / "grid.png").shape[0] > 100
+
+
+def test_search_exact_answers_with_the_signature_as_the_index_does(exported_digits, tmp_path, capsys):
+    """`--exact`: the version's search signature (no ScaNN) gives the exact index's neighbours and scores,
+    with class names, ids `<data set>:<item>` and the calibrated match decision."""
+    _, base = exported_digits
+    source = data.digits("test")
+    queries = write_pngs(tmp_path, source.images[[0, 9]], ["a.png", "b.png"])
+    common = ["search", "--model", str(base / "digits"), *queries, "-k", "3", "--query-labels",
+              str(source.labels[0]), str(source.labels[9])]
+    args = parse(search_cli, [*common, "--json", str(tmp_path / "scann.json")])
+    assert args.func(args) == 0
+    args = parse(search_cli, [*common, "--exact", "--json", str(tmp_path / "exact.json"), "--grid",
+                              str(tmp_path / "exact.png")])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "exact search signature (float32)" in out and "retrieval grid written" in out
+    threshold = load_metadata(base / "digits")["search"]["match_threshold"]
+    scann, exact = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("scann", "exact"))
+    for a, b in zip(scann, exact):
+        assert [f"digits(test):{n['id']}" for n in a["neighbours"]] == [n["id"] for n in b["neighbours"]]
+        assert [n["score"] for n in a["neighbours"]] == pytest.approx([n["score"] for n in b["neighbours"]],
+                                                                      abs=1e-5)
+        assert [str(n["label"]) for n in a["neighbours"]] == [n["class"] for n in b["neighbours"]]
+        assert [n["same_class"] for n in a["neighbours"]] == [n["same_class"] for n in b["neighbours"]]
+        assert [n["match"] for n in b["neighbours"]] == [n["score"] >= threshold for n in b["neighbours"]]
+    assert exact[0]["neighbours"][0]["id"] == "digits(test):0" and exact[0]["neighbours"][0]["same_class"]
+    assert mpimg.imread(tmp_path / "exact.png").shape[0] > 100
+    args = parse(search_cli, ["search", "--model", str(base / "digits"), queries[0], "-k", "30", "--exact"])
+    assert args.func(args) == 0
+    captured = capsys.readouterr()
+    assert "returns 10 neighbours" in captured.err and " 10. digits(test):" in captured.out
+    assert " 11. " not in captured.out
 
 
 def test_search_old_version_uses_its_own_index(exported_digits, tmp_path, capsys):
@@ -226,9 +264,11 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
     (report / "config.yaml").write_text("data:\n  source: folder\n  eval_path: %s\n" % folder)
     (report / "metrics.json").write_text(json.dumps({"model": {"recall@1": 0.5}}))
     args = parse(export_cli, ["export", "--model", str(report / "model.keras"), "--name", "f", "--base-dir",
-                              str(tmp_path / "models"), "--gallery-dir", str(folder)])
+                              str(tmp_path / "models"), "--gallery-dir", str(folder), "--top-k", "3",
+                              "--gallery-dtype", "int8", "--match-precision", "0.8"])
     assert args.func(args) == 0
     captured = capsys.readouterr()
+    assert "search signature: top 3 of 30 items (int8), match: " in captured.out
     assert "skipped 2 of 32 images that cannot be decoded" in captured.err
     assert "zz_empty.png (empty file)" in captured.err and "zz_cut.png" in captured.err
     assert re.search(r"ScaNN index of 30 images of image_folder\(.*gallery\), 5 classes", captured.out)
@@ -236,11 +276,17 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
     assert metadata["training_config"]["data"]["source"] == "folder"
     assert metadata["metrics"] == {"recall@1": 0.5} and metadata["index"]["size"] == 30
     assert None not in metadata.values()
-    # Without --gallery-dir, a report's model is indexed on the job's evaluation data (config.yaml).
+    assert {k: metadata["search"][k] for k in ("top_k", "gallery_dtype", "match_precision")} == {
+        "top_k": 3, "gallery_dtype": "int8", "match_precision": 0.8}
+    assert tf.saved_model.load(os.path.join(tmp_path, "models", "f", "1")).signatures["search"] \
+        .structured_outputs["ids"].shape.as_list() == [None, 3]
+    # Without --gallery-dir, a report's model is indexed on the job's evaluation data (config.yaml);
+    # --no-search leaves the signature out.
     args = parse(export_cli, ["export", "--model", str(report / "model.keras"), "--name", "f", "--base-dir",
-                              str(tmp_path / "models")])
+                              str(tmp_path / "models"), "--no-search"])
     assert args.func(args) == 0
     assert load_metadata(tmp_path / "models" / "f", version=2)["index"]["size"] == 30
+    assert "search" not in load_metadata(tmp_path / "models" / "f", version=2)
     assert "skipped 2 of 32 images" in capsys.readouterr().err
     args = parse(evaluate_cli, ["evaluate", "--model", str(tmp_path / "models" / "f"), "--metrics", "recall"])
     assert args.func(args) == 0  # the job's evaluation folder, recorded in the metadata

@@ -28,7 +28,7 @@ SHORT = ["--epochs", "2", "--steps-per-epoch", "10"]
 # Keras warnings about the input, progress-bar escape codes in a redirected log.
 NOISE = ("cuInit", "oneDNN", "cpu_feature_guard", "shuffle=True", "ran out of data", "\x1b[", "Traceback")
 REPORT_FILES = ("metrics.json", "config.yaml", "recall_at_k.png", "training_curves.png", "retrieval_grid.png",
-                "model.keras")
+                "match_calibration.png", "model.keras")
 
 
 def _env():
@@ -39,13 +39,16 @@ def _env():
 
 
 def _start(cwd, *extra):
+    # Ctrl-C reaches the run even when the test process ignores SIGINT (a background job of a shell): Python
+    # installs its KeyboardInterrupt handler only over the default action.
     return subprocess.Popen([sys.executable, "-m", "tfdml", "train", *SHORT, *extra], cwd=cwd, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def _kill_after_first_epoch(proc, checkpoints):
-    """SIGKILLs `proc` as soon as its BackupAndRestore state records a finished first epoch (written last,
-    after the weights); returns that state, or None when the run ended before."""
+def _interrupt_after_first_epoch(proc, checkpoints):
+    """Sends `proc` a SIGINT (Ctrl-C) as soon as its BackupAndRestore state records a finished first epoch
+    (written last, after the weights); returns that state and the output, or None when the run ended before."""
     metadata = checkpoints / "training_metadata.json"
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
@@ -55,18 +58,17 @@ def _kill_after_first_epoch(proc, checkpoints):
         except (OSError, ValueError):
             state = None
         if state and state.get("epoch") == 1:
-            proc.send_signal(signal.SIGKILL)
-            proc.communicate()
-            return state
+            proc.send_signal(signal.SIGINT)
+            return state, proc.communicate()[0]
         time.sleep(0.01)
-    return None
+    return None, proc.communicate()[0]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Three concurrent `tfdml train` runs: "main" (seed 0, exported), "other_seed" (configs/glyphs_rll.yaml,
-    seed 1) and "resumed" (seed 0, SIGKILLed after its first epoch, then started again with the same report
-    directory)."""
+    seed 1) and "resumed" (seed 0, interrupted with Ctrl-C after its first epoch, then started again with the
+    same report directory)."""
     base = tmp_path_factory.mktemp("train")
     procs = {"main": _start(base, "--report-dir", "report", "--export-dir", "exported"),
              # the default job written out as a file (see tests/test_configs.py), run from that file, with
@@ -74,7 +76,7 @@ def runs(tmp_path_factory):
              "other_seed": _start(base, "--config", os.path.join(ROOT, "configs", "glyphs_rll.yaml"),
                                   "--no-export", "--seed", "1")}
     killed = _start(base, "--report-dir", "report_resumed", "--no-export", "--seed", "0")
-    kill_state = _kill_after_first_epoch(killed, base / "report_resumed" / "checkpoints")
+    kill_state, killed_output = _interrupt_after_first_epoch(killed, base / "report_resumed" / "checkpoints")
     killed_rc = killed.wait()
     procs["resumed"] = _start(base, "--report-dir", "report_resumed", "--no-export", "--seed", "0")
     outputs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
@@ -82,7 +84,7 @@ def runs(tmp_path_factory):
         assert proc.returncode == 0, f"tfdml train ({name}) failed:\n{outputs[name][-3000:]}"
     return {"base": base, "output": outputs["main"], "main": base / "report", "other_seed": base / "reports" / "glyphs_rll",
             "resumed": base / "report_resumed", "kill_state": kill_state, "killed_rc": killed_rc,
-            "resumed_output": outputs["resumed"]}
+            "killed_output": killed_output, "resumed_output": outputs["resumed"]}
 
 
 def _metrics(report_dir):
@@ -115,11 +117,16 @@ def test_report_files(runs):
     assert any(files for _, _, files in os.walk(report / "tensorboard"))
     summary = _metrics(report)
     assert summary["name"] == "glyphs_rll"
-    assert summary["eval_classes"] == 155 and summary["eval_items"] == 3100  # the unseen half of the glyphs
+    assert summary["eval_classes"] == 151 and summary["eval_items"] == 3020  # the unseen half of the glyphs
     for key in ("model", "raw_pixels"):
         assert {"recall@1", "recall@8", "map@r", "r_precision"} <= set(summary[key])
         assert all(0.0 <= v <= 1.0 for v in summary[key].values()), summary[key]
     assert len(summary["history"]["loss"]) == 2
+    # The served match decision, calibrated on the evaluation items at the default precision.
+    calibration = summary["match_calibration"]
+    assert calibration["target_precision"] == 0.9 and calibration["queries"] == 3100
+    assert summary["search"] == {"top_k": 10, "gallery_dtype": "float32", "match_precision": 0.9,
+                                 "match_threshold": calibration["threshold"]}
     with open(report / "config.yaml") as f:
         config = yaml.safe_load(f)
     assert config["training"]["epochs"] == 2 and config["training"]["steps_per_epoch"] == 10
@@ -148,7 +155,7 @@ def test_export_reloads_without_tfdml(runs, tmp_path):
     assert metadata["name"] == "glyphs_rll" and metadata["version"] == 1
     # The gallery index travels inside its version (assets.extra/ is ignored by TF Serving).
     assert os.listdir(version / "assets.extra" / "tfdml_index")
-    assert metadata["index"]["size"] == 3100 and metadata["index"]["ids"] == "indices"
+    assert metadata["index"]["size"] == 3020 and metadata["index"]["ids"] == "indices"
     channels = metadata["input"]["shape"][-1]
     pixels, _, evaluated = _eval_images(channels)
     np.save(tmp_path / "images.npy", pixels)
@@ -161,6 +168,9 @@ def test_export_reloads_without_tfdml(runs, tmp_path):
         images = tf.constant(np.load({str(tmp_path / "images.npy")!r}))
         outputs = model.signatures["serving_default"](images=images)
         np.save({str(tmp_path / "served.npy")!r}, outputs["embedding"].numpy())
+        found = model.signatures["search"](images=images)  # the gallery is the evaluation data
+        np.savez({str(tmp_path / "found.npz")!r}, **{{k: v.numpy().astype("S") if v.dtype == tf.string
+                                                     else v.numpy() for k, v in found.items()}})
         assert not any(name == "tfdml" or name.startswith("tfdml.") for name in sys.modules)
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=dict(_env(), PYTHONPATH=""),
@@ -173,6 +183,16 @@ def test_export_reloads_without_tfdml(runs, tmp_path):
     assert served.shape == expected.shape == (16, metadata["embedding_dim"])
     np.testing.assert_allclose(served, expected, atol=1e-4)
     np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-4)
+    # `tfdml train` wrote the search signature: each evaluation image finds itself first, with its class.
+    from tfdml import data
+
+    source = data.glyphs("test", image_size=32)
+    with np.load(tmp_path / "found.npz") as found:
+        assert found["scores"].shape == (16, 10) and found["match"].dtype == bool
+        np.testing.assert_allclose(found["scores"][:, 0], 1.0, atol=1e-4)
+        np.testing.assert_allclose(found["embedding"], served, atol=1e-6)
+        assert [i.decode() for i in found["ids"][:, 0]] == [f"{source.name}:{i}" for i in range(16)]
+        assert [c.decode() for c in found["labels"][:, 0]] == [source.class_names[c] for c in source.labels[:16]]
 
 
 def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
@@ -186,7 +206,7 @@ def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
         tf.io.write_file(str(path), tf.io.encode_png(pixels[i]))
         queries.append(str(path))
     rc = cli.main(["search", *queries, "--model", str(export), "-k", "3", "--json", str(tmp_path / "s.json"),
-                   "--query-labels", str(labels[0]), str(labels[5])])
+                   "--query-label", str(labels[0]), "--query-label", str(labels[5])])
     assert rc == 0, capsys.readouterr().err
     with open(tmp_path / "s.json") as f:
         found = json.load(f)
@@ -205,7 +225,7 @@ def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
     trained = _metrics(runs["main"])["model"]
     # The same model on the same raw images, preprocessed in the serving graph by the function the job
     # evaluated with: the job's figures, reproduced. (Float32 differences of ~1e-6 between the served graph
-    # and the Keras model reorder a few near-ties among 3,100 barely trained embeddings: MAP@R moves by
+    # and the Keras model reorder a few near-ties among 3,020 barely trained embeddings: MAP@R moves by
     # ~1e-6; another preprocessing moved it by ~3e-3.)
     assert evaluated == pytest.approx(trained, abs=1e-4)
 
@@ -225,11 +245,14 @@ def test_export_command_reexports(runs, tmp_path, capsys):
                                original(images=tf.constant(pixels))["embedding"].numpy(), atol=1e-5)
 
 
-def test_killed_run_resumes_to_the_same_result(runs):
-    """A run killed after epoch 1 and started again ends exactly where the uninterrupted run (same seed, another
-    process) ends: same epoch-2 loss, same metrics. This also shows that a seed fixes the whole run."""
-    assert runs["killed_rc"] == -signal.SIGKILL and runs["kill_state"] == {"epoch": 1, "batch": 0}, \
-        "the run finished before it could be killed after its first epoch"
+def test_interrupted_run_resumes_to_the_same_result(runs):
+    """A run stopped with Ctrl-C after epoch 1 says so in one line (exit 130, no traceback), and started again
+    ends exactly where the uninterrupted run (same seed, another process) ends: same epoch-2 loss, same
+    metrics. This also shows that a seed fixes the whole run."""
+    assert runs["kill_state"] == {"epoch": 1, "batch": 0}, "the run finished before it could be interrupted"
+    assert runs["killed_rc"] == 130, runs["killed_output"][-3000:]
+    assert "tfdml train: interrupted after epoch 1/2; run the same command to resume" in runs["killed_output"]
+    assert "Traceback" not in runs["killed_output"]
     main, resumed = _metrics(runs["main"]), _metrics(runs["resumed"])
     assert "resuming from epoch 2/2 (1 epoch(s) restored from report_resumed/checkpoints)" in runs["resumed_output"]
     assert "Epoch 2/2" in runs["resumed_output"] and "Epoch 1/2" not in runs["resumed_output"]
@@ -237,8 +260,11 @@ def test_killed_run_resumes_to_the_same_result(runs):
     assert set(resumed["history"]) == set(main["history"])
     for key, values in main["history"].items():
         np.testing.assert_allclose(resumed["history"][key], values, rtol=1e-5, err_msg=key)
-    assert resumed["train_seconds"] > 0 and "trained in" in runs["resumed_output"] and "(2 epochs)" in \
-        runs["resumed_output"]
+    # the timings say what they count: training summed over both runs, this run's share, the process
+    assert resumed["epochs_this_run"] == 1 and 0 < resumed["train_seconds_this_run"] < resumed["train_seconds"]
+    assert resumed["train_seconds_this_run"] < resumed["job_seconds"] < resumed["wall_seconds"]
+    assert f"training: {resumed['train_seconds']:.1f} s for 2 epochs; " \
+           f"{resumed['train_seconds_this_run']:.1f} s of it in this run, epochs 2-2" in runs["resumed_output"]
     assert resumed["model"] == main["model"]
     assert not os.path.exists(runs["resumed"] / "checkpoints" / "training_metadata.json")  # done: cleared
 
@@ -305,7 +331,7 @@ def test_print_config_is_the_defaults(capsys):
 @pytest.mark.parametrize("arguments, message", [
     (["--set", "training.epoch=2"], "unknown configuration key 'training.epoch' (did you mean 'epochs'?)"),
     (["--set", "training"], "must look like key.path=value"),
-    (["--epochs", "0"], "training.epochs: must be >= 1, got 0"),
+    (["--epochs", "0"], "training.epochs (--epochs): must be >= 1, got 0"),
     (["--set", "seed=1.5"], "seed: expected an integer, got 1.5"),
     (["--set", "loss.params.margn=0.1"], "unknown configuration key 'loss.params.margn'"),
     (["--eval-image-dir", "x"], "--eval-image-dir needs --image-dir"),
@@ -400,8 +426,9 @@ def test_train_on_an_image_folder(tmp_path, capsys):
     """`tfdml train --image-dir DIR`: the first half of the classes (by sorted folder name) trains, the unseen
     second half is evaluated; the job is named after the folder."""
     folder = _class_folders(tmp_path / "photos", ["dog", "ant", "cat", "bee"])
-    # the default job's 22 classes per batch do not fit 2 training classes: said before anything is built
-    assert cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report")]) == 2
+    # 22 classes per batch, chosen, do not fit 2 training classes: said before anything is built
+    assert cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report"),
+                     "--set", "data.classes_per_batch=22"]) == 2
     assert "data.classes_per_batch: 22 classes per batch, but the training data" in capsys.readouterr().err
     rc = cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report"), "--no-export",
                    "--epochs", "1", "--steps-per-epoch", "1", *TINY_MODEL])

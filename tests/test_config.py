@@ -119,3 +119,47 @@ def test_differences_name_nested_keys():
     old = load_config().to_dict()
     new = load_config(overrides=["optimizer.learning_rate=0.01", "model.embedding_dim=32"]).to_dict()
     assert config_lib.differences(old, new) == ["model.embedding_dim", "optimizer.learning_rate"]
+
+
+def test_given_keys_are_what_the_file_and_the_overrides_set(tmp_path):
+    from tfdml.config import given_keys
+
+    path = tmp_path / "job.yaml"
+    path.write_text("data:\n  samples_per_class: 2\n  augment: {flip: true}\nseed: 3\n")
+    keys = given_keys(str(path), ["training.epochs=2", ("data.classes_per_batch", 4)])
+    assert keys == {"data.samples_per_class", "data.augment.flip", "seed", "training.epochs",
+                    "data.classes_per_batch"}
+    assert "data.classes_per_batch" not in given_keys(str(path))
+
+
+def test_output_folders_with_a_file_in_the_way_are_refused(tmp_path):
+    from tfdml.config import output_dir_problem
+
+    (tmp_path / "file").write_text("x")
+    assert output_dir_problem(tmp_path / "new" / "deeper") is None
+    assert output_dir_problem(tmp_path / "file") == f"{tmp_path / 'file'} is a file, not a folder"
+    assert "is a file, so the folder" in output_dir_problem(tmp_path / "file" / "sub")
+    with pytest.raises(ConfigError, match="^report.dir: .* is a file, not a folder"):
+        load_config(overrides=[f"report.dir={tmp_path / 'file'}"])
+    with pytest.raises(ConfigError, match="^export.base_dir: .* is a file, so the folder"):
+        load_config(overrides=[f"export.base_dir={tmp_path / 'file'}"])
+    assert load_config(overrides=[f"export.base_dir={tmp_path / 'file'}", "export.enabled=false"])
+    with pytest.raises(ConfigError, match="is a directory; give a YAML file"):
+        load_config(str(tmp_path))
+
+
+def test_image_folder_layout_is_checked_with_the_configuration(tmp_path):
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "a.png").write_bytes(b"")
+    with pytest.raises(ConfigError, match="^data.path: .*flat has no class sub-folders"):
+        load_config(overrides=["data.source=folder", f"data.path={tmp_path / 'flat'}"])
+    (tmp_path / "hollow" / "a").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="^data.eval_path: none of the 1 class sub-folders of .*hollow holds a file"):
+        load_config(overrides=["data.source=folder", f"data.path={tmp_path}", f"data.eval_path={tmp_path / 'hollow'}"])
+
+
+def test_backbone_names_are_checked():
+    with pytest.raises(ConfigError, match="^model.backbone: unknown backbone 'resnet5O' \\(did you mean 'resnet50'\\?\\); "
+                                          "valid: small_cnn, "):
+        load_config(overrides=["model.backbone=resnet5O"])
+    assert load_config(overrides=["model.backbone=ResNet50", "model.weights=imagenet"]).model.backbone == "ResNet50"

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from tfdml.data.glyph_classes import CLASSES, DROPPED
+from tfdml.data.glyph_classes import CLASSES, CONFUSED, DROPPED
 
 # the module, not the function `tfdml.data.glyphs` that shares its name
 glyphs_lib = importlib.import_module("tfdml.data.glyphs")
@@ -81,7 +81,9 @@ def test_every_class_is_drawn_by_enough_faces_and_the_dropped_record_is_consiste
     for char in CLASSES:
         assert len(glyphs_lib.faces_for(char)) >= glyphs_lib.MIN_FACES, char
     for char, (twin, _) in DROPPED.items():
-        assert char not in CLASSES and twin in CLASSES
+        assert char not in CLASSES and (twin in CLASSES or CONFUSED[twin][0] in CLASSES), (char, twin)
+    for char, (twin, rate) in CONFUSED.items():
+        assert char not in CLASSES and char not in DROPPED and twin in CLASSES and rate >= 0.3
     # cross-script homoglyphs and size-only case pairs were dropped in favour of the first-listed character
     for char, twin in [("Α", "A"), ("А", "A"), ("Ρ", "P"), ("о", "O"), ("с", "C")]:
         assert DROPPED[char][0] == twin
@@ -151,6 +153,55 @@ def test_no_two_classes_share_a_shape():
     assert kept.max() < 0.5, (CLASSES[worst[0]], CLASSES[worst[1]], kept.max())
 
 
+def _nearest_neighbour_confusion(chars, seeds=(101, 102, 103, 104, 105), image_size=32, images_per_class=20):
+    """Independent of the selection's code, on data sets drawn with other seeds than the selection used: each
+    image cropped to its ink, its longer side scaled to 20 px, centred; compared by normalised
+    cross-correlation of raw pixels with every other image of its data set. For every two characters: the
+    fraction of one's images whose nearest neighbour is the other's, both ways summed."""
+    from PIL import Image
+
+    count = np.zeros((len(chars), len(chars)))
+    for seed in seeds:
+        images, labels = glyphs_lib.render_images(chars, image_size, images_per_class, seed)
+        vectors = []
+        for image in images:
+            rows, cols = np.nonzero(image > 0.3 * image.max())
+            crop = Image.fromarray(image[rows.min():rows.max() + 1, cols.min():cols.max() + 1])
+            width, height = crop.size
+            crop = crop.resize((max(1, round(20 * width / max(width, height))),
+                                max(1, round(20 * height / max(width, height)))), Image.BILINEAR)
+            square = Image.new("L", (22, 22))
+            square.paste(crop, ((22 - crop.size[0]) // 2, (22 - crop.size[1]) // 2))
+            vectors.append(np.asarray(square, np.float64).ravel())
+        vectors = np.stack(vectors)
+        vectors -= vectors.mean(axis=1, keepdims=True)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        similarity = vectors @ vectors.T
+        np.fill_diagonal(similarity, -np.inf)
+        np.add.at(count, (labels, labels[np.argmax(similarity, axis=1)]), 1)
+    rate = count / (len(seeds) * images_per_class)
+    rate = rate + rate.T
+    np.fill_diagonal(rate, 0)
+    return rate
+
+
+def test_no_two_classes_are_confused_in_the_images_as_homoglyphs_are():
+    # Pairs the shape distance let through before the image check: one shape in some faces only (M and
+    # Cyrillic м in the sans-serif and STIX faces), or in other proportions elsewhere (Д / д, K / Greek κ,
+    # Σ / ∑). The selection drops a pair from 0.3 over 200 images per class; this sample has 100, whose
+    # rates scatter by about 0.07 either way, so kept pairs near 0.3 may read up to 0.45 here.
+    slipped = [("M", "м"), ("Д", "д"), ("K", "κ"), ("Σ", "∑")]
+    homoglyphs = [("P", "Р"), ("H", "Н")]
+    chars = CLASSES + "".join(b for _, b in slipped + homoglyphs)
+    rate = _nearest_neighbour_confusion(chars)
+    index = {c: i for i, c in enumerate(chars)}
+    for a, b in slipped + homoglyphs:
+        assert rate[index[a], index[b]] >= 0.45, (a, b, rate[index[a], index[b]])
+    kept = rate[:len(CLASSES), :len(CLASSES)]
+    worst = np.unravel_index(np.argmax(kept), kept.shape)
+    assert kept.max() < 0.5, (CLASSES[worst[0]], CLASSES[worst[1]], kept.max())
+
+
 def test_shapes_that_differ_by_a_half_turn_stay_apart_under_the_small_rotations():
     half_turn_pairs = [("6", "9"), ("n", "u"), ("p", "d"), ("b", "q")]
     assert all(c in CLASSES for pair in half_turn_pairs + [("M", "W")] for c in pair)
@@ -178,15 +229,15 @@ def test_learning_on_seen_characters_beats_raw_pixels_on_unseen_ones():
     from tfdml import data, losses, recipes, retrieval
 
     keras.utils.set_random_seed(0)
-    classes = CLASSES[::2]  # 155 characters: 77 to train on, 78 unseen
+    classes = CLASSES[::2]  # 151 characters: 75 to train on, 76 unseen
     train = glyphs_lib.glyphs("train", images_per_class=12, classes=classes)
     test = glyphs_lib.glyphs("test", images_per_class=12, classes=classes)
     model = recipes.make_embedder({"type": "single", "backbone": "small_cnn", "embedding_dim": 64,
                                    "widths": [16, 32, 64, 128]}, (32, 32, 1))
-    # Eq. 14's uniform query weighting, the setting this short run was written for (with the official
-    # weighting the same 200 steps reach MAP@R 0.130 against raw pixels' 0.065: just under the 2x asked here).
+    # The main job's RLL setting (eq. 14's uniform query weighting, alpha 1.0): MAP@R 0.147 against raw
+    # pixels' 0.055 here; with alpha 1.2 the same 200 steps reach only 0.099, under the 2x asked.
     model.compile(optimizer=keras.optimizers.Adam(2e-3),
-                  loss=losses.RankedListLoss(margin=0.4, alpha=1.2, query_weighting="uniform"))
+                  loss=losses.RankedListLoss(margin=0.4, alpha=1.0, query_weighting="uniform"))
     batches = data.class_balanced_dataset(train, 16, 3, seed=0)
     model.fit(batches, steps_per_epoch=200, epochs=1, verbose=0)
     embeddings, labels = retrieval.embed_batches(model, data.eval_dataset(test, 256))

@@ -246,3 +246,45 @@ def test_tfds_errors():
             data.tfds_source("caltech_birds2011", "validation")
     with pytest.raises(RuntimeError, match="cannot open 'cars196'.*manual_dir"):
         data.tfds_source("cars196", "train", data_dir=os.devnull + "_missing", download=False)
+
+
+def test_class_halves_keep_names_and_files_and_name_what_is_left_out(tmp_path, caplog):
+    write_folder(tmp_path, classes=5, per_class=2)
+    (tmp_path / "class_5").mkdir()  # no image files
+    (tmp_path / "class_6").mkdir()
+    (tmp_path / "class_6" / "0.png").write_bytes(b"")  # none decodable
+    with caplog.at_level(logging.WARNING, logger="tfdml.data"):
+        source = data.image_folder(str(tmp_path))
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(left_out) == 1
+    assert "2 of 7 class folders have no readable image" in left_out[0]
+    assert "class_5 (no image files), class_6 (1 file, none decodable)" in left_out[0]
+    first, second = sources.class_halves(source)
+    # the 5 classes with images, by sorted folder name: 2 train, 3 evaluate
+    assert [source.class_name(c) for c in first.classes] == ["class_0", "class_1"]
+    assert [source.class_name(c) for c in second.classes] == ["class_2", "class_3", "class_4"]
+    assert second.class_names == source.class_names and second.name.endswith("second half of the classes")
+    assert [os.path.basename(os.path.dirname(p)) for p in second.paths] == ["class_2"] * 2 + ["class_3"] * 2 + [
+        "class_4"] * 2
+    assert sources.single_image_classes(second) == []
+    one = second.subset([0, 2, 3])
+    assert sources.single_image_classes(one) == [2] and one.name_classes([2]) == "class_2"
+    with pytest.raises(ValueError, match="has 1 class\\(es\\) with images; the split .* needs at least 2"):
+        sources.class_halves(first.subset([0]))
+
+
+def test_job_evaluation_source_is_the_second_half_without_an_evaluation_folder(tmp_path):
+    write_folder(tmp_path, classes=4, per_class=2)
+    job = {"data": {"source": "folder", "path": str(tmp_path), "eval_path": None}}
+    evaluation = sources.job_evaluation_source(job)
+    assert [evaluation.class_name(c) for c in evaluation.classes] == ["class_2", "class_3"]
+    assert len(evaluation) == 4 and evaluation.name.endswith("second half of the classes")
+
+
+def test_small_classes_are_named_by_folder(tmp_path, caplog):
+    write_folder(tmp_path, classes=3, per_class=2)
+    (tmp_path / "class_1" / "1.jpg").unlink()
+    with caplog.at_level(logging.WARNING, logger="tfdml.data"):
+        data.class_balanced_dataset(data.image_folder(str(tmp_path)), 2, 2, image_size=8, seed=0)
+    assert any("1 class has fewer than samples_per_class=2 images and is sampled with replacement "
+               "(images per class in brackets): class_1 (1)" in r.getMessage() for r in caplog.records)

@@ -387,8 +387,9 @@ def test_each_version_keeps_its_index_and_a_foreign_index_is_refused(tmp_path):
         E.load_index(tmp_path / "m", version=1)
     with pytest.raises(E.IndexMismatchError, match="fingerprint differs"):
         E.load_index(tmp_path / "m", version=1, index_dir=old_index)
-    # TF Serving's loader sees a plain SavedModel: assets.extra is not part of the graph.
-    assert set(tf.saved_model.load(v2).signatures) == {"serving_default", "embed_preprocessed"}
+    # TF Serving's loader sees a plain SavedModel: assets.extra is not part of the graph (the gallery's
+    # `search` signature holds its own copy of the gallery, in variables).
+    assert set(tf.saved_model.load(v2).signatures) == {"serving_default", "embed_preprocessed", "search"}
 
 
 def test_source_gallery_stores_ids_class_names_and_pixels(tmp_path):

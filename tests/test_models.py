@@ -272,6 +272,12 @@ def test_imagenet_download_failure_names_cause_and_fix(monkeypatch):
     assert "weights=None" in message and "weights='/path/to/" in message
 
 
+def test_imagenet_weights_on_grayscale_input_say_the_channel_count():
+    # keras.applications' own channel error would be reported as a failed download
+    with pytest.raises(ValueError, match="take 3-channel \\(RGB\\) images, got input_shape \\(32, 32, 1\\)"):
+        backbones.get_backbone("resnet50", input_shape=(32, 32, 1), weights="imagenet")
+
+
 def test_l2_normalize_layer():
     layer = L2Normalize()
     np.testing.assert_allclose(layer(tf.constant([[3.0, 4.0], [0.0, 0.0]])).numpy(), [[0.6, 0.8], [0.0, 0.0]])

@@ -103,3 +103,18 @@ def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
     assert axes[0, 0].get_title() == "query\nclass 5" and axes[2, 3].get_title() == "#3\n7 0.92"
     assert axes[0, 1].get_title(loc="center") and axes[0, 1].title.get_color() in ("tab:green", "tab:red")
     assert longest_blank_band(path) < 0.03  # the old layout left ~9 % of the height blank under the title
+
+
+def test_match_calibration_marks_the_chosen_threshold(tmp_path, figures):
+    from tfdml.retrieval import calibrate
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(5), 6)
+    embeddings = rng.normal(size=(5, 4))[labels] + 0.8 * rng.normal(size=(30, 4))
+    cal = calibrate(embeddings, labels, target_precision=0.9)
+    read(plots.plot_match_calibration(cal, tmp_path / "cal.png"))
+    left, right = figures[-1].axes
+    assert [line.get_xdata()[0] for line in left.get_lines() if line.get_linestyle() == "--"] == [cal.threshold]
+    point = [line for line in right.get_lines() if line.get_marker() == "o"][0]
+    assert (point.get_xdata()[0], point.get_ydata()[0]) == (cal.recall, cal.precision)
+    assert f"threshold {cal.threshold:.3f}" in left.get_legend().get_texts()[-1].get_text()

@@ -6,7 +6,10 @@ one from the embedded default job (`DEFAULT_JOB`: a small-CNN embedder trained w
 of the font-rendered characters of `tfdml.data.glyphs`, evaluated on the unseen half), a YAML file under `configs/` that overrides any
 subset of it, and command-line overrides (`--set optimizer.learning_rate=0.01`) that override the file.
 
-Every value is checked before anything is built: unknown keys (also inside `loss.params`, checked against
+Every value is checked before anything is built, in two passes: first keys, types, ranges, choices and
+paths (no TensorFlow import, so that `tfdml train --set training.epoch=2` answers at once), then what only
+the library can tell (`check_with_library`: the loss class's arguments, backbone and metric names, tfds
+builders), which imports TensorFlow. unknown keys (also inside `loss.params`, checked against
 the loss class's constructor), wrong types, out-of-range numbers and unknown names raise a `ConfigError`
 whose message is one line that names the key and what is allowed, e.g.
 `optimizer.learning_rate: expected a number, got 'abc'`. `Config.to_dict()` is plain YAML/JSON data and
@@ -49,6 +52,9 @@ LOSSES = {
     "arcface": "ArcFaceLoss",
     "cosface": "CosFaceLoss",
 }
+# Losses that learn from one image per class (class proxies or a classifier; Group Loss refines a
+# classifier's predictions): every other loss needs positive pairs, >= 2 images per class in a batch.
+UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface", "cosface", "group")
 # Losses DML-ALA weights per tuple (`tfdml.models.ALAModel` base losses).
 ALA_LOSSES = ("triplet", "margin", "contrastive")
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
@@ -66,9 +72,11 @@ def _field(default=None, *, factory=None, choices=None, minimum=None, above=None
 def _augment(value, key):
     """`data.augment`: true (the papers' crop + flip), false (plain resize) or a mapping of
     `tfdml.data.Augment` fields -> `True`, `False` or an `Augment`."""
+    if isinstance(value, bool):  # before the import: tfdml.data imports TensorFlow
+        return value
     from tfdml.data.preprocessing import Augment
 
-    if isinstance(value, (bool, Augment)):
+    if isinstance(value, Augment):
         return value
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: expected true, false or a mapping of {_names(dataclasses.fields(Augment))}, "
@@ -206,12 +214,26 @@ def _plain(value):
     return value
 
 
+def _check_with_library(instance, key):
+    """The second pass: `check_with_library(key)` of every section, nested ones first."""
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _check_with_library(value, f"{key}.{field.name}" if key else field.name)
+    check = getattr(instance, "check_with_library", None)
+    if check is not None:
+        check(key)
+
+
 class _Section:
     """Mapping-style helpers shared by every section."""
 
     @classmethod
     def from_dict(cls, mapping, key=None):
-        return _build(cls, mapping, cls._KEY if key is None else key)
+        key = cls._KEY if key is None else key
+        instance = _build(cls, mapping, key)
+        _check_with_library(instance, key)
+        return instance
 
     def to_dict(self):
         return _plain(self)
@@ -241,16 +263,42 @@ class DataConfig(_Section):
     images_per_class: Optional[int] = _field(None, minimum=1)  # generated data sets (glyphs)
 
     def check(self, key):
-        if self.source == "tfds":
-            _check_tfds_name(self.name, f"{key}.name")
         if self.source == "folder":
             if not self.path:
                 raise ConfigError(f"{key}.path: data.source=folder needs an image folder with one sub-folder "
                                   "per class (tfdml train --image-dir DIR)")
             for name in ("path", "eval_path"):
                 folder = getattr(self, name)
-                if folder is not None and not os.path.isdir(folder):
+                if folder is None:
+                    continue
+                if not os.path.isdir(folder):
                     raise ConfigError(f"{key}.{name}: no such directory: {folder}")
+                problem = _image_folder_problem(folder)
+                if problem:
+                    raise ConfigError(f"{key}.{name}: {problem}")
+
+    def check_with_library(self, key):
+        if self.source == "tfds":
+            _check_tfds_name(self.name, f"{key}.name")
+
+
+def _image_folder_problem(folder):
+    """What makes `folder` no image folder (no class sub-folders, or nothing in them), or None. Cheap: it
+    stops at the first class folder holding a file (image_folder checks the files themselves)."""
+    try:
+        classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
+    except OSError as error:
+        return f"cannot read {folder}: {error.strerror or error}"
+    if not classes:
+        return f"{folder} has no class sub-folders (expected {folder}/<class name>/<image files>)"
+    for name in classes:
+        try:
+            if any(entry.is_file() for entry in os.scandir(os.path.join(folder, name))):
+                return None
+        except OSError:
+            continue
+    return f"none of the {len(classes)} class sub-folders of {folder} holds a file (expected " \
+           f"{folder}/<class name>/<image files>)"
 
 
 def _check_tfds_name(name, key):
@@ -291,6 +339,19 @@ class ModelConfig(_Section):
             raise ConfigError(f"{key}.level_weights: expected one weight per level ({len(self.levels)}), "
                               f"got {len(self.level_weights)}")
 
+    def check_with_library(self, key):
+        from tfdml.models import backbones
+
+        names = backbones.backbone_names()
+        if backbones.normalise_name(self.backbone) not in {backbones.normalise_name(n) for n in names}:
+            close = difflib.get_close_matches(self.backbone.lower(), names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{key}.backbone: unknown backbone {self.backbone!r}{hint}; valid: "
+                              f"{', '.join(names)}")
+        if backbones.is_small_cnn(self.backbone) and self.weights not in (None, "none"):
+            raise ConfigError(f"{key}.weights: the small CNN has no pretrained weights: use null, got "
+                              f"{self.weights!r}")
+
 
 @dataclasses.dataclass
 class TemperatureConfig(_Section):
@@ -311,6 +372,8 @@ class LossConfig(_Section):
         if self.dynamic_temperature is not None and self.name != "ranked_list":
             raise ConfigError(f"{key}.dynamic_temperature: applies to loss.name=ranked_list only, "
                               f"not {self.name}")
+
+    def check_with_library(self, key):
         from tfdml import losses
 
         _check_arguments(getattr(losses, LOSSES[self.name]), self.params, f"{key}.params",
@@ -442,6 +505,8 @@ class EvaluationConfig(_Section):
     def check(self, key):
         if not self.ks:
             raise ConfigError(f"{key}.ks: expected a non-empty list of positive integers, e.g. [1, 2, 4, 8]")
+
+    def check_with_library(self, key):
         allowed = _metric_names()
         for i, name in enumerate(self.metrics):
             _check_value(name, {"choices": allowed}, f"{key}.metrics[{i}]")
@@ -455,6 +520,16 @@ class ExportConfig(_Section):
     name: Optional[str] = None            # default: the configuration's name
     version: Optional[int] = _field(None, minimum=1)  # default: the next integer version
     index: bool = True
+    # The `search` signature (written whenever an index is built): top_k neighbours, the gallery stored as
+    # gallery_dtype, `match` at the score threshold of match_precision on the evaluation data.
+    search: bool = True
+    top_k: int = _field(10, minimum=1)
+    gallery_dtype: str = _field("float32", choices=("float32", "bfloat16", "int8"))
+    match_precision: float = _field(0.9, above=0.0)
+
+    def check(self, key):
+        if self.match_precision > 1.0:
+            raise ConfigError(f"{key}.match_precision: expected a precision in (0, 1], got {self.match_precision}")
 
 
 @dataclasses.dataclass
@@ -489,10 +564,33 @@ class Config(_Section):
                               "training classes)")
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name: expected a job name usable as a folder name, got {self.name!r}")
+        self._check_pairs()
+        # Output folders: a file in the way is found now, not after training.
+        outputs = [("report.dir", self.report.dir or os.path.join("reports", self.name)),
+                   ("training.checkpoint_dir", self.training.checkpoint_dir)]
+        if self.export.enabled:
+            outputs.append(("export.base_dir", os.path.join(self.export.base_dir, self.export.name or self.name)))
+        for where, path in outputs:
+            problem = path and output_dir_problem(path)
+            if problem:
+                raise ConfigError(f"{where}: {problem}")
+        if self.ala.enabled and self.loss.name not in ALA_LOSSES:
+            raise ConfigError(f"loss.name: DML-ALA (ala.enabled) weights {', '.join(ALA_LOSSES)} tuples, "
+                              f"not {self.loss.name}")
+
+    def _check_pairs(self):
+        """Pair-based losses need a positive pair in every batch: at least 2 images per class."""
+        if self.loss.name in UNPAIRED_LOSSES:
+            return
+        key, value = (("ala.episode.samples_per_class", self.ala.episode.samples_per_class) if self.ala.enabled
+                      else ("data.samples_per_class", self.data.samples_per_class))
+        if value < 2:
+            raise ConfigError(f"{key}: {self.loss.name} compares images of one class, so a batch needs at least "
+                              f"2 per class (with {value} there is no positive pair and nothing to learn), got "
+                              f"{value}")
+
+    def check_with_library(self, key):
         if self.ala.enabled:
-            if self.loss.name not in ALA_LOSSES:
-                raise ConfigError(f"loss.name: DML-ALA (ala.enabled) weights {', '.join(ALA_LOSSES)} tuples, "
-                                  f"not {self.loss.name}")
             from tfdml.models.ala import resolve_base_loss
 
             try:
@@ -504,20 +602,20 @@ class Config(_Section):
 # The embedded default job (what `tfdml train` runs with no options; configs/glyphs_rll.yaml writes it out).
 DEFAULT_JOB = {
     "name": "glyphs_rll",
-    "description": "Embedded default: small-CNN embedder, RLL, 155 font-rendered characters -> 155 unseen ones.",
-    # tfdml.data.glyphs: 310 characters (look-alikes removed), 20 images each at 32 px with random face, size,
+    "description": "Embedded default: small-CNN embedder, RLL, 150 font-rendered characters -> 151 unseen ones.",
+    # tfdml.data.glyphs: 301 characters (look-alikes removed), 20 images each at 32 px with random face, size,
     # rotation, position, stroke weight and blur; train on one half of the characters, retrieve the other.
     # configs/glyphs_rll.yaml writes this job out with the reasons for each setting.
     "data": {"source": "glyphs", "image_size": 32, "classes_per_batch": 22, "samples_per_class": 3,
              "augment": False},
     "model": {"type": "single", "embedding_dim": 64, "widths": [16, 32, 64, 128]},
     # Eq. 14's uniform query weighting: on glyphs it beats the authors' Caffe weighting (the library default),
-    # MAP@R 0.499 vs 0.436 at seed 0 (README method table: over 5 seeds).
+    # MAP@R 0.499 vs 0.436 at seed 0 on the 310-class set (README method table: tuned, over 5 seeds).
     "loss": {"name": "ranked_list",
              "params": {"margin": 0.4, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}},
     "optimizer": {"name": "adam", "learning_rate": 2e-3},
     "training": {"epochs": 10, "steps_per_epoch": 60},
-    # k-means (NMI, F1) over 155 classes would take most of the job's time.
+    # k-means (NMI, F1) over 151 classes would take most of the job's time.
     "evaluation": {"ks": [1, 2, 4, 8], "metrics": ["recall", "map@r", "r_precision"]},
 }
 
@@ -555,8 +653,19 @@ def parse_override(text):
 def load_config(path=None, overrides=()):
     """`DEFAULT_JOB` <- YAML file at `path` <- each override, as a validated `Config`. An override is a
     `"key.path=value"` string (the value parsed as YAML) or a `("key.path", value)` pair."""
-    config = default_config().to_dict()
+    # The defaults filled in without the library pass: the merged whole gets it once, at the end.
+    config = _build(Config, copy.deepcopy(DEFAULT_JOB)).to_dict()
+    for layer in _layers(path, overrides):
+        _merge(config, layer)
+    return Config.from_dict(config)
+
+
+def _layers(path=None, overrides=()):
+    """The mappings that `load_config` merges over the defaults: the file's, then one per override."""
+    layers = []
     if path is not None:
+        if os.path.isdir(path):
+            raise ConfigError(f"--config {path} is a directory; give a YAML file, e.g. configs/glyphs_rll.yaml")
         if not os.path.exists(path):
             raise ConfigError(f"configuration file not found: {path}")
         try:
@@ -564,16 +673,49 @@ def load_config(path=None, overrides=()):
                 loaded = yaml.safe_load(f) or {}
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+        except OSError as error:
+            raise ConfigError(f"cannot read the configuration file {path}: {error.strerror or error}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path} must hold a mapping at the top level")
-        _merge(config, loaded)
+        layers.append(loaded)
     for override in overrides:
         keys, value = (override[0].split("."), override[1]) if isinstance(override, tuple) else parse_override(override)
         nested = value
         for key in reversed(keys):
             nested = {key: nested}
-        _merge(config, nested)
-    return Config.from_dict(config)
+        layers.append(nested)
+    return layers
+
+
+def given_keys(path=None, overrides=()):
+    """The dotted keys that the file at `path` and the `overrides` set (as `load_config` takes them), e.g. to
+    tell a value the user chose from a default."""
+    def leaves(mapping, prefix):
+        for key, value in mapping.items():
+            if isinstance(value, dict) and value:
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}"
+
+    return {key for layer in _layers(path, overrides) for key in leaves(layer, "")}
+
+
+def output_dir_problem(path, writable=False):
+    """Why no folder can be made at `path` (a file in the way; with `writable`, no write permission on
+    the nearest existing folder), or None."""
+    path = os.path.abspath(os.fspath(path))
+    current = path
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+    if not os.path.isdir(current):
+        return (f"{current} is a file, not a folder" if current == path else
+                f"{current} is a file, so the folder {path} cannot be made")
+    if writable and not os.access(current, os.W_OK | os.X_OK):
+        return f"no permission to write in {current}"
+    return None
 
 
 def differences(old, new, prefix=""):

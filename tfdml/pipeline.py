@@ -27,7 +27,7 @@ import time
 import numpy as np
 import yaml
 
-from tfdml.config import LOSSES, Config, ConfigError, default_config, differences
+from tfdml.config import LOSSES, Config, ConfigError, default_config, differences, output_dir_problem
 
 logger = logging.getLogger("tfdml.pipeline")
 
@@ -59,10 +59,17 @@ def augment_setting(augment):
 
 
 def resolve_paths(config):
-    """A copy of `config` with the derived paths filled (report dir, checkpoints, export name)."""
+    """A copy of `config` with the derived paths filled (report dir, checkpoints, export name) and the image
+    folders of `data` made absolute: the report's config.yaml and the export's metadata record where the
+    job's evaluation data is, for `tfdml evaluate / export / search` run from any working directory."""
     report_dir = config.report.dir or os.path.join("reports", config.name)
+    data = config.data
+    if data.source == "folder":
+        data = data.replace(**{key: os.path.abspath(getattr(data, key)) for key in ("path", "eval_path")
+                               if getattr(data, key) is not None})
     return dataclasses.replace(
         config,
+        data=data,
         report=config.report.replace(dir=report_dir),
         training=config.training.replace(
             checkpoint_dir=config.training.checkpoint_dir or os.path.join(report_dir, "checkpoints")),
@@ -118,25 +125,10 @@ def prepare_report_dir(config, restart=False, say=print):
 
 # ---- data ---------------------------------------------------------------------------------------------------
 
-def _class_halves(source):
-    """`(first half, second half)` of the classes of a folder source, by sorted class-folder name (the
-    zero-shot protocol: train on one half, evaluate on the unseen other half)."""
-    classes = source.classes
-    if len(classes) < 2:
-        raise ConfigError(f"data.path: {len(source.class_names)} class folder(s) in {source.name}; the train/"
-                          "evaluation split by halves needs at least 2 (or give data.eval_path)")
-    cut = classes[len(classes) // 2]
-    halves = []
-    for keep, part in ((source.labels < cut, "first"), (source.labels >= cut, "second")):
-        half = source.subset(np.flatnonzero(keep), name=f"{source.name}, {part} half of the classes")
-        half.class_names, half.paths = source.class_names, [source.paths[i] for i in np.flatnonzero(keep)]
-        halves.append(half)
-    return tuple(halves)
-
-
 def load_sources(data):
     """`(train source, evaluation source)` from a `DataConfig`."""
     from tfdml import data as data_lib
+    from tfdml.data.sources import class_halves
 
     if data.source in data_lib.EMBEDDED_SOURCES:
         # The same path as `tfdml evaluate` / `tfdml export` take to a job's embedded data: each data set's
@@ -147,21 +139,55 @@ def load_sources(data):
         common = dict(data_dir=data.data_dir, manual_dir=data.manual_dir, download=data.download)
         return (data_lib.tfds_source(data.name, data.train_split, **common),
                 data_lib.tfds_source(data.name, data.eval_split, **common))
-    train = data_lib.image_folder(data.path)
+    # An image folder without images is the user's input, so its error names the key.
+    try:
+        train = data_lib.image_folder(data.path)
+    except (ValueError, FileNotFoundError) as error:
+        raise ConfigError(f"data.path: {error}") from None
     if data.eval_path is None:
-        return _class_halves(train)
-    return train, data_lib.image_folder(data.eval_path)
+        try:
+            return class_halves(train)
+        except ValueError as error:
+            raise ConfigError(f"data.path: {error} (or give data.eval_path, --eval-image-dir)") from None
+    try:
+        return train, data_lib.image_folder(data.eval_path)
+    except (ValueError, FileNotFoundError) as error:
+        raise ConfigError(f"data.eval_path: {error}") from None
 
 
-def _check_data_fits(config, train_source):
+def _available_classes(config, train_source):
+    """Classes the class-balanced sampler can draw from (all, or those with samples_per_class images when
+    small classes are dropped)."""
+    counts = train_source.class_counts.values()
+    if config.data.small_class_policy == "drop":
+        return sum(1 for n in counts if n >= config.data.samples_per_class)
+    return len(counts)
+
+
+def fit_to_data(config, train_source, fit_classes_per_batch=False, say=print):
+    """`config` checked against the training data; `ConfigError` naming the key when they do not fit.
+
+    With `fit_classes_per_batch` (what `tfdml train` passes when the user did not set
+    `data.classes_per_batch`), training data with fewer classes than `data.classes_per_batch` trains on
+    batches of all its classes instead, said in one line; the returned config records that number."""
     num_classes, top_label = config.model.num_classes, int(np.max(train_source.labels, initial=-1))
     if num_classes is not None and top_label >= num_classes:
         raise ConfigError(f"model.num_classes={num_classes} but the training labels go up to {top_label}: the "
                           "classifier head needs every class id below it")
-    available = len(train_source.classes)
-    if not config.ala.enabled and config.data.classes_per_batch > available:
-        raise ConfigError(f"data.classes_per_batch: {config.data.classes_per_batch} classes per batch, but the "
-                          f"training data ({train_source.name}) has {available}")
+    if config.ala.enabled:
+        return config
+    available, wanted = _available_classes(config, train_source), config.data.classes_per_batch
+    if wanted <= available:
+        return config
+    names = train_source.name_classes(train_source.classes, limit=5)
+    if fit_classes_per_batch and available >= 2:
+        say(f"data.classes_per_batch: the training data ({train_source.name}) has {available} classes, fewer "
+            f"than the default {wanted}: training on batches of {available} classes x "
+            f"{config.data.samples_per_class} images (set data.classes_per_batch to choose)")
+        return config.replace(data=config.data.replace(classes_per_batch=available))
+    raise ConfigError(f"data.classes_per_batch: {wanted} classes per batch, but the training data "
+                      f"({train_source.name}) has {available} usable class(es) ({names}); a batch needs at "
+                      "least 2 classes and at most as many as the data has")
 
 
 def steps_per_epoch(config, train_source):
@@ -236,8 +262,14 @@ def build_model(config, input_shape, total_steps):
     """`(trainable model, embedder)`, compiled, in the current strategy scope."""
     from tfdml import recipes
     from tfdml.models import ALAModel
+    from tfdml.models.backbones import PretrainedWeightsError
 
-    embedder = recipes.make_embedder(config.model, input_shape)
+    try:
+        embedder = recipes.make_embedder(config.model, input_shape)
+    except PretrainedWeightsError as error:
+        raise ConfigError(f"model.weights: {error.reason}; offline, train from scratch with --set "
+                          "model.weights=null, or give the path of the backbone's keras.applications 'notop' "
+                          "weights file downloaded elsewhere: --set model.weights=/path/to/file.h5") from None
     optimizer = recipes.make_optimizer(config.optimizer, embedder, total_steps)
     if not config.ala.enabled:
         embedder.compile(optimizer=optimizer, loss=build_loss(config.loss, config.model.num_classes, total_steps))
@@ -253,9 +285,17 @@ def build_model(config, input_shape, total_steps):
 
 # ---- training -----------------------------------------------------------------------------------------------
 
+@dataclasses.dataclass
+class Training:
+    history: dict            # {metric: [value per epoch]} over every epoch, those of resumed runs included
+    seconds: float           # training time of every epoch, summed over this process and the runs it resumed
+    seconds_this_run: float  # training time of the epochs this process trained
+    epochs_this_run: int     # how many epochs this process trained (the last ones)
+
+
 def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
-    """Fits `model`; returns `(history {metric: [per epoch]}, training seconds)` over every epoch of the run,
-    including the epochs of the runs it resumed."""
+    """Fits `model`; returns a `Training` (history and training time over every epoch of the run, the
+    epochs of the runs it resumed included, and this process's share)."""
     import keras
     import tensorflow as tf
 
@@ -267,10 +307,11 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
         # model, checkpoints on the chief and resumes by itself (no Keras callbacks in this mode).
         from tfdml.training import fit_distributed
 
-        started = time.perf_counter()
+        started, done = time.perf_counter(), callbacks_lib.completed_epochs(checkpoints)
         history = fit_distributed(model, datasets.train, epochs=training.epochs, steps_per_epoch=steps,
                                   checkpoint_dir=checkpoints, strategy=strategy, verbose=verbose)
-        return history, time.perf_counter() - started
+        seconds = time.perf_counter() - started  # this process only: the loop keeps no earlier epoch times
+        return Training(history, seconds, seconds, training.epochs - done)
 
     callbacks = []
     if training.eval_every:
@@ -286,7 +327,8 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
     train_ds = callbacks_lib.resume_stream(datasets.train, checkpoints, steps)
     model.fit(train_ds, epochs=training.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose,
               shuffle=False)  # tfdml.data batches come shuffled
-    return epoch_log.history(), epoch_log.seconds()
+    return Training(epoch_log.history(), epoch_log.seconds(), epoch_log.seconds(this_run=True),
+                    len(epoch_log.epochs) - epoch_log.resumed_epochs)
 
 
 # ---- evaluation, export, report -----------------------------------------------------------------------------
@@ -312,6 +354,7 @@ class Evaluation:
     labels: np.ndarray
     pixels: np.ndarray   # evaluation images in [0, 1]
     pixel_labels: np.ndarray
+    calibration: object = None  # tfdml.retrieval.Calibration of the served `match` decision
 
 
 def evaluate(config, embedder, datasets):
@@ -323,12 +366,16 @@ def evaluate(config, embedder, datasets):
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
     pixels, pixel_labels = _pixels(datasets.pixels)
     baseline = retrieval.evaluate(_l2_normalise(pixels), pixel_labels, ks=ks, metrics=metrics, exact=True)
-    return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels)
+    # The score threshold of a correct top-1 match at the export's precision, on the held-out items.
+    calibration = retrieval.calibrate(embeddings, labels, target_precision=config.export.match_precision) \
+        if len(labels) > 1 else None
+    return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels, calibration)
 
 
 def export(config, embedder, preprocess_name, evaluation, eval_source):
-    """Exports the SavedModel with the index of the evaluation items inside its version, in one atomic
-    step; returns the summary entries it adds."""
+    """Exports the SavedModel with the index of the evaluation items inside its version (and, with it, the
+    `search` signature over the same items, `match` calibrated on them), in one atomic step; returns the
+    summary entries it adds."""
     from tfdml import data as data_lib
     from tfdml import export as export_lib
 
@@ -340,10 +387,16 @@ def export(config, embedder, preprocess_name, evaluation, eval_source):
         image_size=(size, size), center_crop=data_lib.evaluation_center_crop(config.data.augment),
         preprocess=preprocess_name,
         training_config=config.to_dict(), metrics=evaluation.results, overwrite=settings.version is not None,
-        gallery=eval_source if settings.index else None, index_mode="exact")
+        gallery=eval_source if settings.index else None, index_mode="exact", search=settings.search,
+        top_k=settings.top_k, gallery_dtype=settings.gallery_dtype, match_precision=settings.match_precision,
+        calibration=evaluation.calibration)
     added = {"export_dir": path}
     if settings.index:
-        added["index_size"] = int(export_lib.load_metadata(path)["index"]["size"])
+        metadata = export_lib.load_metadata(path)
+        added["index_size"] = int(metadata["index"]["size"])
+        if "search" in metadata:
+            added["search"] = {key: metadata["search"][key] for key in (
+                "top_k", "gallery_dtype", "match_threshold", "match_precision")}
     return added
 
 
@@ -355,6 +408,8 @@ def write_report(config, summary, history, evaluation, class_names=None):
     plots.plot_recall_curve({"tfdml": evaluation.results, "raw pixels": evaluation.baseline},
                             os.path.join(report_dir, "recall_at_k.png"))
     plots.plot_training_curves(history, os.path.join(report_dir, "training_curves.png"))
+    if evaluation.calibration is not None:
+        plots.plot_match_calibration(evaluation.calibration, os.path.join(report_dir, "match_calibration.png"))
     _retrieval_grid(evaluation, config.report, os.path.join(report_dir, "retrieval_grid.png"), class_names)
     with open(os.path.join(report_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -389,24 +444,125 @@ def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
 
 # ---- the job ------------------------------------------------------------------------------------------------
 
-def run(config=None, verbose=1, restart=False, say=print):
+class JobError(RuntimeError):
+    """A failure after training (e.g. the export cannot be written); the message says what was kept."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the job; the message says where it stopped and how to go on."""
+
+
+def check_outputs(config):
+    """`ConfigError` naming the key for an output folder of the (resolved) job that cannot be written: a
+    file in the way or no write permission. Run before anything is trained."""
+    outputs = [("report.dir", config.report.dir), ("training.checkpoint_dir", config.training.checkpoint_dir)]
+    if config.export.enabled:
+        outputs.append(("export.base_dir", os.path.join(config.export.base_dir, config.export.name)))
+    for key, path in outputs:
+        problem = output_dir_problem(path, writable=True)
+        if problem:
+            raise ConfigError(f"{key}: {problem}")
+
+
+def process_seconds():
+    """Wall seconds since this process started (interpreter start-up and imports included): from the
+    process start time on Linux, else since `tfdml.pipeline` was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = float(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
+
+
+def _interrupted(stage, config):
+    from tfdml.callbacks import completed_epochs
+
+    epochs = config.training.epochs
+    if stage == "training":
+        done = completed_epochs(config.training.checkpoint_dir)
+        if done:
+            return Interrupted(f"interrupted after epoch {done}/{epochs}; run the same command to resume")
+        return Interrupted(f"interrupted in epoch 1/{epochs}, before its checkpoint: run the same command to "
+                           "start again")
+    if stage == "after training":
+        return Interrupted(f"interrupted after training ({epochs} epochs; its checkpoints were already "
+                           "cleared), before the report was complete: run the same command to train again")
+    return Interrupted("interrupted before training started: run the same command to start")
+
+
+def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=False):
     """Runs the whole job; returns the metrics dict also written to `<report_dir>/metrics.json`.
 
     `config`: a `Config` (default: the embedded default job); `restart`: discard an unfinished run in the
-    report directory instead of resuming it; `say`: where the one-line notices (resuming ...) go."""
-    import keras
-
-    from tfdml import export as export_lib
-
+    report directory instead of resuming it; `say`: where the one-line notices (resuming ...) go;
+    `fit_classes_per_batch`: train on all the classes of training data that has fewer than
+    `data.classes_per_batch` (see `fit_to_data`). Output folders are checked before anything is trained,
+    and metrics.json is written before the export. Ctrl-C raises `Interrupted`, whose message says how to
+    resume; a failed export raises `JobError` (metrics.json is kept)."""
     config = resolve_paths(config if isinstance(config, Config) else
                            Config.from_dict(config) if config is not None else default_config())
-    started = time.time()
-    keras.utils.set_random_seed(config.seed)
-    prepare_report_dir(config, restart, say)
-    train_source, eval_source = load_sources(config.data)
-    _check_data_fits(config, train_source)
+    started = time.perf_counter()
+    check_outputs(config)
+    stage = ["before training"]  # where a Ctrl-C stopped the job (_run moves it on)
+    try:
+        import keras
+
+        keras.utils.set_random_seed(config.seed)
+        train_source, eval_source = load_sources(config.data)
+        config = fit_to_data(config, train_source, fit_classes_per_batch, say)
+        _check_evaluation_data(eval_source)
+        prepare_report_dir(config, restart, say)
+        summary = _run(config, verbose, train_source, eval_source, stage)
+    except KeyboardInterrupt:
+        raise _interrupted(stage[0], config) from None
+    if not summary.get("chief", True):
+        return summary
+    summary["job_seconds"] = round(time.perf_counter() - started, 2)  # this call, from configuration to report
+    summary["wall_seconds"] = round(process_seconds(), 2)  # this process since it started, imports included
+    _write_metrics(config, summary)
+    return summary
+
+
+def _check_weights(config, train_source):
+    """ImageNet weights take RGB images: said before the backbone is built, naming the key."""
+    channels = getattr(train_source, "channels", 3)
+    if config.model.weights == "imagenet" and channels != 3:
+        raise ConfigError(f"model.weights: ImageNet weights take 3-channel (RGB) images, but the training data "
+                          f"({train_source.name}) has {channels} channel(s): train from scratch with --set "
+                          "model.weights=null, or use RGB images")
+
+
+def _check_evaluation_data(eval_source):
+    from tfdml.data.sources import single_image_classes
+
+    single = single_image_classes(eval_source)
+    if single:
+        logger.warning("%s: %d evaluation %s a single image and %s no query (nothing of %s class to find), "
+                       "only a gallery item: %s", eval_source.name, len(single),
+                       "class has" if len(single) == 1 else "classes have", "asks" if len(single) == 1 else "ask",
+                       "its" if len(single) == 1 else "their", eval_source.name_classes(single))
+    if len(single) == len(eval_source.classes):
+        raise ConfigError(f"evaluation data ({eval_source.name}): every class has a single image, so no "
+                          "image has another of its class to retrieve; give at least 2 images per class")
+
+
+def _write_metrics(config, summary):
+    with open(os.path.join(config.report.dir, "metrics.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+
+def _run(config, verbose, train_source, eval_source, stage):
+    from tfdml import export as export_lib
+
     steps = steps_per_epoch(config, train_source)
     input_shape = (config.data.image_size, config.data.image_size, getattr(train_source, "channels", 3))
+    _check_weights(config, train_source)
 
     strategy = _strategy(config.training.distribute)
     with strategy.scope():
@@ -415,26 +571,38 @@ def run(config=None, verbose=1, restart=False, say=print):
     preprocess_name = embedder.preprocessing
     preprocess = export_lib.resolve_preprocessing(preprocess_name)[0]
     datasets = make_datasets(config, train_source, eval_source, preprocess, strategy.num_replicas_in_sync)
-    history, train_seconds = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
+    stage[0] = "training"
+    trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
+    stage[0] = "after training"
+    summary = {
+        "name": config.name,
+        "train_seconds": round(trained.seconds, 2),  # every epoch, across resumed runs
+        "train_seconds_this_run": round(trained.seconds_this_run, 2),
+        "epochs_this_run": int(trained.epochs_this_run),
+    }
     if not _is_chief(strategy):
-        return {"name": config.name, "chief": False, "train_seconds": round(train_seconds, 2)}
+        return dict(summary, chief=False)
 
     evaluation = evaluate(config, embedder, datasets)
     embedder.save(os.path.join(config.report.dir, "model.keras"))
-    summary = {
-        "name": config.name,
+    summary.update({
         "report_dir": config.report.dir,
         "paper_target": config.paper_target,
         "model": evaluation.results,
         "raw_pixels": evaluation.baseline,
         "eval_items": int(len(evaluation.labels)),
         "eval_classes": int(len(np.unique(evaluation.labels))),
+        "match_calibration": evaluation.calibration.to_dict() if evaluation.calibration else None,
         "steps_per_epoch": int(steps),
-        "train_seconds": round(train_seconds, 2),  # every epoch, across resumed runs
-        "history": {k: [float(v) for v in vs] for k, vs in history.items()},
-    }
+        "history": {k: [float(v) for v in vs] for k, vs in trained.history.items()},
+    })
+    # The evaluation is on disk before the export starts: a failed export loses nothing.
+    write_report(config, summary, trained.history, evaluation, eval_source.class_names)
     if config.export.enabled:
-        summary.update(export(config, embedder, preprocess_name, evaluation, eval_source))
-    summary["wall_seconds"] = round(time.time() - started, 2)  # this process
-    write_report(config, summary, history, evaluation, getattr(eval_source, "class_names", None))
+        try:
+            summary.update(export(config, embedder, preprocess_name, evaluation, eval_source))
+        except (OSError, ValueError) as error:
+            raise JobError(f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
+                           f"({error}); the evaluation is saved in "
+                           f"{os.path.join(config.report.dir, 'metrics.json')}") from None
     return summary

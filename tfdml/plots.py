@@ -1,4 +1,5 @@
-"""PNG figures for reports: Recall@K curves, retrieval grids and training curves (matplotlib, Agg backend).
+"""PNG figures for reports: Recall@K curves, retrieval grids, training curves and the match calibration
+(matplotlib, Agg backend).
 
 Each function writes one PNG to `path`, closes its figure and returns `path`.
 """
@@ -155,6 +156,46 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, hspace=0.02, wspace=0.02)
     return _save(fig, path)
 
+
+def plot_match_calibration(calibration, path, title="Match calibration (leave-one-out top-1)"):
+    """The precision / recall curve of a `tfdml.retrieval.Calibration`: left, precision and recall of the
+    top-1 match against the score threshold; right, precision against recall. The chosen threshold (the
+    served `match` decision) is marked on both."""
+    plt = _pyplot()
+    thresholds = np.asarray(calibration.curve_thresholds, np.float64)
+    precision = np.asarray(calibration.curve_precision, np.float64)
+    recall = np.asarray(calibration.curve_recall, np.float64)
+    if not len(thresholds):
+        raise ValueError("the calibration has an empty curve: nothing to plot.")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    left.plot(thresholds, precision, label="precision", color="tab:blue")
+    left.plot(thresholds, recall, label="recall", color="tab:orange")
+    left.axhline(calibration.target_precision, color="tab:blue", linestyle=":", linewidth=1)
+    right.plot(recall, precision, color="tab:blue")
+    if calibration.reached:
+        chosen = f"threshold {calibration.threshold:.3f}: precision {calibration.precision:.3f}, " \
+                 f"recall {calibration.recall:.3f}"
+        left.axvline(calibration.threshold, color="tab:red", linestyle="--", linewidth=1.2, label=chosen)
+        right.plot([calibration.recall], [calibration.precision], "o", color="tab:red", label=chosen)
+    else:
+        chosen = f"precision {calibration.target_precision:g} not reached: nothing is a match"
+        right.plot([], [], " ", label=chosen)
+    left.set_xlabel("score threshold (cosine)")
+    left.set_ylabel("fraction of top-1 matches")
+    left.set_ylim(-0.02, 1.02)
+    left.legend(fontsize=8, loc="lower left")
+    right.set_xlabel("recall")
+    right.set_ylabel("precision")
+    right.set_xlim(-0.02, 1.02)
+    right.set_ylim(-0.02, 1.02)
+    right.legend(fontsize=8, loc="lower left")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    correct = int(np.sum(calibration.correct))
+    fig.suptitle(f"{title}: target precision {calibration.target_precision:g}, {len(calibration.scores)} "
+                 f"queries, {correct} correct top-1", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
 
 def plot_training_curves(history, path, title="Training"):
     """Loss and metric curves per epoch from a Keras `History` (or its `.history` dict of lists).

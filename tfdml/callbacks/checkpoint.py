@@ -58,6 +58,7 @@ class EpochLog(keras.callbacks.Callback):
         super().__init__()
         self.backup_dir = os.fspath(backup_dir)
         self.epochs = previous_epochs(self.backup_dir)
+        self.resumed_epochs = len(self.epochs)  # epochs trained by the runs this one resumes
         self._started = None
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -76,9 +77,10 @@ class EpochLog(keras.callbacks.Callback):
         keys = sorted({k for entry in self.epochs for k in entry["logs"]})
         return {k: [entry["logs"].get(k, float("nan")) for entry in self.epochs] for k in keys}
 
-    def seconds(self):
-        """Training time of every epoch logged so far, summed."""
-        return sum(entry["seconds"] for entry in self.epochs)
+    def seconds(self, this_run=False):
+        """Training time of every epoch logged so far, summed (`this_run`: only the epochs this run trained,
+        not those of the runs it resumed)."""
+        return sum(entry["seconds"] for entry in self.epochs[self.resumed_epochs if this_run else 0:])
 
 
 def previous_epochs(backup_dir):

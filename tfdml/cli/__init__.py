@@ -2,6 +2,10 @@
 
 Each subcommand lives in its own module with `register(subparsers)` (adds its parser, with help for every
 option, and sets `func`) and `run(args) -> int`.
+
+The command modules import TensorFlow (4-6 s) only inside `run`, after the arguments, the configuration
+and the paths are checked: a usage error (exit status 2) answers at once. Ctrl-C exits with status 130
+and one line.
 """
 
 import argparse
@@ -23,6 +27,23 @@ class HelpFormatter(argparse.HelpFormatter):
                 or not action.option_strings):
             return text
         return text + " (default: %(default)s)"
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1 (a usage error, exit 2, otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def usage_error(command, message):
+    """One `tfdml COMMAND: error: ...` line on stderr; returns the usage-error status 2."""
+    print(f"tfdml {command}: error: {message}", file=sys.stderr)
+    return 2
 
 
 def quiet_tensorflow():
@@ -59,7 +80,11 @@ def main(argv=None):
         # `tfdml` alone prints the overview instead of failing.
         parser.print_help()
         return 0
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line (tfdml.pipeline.Interrupted says how to resume)
+        print(f"\ntfdml {args.command}: {str(interrupt) or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 def main_for(command, argv=None):

@@ -6,11 +6,17 @@
     tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
 """
 
-import argparse
 import json
+import logging
+import os
 import sys
+import zipfile
 
 import numpy as np
+
+from tfdml.cli import positive_int, usage_error
+
+logger = logging.getLogger("tfdml.evaluate")
 
 HELP = "Compute Recall@K, MAP@R, R-precision, NMI and F1 of embeddings or of an exported model."
 
@@ -40,10 +46,10 @@ def register(subparsers):
     data.add_argument("--query-image-dir", metavar="DIR",
                       help="query images laid out like --image-dir, for query/gallery evaluation (In-shop); "
                            "class sub-directories are matched by name.")
-    data.add_argument("--version", type=int, help="model version to use instead of the latest.")
-    data.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default 64).")
+    data.add_argument("--version", type=positive_int, help="model version to use instead of the latest.")
+    data.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64).")
     options = parser.add_argument_group("metrics")
-    options.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8],
+    options.add_argument("--ks", type=positive_int, nargs="+", default=[1, 2, 4, 8],
                          help="the K values of Recall@K (default 1 2 4 8).")
     options.add_argument("--metrics", nargs="+", default=["recall", "map@r", "r_precision", "nmi", "f1"],
                          choices=["recall", "map@r", "r_precision", "nmi", "f1"],
@@ -69,9 +75,28 @@ def embed_source(embedder, source, batch_size):
     return embedder.embed(images, batch_size=batch_size), source.labels[kept]
 
 
-def _load_inputs(args):
+def argument_problem(args):
+    """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
     if bool(args.embeddings) == bool(args.model):
-        raise ValueError("give exactly one of --embeddings or --model.")
+        return "give exactly one of --embeddings or --model."
+    if args.embeddings and (args.dataset or args.image_dir or args.query_image_dir):
+        return "--dataset, --image-dir and --query-image-dir choose the data of --model, not of --embeddings."
+    if args.dataset and args.image_dir:
+        return "give at most one of --dataset or --image-dir."
+    if args.query_image_dir and not args.image_dir:
+        return "--query-image-dir needs --image-dir (the gallery)."
+    paths = [("--embeddings", args.embeddings, os.path.isfile), ("--model", args.model, os.path.exists),
+             ("--image-dir", args.image_dir, os.path.isdir), ("--query-image-dir", args.query_image_dir, os.path.isdir)]
+    for option, path, exists in paths:
+        if path and not exists(path):
+            return f"{option}: no such {'file' if exists is os.path.isfile else 'folder'}: {path}"
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
+            return f"{option}: cannot write the file {path} (a folder, or its folder does not exist)"
+    return None
+
+
+def _load_inputs(args):
     if args.embeddings:
         with np.load(args.embeddings) as data:
             missing = {"embeddings", "labels"} - set(data.files)
@@ -80,13 +105,9 @@ def _load_inputs(args):
             arrays = {key: data[key] for key in data.files}
         return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"),
                 arrays.get("query_labels"))
-    from tfdml.data.sources import embedded_source, image_folder, job_evaluation_source
+    from tfdml.data.sources import embedded_source, image_folder, job_evaluation_source, single_image_classes
     from tfdml.export import ExportedEmbedder
 
-    if args.dataset and args.image_dir:
-        raise ValueError("give at most one of --dataset or --image-dir.")
-    if args.query_image_dir and not args.image_dir:
-        raise ValueError("--query-image-dir needs --image-dir (the gallery).")
     embedder = ExportedEmbedder(args.model, args.version)
     if args.dataset:
         # Data sets drawn at a size (glyphs) are drawn at the model's input size.
@@ -101,6 +122,11 @@ def _load_inputs(args):
                              "or --image-dir.")
     print(f"evaluating {embedder.name} version {embedder.version} on {source.name}: {len(source)} images, "
           f"{len(source.classes)} classes")
+    single = single_image_classes(source)
+    if single and not args.query_image_dir:
+        logger.warning("%d %s a single image and %s no query (only a gallery item): %s", len(single),
+                       "class has" if len(single) == 1 else "classes have", "asks" if len(single) == 1 else "ask",
+                       source.name_classes(single))
     gallery, labels = embed_source(embedder, source, args.batch_size)
     if not args.query_image_dir:
         return gallery, labels, None, None
@@ -125,6 +151,9 @@ def run(args):
 
 
 def _run(args):
+    problem = argument_problem(args)
+    if problem:  # before TensorFlow is imported
+        return usage_error("evaluate", problem)
     from tfdml.retrieval import evaluate
 
     try:
@@ -132,9 +161,8 @@ def _run(args):
         results = evaluate(embeddings, labels, ks=args.ks, query_embeddings=query_embeddings,
                            query_labels=query_labels, metrics=args.metrics, exact=not args.approximate,
                            distance=args.distance, seed=args.seed, progress=len(labels) > 20000)
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        print(f"tfdml evaluate: error: {error}", file=sys.stderr)
-        return 2
+    except (ValueError, TypeError, OSError, zipfile.BadZipFile) as error:
+        return usage_error("evaluate", error)
     print(format_table(results))
     if args.json:
         with open(args.json, "w") as f:

@@ -1,12 +1,15 @@
-"""`tfdml export`: a saved Keras embedder (.keras) -> TF Serving SavedModel (+ ScaNN index).
+"""`tfdml export`: a saved Keras embedder (.keras) -> TF Serving SavedModel (+ ScaNN index, + `search` signature).
 
-    tfdml export --model reports/glyphs_rll/model.keras --name glyphs_rll
-    tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3
+    tfdml export --model reports/glyphs_rll/model.keras              # named glyphs_rll, as the job
+    tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3 --top-k 20
 """
 
 import json
 import os
 import sys
+
+from tfdml.cli import positive_int, usage_error
+from tfdml.config import output_dir_problem
 
 HELP = "Export a trained Keras embedder as a TF Serving SavedModel, optionally with a ScaNN gallery index."
 
@@ -18,19 +21,22 @@ def register(subparsers):
         "images of any size and preprocesses them as the job's evaluation did; embed_preprocessed takes "
         "preprocessed float tensors), with tfdml_metadata.json (filled from the report's config.yaml and "
         "metrics.json when the model file sits in a 'tfdml train' report folder) and, with --gallery-dir, "
-        "the gallery's ScaNN index inside the version (assets.extra/tfdml_index, ignored by TF Serving). "
+        "the gallery's ScaNN index inside the version (assets.extra/tfdml_index, ignored by TF Serving) and "
+        "the 'search' signature (images in; the --top-k nearest gallery items' scores, class names, ids and "
+        "calibrated match decisions out, core TensorFlow ops only). "
         "Serve it with: tensorflow_model_server --rest_api_port=8501 --model_name=<name> "
         "--model_base_path=$PWD/<base-dir>/<name>")
     parser.add_argument("--model", required=True, metavar="KERAS_FILE",
                         help="a model saved with model.save('....keras') (tfdml train writes "
                              "<report-dir>/model.keras).")
-    parser.add_argument("--name", required=True, help="model name: the directory under --base-dir that TF "
-                                                      "Serving's --model_base_path points to.")
+    parser.add_argument("--name", help="model name: the directory under --base-dir that TF Serving's "
+                                       "--model_base_path points to (default: the job's export name when the "
+                                       "model sits in a 'tfdml train' report folder).")
     parser.add_argument("--base-dir", default="exported_models",
                         help="TF Serving base directory (default exported_models).")
-    parser.add_argument("--version", type=int, help="version number (default: next free integer); an existing "
-                                                    "version is replaced.")
-    parser.add_argument("--image-size", type=int, nargs=2, metavar=("HEIGHT", "WIDTH"),
+    parser.add_argument("--version", type=positive_int, help="version number (default: next free integer); an "
+                                                             "existing version is replaced.")
+    parser.add_argument("--image-size", type=positive_int, nargs=2, metavar=("HEIGHT", "WIDTH"),
                         help="input size of the model (default: the model's input size).")
     parser.add_argument("--no-center-crop", action="store_true",
                         help="resize images straight to the input size instead of resizing to 256/224 of it "
@@ -46,7 +52,21 @@ def register(subparsers):
                              "cannot be decoded are skipped and named. Default: the job's evaluation data "
                              "when the model sits in a 'tfdml train' report folder (embedded data set or "
                              "image folder), else no index.")
-    parser.add_argument("--no-index", action="store_true", help="export the SavedModel without an index.")
+    parser.add_argument("--no-index", action="store_true", help="export the SavedModel without an index "
+                                                                "(and so without the search signature).")
+    parser.add_argument("--no-search", action="store_true",
+                        help="leave the 'search' signature out (the gallery's ScaNN index is still written).")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help="neighbours the search signature returns per image (default: the job's "
+                             "export.top_k for a model in a report folder, else 10).")
+    parser.add_argument("--gallery-dtype", choices=("float32", "bfloat16", "int8"),
+                        help="how the search signature stores the gallery: float32 (exact), bfloat16 (half "
+                             "the memory, scores within ~0.002) or int8 with per-row scales (a quarter; see "
+                             "the README for the recall cost). Default: the job's, else float32.")
+    parser.add_argument("--match-precision", type=float, metavar="P",
+                        help="the search signature's match output is true at the score threshold where a "
+                             "top-1 match is correct with this precision on the gallery's labelled items "
+                             "(leave-one-out; default: the job's, else 0.9).")
     parser.set_defaults(func=run)
     return parser
 
@@ -66,9 +86,32 @@ def report_files(model_path):
     return config, metrics
 
 
+def argument_problem(args):
+    """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
+    if not os.path.isfile(args.model):
+        return f"--model: no model file at {args.model}"
+    if args.gallery_dir and args.no_index:
+        return "give at most one of --gallery-dir and --no-index."
+    if args.gallery_dir and not os.path.isdir(args.gallery_dir):
+        return f"--gallery-dir: no such folder: {args.gallery_dir}"
+    problem = output_dir_problem(os.path.join(args.base_dir, args.name or "x"), writable=True)
+    return f"--base-dir: {problem}" if problem else None
+
+
+def _search_settings(args, training_config):
+    """The search signature's settings: the options given, else the job's `export` section, else defaults."""
+    job = (training_config or {}).get("export") or {}
+    given = {"top_k": args.top_k, "gallery_dtype": args.gallery_dtype, "match_precision": args.match_precision}
+    defaults = {"top_k": 10, "gallery_dtype": "float32", "match_precision": 0.9}
+    return {key: value if value is not None else job.get(key, defaults[key]) for key, value in given.items()}
+
+
 def run(args):
     from tfdml.cli.reporting import warnings_to_stderr
 
+    problem = argument_problem(args)
+    if problem:  # before TensorFlow is imported
+        return usage_error("export", problem)
     with warnings_to_stderr('export'):
         return _run(args)
 
@@ -81,10 +124,12 @@ def _run(args):
     from tfdml import export as export_lib
 
     try:
-        if not os.path.exists(args.model):
-            raise FileNotFoundError(f"no model file at {args.model}")
-        model = keras.saving.load_model(args.model, compile=False)
         training_config, metrics = report_files(args.model)
+        name = args.name or ((training_config or {}).get("export") or {}).get("name") or (
+            training_config or {}).get("name")
+        if not name:
+            raise ValueError("--name is needed: the model is not in a 'tfdml train' report folder that names it.")
+        model = keras.saving.load_model(args.model, compile=False)
         preprocess = args.preprocess
         if preprocess is None and training_config is None and getattr(model, "preprocessing", "absent") is None:
             preprocess = "unit"  # outside the job, tfdml.data feeds models without preprocessing [0, 1] pixels
@@ -93,28 +138,35 @@ def _run(args):
 
         channels = export_lib.input_channels(model)
         gallery = None
-        if args.gallery_dir and args.no_index:
-            raise ValueError("give at most one of --gallery-dir and --no-index.")
         if args.gallery_dir:
             gallery = image_folder(args.gallery_dir, channels=channels)
         elif not args.no_index:
             gallery = job_evaluation_source(training_config, channels)
+            if gallery is None:  # said, not silent: 'tfdml search' needs an index
+                print("tfdml export: note: no ScaNN index: " + (
+                    "the model is not in a 'tfdml train' report folder" if training_config is None else
+                    "the job's evaluation data is not on this machine (tfds)") + "; give --gallery-dir DIR to "
+                    "build one for 'tfdml search'", file=sys.stderr)
         # A model from a report folder is served with the geometry its job evaluated with.
         center_crop = not args.no_center_crop and (
             training_config is None or evaluation_center_crop(training_config.get("data", {}).get("augment", True)))
         path = export_lib.export_saved_model(
-            model, base_dir=args.base_dir, name=args.name, version=args.version,
+            model, base_dir=args.base_dir, name=name, version=args.version,
             image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
             overwrite=args.version is not None, center_crop=center_crop,
-            training_config=training_config, metrics=metrics, gallery=gallery)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:
-        print(f"tfdml export: error: {error}", file=sys.stderr)
-        return 2
+            training_config=training_config, metrics=metrics, gallery=gallery, search=not args.no_search,
+            **_search_settings(args, training_config))
+    except (ValueError, TypeError, OSError) as error:
+        return usage_error("export", error)
     print(f"exported SavedModel: {path}")
     if gallery is not None:
         summary = export_lib.load_metadata(path)["index"]
         print(f"ScaNN index of {summary['size']} images of {gallery.name}, {summary['classes']} classes: "
               f"{os.path.join(path, export_lib.INDEX_DIR)}")
+        search = export_lib.load_metadata(path).get("search")
+        if search:
+            print(f"search signature: top {search['top_k']} of {search['gallery_size']} items "
+                  f"({search['gallery_dtype']}), match: {search['match']}")
     return 0
 
 

@@ -10,8 +10,9 @@ import json
 import os
 import sys
 
+from tfdml import pipeline  # light: TensorFlow is imported when the job runs
 from tfdml.cli.reporting import warnings_to_stderr
-from tfdml.config import ConfigError, load_config
+from tfdml.config import ConfigError, given_keys, load_config
 
 HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, export it and write a report."
 
@@ -72,8 +73,13 @@ def _folder_job(args):
             ("name", name), ("description", f"images of {args.image_dir}")]
 
 
-def resolve(args):
-    """The validated `Config` of the command line (defaults <- --config <- --image-dir <- --set <- shortcuts)."""
+# Options that stand for configuration keys: an error about the key names the option when it was given.
+_OPTION_OF = {"data.path": "image_dir", "data.eval_path": "eval_image_dir", "training.epochs": "epochs",
+              "training.steps_per_epoch": "steps_per_epoch", "seed": "seed", "report.dir": "report_dir",
+              "export.base_dir": "export_dir", "export.version": "export_version"}
+
+
+def _overrides(args):
     shortcuts = {"training.epochs": args.epochs, "training.steps_per_epoch": args.steps_per_epoch,
                  "seed": args.seed, "report.dir": args.report_dir, "export.base_dir": args.export_dir,
                  "export.version": args.export_version}
@@ -81,7 +87,20 @@ def resolve(args):
     overrides += [(key, value) for key, value in shortcuts.items() if value is not None]
     if args.no_export:
         overrides.append(("export.enabled", False))
-    return load_config(args.config, overrides)
+    return overrides
+
+
+def resolve(args):
+    """The validated `Config` of the command line (defaults <- --config <- --image-dir <- --set <- shortcuts)."""
+    return load_config(args.config, _overrides(args))
+
+
+def _with_option(message, args):
+    """`report.dir: ...` -> `report.dir (--report-dir): ...` when the key's option was given."""
+    key, colon, rest = message.partition(":")
+    if not colon or getattr(args, _OPTION_OF.get(key, "-"), None) is None:
+        return message
+    return f"{key} (--{_OPTION_OF[key].replace('_', '-')}):{rest}"
 
 
 def _print_summary(summary):
@@ -89,8 +108,13 @@ def _print_summary(summary):
     print(f"\n{'metric':<14}{'model':>10}{'raw pixels':>12}")
     for key in model:
         print(f"{key:<14}{model[key]:>10.4f}{raw.get(key, float('nan')):>12.4f}")
-    print(f"\ntrained in {summary['train_seconds']:.1f} s ({len(summary['history'].get('loss', []))} epochs), "
-          f"whole job {summary['wall_seconds']:.1f} s")
+    epochs, this_run = len(summary["history"].get("loss", [])), summary["epochs_this_run"]
+    resumed = "" if this_run == epochs else (
+        f"; {summary['train_seconds_this_run']:.1f} s of it in this run, epochs {epochs - this_run + 1}-{epochs}"
+        if this_run else "; all of it in earlier runs")
+    print(f"\ntraining: {summary['train_seconds']:.1f} s for {epochs} epoch{'s' if epochs != 1 else ''}{resumed}")
+    print(f"this process: {summary['wall_seconds']:.1f} s since it started (Python and TensorFlow imports "
+          f"included), {summary['job_seconds']:.1f} s of it in the job (from the configuration to the report)")
     if "export_dir" in summary:
         print(f"exported SavedModel: {summary['export_dir']}")
     print(f"report: {os.path.join(summary['report_dir'], 'metrics.json')}")
@@ -102,18 +126,22 @@ def run(args):
 
     try:
         config = resolve(args)
-        from tfdml import pipeline
-
         if args.print_config:
             print(yaml.safe_dump(pipeline.resolve_paths(config).to_dict(), sort_keys=False), end="")
             return 0
         # Progress bars only on a terminal: redirected logs get one line per epoch.
         verbose = 2 if args.quiet or not sys.stdout.isatty() else 1
+        # A data set with fewer classes than the default batch's trains on all of them, unless the user
+        # chose data.classes_per_batch.
+        fit = "data.classes_per_batch" not in given_keys(args.config, _overrides(args))
         with warnings_to_stderr("train"):  # e.g. the image files an image folder skips, named
-            summary = pipeline.run(config, verbose=verbose, restart=args.restart)
+            summary = pipeline.run(config, verbose=verbose, restart=args.restart, fit_classes_per_batch=fit)
     except ConfigError as error:
-        print(f"tfdml train: error: {error}", file=sys.stderr)
+        print(f"tfdml train: error: {_with_option(str(error), args)}", file=sys.stderr)
         return 2
+    except pipeline.JobError as error:
+        print(f"tfdml train: error: {error}", file=sys.stderr)
+        return 1
     if not summary.get("chief", True):
         print(f"worker done in {summary['train_seconds']:.1f} s (the chief evaluates, exports and reports)")
         return 0

@@ -14,8 +14,13 @@ rotations the images can have); two characters are look-alikes when their median
 that draw both is small, or when they are the same shape in a quarter of those faces (`l` and `I` in
 sans-serif faces). Candidates are taken in a fixed order (digits, Latin, symbols, Greek, Cyrillic, ...) and
 each is kept only if it looks like no kept class: Greek Alpha and Cyrillic A go (they are Latin A), so do
-`o` (a small `O` once size is random), `c`, `s`, `v`, `w`, `x`, `z`... `scripts/make_glyph_classes.py`
-runs it (about a minute) and writes the class list and what each dropped character looked like to
+`o` (a small `O` once size is random), `c`, `s`, `v`, `w`, `x`, `z`... A second, independent check then
+looks at the images themselves (`confusions`): rendered as the data set renders them, size and position
+undone, how often is an image's nearest raw-pixel neighbour an image of one other class? Pairs the shape
+distance let through because they are one shape in only some faces, or differ only in size with other
+proportions in the rest (`M` / Cyrillic `м`, `Д` / `д`, `K` / Greek `κ`, `Σ` / `∑`, `r` / `Γ`) are confused
+as often as exact homoglyphs, and the later one goes too. `scripts/make_glyph_classes.py` runs both (a few
+minutes) and writes the class list and what each dropped character looked like to
 `tfdml/data/glyph_classes.py`.
 
 Images are generated in a few seconds and cached under `~/.cache/tfdml/glyphs` (or `$TFDML_CACHE/glyphs`),
@@ -68,6 +73,12 @@ NORMAL_SIDE = 24              # look-alike check: the glyph's longer side after 
 # medians 0.26-0.37) is one class while P/F (0.40), O/D (0.40), n/u (0.47) stay two.
 LOOKALIKE_SIMILAR = 0.38      # median over the common faces below this: look-alikes
 LOOKALIKE_SAME = 0.12         # ... or below this in at least a quarter of them: the same shape there
+# Image check (`confusions`): two classes are look-alikes when, over CONFUSION_SEEDS data sets of 20 images
+# per class at 32 px (the job's), this fraction of one class's images (both ways, summed) have their nearest
+# neighbour in the other. Exact homoglyphs score 0.5-1.0 and M / м, K / κ, r / Γ, Σ / ∑, Д / д 0.47-0.55,
+# while distinct but close shapes (d / ժ, u / ∪, T / τ, Ш / Щ, u / и) stay at 0.20-0.27; 0 / O reads 0.295.
+CONFUSION_LIMIT = 0.3
+CONFUSION_SEEDS = tuple(range(10))
 DEFAULT_ROTATION = 12.0       # images are rotated by up to +-this many degrees
 CACHE_VERSION = 1
 
@@ -208,11 +219,55 @@ def lookalikes(distances, similar=LOOKALIKE_SIMILAR, same=LOOKALIKE_SAME):
     return (median < similar) | (low < same), median
 
 
+def _undo_size_and_position(image, side=20):
+    """An image -> float32 `[(side + 2) ** 2]`, zero mean and unit norm: cropped to its ink (above 30 % of
+    its brightest pixel: the blur's halo is not ink), longer side scaled to `side`, centred."""
+    from PIL import Image
+
+    rows, cols = np.nonzero(image > 0.3 * image.max())
+    crop = Image.fromarray(image[rows.min():rows.max() + 1, cols.min():cols.max() + 1])
+    scale = side / max(crop.size)
+    crop = crop.resize((max(1, round(crop.size[0] * scale)), max(1, round(crop.size[1] * scale))),
+                       Image.BILINEAR)
+    canvas = Image.new("L", (side + 2, side + 2), 0)
+    canvas.paste(crop, ((side + 2 - crop.size[0]) // 2, (side + 2 - crop.size[1]) // 2))
+    vector = np.asarray(canvas, np.float32).ravel()
+    vector -= vector.mean()
+    return vector / max(float(np.linalg.norm(vector)), 1e-12)
+
+
+def confusions(classes, seeds=CONFUSION_SEEDS, images_per_class=20, image_size=32):
+    """`[n, n]`: for every two classes `a`, `b` the fraction of `a`'s images whose nearest neighbour is one of
+    `b`'s, plus the same from `b` to `a`, pooled over one data set per seed (`render_images` with those
+    arguments).
+
+    Each image is cropped to its ink and scaled to a fixed longer side (undoing the random size and
+    position) and compared by normalised cross-correlation of raw pixels with every other image of its data
+    set. It judges the images as drawn, in every face, stroke weight, rotation and blur, where
+    `face_distances` compares clean renderings face by face.
+    """
+    count = np.zeros((len(classes), len(classes)))
+    for seed in seeds:
+        images, labels = render_images(classes, image_size, images_per_class, seed)
+        vectors = np.stack([_undo_size_and_position(image) for image in images])
+        for start in range(0, len(vectors), 2048):
+            similarity = vectors[start:start + 2048] @ vectors.T
+            similarity[np.arange(len(similarity)), np.arange(start, start + len(similarity))] = -np.inf
+            np.add.at(count, (labels[start:start + 2048], labels[np.argmax(similarity, axis=1)]), 1)
+    rate = count / (images_per_class * len(seeds))
+    rate = rate + rate.T
+    np.fill_diagonal(rate, 0.0)
+    return rate
+
+
 def select_classes(min_faces=MIN_FACES, similar=LOOKALIKE_SIMILAR, same=LOOKALIKE_SAME,
-                   max_rotation=DEFAULT_ROTATION):
-    """`(classes, dropped)`: the candidates (`candidates`, in priority order) that look like no earlier
-    kept one, as a string, and `{dropped_char: (kept_char, median_distance)}` naming the closest kept
-    look-alike of each dropped candidate."""
+                   max_rotation=DEFAULT_ROTATION, confusion_limit=CONFUSION_LIMIT):
+    """`(classes, dropped, confused)`: the candidates (`candidates`, in priority order) that look like no
+    earlier kept one, as a string; `{dropped_char: (kept_char, median_distance)}` naming the closest
+    look-alike by shape distance of each candidate dropped in the first pass; and `{char: (kept_char,
+    rate)}` for those of the first pass's classes that the image check (`confusions`) then finds confused
+    with an earlier kept class at `confusion_limit` or more (a `dropped` character's twin may be one of
+    these: look its twin up there)."""
     chars_faces = candidates(min_faces)
     chars = list(chars_faces)
     alike, median = lookalikes(face_distances(chars_faces, max_rotation), similar, same)
@@ -224,7 +279,21 @@ def select_classes(min_faces=MIN_FACES, similar=LOOKALIKE_SIMILAR, same=LOOKALIK
             dropped[char] = (chars[j], round(float(distance), 3))
         else:
             kept.append(i)
-    return "".join(chars[i] for i in kept), dropped
+    classes, confused = "".join(chars[i] for i in kept), {}
+    while True:  # dropping a class changes the others' nearest neighbours: measure again until none goes
+        rate = confusions(classes)
+        kept, found = [], {}
+        for i, char in enumerate(classes):
+            twins = [(rate[i, j], j) for j in kept if rate[i, j] >= confusion_limit]
+            if twins:
+                value, j = max(twins)
+                found[char] = (classes[j], round(float(value), 3))
+            else:
+                kept.append(i)
+        if not found:
+            return classes, dropped, confused
+        confused.update(found)
+        classes = "".join(classes[i] for i in kept)
 
 
 def _classes():

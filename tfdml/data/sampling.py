@@ -60,11 +60,13 @@ def usable_classes(source, samples_per_class, drop_small_classes=False):
     counts = source.class_counts
     small = {c: n for c, n in counts.items() if n < samples_per_class}
     if small:
-        shown = ", ".join(f"{c} ({n})" for c, n in list(sorted(small.items()))[:10])
+        shown = ", ".join(f"{source.class_name(c)} ({n})" for c, n in list(sorted(small.items()))[:10])
         more = "" if len(small) <= 10 else f", ... ({len(small) - 10} more)"
         action = "dropped" if drop_small_classes else "sampled with replacement"
-        logger.warning("%s: %d classes have fewer than samples_per_class=%d images and are %s: %s%s",
-                       source.name, len(small), samples_per_class, action, shown, more)
+        logger.warning("%s: %d %s fewer than samples_per_class=%d images and %s %s (images per class in "
+                       "brackets): %s%s", source.name, len(small),
+                       "class has" if len(small) == 1 else "classes have", samples_per_class,
+                       "is" if len(small) == 1 else "are", action, shown, more)
     classes = [c for c in sorted(counts) if not (drop_small_classes and c in small)]
     return np.asarray(classes, dtype=np.int64)
 

@@ -17,6 +17,7 @@ Sources:
 - `digits(split)`: scikit-learn's 8x8 digits, classes 0-4 for `"train"`, 5-9 for `"test"` (no network).
 """
 
+import collections
 import logging
 import os
 import threading
@@ -52,6 +53,8 @@ class Source:
       name: short description used in messages.
 
     Attributes:
+      class_names: names of the class ids (`class_names[label]`, e.g. the folder names of `image_folder`),
+        or None; `class_name(label)` gives a class's name for messages either way.
       class_counts: `{class_id: number_of_items}` for every class that has items.
       corrupt_items: sorted indices of items that failed to load so far (filled during iteration).
       skipped_count: how many load failures were skipped so far (a corrupt item met twice counts twice).
@@ -86,6 +89,8 @@ class Source:
         self._corrupt = set()
         self._skipped = 0
 
+    class_names = None  # set by the sources that know them (image folders, embedded data sets)
+
     def __len__(self):
         return int(self.labels.size)
 
@@ -116,6 +121,17 @@ class Source:
     def describe(self, index):
         return self._describe(int(index))
 
+    def class_name(self, label):
+        """The name of class id `label` for messages: its folder or class name when known, else the id."""
+        names = self.class_names
+        return str(names[label]) if names is not None and 0 <= label < len(names) else str(label)
+
+    def name_classes(self, labels, limit=10):
+        """`"ant, bee, ... (3 more)"`: the names of up to `limit` class ids, then a count of the rest."""
+        labels = [int(c) for c in labels]
+        shown = ", ".join(self.class_name(c) for c in labels[:limit])
+        return shown + (f", ... ({len(labels) - limit} more)" if len(labels) > limit else "")
+
     def record_skipped(self, indices):
         """Called from the pipelines (through `tf.numpy_function`) with the indices that failed to load."""
         indices = [int(i) for i in np.asarray(indices).ravel()]
@@ -129,8 +145,8 @@ class Source:
                            self.describe(i), total)
 
     def subset(self, indices, name=None):
-        """A source over `indices` of this one (same loader and label space; its own skip counts, with
-        items named as in this source)."""
+        """A source over `indices` of this one (same loader, label space and class names; its own skip
+        counts, with items named as in this source; the files of `indices` when this source has `paths`)."""
         indices = np.asarray(indices, dtype=np.int64)
         parent = self
         table = tf.constant(indices)
@@ -138,8 +154,13 @@ class Source:
         def load(i):
             return parent.load(tf.gather(table, i))
 
-        return Source(self.labels[indices], load, self.channels, self.image_shape, self.num_classes,
-                      describe=lambda i: parent.describe(indices[i]), name=name or self.name)
+        subset = Source(self.labels[indices], load, self.channels, self.image_shape, self.num_classes,
+                        describe=lambda i: parent.describe(indices[i]), name=name or self.name)
+        subset.class_names = self.class_names  # the same label space
+        paths = getattr(self, "paths", None)
+        if paths is not None:
+            subset.paths = [paths[i] for i in indices]
+        return subset
 
 
 class ImageReadError(ValueError):
@@ -331,6 +352,7 @@ def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS, class_names=None
                              + "; ".join(f"{p} ({r})" for p, r in skipped[:MAX_NAMED]))
         uses_pil = [formats[i] not in TF_FORMATS for i in keep]
         paths, labels = [paths[i] for i in keep], labels[keep]
+    _report_empty_classes(path, class_names, labels, skipped)
     table = tf.constant(paths)
     pil_table = tf.constant(uses_pil)
 
@@ -347,6 +369,40 @@ def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS, class_names=None
     source.paths = paths
     source.skipped_files = skipped
     return source
+
+
+def _report_empty_classes(path, class_names, labels, skipped):
+    """One warning naming the class folders left without an image: no image files, or none decodable."""
+    present = set(np.unique(labels).tolist())
+    unreadable = collections.Counter(os.path.basename(os.path.dirname(file)) for file, _ in skipped)
+    empty = [name for label, name in enumerate(class_names) if label not in present]
+    if empty:
+        why = [f"{name} ({unreadable[name]} file{'s' if unreadable[name] > 1 else ''}, none decodable)"
+               if name in unreadable else
+               f"{name} (no image files)" for name in empty]
+        logger.warning("image_folder(%s): %d of %d class folders %s no readable image and %s left out: %s%s",
+                       path, len(empty), len(class_names), "has" if len(empty) == 1 else "have",
+                       "is" if len(empty) == 1 else "are", ", ".join(why[:MAX_NAMED]),
+                       f", ... ({len(why) - MAX_NAMED} more)" if len(why) > MAX_NAMED else "")
+
+
+def class_halves(source):
+    """`(first half, second half)` of the classes of `source` that have items, by class id (for an image
+    folder: by sorted class-folder name). The zero-shot protocol: train on one half, evaluate on the
+    unseen other half. `ValueError` for fewer than 2 classes."""
+    classes = source.classes
+    if len(classes) < 2:
+        raise ValueError(f"{source.name} has {len(classes)} class(es) with images; the split into a training "
+                         "and an evaluation half of the classes needs at least 2")
+    cut = classes[len(classes) // 2]
+    return tuple(source.subset(np.flatnonzero(keep), name=f"{source.name}, {part} half of the classes")
+                 for keep, part in ((source.labels < cut, "first"), (source.labels >= cut, "second")))
+
+
+def single_image_classes(source):
+    """Class ids of `source` with exactly one item: in a retrieval evaluation over the same set such an
+    item is a gallery item only (no other image of its class to find), so it asks no query."""
+    return [c for c, n in source.class_counts.items() if n == 1]
 
 
 def array_source(images, labels, num_classes=None, name="array_source"):
@@ -501,12 +557,15 @@ def _tfds_loader(reader, image_key, channels):
 
 def job_evaluation_source(training_config, channels=3):
     """The evaluation data of a `tfdml train` job from its configuration's `data` section (as recorded in
-    export metadata and report `config.yaml`): an embedded data set or the evaluation image folder; None
+    export metadata and report `config.yaml`): an embedded data set, the evaluation image folder, or the
+    second half of the classes of the training folder (the job's split without `eval_path`); None
     for tfds jobs (their data may not be on this machine) or without a configuration."""
     data = (training_config or {}).get("data") or {}
     kind = data.get("source")
     if kind == "folder" and data.get("eval_path"):
         return image_folder(data["eval_path"], channels=channels)
+    if kind == "folder" and data.get("path"):  # no evaluation folder: the job evaluated the second half
+        return class_halves(image_folder(data["path"], channels=channels))[1]
     if kind and kind not in ("tfds", "folder"):
         # The data section's settings that the data set's function takes (image_size, images_per_class, ...).
         options = {k: v for k, v in data.items() if k not in ("source", "name", "train_split", "eval_split")}

@@ -101,13 +101,24 @@ def small_cnn(input_shape=SMALL_CNN_INPUT_SHAPE, widths=(8, 16, 32), name=SMALL_
     return keras.Model(inputs, x, name=name)
 
 
+class PretrainedWeightsError(RuntimeError):
+    """ImageNet weights that could not be fetched; `reason` says why in one line."""
+
+    def __init__(self, message, reason):
+        super().__init__(message)
+        self.reason = reason
+
+
 def _imagenet_error(name, cause):
-    return RuntimeError(
+    first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+    reason = (f"cannot load the ImageNet weights of backbone {name!r} ({type(cause).__name__}: {first_line}); "
+              "keras.applications downloads them on first use, which needs network access")
+    return PretrainedWeightsError(
         f"Could not load the ImageNet weights of backbone {name!r}: {type(cause).__name__}: {cause}. "
         "keras.applications downloads them on first use, which needs network access (they are then "
         "cached in ~/.keras/models). Offline, download the weights file elsewhere and pass its path, "
         "e.g. weights='/path/to/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5' (a `notop` file), "
-        "or pass weights=None for a randomly initialised backbone.")
+        "or pass weights=None for a randomly initialised backbone.", reason)
 
 
 def get_backbone(backbone, input_shape=None, weights="imagenet"):
@@ -145,6 +156,9 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
                          "or pass a Keras model.")
     constructor = getattr(keras.applications, _APPLICATIONS[key][0])
     input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPE)
+    if weights == "imagenet" and input_shape[-1] != 3:  # keras' own error would read as a failed download
+        raise ValueError(f"ImageNet weights of {backbone!r} take 3-channel (RGB) images, got input_shape "
+                         f"{input_shape}; pass weights=None or RGB images.")
     try:
         return constructor(include_top=False, weights=weights, input_shape=input_shape)
     except Exception as cause:  # keras raises bare Exception / URLError / OSError on a failed fetch

@@ -15,9 +15,8 @@ way (and restores the losses' variables and every inner optimizer's state).
 """
 
 import keras
-from keras.src.models.functional import Functional
-from keras.src.models.model import Trainer, functional_init_arguments
 
+from tfdml.keras_private import Functional, Trainer, functional_init_arguments
 from tfdml.optimizers import MultiOptimizer
 
 

@@ -154,85 +154,30 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
                                        checkpoint_dir="/shared/run1")
     """
     strategy = strategy or model.distribute_strategy
-    _check_model(model, strategy)
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}.")
-    if steps_per_epoch is not None and steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be >= 1 or None, got {steps_per_epoch}.")
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"dataset must be a tf.data.Dataset of global batches, got {type(dataset).__name__}.")
-
-    if data_position not in _DATA_POSITIONS:
-        raise ValueError(f"data_position must be one of {_DATA_POSITIONS}, got {data_position!r}.")
-
+    _check_arguments(model, strategy, dataset, epochs, steps_per_epoch, data_position)
     task_type, task_id = _task(strategy)
     chief = _is_chief(task_type, task_id)
     progress = _Progress(verbose, chief, epochs)
 
-    iterator = iter(dataset)
+    cursor = _DataCursor(dataset, data_position if checkpoint_dir is not None else None)
     _build(model, strategy, dataset.element_spec)
-    if checkpoint_dir is None:
-        data_position = None
-    elif data_position == "auto":
-        data_position = "iterator" if _is_checkpointable(iterator) else "skip"
-
     epoch_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
-    batches_read = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_read")  # of `iterator`
-    trackables = {"epochs_done": epoch_counter, "batches_read": batches_read, **_training_state(model)}
-    if data_position == "iterator":
-        trackables["data_iterator"] = iterator
-    checkpoint = tf.train.Checkpoint(**trackables)
+    checkpoint = tf.train.Checkpoint(epochs_done=epoch_counter, **cursor.trackables(), **_training_state(model))
     manager = None
     if checkpoint_dir is not None:
-        write_dir = checkpoint_dir if chief else os.path.join(
-            tempfile.gettempdir(), f"tfdml_worker_{task_type}_{task_id}_{os.getpid()}")
-        manager = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=max_checkpoints if chief else 1)
+        manager = _checkpoint_manager(checkpoint, checkpoint_dir, chief, task_type, task_id, max_checkpoints)
         latest = tf.train.latest_checkpoint(checkpoint_dir)
         if latest is not None:
             _restore(checkpoint, latest)
             progress.message(f"Resumed from {latest} after epoch {int(epoch_counter.numpy())}.")
-            if data_position == "skip" and int(batches_read.numpy()) > 0:
-                iterator = iter(dataset.skip(int(batches_read.numpy())))
-            elif data_position is None:
-                batches_read.assign(0)
+            cursor.resume()
 
-    num_replicas = strategy.num_replicas_in_sync
-
-    def split(batch):
-        def value_fn(context):
-            return replica_slice(batch, context.replica_id_in_sync_group, num_replicas)
-        return strategy.experimental_distribute_values_from_function(value_fn)
-
-    def train_step(per_replica_batch):
-        logs = strategy.run(model.train_step, args=(per_replica_batch,))
-        # Metric results are already synchronised; MEAN is what `fit` reports.
-        return {name: strategy.reduce("MEAN", value, axis=None) for name, value in logs.items()}
-
-    if not model.run_eagerly:  # as in `fit`: `compile(run_eagerly=True)` is for debugging
-        train_step = tf.function(train_step, reduce_retracing=True)
-
+    train_step = _distributed_train_step(model, strategy)
     history = {}
     for epoch in range(int(epoch_counter.numpy()), epochs):
         model.reset_metrics()
-        start, step, logs, out_of_data = time.time(), 0, {}, False
-        while steps_per_epoch is None or step < steps_per_epoch:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                # The epoch ends with the data; with steps_per_epoch it ends early, as in `fit`, and the
-                # next epoch starts the dataset again.
-                out_of_data = steps_per_epoch is not None
-                iterator = iter(dataset)
-                batches_read.assign(0)
-                if data_position == "iterator":  # the checkpoint tracks the new iterator from now on
-                    checkpoint.data_iterator = iterator
-                break
-            batches_read.assign_add(1)
-            logs = {name: float(value) for name, value in train_step(split(batch)).items()}
-            step += 1
-            progress.step(epoch, step, steps_per_epoch, logs)
-        if step == 0 and steps_per_epoch is None:
-            raise ValueError("The dataset yields no batch.")
+        start = time.time()
+        step, logs, out_of_data = _run_epoch(train_step, cursor, checkpoint, epoch, steps_per_epoch, progress)
         if step > 0:
             epoch_counter.assign(epoch + 1)
             for name, value in logs.items():
@@ -248,6 +193,104 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
                 f"{steps_per_epoch}): the epoch ends early and the next one starts the dataset again, as in "
                 "`fit`. Repeat the dataset (`.repeat()`) or lower steps_per_epoch.", stacklevel=2)
     return history
+
+
+def _check_arguments(model, strategy, dataset, epochs, steps_per_epoch, data_position):
+    _check_model(model, strategy)
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}.")
+    if steps_per_epoch is not None and steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be >= 1 or None, got {steps_per_epoch}.")
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"dataset must be a tf.data.Dataset of global batches, got {type(dataset).__name__}.")
+    if data_position not in _DATA_POSITIONS:
+        raise ValueError(f"data_position must be one of {_DATA_POSITIONS}, got {data_position!r}.")
+
+
+class _DataCursor:
+    """The dataset iterator and the run's position in it, as a checkpoint stores and restores it.
+
+    `data_position` (see `fit_distributed`): "iterator" checkpoints the tf.data iterator itself, "skip" the
+    number of batches read (skipped again on resume), "auto" the first that works, None neither.
+    """
+
+    def __init__(self, dataset, data_position):
+        self.dataset = dataset
+        self.iterator = iter(dataset)
+        if data_position == "auto":
+            data_position = "iterator" if _is_checkpointable(self.iterator) else "skip"
+        self.data_position = data_position
+        self.batches_read = tf.Variable(0, dtype=tf.int64, trainable=False, name="batches_read")
+
+    def trackables(self):
+        state = {"batches_read": self.batches_read}
+        if self.data_position == "iterator":
+            state["data_iterator"] = self.iterator
+        return state
+
+    def resume(self):
+        """After a checkpoint restore: continue where the checkpointed run stopped reading."""
+        if self.data_position == "skip" and int(self.batches_read.numpy()) > 0:
+            self.iterator = iter(self.dataset.skip(int(self.batches_read.numpy())))
+        elif self.data_position is None:
+            self.batches_read.assign(0)
+
+    def next(self, checkpoint):
+        """The next batch, or None at the end of the data (the dataset then starts again)."""
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            self.iterator = iter(self.dataset)
+            self.batches_read.assign(0)
+            if self.data_position == "iterator":  # the checkpoint tracks the new iterator from now on
+                checkpoint.data_iterator = self.iterator
+            return None
+        self.batches_read.assign_add(1)
+        return batch
+
+
+def _checkpoint_manager(checkpoint, checkpoint_dir, chief, task_type, task_id, max_checkpoints):
+    # MultiWorkerMirroredStrategy needs every worker to save: the others write to a temporary directory
+    # that is deleted right after each save.
+    write_dir = checkpoint_dir if chief else os.path.join(
+        tempfile.gettempdir(), f"tfdml_worker_{task_type}_{task_id}_{os.getpid()}")
+    return tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=max_checkpoints if chief else 1)
+
+
+def _distributed_train_step(model, strategy):
+    """`train_step(global_batch) -> logs`: the model's own `train_step` on each replica's rows, whose metrics
+    are reduced as `fit` reports them."""
+    num_replicas = strategy.num_replicas_in_sync
+
+    def split(batch):
+        def value_fn(context):
+            return replica_slice(batch, context.replica_id_in_sync_group, num_replicas)
+        return strategy.experimental_distribute_values_from_function(value_fn)
+
+    def replicated_step(per_replica_batch):
+        logs = strategy.run(model.train_step, args=(per_replica_batch,))
+        # Metric results are already synchronised; MEAN is what `fit` reports.
+        return {name: strategy.reduce("MEAN", value, axis=None) for name, value in logs.items()}
+
+    if not model.run_eagerly:  # as in `fit`: `compile(run_eagerly=True)` is for debugging
+        replicated_step = tf.function(replicated_step, reduce_retracing=True)
+    return lambda batch: replicated_step(split(batch))
+
+
+def _run_epoch(train_step, cursor, checkpoint, epoch, steps_per_epoch, progress):
+    """Runs one epoch; returns `(steps run, last logs, whether the data ran out before steps_per_epoch)`."""
+    step, logs = 0, {}
+    while steps_per_epoch is None or step < steps_per_epoch:
+        batch = cursor.next(checkpoint)
+        if batch is None:
+            # The epoch ends with the data; with steps_per_epoch it ends early, as in `fit`.
+            if step == 0 and steps_per_epoch is None:
+                raise ValueError("The dataset yields no batch.")
+            return step, logs, steps_per_epoch is not None
+        logs = {name: float(value) for name, value in train_step(batch).items()}
+        step += 1
+        progress.step(epoch, step, steps_per_epoch, logs)
+    return step, logs, False
 
 
 def _training_state(model):

@@ -1,0 +1,65 @@
+"""Where things live in an exported version and how they are found: signature, input and output names,
+the metadata file, the index folder, version resolution and the SavedModel fingerprint."""
+
+import json
+import os
+
+import tensorflow as tf
+
+METADATA_FILE = "tfdml_metadata.json"
+SERVING_SIGNATURE = "serving_default"
+PREPROCESSED_SIGNATURE = "embed_preprocessed"
+SEARCH_SIGNATURE = "search"
+IMAGE_INPUT = "images"
+PREPROCESSED_INPUT = "preprocessed"
+EMBEDDING_OUTPUT = "embedding"
+# Inside the version directory: TF Serving ignores `assets.extra/` (it only reads warm-up requests there).
+INDEX_DIR = os.path.join("assets.extra", "tfdml_index")
+# Gallery pixels kept with an index of in-memory images (no file paths to show), up to this size.
+GALLERY_IMAGES_FILE = "gallery_images.npy"
+MAX_STORED_GALLERY_BYTES = 64 * 2**20
+
+
+def _fingerprint(version_dir):
+    """The SavedModel's checksum (`fingerprint.pb`), which ties an index to the exact model it embeds."""
+    try:
+        # Graph, signatures, object graph and checkpoint hashes: other weights give another fingerprint.
+        return tf.saved_model.experimental.read_fingerprint(os.fspath(version_dir)).singleprint()
+    except Exception:  # older SavedModels have no fingerprint.pb
+        return None
+
+
+def _write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f, indent=2)
+
+
+def resolve_export_dir(path, version=None):
+    """The version directory for `path`: a version directory itself, or `<base>/<name>` (latest version,
+    or `version`)."""
+    path = os.fspath(path)
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        if version is not None and os.path.basename(os.path.normpath(path)) != str(version):
+            raise ValueError(f"{path!r} is a version directory; --version {version} asks for another one "
+                             f"(pass <base>/<name> with --version, or the version directory alone).")
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no exported model at {path!r} (not a directory).")
+    versions = sorted(int(v) for v in os.listdir(path) if v.isdigit()
+                      and os.path.exists(os.path.join(path, v, "saved_model.pb")))
+    if version is not None:
+        if int(version) not in versions:
+            raise FileNotFoundError(f"no exported version {version} in {path!r} (versions: "
+                                    f"{', '.join(map(str, versions)) or 'none'}).")
+        return os.path.join(path, str(int(version)))
+    if not versions:
+        raise FileNotFoundError(f"{path!r} holds no exported model (no saved_model.pb and no numeric "
+                                f"version directory).")
+    return os.path.join(path, str(versions[-1]))
+
+
+def load_metadata(path, version=None):
+    """The metadata dict written beside an exported model."""
+    with open(os.path.join(resolve_export_dir(path, version), METADATA_FILE)) as f:
+        return json.load(f)
+

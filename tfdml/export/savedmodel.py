@@ -1,0 +1,345 @@
+"""`export_saved_model`: a Keras embedder -> TF Serving SavedModel (signatures, metadata, atomic write)."""
+
+import dataclasses
+import datetime
+import importlib
+import json
+import math
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+from tfdml.data.preprocessing import eval_image, eval_settings
+from tfdml.export.client import embed_uint8
+from tfdml.export.gallery import _index_summary, embed_gallery, save_index
+from tfdml.export.layout import (
+    EMBEDDING_OUTPUT,
+    IMAGE_INPUT,
+    METADATA_FILE,
+    PREPROCESSED_INPUT,
+    PREPROCESSED_SIGNATURE,
+    SEARCH_SIGNATURE,
+    SERVING_SIGNATURE,
+    _write_json,
+)
+from tfdml.export.search import (
+    DEFAULT_BLOCK_ROWS,
+    DEFAULT_TOP_K,
+    GALLERY_DTYPES,
+    GallerySearch,
+    item_strings,
+    search_signature_info,
+)
+from tfdml.retrieval.calibration import calibrate
+
+_NAMED_PREPROCESSING = {
+    "none": lambda x: x,
+    "unit": lambda x: x / 255.0,
+    "symmetric": lambda x: x / 127.5 - 1.0,
+}
+
+
+def resolve_preprocessing(spec):
+    """`(function, json_name)` for a preprocessing spec (see the module docstring)."""
+    if spec is None:
+        spec = "none"
+    if callable(spec):
+        return spec, f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
+    if not isinstance(spec, str):
+        raise TypeError(f"preprocess must be None, a string or a callable, got {type(spec).__name__}.")
+    if spec in _NAMED_PREPROCESSING:
+        return _NAMED_PREPROCESSING[spec], spec
+    module_name, _, function_name = spec.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), function_name), spec
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(f"unknown preprocessing {spec!r}: use one of {sorted(_NAMED_PREPROCESSING)}, a "
+                         f"dotted function name such as 'keras.applications.resnet50.preprocess_input', "
+                         f"or a callable.") from error
+
+
+def _model_preprocessing_config(model):
+    config = getattr(model, "preprocessing_config", None)
+    if callable(config):
+        config = config()
+    return dict(config or {})
+
+
+def _resolve_image_size(model, image_size, config):
+    size = image_size or config.get("image_size")
+    if size is None:
+        shape = getattr(model, "input_shape", None)
+        if isinstance(shape, tuple) and len(shape) == 4 and shape[1] and shape[2]:
+            size = shape[1:3]
+    if size is None:
+        raise ValueError(f"cannot tell the input size of model {model.name!r}: pass image_size=(height, "
+                         f"width) or give the model a preprocessing_config() with 'image_size'.")
+    if isinstance(size, int):
+        size = (size, size)
+    size = tuple(int(s) for s in size)
+    if len(size) != 2 or min(size) < 1:
+        raise ValueError(f"image_size must be (height, width) with positive entries, got {size}.")
+    return size
+
+
+def _resolve_channels(model, config):
+    shape = getattr(model, "input_shape", None)
+    static = shape[-1] if isinstance(shape, tuple) and len(shape) == 4 else None
+    channels = int(config.get("channels") or static or 3)
+    if channels not in (1, 3):
+        raise ValueError(f"exported models take 1- or 3-channel images, the model wants {channels}.")
+    return channels
+
+
+def input_channels(model):
+    """The channel count (1 or 3) the exported model works on (see the module docstring)."""
+    return _resolve_channels(model, _model_preprocessing_config(model))
+
+
+def _named_outputs(model, images):
+    if hasattr(model, "export_outputs"):
+        outputs = model.export_outputs(images)
+    else:
+        outputs = model(images, training=False)
+    if isinstance(outputs, dict):
+        if EMBEDDING_OUTPUT not in outputs:
+            raise ValueError(f"the model's dict output must contain {EMBEDDING_OUTPUT!r}, got keys "
+                             f"{sorted(outputs)}.")
+        outputs = dict(outputs)
+    elif isinstance(outputs, (list, tuple)):
+        raise ValueError("the model returns a list of outputs; return a dict with an 'embedding' key (or "
+                         "define export_outputs(x)) so each output gets a name.")
+    else:
+        outputs = {EMBEDDING_OUTPUT: outputs}
+    outputs = {key: tf.cast(value, tf.float32) for key, value in outputs.items()}
+    outputs[EMBEDDING_OUTPUT] = tf.math.l2_normalize(outputs[EMBEDDING_OUTPUT], axis=-1)
+    return outputs
+
+
+def _next_version(model_dir):
+    versions = [int(entry) for entry in os.listdir(model_dir) if entry.isdigit()] \
+        if os.path.isdir(model_dir) else []
+    return max(versions, default=0) + 1
+
+
+def _json_safe(value):
+    """JSON-compatible copy (dataclasses, e.g. a typed job configuration, become dicts; arrays lists)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else (
+        dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v))))
+
+
+def _compile_info(model):
+    try:
+        config = model.get_compile_config() if getattr(model, "compiled", False) else None
+    except (AttributeError, TypeError, ValueError):
+        config = None
+    return _json_safe(config) if config else None
+
+
+def _serving_images(images, channels):
+    """uint8 `[N, H, W, c]` -> float32 `[N, H, W, channels]`, with clear errors for what cannot be served."""
+    shape = tf.shape(images)
+    given = shape[3]
+    checks = [
+        tf.debugging.assert_positive(shape[0], message="empty batch: send at least one image"),
+        tf.debugging.assert_positive(shape[1] * shape[2], message="an image has height or width 0"),
+        tf.debugging.Assert(tf.logical_or(tf.equal(given, 1), tf.equal(given, 3)), [
+            f"images must have 1 (grayscale) or 3 (RGB) channels; this {channels}-channel model converts "
+            "between the two. Got channels:", given]),
+    ]
+    with tf.control_dependencies(checks):
+        pixels = tf.cast(images, tf.float32)
+    if channels == 1:
+        luma = tf.constant([[0.299], [0.587], [0.114]], tf.float32)
+        pixels = tf.cond(tf.equal(given, 3), lambda: tf.tensordot(pixels, luma, axes=[[3], [0]]),
+                         lambda: pixels[..., :1])
+    else:
+        pixels = tf.cond(tf.equal(given, 1), lambda: tf.tile(pixels[..., :1], [1, 1, 1, 3]),
+                         lambda: pixels[..., :3])
+    return tf.ensure_shape(pixels, [None, None, None, channels])
+
+
+def export_saved_model(model, base_dir="exported_models", name=None, version=None, image_size=None,
+                       preprocess=None, training_config=None, metrics=None, overwrite=False,
+                       center_crop=True, resize=None, gallery=None, gallery_ids=None, gallery_labels=None,
+                       class_names=None, index_mode="auto", batch_size=64, index_settings=None, search=True,
+                       top_k=DEFAULT_TOP_K, gallery_dtype="float32", match_precision=0.9, calibration=None,
+                       search_block_rows=DEFAULT_BLOCK_ROWS):
+    """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
+
+    Args:
+      model: a Keras model (see the module docstring for the optional protocol).
+      base_dir: TF Serving's model base path.
+      name: model name (the TF Serving `model_name`); default `model.name`.
+      version: positive integer version; default one more than the largest existing version.
+      image_size: `(height, width)` the model takes; default from the model.
+      preprocess: pixel preprocessing spec; default from `model.preprocessing_config()`, else `"none"`.
+      training_config, metrics: JSON-serialisable dicts copied into the metadata file (loss and training
+        settings, evaluation results); omitted from the metadata when not given.
+      overwrite: replace an existing version directory instead of raising `FileExistsError`.
+      center_crop, resize: the geometry of `tfdml.data.eval_image` (defaults: resize to
+        `image_size * 256 / 224`, centre crop `image_size`, as `tfdml.data.eval_dataset` evaluates). Pass
+        what the evaluation used, so that the served function is the evaluated one.
+      gallery: optional gallery to index inside the version (see `export_index` for the accepted forms,
+        e.g. a `tfdml.data.Source`); it is embedded by the serving function that is written, and its index
+        is saved before the version appears, so a version never exists without the index it was exported
+        with.
+      gallery_ids, gallery_labels, class_names, index_mode, batch_size, index_settings: for the index (see
+        `export_index`).
+      search: with a gallery, also write the `search` signature (`tfdml.export.search`): uint8 images in,
+        the `top_k` nearest gallery items out (`scores`, `labels`, `ids`, `match`) with the `embedding`,
+        the gallery held in variables as `gallery_dtype` (`"float32"`, `"bfloat16"` or `"int8"`), scored
+        `search_block_rows` rows at a time.
+      match_precision, calibration: `match` is `score >= threshold`, the threshold of a
+        `tfdml.retrieval.Calibration` (default: `calibrate` on the labelled gallery itself, leave-one-out, at
+        `match_precision`); without gallery labels nothing is a match. The thresholds go to the metadata.
+
+    Example:
+      >>> path = export_saved_model(embedder, "exported_models", name="cub", metrics=results,
+      ...                           gallery=tfdml.data.image_folder("cub/test"))
+      >>> # tensorflow_model_server --rest_api_port=8501 --model_name=cub --model_base_path=$PWD/exported_models/cub
+    """
+    import keras
+
+    name = name or model.name
+    if not name or os.sep in name or name in (".", ".."):
+        raise ValueError(f"name must be a plain directory name, got {name!r}.")
+    config = _model_preprocessing_config(model)
+    height, width = _resolve_image_size(model, image_size, config)
+    preprocess_fn, preprocess_name = resolve_preprocessing(
+        preprocess if preprocess is not None else config.get("preprocessing"))
+    channels = _resolve_channels(model, config)
+    geometry = eval_settings((height, width), center_crop, resize)
+    if search and gallery is not None:
+        _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows)
+
+    def embed_preprocessed(preprocessed):
+        return _named_outputs(model, preprocessed)
+
+    def embed_images(images):
+        pixels = _serving_images(images, channels)
+        return _named_outputs(model, eval_image(pixels, (height, width), center_crop, resize, preprocess_fn))
+
+    image_spec = tf.TensorSpec([None, None, None, None], tf.uint8, name=IMAGE_INPUT)
+    float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name=PREPROCESSED_INPUT)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    # The argument names (`images`, `preprocessed`) become the signatures' input names.
+    serve = tf.function(embed_images, input_signature=[image_spec])
+    archive.add_endpoint(SERVING_SIGNATURE, serve)
+    archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
+    output_shapes = serve.get_concrete_function().structured_outputs
+    outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None
+               for key, value in output_shapes.items()}
+    embedded = searcher = None
+    if gallery is not None:
+        # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
+        embedded = embed_gallery(lambda images, batch_size: embed_uint8(serve, images, batch_size), channels,
+                                 gallery, gallery_ids, gallery_labels, class_names, batch_size)
+    if search and embedded is not None:
+        if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
+            calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
+        ids, labels = item_strings(embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings),
+                                   embedded.source)
+        searcher = GallerySearch(embedded.embeddings, ids, labels, top_k, gallery_dtype,
+                                 calibration.threshold if calibration is not None else math.inf, search_block_rows)
+
+        def search_images(images):
+            embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
+            return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
+
+        archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec]))
+
+    model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
+    os.makedirs(model_dir, exist_ok=True)
+    version = _next_version(model_dir) if version is None else int(version)
+    if version < 1:
+        raise ValueError(f"version must be a positive integer, got {version}.")
+    target = os.path.join(model_dir, str(version))
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
+
+    metadata = {
+        "format": "tfdml.export/2",
+        "name": name,
+        "version": version,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "embedding_dim": outputs[EMBEDDING_OUTPUT],
+        "outputs": outputs,
+        "embedding_normalized": True,
+        "distance": "dot_product",
+        "input": {"signature": SERVING_SIGNATURE, "name": IMAGE_INPUT, "dtype": "uint8",
+                  "shape": [None, None, None, channels], "channels": channels,
+                  "channel_conversion": "1 <-> 3 channels converted in the graph (RGB -> luma "
+                                        "0.299 R + 0.587 G + 0.114 B; gray -> repeated)"},
+        "image_size": [height, width],
+        "eval_image": geometry,  # tfdml.data.eval_image(image_size, center_crop, resize)
+        "preprocessing": preprocess_name,
+        "signatures": {
+            SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
+                                "outputs": sorted(outputs)},
+            PREPROCESSED_SIGNATURE: {
+                "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
+                "outputs": sorted(outputs)},
+        },
+        "search": None if searcher is None else _search_info(searcher, calibration, embedded),
+        "calibration": None if searcher is None or calibration is None else calibration.to_dict(),
+        "model": {"class": type(model).__name__, "name": model.name},
+        "compile_config": _compile_info(model),
+        "training_config": _json_safe(training_config) if training_config else None,
+        "metrics": _json_safe(metrics) if metrics else None,
+        "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
+    }
+    metadata = {key: value for key, value in metadata.items() if value is not None}  # unknown: left out
+    if searcher is not None:
+        metadata["signatures"][SEARCH_SIGNATURE] = search_signature_info(searcher.k, outputs[EMBEDDING_OUTPUT])
+    staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
+    try:
+        written = os.path.join(staging, "model")
+        archive.write_out(written, verbose=False)
+        _write_json(os.path.join(written, METADATA_FILE), metadata)
+        if embedded is not None:
+            index = save_index(written, embedded, name, version, index_mode, index_settings or {})
+            metadata["index"] = _index_summary(index)
+            _write_json(os.path.join(written, METADATA_FILE), metadata)
+        if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
+            os.rename(target, os.path.join(staging, "previous"))
+        os.rename(written, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
+    if gallery_dtype not in GALLERY_DTYPES:
+        raise ValueError(f"gallery_dtype must be one of {', '.join(GALLERY_DTYPES)}, got {gallery_dtype!r}.")
+    if not 0.0 < float(match_precision) <= 1.0:
+        raise ValueError(f"match_precision must be in (0, 1], got {match_precision}.")
+    if int(block_rows) < 1:
+        raise ValueError(f"search_block_rows must be at least 1, got {block_rows}.")
+
+
+def _search_info(searcher, calibration, embedded):
+    """The metadata's `search` entry: what the signature returns and how `match` is decided."""
+    if calibration is None:
+        match = "uncalibrated: the gallery has no labels, so match is always false"
+    elif not calibration.reached:
+        match = (f"precision {calibration.target_precision:g} is not reached on the calibration data: match "
+                 f"is always false")
+    else:
+        match = (f"score >= {calibration.threshold:.6g} (precision {calibration.precision:.3f}, recall "
+                 f"{calibration.recall:.3f} of top-1 matches on the calibration data)")
+    return {"signature": SEARCH_SIGNATURE, "top_k": searcher.k, "gallery_size": searcher.size,
+            "gallery_dtype": searcher.gallery_dtype, "gallery_bytes": searcher.memory_bytes(),
+            "block_rows": searcher.block_rows, "score": "cosine similarity, descending",
+            "match_threshold": calibration.threshold if calibration is not None and calibration.reached
+            else None, "match_precision": None if calibration is None else calibration.target_precision,
+            "match": match, "ids": "file paths" if embedded.ids is not None and np.asarray(embedded.ids).dtype.kind
+            in "UO" else "<source>:<item number>" if embedded.source else "item numbers"}
