@@ -20,7 +20,8 @@ output) of the first and the last step, and reads the weights of 20 fresh traini
 noisy training set with `ALAModel.tuple_weights`: a tuple is corrupted when its anchor or its positive
 carries a wrong label (the pair that the loss pulls together is not a true pair). The AUC of clean over
 corrupted weights (probability that a clean tuple outweighs a corrupted one of the same subset, ties 1/2)
-is computed per subset and averaged.
+is computed per subset and averaged, over all tuples (`auc_clean_over_corrupted`) and over the active ones
+only (`auc_active_tuples`: loss > 0, the only tuples whose weight changes the step; `active_tuple_fraction`).
 
 One JSON line per (dataset, base loss, tag, seed, weighting) in `--out` (default
 `benchmarks/ala_noise/results.jsonl`); existing lines are skipped (resumable), `--rerun` repeats them.
@@ -84,22 +85,35 @@ def subset_weights(model, images, labels, corrupted, subsets, seed):
     """Per fresh training subset (3 noisy classes x 8 images): AUC of clean over corrupted tuple weights."""
     rng = np.random.default_rng(10_000 + seed)
     by_class = {c: np.flatnonzero(labels == c) for c in np.unique(labels)}
-    aucs, clean_w, bad_w, fractions = [], [], [], []
+    aucs, active_aucs, clean_w, bad_w, fractions, active_fractions = [], [], [], [], [], []
     for k in range(subsets):
         classes = rng.choice(sorted(by_class), EPISODE["train_classes"], replace=False)
         per_class = EPISODE["train_size"] // EPISODE["train_classes"]
         items = np.concatenate([rng.choice(by_class[c], per_class, replace=False) for c in classes])
         tuples, weights = model.tuple_weights(images[items], labels[items].astype(np.int32), seed=k)
+        embedder = model.embedder  # training mode without updating its statistics, as tuple_weights does
+        embeddings, _ = embedder.stateless_call([v.value for v in embedder.trainable_variables],
+                                                [v.value for v in embedder.non_trainable_variables],
+                                                tf.convert_to_tensor(images[items]), training=True)
+        losses = model._tuple_losses(embeddings, tuples, None).numpy()
         tuples, weights = tuples.numpy(), weights.numpy()
         bad = corrupted[items][tuples[:, 0]] | corrupted[items][tuples[:, 1]]
         value = auc(weights[~bad], weights[bad])
         if value is not None:
             aucs.append(value)
+        # Only tuples with a loss move the embedder: how the weights order clean and corrupted ones there.
+        active = losses > 0
+        value = auc(weights[active & ~bad], weights[active & bad])
+        if value is not None:
+            active_aucs.append(value)
+        active_fractions.append(float(active.mean()))
         clean_w.extend(weights[~bad].tolist())
         bad_w.extend(weights[bad].tolist())
         fractions.append(float(bad.mean()))
     return {"auc_clean_over_corrupted": round(float(np.mean(aucs)), 4), "auc_subsets": len(aucs),
             "auc_per_subset_std": round(float(np.std(aucs)), 4),
+            "auc_active_tuples": round(float(np.mean(active_aucs)), 4) if active_aucs else None,
+            "active_tuple_fraction": round(float(np.mean(active_fractions)), 3),
             "mean_weight_clean": round(float(np.mean(clean_w)), 5),
             "mean_weight_corrupted": round(float(np.mean(bad_w)), 5),
             "weight_std": round(float(np.std(clean_w + bad_w)), 5),

@@ -84,8 +84,9 @@ def _reference_features(kind, embeddings, labels, tuples, beta=None):
 
 
 def _assessed_weights(model, embeddings, labels, normalise=None):
-    """The weights of eqs (10) and (13): A(T; phi) from the current state, divided by their mean when the
-    model normalises (or when `normalise`)."""
+    """The weights of eqs (10) and (13): A(T; phi) from the current state, divided by their mean over the
+    active tuples (loss > 0) when the model normalises (or when `normalise`), then mixed with uniform weights
+    by the model's `weight_floor`."""
     tuples = np.array(_reference_tuples(model.loss_kind, labels), dtype=np.int32)
     features = None
     if model.assessor.num_features:
@@ -93,7 +94,11 @@ def _assessed_weights(model, embeddings, labels, normalise=None):
             embeddings.dtype.as_numpy_dtype)
     weights = model.assessor(tf.stop_gradient(embeddings), tuples, features)[0]
     if model.normalize_weights if normalise is None else normalise:
-        weights = weights / tf.reduce_mean(weights)
+        active = np.asarray(_reference_tuple_losses(model.loss_kind, embeddings, labels, _beta_of(model))) > 0
+        if model.normalize_over == "all":
+            active[:] = True
+        weights = weights / tf.reduce_mean(tf.boolean_mask(weights, active))
+        weights = model.weight_floor + (1 - model.weight_floor) * weights
     return weights
 
 
@@ -237,19 +242,26 @@ def _reference_lookahead(model, uniform_grads):
     return preconditioners, offsets
 
 
-@pytest.mark.parametrize("kind,optimizer_name,lookahead,assessor_input", [
-    *[("triplet", name, "optimizer", "geometry") for name in OPTIMIZERS],
-    ("margin", "adam", "optimizer", "embeddings+geometry"),
-    ("contrastive", "adamw_head_8x", "optimizer", "embeddings+geometry"),
-    ("triplet", "adamw_head_8x", None, None),  # the library defaults
+@pytest.mark.parametrize("kind,optimizer_name,lookahead,assessor_input,weight_floor", [
+    *[("triplet", name, "optimizer", "geometry", 0.0) for name in OPTIMIZERS],
+    ("margin", "adam", "optimizer", "embeddings+geometry", 0.3),
+    ("contrastive", "adamw_head_8x", "optimizer", "embeddings+geometry", 0.0),
+    ("triplet", "adamw_head_8x", None, None, None),  # the library defaults
+    ("margin", "sgd_momentum", None, None, None),
+    ("triplet", "adam", "sgd", "geometry", "all"),  # the mean over every tuple
 ])
-def test_normalised_meta_gradient_equals_central_finite_differences(kind, optimizer_name, lookahead, assessor_input):
+def test_normalised_meta_gradient_equals_central_finite_differences(kind, optimizer_name, lookahead, assessor_input,
+                                                                    weight_floor):
     """Weights divided by their mean, the assessor reading the tuples' geometry (and embeddings), the
     virtual step modelled on the compiled optimizer with its state held constant, or (the default) SGD at
     its rates: the meta-gradient through all of it equals finite differences of the reference (written from
     the update rules)."""
-    model = _default_model(kind, optimizer_name, lookahead=lookahead, assessor_input=assessor_input)
-    assert model.normalize_weights and model.assessor.num_features == 3
+    over = "all" if weight_floor == "all" else "active"
+    weight_floor = None if weight_floor == "all" else weight_floor
+    model = _default_model(kind, optimizer_name, lookahead=lookahead, assessor_input=assessor_input,
+                           weight_floor=weight_floor, normalize_over=over)
+    assert model.normalize_weights and model.assessor.num_features == 3 and model.normalize_over == over
+    assert model.weight_floor == (0.5 if weight_floor is None else weight_floor)
     rng = np.random.default_rng(1)  # a non-zero carried state, so the state path is exercised too
     model.assessor.state_h.assign(rng.normal(size=model.assessor.state_h.shape) * 0.5)
     episode = _episode(dtype="float64")
@@ -261,7 +273,7 @@ def test_normalised_meta_gradient_equals_central_finite_differences(kind, optimi
     else:
         preconditioners = [float(np.asarray(_inner(model.optimizer, v).learning_rate))
                            for v in model.embedder.trainable_variables]
-        assert len(set(preconditioners)) == 2  # the head's 8x rate
+        assert len(set(preconditioners)) == (2 if optimizer_name.endswith("head_8x") else 1)  # the head's 8x rate
         offsets = None
     _check_meta_gradient(model, episode, preconditioners, offsets)
 
@@ -309,6 +321,33 @@ def test_training_step_is_invariant_to_a_common_scale_of_the_weights_only_when_n
         assert max(differences) < 1e-12
     else:
         assert max(differences) > 1e-4
+
+
+@pytest.mark.parametrize("over", ["active", "all"])
+def test_weights_of_inactive_tuples_cannot_change_the_step_when_normalised_over_active_ones(over):
+    """Tuples whose hinge is inactive (L_i = 0) do not move theta; normalised over the active tuples, what the
+    assessor gives them changes neither the metric's step nor the assessor's. Normalised over all tuples,
+    weight moved onto them shrinks the step (the step-size loophole `normalize_over="active"` closes)."""
+    results = []
+    for scale in (1.0, 5.0):
+        model = ALAModel(_embedder("float64"), base_loss="triplet", assessor_units=3, dtype="float64",
+                         assessor_steps=2, normalize_over=over)
+        model.compile(optimizer=keras.optimizers.SGD(0.05))
+        original = model._assess
+
+        def assess(embeddings, tuples, targets, losses, original=original, scale=scale):
+            weights, state = original(embeddings, tuples, targets, losses)
+            return tf.where(losses > 0, weights, scale * weights), state
+
+        model._assess = assess
+        logs = model.train_step(_episode(dtype="float64", seed=8))
+        results.append([v.numpy() for v in model.embedder.trainable_variables + model.assessor.trainable_variables])
+    assert 0 < float(logs["loss"])
+    differences = [np.abs(a - b).max() for a, b in zip(*results)]
+    if over == "active":
+        assert max(differences) < 1e-12
+    else:
+        assert max(differences) > 1e-6
 
 
 def test_train_step_is_algorithm_1_with_the_updated_assessor():
@@ -419,7 +458,10 @@ def test_tuple_weights_are_the_weights_of_a_step_on_that_subset(kind, variant):
     assert [tuple(t) for t in tuples.numpy()] == _reference_tuples(kind, y)
     np.testing.assert_allclose(weights.numpy(), _assessed_weights(model, model.embedder(x), y).numpy(), rtol=1e-10)
     if variant == "default":
-        np.testing.assert_allclose(weights.numpy().mean(), 1.0, rtol=1e-12)
+        active = np.asarray(_reference_tuple_losses(kind, model.embedder(x), y, _beta_of(model))) > 0
+        assert 0 < active.sum() < len(active)
+        np.testing.assert_allclose(weights.numpy()[active].mean(), 1.0, rtol=1e-12)
+        assert weights.numpy().min() >= model.weight_floor == 0.5  # every tuple keeps half a uniform weight
     else:
         assert 0 < weights.numpy().min() and weights.numpy().max() < 1
     np.testing.assert_array_equal(model.assessor.state_h.numpy(), state)  # only read
@@ -447,8 +489,9 @@ def test_meta_interval_updates_the_assessor_every_nth_step_and_trains_the_embedd
 def test_variant_switches_their_defaults_and_config_round_trip():
     default = ALAModel(_embedder(), assessor_units=2)
     paper = ALAModel(_embedder(), assessor_units=2, variant="paper")
-    assert (default.normalize_weights, default.lookahead, default.assessor_input) == (
-        True, "sgd", "geometry")
+    assert (default.normalize_weights, default.weight_floor, default.lookahead, default.assessor_input) == (
+        True, 0.5, "sgd", "geometry")
+    assert paper.weight_floor == 0.0
     assert (paper.normalize_weights, paper.lookahead, paper.assessor_input) == (False, "sgd", "embeddings")
     assert isinstance(paper.assessor_optimizer, keras.optimizers.SGD) and paper.assessor_learning_rate == 4e-4
     assert paper.assessor.num_features == 0 and default.assessor.num_features == 3
@@ -599,7 +642,10 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         model.compile(optimizer="sgd", loss="mse")
     for bad, message in (({"variant": "literal"}, "variant must be one of"), ({"lookahead": "adam"}, "lookahead"),
                          ({"assessor_input": "pixels"}, "assessor_input"), ({"meta_interval": 0}, "meta_interval"),
-                         ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "cannot be combined")):
+                         ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "cannot be combined"),
+                         ({"weight_floor": 1.0}, "weight_floor must be in"),
+                         ({"normalize_over": "some"}, "normalize_over must be one of"),
+                         ({"variant": "paper", "weight_floor": 0.5}, "needs normalize_weights")):
         with pytest.raises(ValueError, match=message):
             ALAModel(_embedder(), **bad)
 

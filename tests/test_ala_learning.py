@@ -104,3 +104,4 @@ def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
     logs = model.train_step(episodes[1][0])
     assert np.isfinite(float(logs["loss"])) and 0 < float(logs["weight_mean"]) < 1
     assert "meta_loss" not in runs["uniform"][0].train_step(episodes[0][0])
+

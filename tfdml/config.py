@@ -401,6 +401,8 @@ class ALAParams(_Section):
     _KEY = "ala.params"
     variant: Optional[str] = _field(None, choices=("default", "paper"))  # paper: Algorithm 1 literally
     normalize_weights: Optional[bool] = None   # weights divided by their mean (default variant: true)
+    weight_floor: Optional[float] = _field(None, minimum=0.0)  # normalised weights mixed with uniform ones
+    normalize_over: Optional[str] = _field(None, choices=("active", "all"))  # tuples the mean runs over
     lookahead: Optional[str] = _field(None, choices=("optimizer", "sgd"))
     assessor_input: Optional[str] = _field(None, choices=("embeddings", "embeddings+geometry", "geometry"))
     meta_interval: Optional[int] = _field(None, minimum=1)  # assessor updated every N steps

@@ -16,7 +16,8 @@ Two variants (`ALAModel(variant=...)`), each a set of defaults for the switches 
   (`inner_learning_rate` replaces them by one rate), the assessor reads the concatenated tuple embeddings
   and is trained by SGD(4e-4).
 - `variant="default"` (the library default; measured in the README): the weights only redistribute,
-  `w_i = A_i / mean_j A_j` (`normalize_weights=True`): the mean weight of a step is 1, a common scale of
+  `w_i = f + (1 - f) A_i / mean_{j active} A_j` (`normalize_weights=True`, `weight_floor=f`, 0.5; active:
+  `L_j > 0`, the tuples that move theta at all): the mean weight of the active tuples is 1, a common scale of
   the assessor's outputs changes neither (10) nor (13), and the meta-gradient has no component along a
   common scale, so the assessor cannot learn a step size and can only learn which tuples matter. The
   assessor reads the tuples' geometry (`assessor_input="geometry"`) and is trained by Adam(1e-3); the
@@ -123,11 +124,12 @@ LOOKAHEADS = ("optimizer", "sgd")
 ASSESSOR_INPUTS = ("embeddings", "embeddings+geometry", "geometry")
 # What each variant sets when the switch itself is None (module docstring).
 VARIANTS = {
-    "default": {"normalize_weights": True, "lookahead": "sgd", "assessor_input": "geometry",
+    "default": {"normalize_weights": True, "weight_floor": 0.5, "lookahead": "sgd", "assessor_input": "geometry",
                 "assessor_optimizer": "adam", "assessor_learning_rate": 1e-3},
-    "paper": {"normalize_weights": False, "lookahead": "sgd", "assessor_input": "embeddings",
+    "paper": {"normalize_weights": False, "weight_floor": 0.0, "lookahead": "sgd", "assessor_input": "embeddings",
               "assessor_optimizer": "sgd", "assessor_learning_rate": 4e-4},
 }
+NORMALIZE_OVER = ("active", "all")
 NUM_GEOMETRY_FEATURES = 3
 
 
@@ -199,8 +201,14 @@ class ALAModel(keras.Model):
             look-ahead) or "paper" (Algorithm 1 literally: raw sigmoid weights, SGD look-ahead at the real
             step's rates, embeddings input, SGD(4e-4) assessor). The switches below override single
             choices; None takes the variant's.
-        normalize_weights: divide the step's weights by their mean (mean weight 1: the assessor decides
-            relative weights, the optimizer keeps the step size).
+        normalize_weights: divide the step's weights by their mean over the active tuples (`L_i > 0`; mean
+            weight 1: the assessor decides relative weights, the optimizer keeps the step size).
+        normalize_over: "active" (default: the tuples with `L_i > 0`, the only ones that move theta) or
+            "all" (every tuple: the assessor can then shrink the step by moving weight onto inactive tuples;
+            measured in the README).
+        weight_floor: with `normalize_weights`, the applied weights are `f + (1 - f) A_i / mean_{j active} A_j`
+            (still mean 1): every tuple keeps at least the fraction `f` of a uniform weight, so that the
+            assessor cannot concentrate the step on a few tuples (default variant 0.5; 0: plain normalised).
         lookahead: "optimizer" (the virtual step (10) is the compiled optimizer's step with its state held
             constant, module docstring) or "sgd" (plain SGD at the real step's per-variable rates).
         assessor_input: "embeddings" (paper), "embeddings+geometry" or "geometry" (default; module docstring).
@@ -237,7 +245,7 @@ class ALAModel(keras.Model):
     """
 
     def __init__(self, embedder, base_loss="triplet", loss_params=None, variant="default", normalize_weights=None,
-                 lookahead=None, assessor_input=None, assessor_units=64, assessor_layers=2, state="per_tuple",
+                 weight_floor=None, normalize_over="active", lookahead=None, assessor_input=None, assessor_units=64, assessor_layers=2, state="per_tuple",
                  inner_learning_rate=None, assessor_learning_rate=None, assessor_steps=3, meta_interval=1,
                  max_tuples=DEFAULT_MAX_TUPLES, squared=True, learn_beta=None, beta_learning_rate=None,
                  weighting="assessor", embedding_dim=None, seed=0, **kwargs):
@@ -255,6 +263,15 @@ class ALAModel(keras.Model):
             lookahead = "sgd"  # one rate only means something for a plain SGD look-ahead
         self.normalize_weights = bool(defaults["normalize_weights"] if normalize_weights is None
                                       else normalize_weights)
+        self.weight_floor = float(defaults["weight_floor"] if weight_floor is None else weight_floor)
+        if not 0.0 <= self.weight_floor < 1.0:
+            raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}.")
+        if self.weight_floor and not self.normalize_weights:
+            raise ValueError("weight_floor mixes normalised weights with uniform ones; it needs "
+                             "normalize_weights=True.")
+        if normalize_over not in NORMALIZE_OVER:
+            raise ValueError(f"normalize_over must be one of {NORMALIZE_OVER}, got {normalize_over!r}.")
+        self.normalize_over = normalize_over
         self.lookahead = defaults["lookahead"] if lookahead is None else lookahead
         self.assessor_input = defaults["assessor_input"] if assessor_input is None else assessor_input
         if self.lookahead not in LOOKAHEADS:
@@ -384,6 +401,8 @@ class ALAModel(keras.Model):
             loss_params=self.loss_params if isinstance(self.base_loss, str) else None,
             variant=self.variant,
             normalize_weights=self.normalize_weights,
+            weight_floor=self.weight_floor,
+            normalize_over=self.normalize_over,
             lookahead=self.lookahead,
             assessor_input=self.assessor_input,
             assessor_units=self.assessor.units,
@@ -491,7 +510,7 @@ class ALAModel(keras.Model):
         the contrastive loss; at most `max_tuples`, a subset drawn with `(model seed, seed)`), the embedder
         runs in training mode as in the step (without updating its statistics) and the assessor reads them
         from its carried state, which is left as it is. The weights are those the real step (13) would use
-        (divided by their mean with `normalize_weights`).
+        (divided by their mean over the active tuples with `normalize_weights`, mixed by `weight_floor`).
 
         Args:
             images: a training subset, `[B, ...]`.
@@ -508,8 +527,9 @@ class ALAModel(keras.Model):
                                                 tf.convert_to_tensor(images), training=True)
         embeddings = tf.stop_gradient(embeddings)
         tuples, targets = self._make_tuples(labels, tf.constant([self.seed, int(seed)], tf.int64))
-        assessed, _ = self._assess(embeddings, tuples, targets, self._tuple_losses(embeddings, tuples, targets))
-        return tuples, self._applied_weights(assessed)
+        losses = self._tuple_losses(embeddings, tuples, targets)
+        assessed, _ = self._assess(embeddings, tuples, targets, losses)
+        return tuples, self._applied_weights(assessed, losses)
 
     def inner_rates(self):
         """Per embedder variable, `a` of an SGD look-ahead (10): `inner_learning_rate`, else the current
@@ -619,13 +639,22 @@ class ALAModel(keras.Model):
             features = self._tuple_features(embeddings, tuples, targets, losses)
         return self.assessor(embeddings, tuples, features)
 
-    def _applied_weights(self, assessed):
-        """The weights of (10) and (13): the assessor's outputs, divided by their mean with
-        `normalize_weights` (the normalisation is differentiable: the meta-gradient goes through it)."""
+    def _applied_weights(self, assessed, losses):
+        """The weights of (10) and (13): the assessor's outputs, with `normalize_weights` divided by their
+        mean over the active tuples (`L_i > 0`; the normalisation is differentiable: the meta-gradient goes
+        through it), then mixed with uniform weights by `weight_floor`."""
         if not self.normalize_weights:
             return assessed
-        count = tf.cast(tf.size(assessed), assessed.dtype)
-        return safe_divide(assessed * count, tf.reduce_sum(assessed))
+        # Only tuples with a loss move theta: normalising over all of them would let the assessor shrink the
+        # step by parking weight on tuples whose hinge is inactive (a step size again, in disguise).
+        active = tf.cast(tf.stop_gradient(losses) > 0, assessed.dtype)
+        if self.normalize_over == "all":
+            active = tf.ones_like(active)
+        count = tf.reduce_sum(active)
+        normalised = safe_divide(assessed * count, tf.reduce_sum(assessed * active))
+        if not self.weight_floor:
+            return normalised
+        return self.weight_floor + (1.0 - self.weight_floor) * normalised
 
 
 class _EpisodeDerivatives:
@@ -662,7 +691,7 @@ class _EpisodeDerivatives:
         return self.model._assess(self.embeddings, self.tuples, self.targets, self.losses)
 
     def applied(self, assessed):
-        return self.model._applied_weights(assessed)
+        return self.model._applied_weights(assessed, self.losses)
 
     def lookahead_terms(self):
         """`(P, o)` of the virtual step (module docstring), computed on first use."""
