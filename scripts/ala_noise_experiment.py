@@ -205,6 +205,10 @@ def summary(records):
             row["auc_clean_over_corrupted"] = {
                 "mean": round(statistics.mean(r["auc_clean_over_corrupted"] for r in mine), 4),
                 "per_seed": [r["auc_clean_over_corrupted"] for r in sorted(mine, key=lambda r: r["seed"])]}
+            active = [r["auc_active_tuples"] for r in sorted(mine, key=lambda r: r["seed"])
+                      if r.get("auc_active_tuples") is not None]
+            if active:
+                row["auc_active_tuples"] = {"mean": round(statistics.mean(active), 4), "per_seed": active}
             row["last_over_first_weight_mean"] = [round(r["last_weight_mean"] / r["first_weight_mean"], 3)
                                                   for r in sorted(mine, key=lambda r: r["seed"])]
         out.append(row)

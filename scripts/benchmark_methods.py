@@ -296,15 +296,25 @@ METHODS = {
     "rll_h": ("RLL-H (default RankedListLoss)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["H"]}),
     "rll_lmh": ("RLL-(L,M,H)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["L", "M", "H"]}),
     "group": ("Group Loss", {"loss": _loss_with_classes("GroupLoss"), "classifier": True}),
-    "triplet_ala": ("triplet + ALA", {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2},
+    "triplet_ala": ("triplet + ALA (library defaults)", {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2},
                                                                         "max_tuples": 2000}}),
-    "margin_ala": ("margin + ALA", {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2},
+    "margin_ala": ("margin + ALA (library defaults)", {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2},
                                                                      "max_tuples": 2000}}),
     # The look-ahead (eq 10) at the paper's CNN rate (1e-4) instead of the rate of the real step (Adam 2e-3,
     # taken as an SGD rate over the sum of up to 2,000 tuples).
     "triplet_ala_inner_1e-4": ("triplet + ALA, look-ahead rate 1e-4", {
         "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
                                          "inner_learning_rate": 1e-4}}),
+    # ALA's defaults but the weights normalised over the active tuples (loss > 0) with a floor of 0.5.
+    "triplet_ala_active_f0.5": ("triplet + ALA, normalised over active tuples, floor 0.5", {
+        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
+                                         "normalize_over": "active", "weight_floor": 0.5}}),
+    "margin_ala_active_f0.5": ("margin + ALA, normalised over active tuples, floor 0.5", {
+        "ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000,
+                                        "normalize_over": "active", "weight_floor": 0.5}}),
+    # Algorithm 1 literally (raw sigmoid weights, embeddings input, SGD 4e-4 assessor).
+    "triplet_ala_paper": ("triplet + ALA, variant='paper'", {
+        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "variant": "paper"}}),
     # The same episodes, tuples and sums as the ALA rows with every weight 1 (no assessor): ALA's
     # baseline without confound.
     "triplet_ala_uniform": ("triplet, ALA's tuples, uniform weights", {
@@ -399,6 +409,8 @@ def summarise(records):
 
 # ALA rows and the uniform-weight twin each is compared with (same episodes, tuples and sums).
 ALA_TWINS = {"triplet_ala": "triplet_ala_uniform", "margin_ala": "margin_ala_uniform",
+             "triplet_ala_active_f0.5": "triplet_ala_uniform", "margin_ala_active_f0.5": "margin_ala_uniform",
+             "triplet_ala_paper": "triplet_ala_uniform",
              "triplet_ala_inner_1e-4": "triplet_ala_uniform"}
 
 

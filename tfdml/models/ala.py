@@ -16,10 +16,12 @@ Two variants (`ALAModel(variant=...)`), each a set of defaults for the switches 
   (`inner_learning_rate` replaces them by one rate), the assessor reads the concatenated tuple embeddings
   and is trained by SGD(4e-4).
 - `variant="default"` (the library default; measured in the README): the weights only redistribute,
-  `w_i = f + (1 - f) A_i / mean_{j active} A_j` (`normalize_weights=True`, `weight_floor=f`, 0.5; active:
-  `L_j > 0`, the tuples that move theta at all): the mean weight of the active tuples is 1, a common scale of
+  `w_i = f + (1 - f) A_i / mean_j A_j` (`normalize_weights=True`, `weight_floor=f` = 0.8: every tuple keeps
+  80 % of a uniform weight, the assessor moves the rest; `normalize_over="active"` takes the mean over the
+  tuples with `L_j > 0` only): the mean weight of a step is 1, a common scale of
   the assessor's outputs changes neither (10) nor (13), and the meta-gradient has no component along a
-  common scale, so the assessor cannot learn a step size and can only learn which tuples matter. The
+  common scale, so the assessor cannot learn a step size; what remains of one (moving weight onto tuples
+  with zero loss, which do not move theta) shrinks the step by at most `1 - f`, 20 %. The
   assessor reads the tuples' geometry (`assessor_input="geometry"`) and is trained by Adam(1e-3); the
   look-ahead is the paper's (`lookahead="sgd"`): with label noise it is the look-ahead whose meta-gradient
   separates mislabelled tuples, while the optimizer-modelled one below does not (README, DML-ALA).
@@ -124,9 +126,9 @@ LOOKAHEADS = ("optimizer", "sgd")
 ASSESSOR_INPUTS = ("embeddings", "embeddings+geometry", "geometry")
 # What each variant sets when the switch itself is None (module docstring).
 VARIANTS = {
-    "default": {"normalize_weights": True, "weight_floor": 0.5, "lookahead": "sgd", "assessor_input": "geometry",
+    "default": {"normalize_weights": True, "weight_floor": 0.8, "normalize_over": "all", "lookahead": "sgd", "assessor_input": "geometry",
                 "assessor_optimizer": "adam", "assessor_learning_rate": 1e-3},
-    "paper": {"normalize_weights": False, "weight_floor": 0.0, "lookahead": "sgd", "assessor_input": "embeddings",
+    "paper": {"normalize_weights": False, "weight_floor": 0.0, "normalize_over": "all", "lookahead": "sgd", "assessor_input": "embeddings",
               "assessor_optimizer": "sgd", "assessor_learning_rate": 4e-4},
 }
 NORMALIZE_OVER = ("active", "all")
@@ -203,12 +205,12 @@ class ALAModel(keras.Model):
             choices; None takes the variant's.
         normalize_weights: divide the step's weights by their mean over the active tuples (`L_i > 0`; mean
             weight 1: the assessor decides relative weights, the optimizer keeps the step size).
-        normalize_over: "active" (default: the tuples with `L_i > 0`, the only ones that move theta) or
-            "all" (every tuple: the assessor can then shrink the step by moving weight onto inactive tuples;
-            measured in the README).
-        weight_floor: with `normalize_weights`, the applied weights are `f + (1 - f) A_i / mean_{j active} A_j`
+        normalize_over: "all" (default: every tuple of the step) or "active" (the tuples with `L_i > 0`,
+            the only ones that move theta: the assessor then cannot shrink the step by moving weight onto
+            inactive tuples; on glyphs and under label noise it measured worse, README).
+        weight_floor: with `normalize_weights`, the applied weights are `f + (1 - f) A_i / mean_j A_j`
             (still mean 1): every tuple keeps at least the fraction `f` of a uniform weight, so that the
-            assessor cannot concentrate the step on a few tuples (default variant 0.5; 0: plain normalised).
+            assessor cannot concentrate the step on a few tuples (default variant 0.8; 0: plain normalised).
         lookahead: "optimizer" (the virtual step (10) is the compiled optimizer's step with its state held
             constant, module docstring) or "sgd" (plain SGD at the real step's per-variable rates).
         assessor_input: "embeddings" (paper), "embeddings+geometry" or "geometry" (default; module docstring).
@@ -245,7 +247,7 @@ class ALAModel(keras.Model):
     """
 
     def __init__(self, embedder, base_loss="triplet", loss_params=None, variant="default", normalize_weights=None,
-                 weight_floor=None, normalize_over="active", lookahead=None, assessor_input=None, assessor_units=64, assessor_layers=2, state="per_tuple",
+                 weight_floor=None, normalize_over=None, lookahead=None, assessor_input=None, assessor_units=64, assessor_layers=2, state="per_tuple",
                  inner_learning_rate=None, assessor_learning_rate=None, assessor_steps=3, meta_interval=1,
                  max_tuples=DEFAULT_MAX_TUPLES, squared=True, learn_beta=None, beta_learning_rate=None,
                  weighting="assessor", embedding_dim=None, seed=0, **kwargs):
@@ -269,9 +271,9 @@ class ALAModel(keras.Model):
         if self.weight_floor and not self.normalize_weights:
             raise ValueError("weight_floor mixes normalised weights with uniform ones; it needs "
                              "normalize_weights=True.")
-        if normalize_over not in NORMALIZE_OVER:
+        self.normalize_over = defaults["normalize_over"] if normalize_over is None else normalize_over
+        if self.normalize_over not in NORMALIZE_OVER:
             raise ValueError(f"normalize_over must be one of {NORMALIZE_OVER}, got {normalize_over!r}.")
-        self.normalize_over = normalize_over
         self.lookahead = defaults["lookahead"] if lookahead is None else lookahead
         self.assessor_input = defaults["assessor_input"] if assessor_input is None else assessor_input
         if self.lookahead not in LOOKAHEADS:
