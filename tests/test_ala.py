@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tfdml.losses.contrastive import ContrastiveLoss
-from tfdml.models import ALAModel, Embedder
+from tfdml.models import ALAModel
 from tfdml.optimizers import learning_rate_multipliers
 
 MARGINS = {"triplet": {"margin": 0.2}, "margin": {"alpha": 0.2, "beta": 1.2},
