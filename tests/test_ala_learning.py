@@ -1,4 +1,6 @@
-"""DML-ALA learns at the paper's rates (the effect, beside the exactness tests of `test_ala.py`).
+"""DML-ALA learns (the effect, beside the exactness tests of `test_ala.py`).
+
+`variant="paper"` at the paper's rates:
 
 Digits episodes (sklearn's 8x8 digits, a tiny CNN embedder), the paper's rates: SGD 1e-4 for the CNN, 10x for
 the new embedding layer, assessor SGD 4e-4, K = 3, sums over tuples. A twin with a frozen assessor (rate 0)
@@ -44,7 +46,8 @@ def _digits_episodes(steps, train_classes=6, val_classes=3, per_class=5, seed=0)
 def _train(episodes, assessor_learning_rate):
     keras.utils.set_random_seed(0)
     model = ALAModel(Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1)), base_loss="triplet",
-                     state="per_step", assessor_learning_rate=assessor_learning_rate, max_tuples=None)
+                     variant="paper", state="per_step", assessor_learning_rate=assessor_learning_rate,
+                     max_tuples=None)
     model.compile(optimizer=learning_rate_multipliers(keras.optimizers.SGD(1e-4), {"head_H": 10}))
     phi0 = [v.numpy() for v in model.assessor.trainable_variables]
     step = tf.function(model.train_step)
@@ -102,3 +105,4 @@ def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
     logs = model.train_step(episodes[1][0])
     assert np.isfinite(float(logs["loss"])) and 0 < float(logs["weight_mean"]) < 1
     assert "meta_loss" not in runs["uniform"][0].train_step(episodes[0][0])
+

@@ -130,3 +130,27 @@ def test_plot_ala_weights_writes_the_four_panels(tmp_path):
     assert (tmp_path / "fig4.png").stat().st_size > 1000 and str(path).endswith("fig4.png")
     with pytest.raises(ValueError, match="weight_variance"):
         plot_ala_weights({"loss": [1.0]}, tmp_path / "bad.png")
+
+
+def test_plot_ala_weights_draws_weight_against_hardness(tmp_path):
+    from tfdml.plots import plot_ala_weights
+
+    rng = np.random.default_rng(0)
+    hardness, weights = rng.uniform(0.2, 1.5, 50), rng.uniform(0.5, 1.5, 50)
+    groups = np.where(rng.random(50) < 0.3, "corrupted", "clean")
+    logs = {"weight_mean": [0.5, 0.5], "weight_variance": [0.01, 0.02]}
+    plot_ala_weights(logs, tmp_path / "both.png", weights=weights, hardness=hardness, groups=groups)
+    plot_ala_weights(None, tmp_path / "scatter.png", weights=weights, hardness=hardness)
+    only_logs = (tmp_path / "logs.png")
+    plot_ala_weights(logs, only_logs)
+    # One more panel: a wider figure than the two log panels alone.
+    from PIL import Image
+
+    widths = {name: Image.open(tmp_path / f"{name}.png").size[0] for name in ("both", "scatter", "logs")}
+    assert widths["both"] > widths["logs"] > widths["scatter"] > 100
+    with pytest.raises(ValueError, match="one value per tuple"):
+        plot_ala_weights(None, tmp_path / "bad.png", weights=weights, hardness=hardness[:10])
+    with pytest.raises(ValueError, match="both weights and hardness"):
+        plot_ala_weights(None, tmp_path / "bad.png", weights=weights)
+    with pytest.raises(ValueError, match="nothing to draw"):
+        plot_ala_weights(None, tmp_path / "bad.png")

@@ -394,6 +394,13 @@ def _check_arguments(function, params, key, skip=()):
 class ALAParams(_Section):
     """`tfdml.models.ALAModel` arguments; null keeps the ALAModel default."""
     _KEY = "ala.params"
+    variant: Optional[str] = _field(None, choices=("default", "paper"))  # paper: Algorithm 1 literally
+    normalize_weights: Optional[bool] = None   # weights divided by their mean (default variant: true)
+    weight_floor: Optional[float] = _field(None, minimum=0.0)  # normalised weights mixed with uniform ones
+    normalize_over: Optional[str] = _field(None, choices=("active", "all"))  # tuples the mean runs over
+    lookahead: Optional[str] = _field(None, choices=("optimizer", "sgd"))
+    assessor_input: Optional[str] = _field(None, choices=("embeddings", "embeddings+geometry", "geometry"))
+    meta_interval: Optional[int] = _field(None, minimum=1)  # assessor updated every N steps
     assessor_units: Optional[int] = _field(None, minimum=1)
     assessor_layers: Optional[int] = _field(None, minimum=1)
     inner_learning_rate: Optional[float] = _field(None, above=0.0)

@@ -243,43 +243,78 @@ def _same_series(a, b):
     return a.shape == b.shape and np.allclose(a, b, rtol=1e-6, atol=0.0)
 
 
-def plot_ala_weights(history, path, title="DML-ALA assessed weights"):
-    """The panels of DML-ALA's Fig. 4 over training from `ALAModel` logs.
+def plot_ala_weights(history, path, title="DML-ALA assessed weights", weights=None, hardness=None, groups=None):
+    """The panels of DML-ALA's Fig. 4 over training from `ALAModel` logs, and/or the weight of each tuple
+    against its hardness.
 
     Args:
       history: a Keras `History`, its `.history` dict, or a list of per-step log dicts, with the keys
-        `weight_variance`, `weight_mean` and (triplet-type tuples) `hardness`, `weighted_hardness`.
+        `weight_variance`, `weight_mean` and (triplet-type tuples) `hardness`, `weighted_hardness`; None
+        to draw only the scatter of `weights` against `hardness`.
       path: output PNG path.
+      weights, hardness: per-tuple weights (e.g. from `ALAModel.tuple_weights`) and hardness of the same
+        tuples (e.g. `tfdml.ops.tuples.triplet_hardness(embeddings, tuples)`, `d(a,p) / d(a,n)`), `[T]`
+        each: adds a panel with one point per tuple.
+      groups: optional `[T]` labels of the tuples (e.g. "clean" / "corrupted"), one colour each.
 
     Panels: (a) variance and (b) mean of the weights; (c) average weighted hardness `(1/n) sum_i w_i
     d(a,p)/d(a,n)` of the assessed weights and of uniform weights 1; (d) their ratio, divided by the mean
-    weight (> 1: the assessor weights harder tuples more than uniform weights of the same mean).
+    weight (> 1: the assessor weights harder tuples more than uniform weights of the same mean); (e) weight
+    against hardness per tuple.
     """
-    logs = getattr(history, "history", history)
-    if isinstance(logs, (list, tuple)):
-        logs = {key: [float(step[key]) for step in logs] for key in (logs[0] if logs else {})}
-    for key in ("weight_variance", "weight_mean"):
-        if key not in logs:
-            raise ValueError(f"plot_ala_weights needs ALAModel logs with {key!r}; got keys {sorted(logs)}.")
+    logs = None
+    if history is not None:
+        logs = getattr(history, "history", history)
+        if isinstance(logs, (list, tuple)):
+            logs = {key: [float(step[key]) for step in logs] for key in (logs[0] if logs else {})}
+        for key in ("weight_variance", "weight_mean"):
+            if key not in logs:
+                raise ValueError(f"plot_ala_weights needs ALAModel logs with {key!r}; got keys {sorted(logs)}.")
+    scatter = weights is not None or hardness is not None
+    if scatter:
+        if weights is None or hardness is None:
+            raise ValueError("plot_ala_weights: pass both weights and hardness (one value per tuple).")
+        weights, hardness = np.asarray(weights, float).ravel(), np.asarray(hardness, float).ravel()
+        if weights.shape != hardness.shape or (groups is not None and np.asarray(groups).shape != weights.shape):
+            raise ValueError(f"plot_ala_weights: weights {weights.shape}, hardness {hardness.shape} and groups "
+                             f"{None if groups is None else np.asarray(groups).shape} must have one value per tuple.")
+    elif logs is None:
+        raise ValueError("plot_ala_weights: nothing to draw; pass ALAModel logs and/or weights and hardness.")
     plt = _pyplot()
-    has_hardness = "hardness" in logs and "weighted_hardness" in logs
-    fig, axes = plt.subplots(1, 4 if has_hardness else 2, figsize=(14 if has_hardness else 7, 3.2))
-    steps = np.arange(1, len(logs["weight_mean"]) + 1)
-    axes[0].plot(steps, logs["weight_variance"])
-    axes[0].set_title("(a) weight variance")
-    axes[1].plot(steps, logs["weight_mean"])
-    axes[1].set_title("(b) weight mean")
-    if has_hardness:
-        axes[2].plot(steps, logs["weighted_hardness"], label="ALA weights")
-        axes[2].plot(steps, logs["hardness"], label="uniform weights 1")
-        axes[2].set_title("(c) average weighted hardness")
-        axes[2].legend(fontsize=8)
-        ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
-            np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12)
-        axes[3].plot(steps, ratio)
-        axes[3].axhline(1.0, color="gray", linewidth=0.8)
-        axes[3].set_title("(d) AWH ratio / mean weight")
-    for ax in axes:
-        ax.set_xlabel("logged step (epoch)")
+    has_hardness = logs is not None and "hardness" in logs and "weighted_hardness" in logs
+    panels = (0 if logs is None else 4 if has_hardness else 2) + scatter
+    fig, axes = plt.subplots(1, panels, figsize=(3.5 * panels, 3.2), squeeze=False)
+    axes = list(axes[0])
+    if logs is not None:
+        steps = np.arange(1, len(logs["weight_mean"]) + 1)
+        axes[0].plot(steps, logs["weight_variance"])
+        axes[0].set_title("(a) weight variance")
+        axes[1].plot(steps, logs["weight_mean"])
+        axes[1].set_title("(b) weight mean")
+        if has_hardness:
+            axes[2].plot(steps, logs["weighted_hardness"], label="ALA weights")
+            axes[2].plot(steps, logs["hardness"], label="uniform weights 1")
+            axes[2].set_title("(c) average weighted hardness")
+            axes[2].legend(fontsize=8)
+            ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
+                np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12)
+            axes[3].plot(steps, ratio)
+            axes[3].axhline(1.0, color="gray", linewidth=0.8)
+            axes[3].set_title("(d) AWH ratio / mean weight")
+        for ax in axes[:panels - scatter]:
+            ax.set_xlabel("logged step (epoch)")
+    if scatter:
+        ax = axes[-1]
+        if groups is None:
+            ax.scatter(hardness, weights, s=6, alpha=0.5)
+        else:
+            groups = np.asarray(groups)
+            for group in np.unique(groups):
+                keep = groups == group
+                ax.scatter(hardness[keep], weights[keep], s=6, alpha=0.5, label=f"{group} ({keep.sum()})")
+            ax.legend(fontsize=8)
+        ax.set_xlabel("hardness d(a,p) / d(a,n)")
+        ax.set_ylabel("weight")
+        ax.set_title(f"({'abcde'[panels - 1]}) weight vs hardness")
     fig.suptitle(title, y=1.04)
     return _save(fig, path)
