@@ -5,9 +5,9 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
-import keras
 import tensorflow as tf
 
 from tfdml.callbacks import RetrievalEvaluation

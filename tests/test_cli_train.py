@@ -83,7 +83,8 @@ def runs(tmp_path_factory):
     outputs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
     for name, proc in procs.items():
         assert proc.returncode == 0, f"tfdml train ({name}) failed:\n{outputs[name][-3000:]}"
-    return {"base": base, "output": outputs["main"], "main": base / "report", "other_seed": base / "reports" / "glyphs_rll",
+    return {"base": base, "output": outputs["main"], "main": base / "report",
+            "other_seed": base / "reports" / "glyphs_rll",
             "resumed": base / "report_resumed", "kill_state": kill_state, "killed_rc": killed_rc,
             "killed_output": killed_output, "resumed_output": outputs["resumed"]}
 

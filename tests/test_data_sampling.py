@@ -70,7 +70,7 @@ def test_within_class_order_is_a_uniform_random_permutation():
     source = tagged_source([10, 10])
     batches = 800
     counts = np.zeros((3, 20), np.int64)  # position in the class block x item
-    for images, labels in take(data.class_balanced_dataset(source, 2, 3, seed=4, parallel_batches=1), batches):
+    for images, _ in take(data.class_balanced_dataset(source, 2, 3, seed=4, parallel_batches=1), batches):
         _, items = decode_tags(images)
         for block in items.reshape(2, 3):
             counts[np.arange(3), block] += 1
@@ -204,7 +204,7 @@ def test_replica_shares_hold_whole_classes():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     distributed = strategy.experimental_distribute_dataset(
         data.class_balanced_dataset(source, c, k, seed=0, num_replicas=replicas))
-    for step, (_, labels) in zip(range(3), distributed):
+    for _, (_, labels) in zip(range(3), distributed):
         shares = [np.asarray(t) for t in strategy.experimental_local_results(labels)]
         assert len(shares) == replicas
         for share in shares:

@@ -1,9 +1,9 @@
 """Embedders: small-CNN multi-level and single-level models, heads, losses per level, classifier head,
 save/load, error messages. (ResNet50 / InceptionV3 shapes live in test_models_applications.py.)"""
 
+import keras
 import numpy as np
 import pytest
-import keras
 import tensorflow as tf
 
 from tfdml.callbacks import ClassificationPretraining

@@ -1,9 +1,9 @@
 """Shapes and default taps of MultiLevelEmbedder / Embedder on ResNet50 and InceptionV3 (`weights=None`,
 small inputs, built once per module, never trained)."""
 
+import keras
 import numpy as np
 import pytest
-import keras
 
 from tfdml.models import DEFAULT_TAPS, Embedder, MultiLevelEmbedder
 from tfdml.models.backbones import freeze_batchnorm

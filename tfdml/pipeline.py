@@ -25,10 +25,22 @@ import os
 import shutil
 import time
 
+import keras
 import numpy as np
+import tensorflow as tf
 import yaml
 
-from tfdml.config import LOSSES, Config, ConfigError, default_config, differences, output_dir_problem
+from tfdml import callbacks as callbacks_lib
+from tfdml import data as data_lib
+from tfdml import export as export_lib
+from tfdml import losses, plots, projector, recipes, retrieval
+from tfdml.callbacks import completed_epochs
+from tfdml.config import LOSSES, Config, ConfigError, DataConfig, default_config, differences, output_dir_problem
+from tfdml.data.sources import class_halves, single_image_classes
+from tfdml.models import ALAModel
+from tfdml.models.backbones import PretrainedWeightsError
+from tfdml.ops.neighbours import exact_search
+from tfdml.training import fit_distributed
 
 logger = logging.getLogger("tfdml.pipeline")
 
@@ -40,7 +52,6 @@ CONFIG_SNAPSHOT = "tfdml_config.yaml"
 def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
     """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), in a
     `CrossBatchMemory` of `embedding_dim`-wide embeddings with `cross_batch_memory`."""
-    from tfdml import losses
 
     params = dict(section.params)
     schedule = section.dynamic_temperature
@@ -60,7 +71,6 @@ def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
 
 def augment_setting(augment):
     """`data.augment` (true, false, an `Augment` or a mapping of its fields) -> what `tfdml.data` takes."""
-    from tfdml.config import DataConfig
 
     return DataConfig.from_dict({"augment": augment}).augment
 
@@ -97,7 +107,6 @@ def prepare_report_dir(config, restart=False, say=print):
     with (apart from evaluation, export and report settings); otherwise this raises a `ConfigError` naming
     the keys that differ. `restart=True` deletes that run's checkpoints first. Returns the number of epochs
     already done."""
-    from tfdml.callbacks import completed_epochs
 
     checkpoints = config.training.checkpoint_dir
     done = completed_epochs(checkpoints)
@@ -134,8 +143,6 @@ def prepare_report_dir(config, restart=False, say=print):
 
 def load_sources(data):
     """`(train source, evaluation source)` from a `DataConfig`."""
-    from tfdml import data as data_lib
-    from tfdml.data.sources import class_halves
 
     if data.source in data_lib.EMBEDDED_SOURCES:
         # The same path as `tfdml evaluate` / `tfdml export` take to a job's embedded data: each data set's
@@ -217,7 +224,6 @@ class Datasets:
 def make_datasets(config, train_source, eval_source, num_replicas=1):
     """Raw pixels, resized, cropped or augmented as the job says: the embedder applies its own pixel
     preprocessing (its first layer), as the exported model does."""
-    from tfdml import data as data_lib
 
     data = config.data
     common = dict(image_size=data.image_size, augment=data.augment, seed=config.seed,
@@ -243,7 +249,6 @@ def make_datasets(config, train_source, eval_source, num_replicas=1):
 def _strategy(choice):
     """The strategy for `training.distribute`: auto picks multi_worker when TF_CONFIG is set, mirrored with
     several GPUs, else none."""
-    import tensorflow as tf
 
     if choice == "auto":
         if os.environ.get("TF_CONFIG"):
@@ -265,9 +270,6 @@ def _is_chief(strategy):
 
 def build_model(config, input_shape, total_steps):
     """`(trainable model, embedder)`, compiled, in the current strategy scope."""
-    from tfdml import recipes
-    from tfdml.models import ALAModel
-    from tfdml.models.backbones import PretrainedWeightsError
 
     try:
         embedder = recipes.make_embedder(config.model, input_shape)
@@ -302,16 +304,12 @@ class Training:
 def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
     """Fits `model`; returns a `Training` (history and training time over every epoch of the run, the
     epochs of the runs it resumed included, and this process's share)."""
-    import keras
-    import tensorflow as tf
 
-    from tfdml import callbacks as callbacks_lib
 
     training, checkpoints = config.training, config.training.checkpoint_dir
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         # Keras 3 fit fails under MultiWorkerMirroredStrategy: tfdml's strategy.run loop trains the same
         # model, checkpoints on the chief and resumes by itself (no Keras callbacks in this mode).
-        from tfdml.training import fit_distributed
 
         started, done = time.perf_counter(), callbacks_lib.completed_epochs(checkpoints)
         history = fit_distributed(model, datasets.train, epochs=training.epochs, steps_per_epoch=steps,
@@ -365,7 +363,6 @@ class Evaluation:
 
 def evaluate(config, embedder, datasets):
     """Retrieval metrics of the embedder and of raw pixels on the evaluation images."""
-    from tfdml import retrieval
 
     ks, metrics = config.evaluation.ks, config.evaluation.metrics
     embeddings, labels = retrieval.embed_batches(embedder, datasets.eval)
@@ -383,8 +380,6 @@ def export(config, embedder, evaluation, eval_source):
     """Exports the SavedModel with the index of the evaluation items inside its version (and, with it, the
     `search` signature over the same items, `match` calibrated on them), in one atomic step; returns the
     summary entries it adds."""
-    from tfdml import data as data_lib
-    from tfdml import export as export_lib
 
     settings, size = config.export, config.data.image_size
     # The index stores the evaluation items' ids (item numbers or file paths), labels and class names,
@@ -408,7 +403,6 @@ def export(config, embedder, evaluation, eval_source):
 
 def write_report(config, summary, history, evaluation, class_names=None):
     """Plots and metrics.json in the report directory."""
-    from tfdml import plots
 
     report_dir = config.report.dir
     plots.plot_recall_curve({"tfdml": evaluation.results, "raw pixels": evaluation.baseline},
@@ -424,7 +418,6 @@ def write_report(config, summary, history, evaluation, class_names=None):
 def write_projector(config, evaluation, class_names=None):
     """The evaluation embeddings with class names and images for TensorBoard's projector
     (`<report_dir>/tensorboard`, run `projector`, see `tfdml.projector`)."""
-    from tfdml import projector
 
     # The pixels come from their own pass over the evaluation data, in the same order.
     same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
@@ -434,8 +427,6 @@ def write_projector(config, evaluation, class_names=None):
 
 def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
     """Nearest neighbours of one query per class (then more), for `plot_retrieval_grid`."""
-    from tfdml import plots
-    from tfdml.ops.neighbours import exact_search
 
     labels, images = evaluation.labels, evaluation.pixels
     first_of_class = [int(np.flatnonzero(labels == c)[0]) for c in np.unique(labels)]
@@ -498,7 +489,6 @@ _IMPORTED = time.perf_counter()
 
 
 def _interrupted(stage, config):
-    from tfdml.callbacks import completed_epochs
 
     epochs = config.training.epochs
     if stage == "training":
@@ -528,7 +518,6 @@ def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=
     check_outputs(config)
     stage = ["before training"]  # where a Ctrl-C stopped the job (_run moves it on)
     try:
-        import keras
 
         keras.utils.set_random_seed(config.seed)
         train_source, eval_source = load_sources(config.data)
@@ -556,7 +545,6 @@ def _check_weights(config, train_source):
 
 
 def _check_evaluation_data(eval_source):
-    from tfdml.data.sources import single_image_classes
 
     single = single_image_classes(eval_source)
     if single:

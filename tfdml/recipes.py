@@ -24,6 +24,7 @@ from tfdml.models import Embedder, MultiLevelEmbedder, backbones
 from tfdml.models.backbones import freeze_batchnorm  # noqa: F401  (re-exported: the configuration's name)
 from tfdml.optimizers import build_optimizer, build_schedule
 
+
 def _optimizer_config(config):
     config = OptimizerConfig.from_dict(config)
     return {"name": config.name, "learning_rate": config.learning_rate, "momentum": config.momentum,

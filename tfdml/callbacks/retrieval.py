@@ -12,7 +12,8 @@ from tfdml.retrieval import embed_batches, evaluate
 class RetrievalEvaluation(keras.callbacks.Callback):
     """Embeds a held-out set every `every_n_epochs` epochs and adds retrieval metrics to the epoch logs.
 
-    The metrics (`tfdml.retrieval.evaluate`, exact search) appear in `History` as `<prefix>recall@1`, `<prefix>map@r`, ... and in TensorBoard when a
+    The metrics (`tfdml.retrieval.evaluate`, exact search) appear in `History` as `<prefix>recall@1`,
+    `<prefix>map@r`, ... and in TensorBoard when a
     `keras.callbacks.TensorBoard` comes after this callback in the list (or when `log_dir` is given, written
     here under `<log_dir>/retrieval`).
 

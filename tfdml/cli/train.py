@@ -1,6 +1,6 @@
 """`tfdml train`: train, evaluate, export and report from a configuration.
 
-tfdml train                                   # the embedded default: digits, no network needed
+tfdml train                                   # the embedded default: glyphs, no network needed
 tfdml train --image-dir photos/               # your own images: one sub-folder per class
 tfdml train --config configs/rll_lmh_cub.yaml --set data.data_dir=/data/tfds
 tfdml train --set loss.name=triplet --set loss.params.mining=semi_hard --epochs 4
@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-from tfdml import pipeline  # light: TensorFlow is imported when the job runs
+import yaml
+
 from tfdml.cli.reporting import warnings_to_stderr
 from tfdml.config import ConfigError, given_keys, load_config
 
@@ -177,10 +178,15 @@ def _print_summary(summary):
 
 
 def run(args):
-    import yaml
-
     try:
         config = resolve(args)
+    except ConfigError as error:  # the keys, types and paths are checked before TensorFlow is imported
+        print(f"tfdml train: error: {_with_option(str(error), args)}", file=sys.stderr)
+        return 2
+    # Imported once the configuration is valid: the job's modules import TensorFlow (seconds).
+    from tfdml import pipeline
+
+    try:
         if args.print_config:
             print(yaml.safe_dump(pipeline.resolve_paths(config).to_dict(), sort_keys=False), end="")
             return 0

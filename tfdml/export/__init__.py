@@ -68,7 +68,8 @@ from tfdml.export.savedmodel import export_saved_model, input_channels, resolve_
 from tfdml.export.search import DEFAULT_TOP_K, GALLERY_DTYPES
 
 __all__ = [
-    "DEFAULT_TOP_K", "GALLERY_DTYPES", "SEARCH_SIGNATURE", "EMBEDDING_OUTPUT", "GALLERY_IMAGES_FILE", "IMAGE_INPUT", "INDEX_DIR", "MAX_STORED_GALLERY_BYTES",
+    "DEFAULT_TOP_K", "GALLERY_DTYPES", "SEARCH_SIGNATURE", "EMBEDDING_OUTPUT", "GALLERY_IMAGES_FILE", "IMAGE_INPUT",
+    "INDEX_DIR", "MAX_STORED_GALLERY_BYTES",
     "METADATA_FILE", "PREPROCESSED_INPUT", "PREPROCESSED_SIGNATURE", "SERVING_SIGNATURE", "ExportedEmbedder",
     "IndexMismatchError", "export_index", "export_saved_model", "input_channels", "load_index", "load_metadata",
     "read_image", "resolve_export_dir", "resolve_preprocessing", "rest_request_body",

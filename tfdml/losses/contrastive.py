@@ -19,8 +19,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import as_scalar, mean_of_positive, pair_masks, pairwise_distance, reference_embeddings, \
-    validate_inputs
+from tfdml.ops import as_scalar, mean_of_positive, pair_masks, pairwise_distance, reference_embeddings, validate_inputs
 
 
 def _contrastive_loss(labels, embeddings, pos_margin, neg_margin, references=None):

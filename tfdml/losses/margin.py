@@ -31,8 +31,16 @@ import numpy as np
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (negative_mask, pair_indices, pair_masks, pairwise_distance, reference_embeddings,
-                       safe_divide, triplet_distances, validate_inputs)
+from tfdml.ops import (
+    negative_mask,
+    pair_indices,
+    pair_masks,
+    pairwise_distance,
+    reference_embeddings,
+    safe_divide,
+    triplet_distances,
+    validate_inputs,
+)
 
 SAMPLING_MODES = ("distance_weighted", "all")
 

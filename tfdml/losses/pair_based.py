@@ -22,9 +22,21 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, masked_max, masked_min, mean_of_positive,
-                       negative_mask, pair_masks, pairwise_cosine_similarity, pairwise_distance, positive_mask,
-                       reference_embeddings, validate_inputs)
+from tfdml.ops import (
+    as_scalar,
+    l2_normalize,
+    masked_logsumexp,
+    masked_max,
+    masked_min,
+    mean_of_positive,
+    negative_mask,
+    pair_masks,
+    pairwise_cosine_similarity,
+    pairwise_distance,
+    positive_mask,
+    reference_embeddings,
+    validate_inputs,
+)
 
 
 def multi_similarity_mining(similarity, positives, negatives, epsilon=0.1):

@@ -18,8 +18,18 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, mean_of_positive, pair_masks,
-                       pairwise_cosine_similarity, reference_embeddings, safe_divide, same_label_mask, validate_inputs)
+from tfdml.ops import (
+    as_scalar,
+    l2_normalize,
+    masked_logsumexp,
+    mean_of_positive,
+    pair_masks,
+    pairwise_cosine_similarity,
+    reference_embeddings,
+    safe_divide,
+    same_label_mask,
+    validate_inputs,
+)
 
 
 def n_pairs_indices(labels):

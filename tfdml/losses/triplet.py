@@ -17,9 +17,20 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, masked_max, masked_mean, masked_min, negative_mask, pair_masks,
-                       pairwise_angular_distance, pairwise_distance, positive_mask, reference_embeddings, safe_divide,
-                       validate_inputs)
+from tfdml.ops import (
+    as_scalar,
+    masked_max,
+    masked_mean,
+    masked_min,
+    negative_mask,
+    pair_masks,
+    pairwise_angular_distance,
+    pairwise_distance,
+    positive_mask,
+    reference_embeddings,
+    safe_divide,
+    validate_inputs,
+)
 
 MINING_STRATEGIES = ("all", "hard", "semi_hard")
 

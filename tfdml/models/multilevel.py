@@ -22,9 +22,9 @@ normalised embedding) is why one output tensor serves training, evaluation and e
 import keras
 import tensorflow as tf
 
-from tfdml.models import backbones as backbones_lib
 from tfdml.distribute import scale_for_replicas, unscale_for_replicas
 from tfdml.losses import CrossBatchMemory
+from tfdml.models import backbones as backbones_lib
 from tfdml.models.base import MetricModel
 from tfdml.models.heads import AuxiliaryEmbeddingHead, GlobalEmbeddingHead, L2Normalize
 from tfdml.models.preprocessing import PixelPreprocessing, preprocessing_spec
