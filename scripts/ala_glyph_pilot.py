@@ -31,16 +31,24 @@ def main():
     args = parser.parse_args()
     config = dict(bm.CONFIG)
     data = bm.load_data(config)
-    batches = bm.index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"],
-                               config["steps"], args.seed)
+    batches = bm.index_batches(
+        data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], args.seed
+    )
     name = f"{args.base_loss}_ala"
     spec = json.loads(json.dumps(bm.METHODS[name][1]))
     spec["ala_params"].update(json.loads(args.ala))
     start, cpu = time.time(), time.process_time()
     embeddings, _ = bm.train_tfdml(spec, data, batches, config, args.seed)
-    record = {"method": name, "tag": args.tag, "ala": json.loads(args.ala), "seed": args.seed,
-              **bm.evaluate(embeddings, data["test_y"]), "train_wall_s": round(time.time() - start, 1),
-              "train_cpu_s": round(time.process_time() - cpu, 1), "config": config}
+    record = {
+        "method": name,
+        "tag": args.tag,
+        "ala": json.loads(args.ala),
+        "seed": args.seed,
+        **bm.evaluate(embeddings, data["test_y"]),
+        "train_wall_s": round(time.time() - start, 1),
+        "train_cpu_s": round(time.process_time() - cpu, 1),
+        "config": config,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "a") as f:
         f.write(json.dumps(record) + "\n")

@@ -77,7 +77,7 @@ def auc(clean, corrupted):
     for value in np.unique(values):  # average ranks of ties
         tied = values == value
         ranks[tied] = ranks[tied].mean()
-    u = ranks[:clean.size].sum() - clean.size * (clean.size + 1) / 2
+    u = ranks[: clean.size].sum() - clean.size * (clean.size + 1) / 2
     return float(u / (clean.size * corrupted.size))
 
 
@@ -92,9 +92,12 @@ def subset_weights(model, images, labels, corrupted, subsets, seed):
         items = np.concatenate([rng.choice(by_class[c], per_class, replace=False) for c in classes])
         tuples, weights = model.tuple_weights(images[items], labels[items].astype(np.int32), seed=k)
         embedder = model.embedder  # training mode without updating its statistics, as tuple_weights does
-        embeddings, _ = embedder.stateless_call([v.value for v in embedder.trainable_variables],
-                                                [v.value for v in embedder.non_trainable_variables],
-                                                tf.convert_to_tensor(images[items]), training=True)
+        embeddings, _ = embedder.stateless_call(
+            [v.value for v in embedder.trainable_variables],
+            [v.value for v in embedder.non_trainable_variables],
+            tf.convert_to_tensor(images[items]),
+            training=True,
+        )
         losses = model._tuple_losses(embeddings, tuples, None).numpy()
         tuples, weights = tuples.numpy(), weights.numpy()
         bad = corrupted[items][tuples[:, 0]] | corrupted[items][tuples[:, 1]]
@@ -110,14 +113,17 @@ def subset_weights(model, images, labels, corrupted, subsets, seed):
         clean_w.extend(weights[~bad].tolist())
         bad_w.extend(weights[bad].tolist())
         fractions.append(float(bad.mean()))
-    return {"auc_clean_over_corrupted": round(float(np.mean(aucs)), 4), "auc_subsets": len(aucs),
-            "auc_per_subset_std": round(float(np.std(aucs)), 4),
-            "auc_active_tuples": round(float(np.mean(active_aucs)), 4) if active_aucs else None,
-            "active_tuple_fraction": round(float(np.mean(active_fractions)), 3),
-            "mean_weight_clean": round(float(np.mean(clean_w)), 5),
-            "mean_weight_corrupted": round(float(np.mean(bad_w)), 5),
-            "weight_std": round(float(np.std(clean_w + bad_w)), 5),
-            "corrupted_tuple_fraction": round(float(np.mean(fractions)), 3)}
+    return {
+        "auc_clean_over_corrupted": round(float(np.mean(aucs)), 4),
+        "auc_subsets": len(aucs),
+        "auc_per_subset_std": round(float(np.std(aucs)), 4),
+        "auc_active_tuples": round(float(np.mean(active_aucs)), 4) if active_aucs else None,
+        "active_tuple_fraction": round(float(np.mean(active_fractions)), 3),
+        "mean_weight_clean": round(float(np.mean(clean_w)), 5),
+        "mean_weight_corrupted": round(float(np.mean(bad_w)), 5),
+        "weight_std": round(float(np.std(clean_w + bad_w)), 5),
+        "corrupted_tuple_fraction": round(float(np.mean(fractions)), 3),
+    }
 
 
 def digits_run(args, seed, weighting, overrides):
@@ -127,20 +133,41 @@ def digits_run(args, seed, weighting, overrides):
     noisy = data.array_source(images, noisy_labels)
     keras.utils.set_random_seed(seed)
     embedder = Embedder("small_cnn", embedding_dim=32, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 1))
-    model, ds = ala_training(embedder, noisy, args.steps, base_loss=args.base_loss, weighting=weighting,
-                             optimizer=keras.optimizers.Adam(args.lr), image_size=IMAGE_SIZE, seed=seed,
-                             episode=EPISODE, **overrides)
+    model, ds = ala_training(
+        embedder,
+        noisy,
+        args.steps,
+        base_loss=args.base_loss,
+        weighting=weighting,
+        optimizer=keras.optimizers.Adam(args.lr),
+        image_size=IMAGE_SIZE,
+        seed=seed,
+        episode=EPISODE,
+        **overrides,
+    )
     history = model.fit(ds, epochs=args.steps, steps_per_epoch=1, verbose=0).history
     record = {"first_weight_mean": history["weight_mean"][0], "last_weight_mean": history["weight_mean"][-1]}
     if weighting == "assessor":
         record["last_meta_loss"] = history["meta_loss"][-1]
         if "hardness_ratio" in history:
             record["last_hardness_ratio"] = history["hardness_ratio"][-1]
-        preprocessed = np.concatenate([x.numpy() for x, _ in data.eval_dataset(
-            noisy, 256, image_size=IMAGE_SIZE, center_crop=False, preprocess=embedder.preprocess)])
+        preprocessed = np.concatenate(
+            [
+                x.numpy()
+                for x, _ in data.eval_dataset(
+                    noisy, 256, image_size=IMAGE_SIZE, center_crop=False, preprocess=embedder.preprocess
+                )
+            ]
+        )
         record.update(subset_weights(model, preprocessed, noisy_labels, corrupted, args.subsets, seed))
-    test_x = np.concatenate([x.numpy() for x, _ in data.eval_dataset(
-        test, 256, image_size=IMAGE_SIZE, center_crop=False, preprocess=embedder.preprocess)])
+    test_x = np.concatenate(
+        [
+            x.numpy()
+            for x, _ in data.eval_dataset(
+                test, 256, image_size=IMAGE_SIZE, center_crop=False, preprocess=embedder.preprocess
+            )
+        ]
+    )
     embeddings = embedder.predict(test_x, verbose=0)
     metrics = retrieval.evaluate(embeddings, test.labels, ks=(1,), metrics=("recall", "map@r"))
     record.update({"recall@1": float(metrics["recall@1"]), "map@r": float(metrics["map@r"])})
@@ -154,11 +181,14 @@ def glyphs_run(args, seed, weighting, overrides):
     arrays = bm.load_data(config)
     noisy_labels, _ = flip_labels(arrays["train_y"], args.noise, seed)
     arrays = dict(arrays, train_y=noisy_labels.astype(np.int64))
-    batches = bm.index_batches(arrays["train_y"], config["classes_per_batch"], config["samples_per_class"],
-                               config["steps"], seed)
+    batches = bm.index_batches(
+        arrays["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
+    )
     margins = {"triplet": {"margin": 0.2}, "margin": {"alpha": 0.2, "beta": 1.2}}[args.base_loss]
-    spec = {"ala": args.base_loss, "ala_params": {"loss_params": margins, "max_tuples": 2000,
-                                                   "weighting": weighting, **overrides}}
+    spec = {
+        "ala": args.base_loss,
+        "ala_params": {"loss_params": margins, "max_tuples": 2000, "weighting": weighting, **overrides},
+    }
     embeddings, _ = bm.train_tfdml(spec, arrays, batches, config, seed)
     return bm.evaluate(embeddings, arrays["test_y"])
 
@@ -176,9 +206,17 @@ def read(path):
 
 def paired(records, dataset, base_loss, tag, noise, steps, metric):
     """Mean and standard error of ALA - uniform twin over the seeds that have both."""
+
     def pick(weighting, r):
         return (r["dataset"], r["base_loss"], r["tag"], r["weighting"], r["noise"], r["steps"]) == (
-            dataset, base_loss, tag, weighting, noise, steps)
+            dataset,
+            base_loss,
+            tag,
+            weighting,
+            noise,
+            steps,
+        )
+
     ala = {r["seed"]: r[metric] for r in records.values() if pick("assessor", r)}
     twin = {r["seed"]: r[metric] for r in records.values() if pick("uniform", r)}
     seeds = sorted(set(ala) & set(twin))
@@ -186,38 +224,59 @@ def paired(records, dataset, base_loss, tag, noise, steps, metric):
         return None
     diffs = [ala[s] - twin[s] for s in seeds]
     se = statistics.stdev(diffs) / np.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"n": len(seeds), "ala_mean": round(statistics.mean(ala[s] for s in seeds), 4),
-            "twin_mean": round(statistics.mean(twin[s] for s in seeds), 4),
-            "diff_mean": round(statistics.mean(diffs), 4), "diff_se": round(float(se), 4),
-            "diff_per_seed": [round(d, 4) for d in diffs]}
+    return {
+        "n": len(seeds),
+        "ala_mean": round(statistics.mean(ala[s] for s in seeds), 4),
+        "twin_mean": round(statistics.mean(twin[s] for s in seeds), 4),
+        "diff_mean": round(statistics.mean(diffs), 4),
+        "diff_se": round(float(se), 4),
+        "diff_per_seed": [round(d, 4) for d in diffs],
+    }
 
 
 def summary(records):
     out = []
     groups = sorted({(r["dataset"], r["base_loss"], r["tag"], r["noise"], r["steps"]) for r in records.values()})
     for dataset, base_loss, tag, noise, steps in groups:
-        mine = [r for r in records.values() if (r["dataset"], r["base_loss"], r["tag"], r["noise"], r["steps"]) == (
-            dataset, base_loss, tag, noise, steps) and r["weighting"] == "assessor"]
-        row = {"dataset": dataset, "base_loss": base_loss, "tag": tag, "noise": noise, "steps": steps,
-               "recall@1": paired(records, dataset, base_loss, tag, noise, steps, "recall@1"),
-               "map@r": paired(records, dataset, base_loss, tag, noise, steps, "map@r")}
+        mine = [
+            r
+            for r in records.values()
+            if (r["dataset"], r["base_loss"], r["tag"], r["noise"], r["steps"])
+            == (dataset, base_loss, tag, noise, steps)
+            and r["weighting"] == "assessor"
+        ]
+        row = {
+            "dataset": dataset,
+            "base_loss": base_loss,
+            "tag": tag,
+            "noise": noise,
+            "steps": steps,
+            "recall@1": paired(records, dataset, base_loss, tag, noise, steps, "recall@1"),
+            "map@r": paired(records, dataset, base_loss, tag, noise, steps, "map@r"),
+        }
         if mine and "auc_clean_over_corrupted" in mine[0]:
             row["auc_clean_over_corrupted"] = {
                 "mean": round(statistics.mean(r["auc_clean_over_corrupted"] for r in mine), 4),
-                "per_seed": [r["auc_clean_over_corrupted"] for r in sorted(mine, key=lambda r: r["seed"])]}
-            active = [r["auc_active_tuples"] for r in sorted(mine, key=lambda r: r["seed"])
-                      if r.get("auc_active_tuples") is not None]
+                "per_seed": [r["auc_clean_over_corrupted"] for r in sorted(mine, key=lambda r: r["seed"])],
+            }
+            active = [
+                r["auc_active_tuples"]
+                for r in sorted(mine, key=lambda r: r["seed"])
+                if r.get("auc_active_tuples") is not None
+            ]
             if active:
                 row["auc_active_tuples"] = {"mean": round(statistics.mean(active), 4), "per_seed": active}
-            row["last_over_first_weight_mean"] = [round(r["last_weight_mean"] / r["first_weight_mean"], 3)
-                                                  for r in sorted(mine, key=lambda r: r["seed"])]
+            row["last_over_first_weight_mean"] = [
+                round(r["last_weight_mean"] / r["first_weight_mean"], 3) for r in sorted(mine, key=lambda r: r["seed"])
+            ]
         out.append(row)
     return out
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--dataset", choices=("digits", "glyphs"), default="digits")
     parser.add_argument("--base-loss", default="triplet", choices=("triplet", "margin"))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
@@ -246,10 +305,20 @@ def main():
                 start, cpu = time.time(), time.process_time()
                 run = digits_run if args.dataset == "digits" else glyphs_run
                 record = run(args, seed, weighting, overrides if weighting == "assessor" else {})
-                record.update(key=key, dataset=args.dataset, base_loss=args.base_loss, tag=tag, seed=seed,
-                              weighting=weighting, noise=args.noise, steps=args.steps, lr=args.lr,
-                              ala=overrides if weighting == "assessor" else {},
-                              wall_s=round(time.time() - start, 1), cpu_s=round(time.process_time() - cpu, 1))
+                record.update(
+                    key=key,
+                    dataset=args.dataset,
+                    base_loss=args.base_loss,
+                    tag=tag,
+                    seed=seed,
+                    weighting=weighting,
+                    noise=args.noise,
+                    steps=args.steps,
+                    lr=args.lr,
+                    ala=overrides if weighting == "assessor" else {},
+                    wall_s=round(time.time() - start, 1),
+                    cpu_s=round(time.process_time() - cpu, 1),
+                )
                 with open(args.out, "a") as f:
                     f.write(json.dumps(record) + "\n")
                 print(json.dumps(record), flush=True)
@@ -263,13 +332,17 @@ def _with_twins(records, rows):
     for row in rows:
         if row["tag"] == "uniform":
             continue
-        merged = {k: dict(r, tag=row["tag"]) if r["tag"] == "uniform" else r for k, r in records.items()
-                  if (r["dataset"], r["base_loss"], r["noise"], r["steps"]) == (
-                      row["dataset"], row["base_loss"], row["noise"], row["steps"])
-                  and r["tag"] in (row["tag"], "uniform")}
+        merged = {
+            k: dict(r, tag=row["tag"]) if r["tag"] == "uniform" else r
+            for k, r in records.items()
+            if (r["dataset"], r["base_loss"], r["noise"], r["steps"])
+            == (row["dataset"], row["base_loss"], row["noise"], row["steps"])
+            and r["tag"] in (row["tag"], "uniform")
+        }
         for metric in ("recall@1", "map@r"):
-            row[metric] = paired(merged, row["dataset"], row["base_loss"], row["tag"], row["noise"], row["steps"],
-                                 metric)
+            row[metric] = paired(
+                merged, row["dataset"], row["base_loss"], row["tag"], row["noise"], row["steps"], metric
+            )
         out.append(row)
     return out
 

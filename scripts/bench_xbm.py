@@ -40,14 +40,18 @@ import benchmark_methods as bm  # noqa: E402
 OUT_DIR = os.path.join(ROOT, "benchmarks", "xbm")
 CONFIG = dict(bm.CONFIG, steps=300, samples_per_class=3)
 START_STEP = 100
-SETUPS = {"small": {"classes_per_batch": 8, "memory": None},
-          "small_xbm96": {"classes_per_batch": 8, "memory": 96},
-          "small_xbm384": {"classes_per_batch": 8, "memory": 384},
-          "large": {"classes_per_batch": 32, "memory": None}}
+SETUPS = {
+    "small": {"classes_per_batch": 8, "memory": None},
+    "small_xbm96": {"classes_per_batch": 8, "memory": 96},
+    "small_xbm384": {"classes_per_batch": 8, "memory": 384},
+    "large": {"classes_per_batch": 32, "memory": None},
+}
 TIMING_MEMORIES = (384, 3072)
 TIMING_ROUNDS, TIMING_STEPS = 12, 10
-LOSSES = {"contrastive": ("ContrastiveLoss", {"pos_margin": 0.0, "neg_margin": 1.0}),
-          "multi_similarity": ("MultiSimilarityLoss", {"alpha": 2.0, "beta": 50.0, "base": 0.5})}
+LOSSES = {
+    "contrastive": ("ContrastiveLoss", {"pos_margin": 0.0, "neg_margin": 1.0}),
+    "multi_similarity": ("MultiSimilarityLoss", {"alpha": 2.0, "beta": 50.0, "base": 0.5}),
+}
 
 
 def _compiled(loss_name, memory, seed, start_step=None):
@@ -60,8 +64,9 @@ def _compiled(loss_name, memory, seed, start_step=None):
     class_name, params = LOSSES[loss_name]
     loss = getattr(losses, class_name)(**params)
     if memory:
-        loss = losses.CrossBatchMemory(loss, memory_size=memory, embedding_dim=CONFIG["embedding_dim"],
-                                       start_step=start_step)
+        loss = losses.CrossBatchMemory(
+            loss, memory_size=memory, embedding_dim=CONFIG["embedding_dim"], start_step=start_step
+        )
     model.compile(optimizer=keras.optimizers.Adam(CONFIG["learning_rate"]), loss=loss)
     return model
 
@@ -70,17 +75,20 @@ def run_one(loss_name, setup, data, seed):
     import tensorflow as tf
 
     spec = SETUPS[setup]
-    batches = bm.index_batches(data["train_y"], spec["classes_per_batch"], CONFIG["samples_per_class"],
-                               CONFIG["steps"], seed)
+    batches = bm.index_batches(
+        data["train_y"], spec["classes_per_batch"], CONFIG["samples_per_class"], CONFIG["steps"], seed
+    )
     model = _compiled(loss_name, spec["memory"], seed)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
-    dataset = tf.data.Dataset.from_tensor_slices(batches).map(lambda idx: (tf.gather(images, idx),
-                                                                           tf.gather(labels, idx)))
+    dataset = tf.data.Dataset.from_tensor_slices(batches).map(
+        lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))
+    )
     start = time.process_time()
     model.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
     train_cpu_seconds = time.process_time() - start
-    embeddings = np.concatenate([np.asarray(model(data["test_x"][i:i + 512], training=False))
-                                 for i in range(0, len(data["test_x"]), 512)])
+    embeddings = np.concatenate(
+        [np.asarray(model(data["test_x"][i : i + 512], training=False)) for i in range(0, len(data["test_x"]), 512)]
+    )
     return dict(bm.evaluate(embeddings, data["test_y"]), train_cpu_seconds=train_cpu_seconds)
 
 
@@ -105,20 +113,23 @@ def run_timing(loss_name, data, seed=0):
                 model.train_on_batch(x, y)
             seconds[name].append((time.perf_counter() - start) / TIMING_STEPS)
     plain = np.asarray(seconds["plain"])
-    ratios = {f"{name}_over_plain": float(np.median(np.asarray(s) / plain)) for name, s in seconds.items()
-              if name != "plain"}
+    ratios = {
+        f"{name}_over_plain": float(np.median(np.asarray(s) / plain)) for name, s in seconds.items() if name != "plain"
+    }
     # The loss alone (value and gradient on the batch's embeddings, traced), interleaved the same way: what
     # the memory adds, as a fraction of a whole plain training step (the whole-step ratios above are within
     # the noise of a shared machine).
     embeddings = tf.constant(np.asarray(models["plain"](x, training=False)))
     calls = {}
     for name, model in models.items():
+
         @tf.function
         def call(labels, features, loss=model.loss):
             with tf.GradientTape() as tape:
                 tape.watch(features)
                 value = loss(labels, features)
             return tape.gradient(value, features)
+
         call(tf.constant(y), embeddings)
         calls[name] = call
     loss_seconds = {name: [] for name in models}
@@ -129,8 +140,11 @@ def run_timing(loss_name, data, seed=0):
                 call(tf.constant(y), embeddings)
             loss_seconds[name].append((time.perf_counter() - start) / (10 * TIMING_STEPS))
     step = float(np.median(plain))
-    added = {f"{name}_loss_added_over_plain_step": float((np.median(s) - np.median(loss_seconds["plain"])) / step)
-             for name, s in loss_seconds.items() if name != "plain"}
+    added = {
+        f"{name}_loss_added_over_plain_step": float((np.median(s) - np.median(loss_seconds["plain"])) / step)
+        for name, s in loss_seconds.items()
+        if name != "plain"
+    }
     return dict(ratios, **added, plain_loss_over_plain_step=float(np.median(loss_seconds["plain"]) / step))
 
 
@@ -145,50 +159,77 @@ def summarise(lines):
     latest = {}
     for line in lines:  # the latest line of each (loss, setup, seed) counts
         latest[(line["loss"], line["setup"], line["seed"])] = line
-    summary = {"start_step": START_STEP, "steps": CONFIG["steps"],
-               "setups": {k: f"{v['classes_per_batch']} x {CONFIG['samples_per_class']}" + (
-                   f" + XBM({v['memory']})" if v["memory"] else "") for k, v in SETUPS.items()},
-               "results": {}}
+    summary = {
+        "start_step": START_STEP,
+        "steps": CONFIG["steps"],
+        "setups": {
+            k: f"{v['classes_per_batch']} x {CONFIG['samples_per_class']}"
+            + (f" + XBM({v['memory']})" if v["memory"] else "")
+            for k, v in SETUPS.items()
+        },
+        "results": {},
+    }
     for loss_name in LOSSES:
         per_loss = {}
         for setup in SETUPS:
             rows = [v for k, v in latest.items() if k[0] == loss_name and k[1] == setup]
             if not rows:
                 continue
-            per_loss[setup] = {metric: {"mean": float(np.mean([r[metric] for r in rows])),
-                                        "std": float(np.std([r[metric] for r in rows])), "n": len(rows)}
-                               for metric in ("recall@1", "map@r")}
+            per_loss[setup] = {
+                metric: {
+                    "mean": float(np.mean([r[metric] for r in rows])),
+                    "std": float(np.std([r[metric] for r in rows])),
+                    "n": len(rows),
+                }
+                for metric in ("recall@1", "map@r")
+            }
         timing = latest.get((loss_name, "timing", 0))
         if timing:
             per_loss["loss_time_added_over_plain_step"] = {
-                k.split("_")[0]: v for k, v in timing.items() if k.endswith("_loss_added_over_plain_step")}
-            per_loss["step_time_over_plain"] = {k[:-len("_over_plain")]: v for k, v in timing.items()
-                                                if k.endswith("_over_plain")}
+                k.split("_")[0]: v for k, v in timing.items() if k.endswith("_loss_added_over_plain_step")
+            }
+            per_loss["step_time_over_plain"] = {
+                k[: -len("_over_plain")]: v for k, v in timing.items() if k.endswith("_over_plain")
+            }
         summary["results"][loss_name] = per_loss
     return summary
 
 
 def markdown_table(summary):
-    lines = [(f"Glyphs, 32 px, zero-shot retrieval (Recall@1, MAP@R in %, mean +- std over seeds), {summary['steps']} "
-              f"Adam steps of class-balanced batches, small CNN 64-d. XBM warm-up: {summary['start_step']} steps."), "",
-             "| loss | set-up | Recall@1 | MAP@R | n |", "|---|---|---|---|---|"]
+    lines = [
+        (
+            f"Glyphs, 32 px, zero-shot retrieval (Recall@1, MAP@R in %, mean +- std over seeds), {summary['steps']} "
+            f"Adam steps of class-balanced batches, small CNN 64-d. XBM warm-up: {summary['start_step']} steps."
+        ),
+        "",
+        "| loss | set-up | Recall@1 | MAP@R | n |",
+        "|---|---|---|---|---|",
+    ]
     for loss_name, per_loss in summary["results"].items():
         for setup, label in summary["setups"].items():
             if setup in per_loss:
                 r, m = per_loss[setup]["recall@1"], per_loss[setup]["map@r"]
-                lines.append(f"| {loss_name} | {label} | {100 * r['mean']:.1f} +- {100 * r['std']:.1f} | "
-                             f"{100 * m['mean']:.1f} +- {100 * m['std']:.1f} | {r['n']} |")
+                lines.append(
+                    f"| {loss_name} | {label} | {100 * r['mean']:.1f} +- {100 * r['std']:.1f} | "
+                    f"{100 * m['mean']:.1f} +- {100 * m['std']:.1f} | {r['n']} |"
+                )
     lines.append("")
     for loss_name, per_loss in summary["results"].items():
         ratio = per_loss.get("step_time_over_plain")
         if ratio:
-            lines.append(f"- {loss_name}, time of an 8 x 3 training step with XBM / without: " + ", ".join(
-                f"memory {name[3:]}: {value:.2f}x" for name, value in ratio.items()) + ".")
+            lines.append(
+                f"- {loss_name}, time of an 8 x 3 training step with XBM / without: "
+                + ", ".join(f"memory {name[3:]}: {value:.2f}x" for name, value in ratio.items())
+                + "."
+            )
         added = per_loss.get("loss_time_added_over_plain_step")
         if added:
-            lines.append(f"- {loss_name}, the loss call (value and gradient) with XBM takes longer than without by, "
-                         "as a fraction of a whole plain 8 x 3 training step: " + ", ".join(
-                             f"memory {name[3:]}: {100 * value:+.1f}%" for name, value in added.items()) + ".")
+            lines.append(
+                f"- {loss_name}, the loss call (value and gradient) with XBM takes longer than without by, "
+                "as a fraction of a whole plain 8 x 3 training step: "
+                + ", ".join(f"memory {name[3:]}: {100 * value:+.1f}%" for name, value in added.items())
+                + "."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -204,12 +245,15 @@ def plot(summary, path):
     width = 0.8 / len(setups)
     for ax, metric in zip(axes, ("recall@1", "map@r")):
         for i, setup in enumerate(setups):
-            means = [100 * summary["results"][name].get(setup, {}).get(metric, {}).get("mean", np.nan)
-                     for name in losses_]
-            stds = [100 * summary["results"][name].get(setup, {}).get(metric, {}).get("std", np.nan)
-                    for name in losses_]
-            ax.bar(np.arange(len(losses_)) + i * width, means, width, yerr=stds, capsize=3,
-                   label=summary["setups"][setup])
+            means = [
+                100 * summary["results"][name].get(setup, {}).get(metric, {}).get("mean", np.nan) for name in losses_
+            ]
+            stds = [
+                100 * summary["results"][name].get(setup, {}).get(metric, {}).get("std", np.nan) for name in losses_
+            ]
+            ax.bar(
+                np.arange(len(losses_)) + i * width, means, width, yerr=stds, capsize=3, label=summary["setups"][setup]
+            )
         ax.set_xticks(np.arange(len(losses_)) + width * (len(setups) - 1) / 2, losses_)
         ax.set_ylabel(f"{metric} (%)")
     axes[0].legend(fontsize=8, loc="lower right")
@@ -239,8 +283,11 @@ def main(argv=None):
         done = {(line["loss"], line["setup"], line["seed"]) for line in read_lines(path)}
         data = bm.load_data(CONFIG)
         run = f"{os.getpid()}-{int(time.time())}"
-        jobs = [(loss_name, "timing", 0) for loss_name in args.losses] if args.timing else [
-            (loss_name, setup, seed) for seed in args.seeds for loss_name in args.losses for setup in args.setups]
+        jobs = (
+            [(loss_name, "timing", 0) for loss_name in args.losses]
+            if args.timing
+            else [(loss_name, setup, seed) for seed in args.seeds for loss_name in args.losses for setup in args.setups]
+        )
         for loss_name, setup, seed in jobs:
             if (loss_name, setup, seed) in done and not args.rerun:
                 continue

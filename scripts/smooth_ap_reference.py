@@ -39,17 +39,30 @@ def main():
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
     args = parser.parse_args()
     batches = make_batches()
-    out = {"pml_version": pytorch_metric_learning.__version__, "torch_version": torch.__version__,
-           "dtype": "float64", "batches": {}, "cases": []}
+    out = {
+        "pml_version": pytorch_metric_learning.__version__,
+        "torch_version": torch.__version__,
+        "dtype": "float64",
+        "batches": {},
+        "cases": [],
+    }
     for name, batch in batches.items():
-        out["batches"][name] = {"labels": batch["labels"].tolist(),
-                                "embeddings": np.round(batch["embeddings"], 15).tolist()}
+        out["batches"][name] = {
+            "labels": batch["labels"].tolist(),
+            "embeddings": np.round(batch["embeddings"], 15).tolist(),
+        }
         for temperature in TEMPERATURES:
             x = torch.tensor(batch["embeddings"], dtype=torch.float64, requires_grad=True)
             value = losses.SmoothAPLoss(temperature=temperature)(x, torch.tensor(batch["labels"]))
             value.backward()
-            out["cases"].append({"batch": name, "temperature": temperature, "value": float(value.detach()),
-                                 "grad_embeddings": np.round(x.grad.numpy(), 15).tolist()})
+            out["cases"].append(
+                {
+                    "batch": name,
+                    "temperature": temperature,
+                    "value": float(value.detach()),
+                    "grad_embeddings": np.round(x.grad.numpy(), 15).tolist(),
+                }
+            )
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(out, f, separators=(",", ":"))

@@ -38,20 +38,35 @@ def _euclidean():
 
 # name -> (tfdml class, tfdml arguments, factory of (PML loss, PML miner or None))
 LOSSES = {
-    "contrastive": ("ContrastiveLoss", {"pos_margin": 0.0, "neg_margin": 1.0},
-                    lambda: (losses.ContrastiveLoss(pos_margin=0, neg_margin=1, distance=_euclidean()), None)),
-    "triplet_all": ("TripletLoss", {"margin": 0.2, "mining": "all"},
-                    lambda: (losses.TripletMarginLoss(margin=0.2, triplets_per_anchor="all", distance=_euclidean()),
-                             None)),
+    "contrastive": (
+        "ContrastiveLoss",
+        {"pos_margin": 0.0, "neg_margin": 1.0},
+        lambda: (losses.ContrastiveLoss(pos_margin=0, neg_margin=1, distance=_euclidean()), None),
+    ),
+    "triplet_all": (
+        "TripletLoss",
+        {"margin": 0.2, "mining": "all"},
+        lambda: (losses.TripletMarginLoss(margin=0.2, triplets_per_anchor="all", distance=_euclidean()), None),
+    ),
     # beta 1.25: PML holds beta in a float32 tensor, 1.2 would differ from tfdml's float64 1.2 by 5e-8.
-    "margin_all_triplets": ("MarginLoss", {"sampling": "all", "learn_beta": False, "alpha": 0.2, "beta": 1.25},
-                            lambda: (losses.MarginLoss(margin=0.2, beta=1.25, nu=0, triplets_per_anchor="all",
-                                                       distance=_euclidean()), None)),
-    "multi_similarity_mined": ("MultiSimilarityLoss", {},
-                               lambda: (losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
-                                        miners.MultiSimilarityMiner(epsilon=0.1))),
-    "multi_similarity_all_pairs": ("MultiSimilarityLoss", {"mining_epsilon": None},
-                                   lambda: (losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5), None)),
+    "margin_all_triplets": (
+        "MarginLoss",
+        {"sampling": "all", "learn_beta": False, "alpha": 0.2, "beta": 1.25},
+        lambda: (
+            losses.MarginLoss(margin=0.2, beta=1.25, nu=0, triplets_per_anchor="all", distance=_euclidean()),
+            None,
+        ),
+    ),
+    "multi_similarity_mined": (
+        "MultiSimilarityLoss",
+        {},
+        lambda: (losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5), miners.MultiSimilarityMiner(epsilon=0.1)),
+    ),
+    "multi_similarity_all_pairs": (
+        "MultiSimilarityLoss",
+        {"mining_epsilon": None},
+        lambda: (losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5), None),
+    ),
     "circle": ("CircleLoss", {}, lambda: (losses.CircleLoss(m=0.4, gamma=80), None)),
     "supcon": ("SupConLoss", {}, lambda: (losses.SupConLoss(temperature=0.1), None)),
     "ntxent": ("NTXentLoss", {}, lambda: (losses.NTXentLoss(temperature=0.07), None)),
@@ -80,8 +95,12 @@ def run_sequence(make_loss, batches):
         value.backward()
         grad = x.grad if x.grad is not None else torch.zeros_like(x)
         steps.append({"value": float(value.detach()), "grad_embeddings": _round(grad.numpy())})
-    queue = {"labels": xbm.label_memory.numpy().tolist(), "embeddings": _round(xbm.embedding_memory.numpy()),
-             "queue_idx": int(xbm.queue_idx), "has_been_filled": bool(xbm.has_been_filled)}
+    queue = {
+        "labels": xbm.label_memory.numpy().tolist(),
+        "embeddings": _round(xbm.embedding_memory.numpy()),
+        "queue_idx": int(xbm.queue_idx),
+        "has_been_filled": bool(xbm.has_been_filled),
+    }
     return steps, queue
 
 

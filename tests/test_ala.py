@@ -17,26 +17,35 @@ from tfdml.losses.contrastive import ContrastiveLoss
 from tfdml.models import ALAModel
 from tfdml.optimizers import learning_rate_multipliers
 
-MARGINS = {"triplet": {"margin": 0.2}, "margin": {"alpha": 0.2, "beta": 1.2},
-           "contrastive": {"pos_margin": 0.0, "neg_margin": 1.0}}
+MARGINS = {
+    "triplet": {"margin": 0.2},
+    "margin": {"alpha": 0.2, "beta": 1.2},
+    "contrastive": {"pos_margin": 0.0, "neg_margin": 1.0},
+}
 
 
 def _embedder(dtype="float32", in_dim=5, dim=3, seed=0):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.Input((in_dim,), dtype=dtype),
-        keras.layers.Dense(4, activation="tanh", dtype=dtype),
-        keras.layers.Dense(dim, dtype=dtype),
-        keras.layers.UnitNormalization(dtype=dtype),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input((in_dim,), dtype=dtype),
+            keras.layers.Dense(4, activation="tanh", dtype=dtype),
+            keras.layers.Dense(dim, dtype=dtype),
+            keras.layers.UnitNormalization(dtype=dtype),
+        ]
+    )
 
 
 def _episode(seed=0, dtype="float32", in_dim=5, train_classes=3, val_classes=2, per_class=3):
     rng = np.random.default_rng(seed)
     train_y = np.repeat(np.arange(train_classes), per_class).astype("int32")
     val_y = np.repeat(np.arange(train_classes, train_classes + val_classes), per_class).astype("int32")
-    return (rng.normal(size=(len(train_y), in_dim)).astype(dtype), train_y,
-            rng.normal(size=(len(val_y), in_dim)).astype(dtype), val_y)
+    return (
+        rng.normal(size=(len(train_y), in_dim)).astype(dtype),
+        train_y,
+        rng.normal(size=(len(val_y), in_dim)).astype(dtype),
+        val_y,
+    )
 
 
 # ----------------------------------------------------------------------------- independent reference
@@ -44,8 +53,13 @@ def _reference_tuples(kind, labels):
     n = len(labels)
     if kind == "contrastive":
         return [(i, j) for i, j in itertools.combinations(range(n), 2)]
-    return [(a, p, q) for a in range(n) for p in range(n) for q in range(n)
-            if a != p and labels[a] == labels[p] and labels[a] != labels[q]]
+    return [
+        (a, p, q)
+        for a in range(n)
+        for p in range(n)
+        for q in range(n)
+        if a != p and labels[a] == labels[p] and labels[a] != labels[q]
+    ]
 
 
 def _reference_tuple_losses(kind, embeddings, labels, beta=None):
@@ -59,7 +73,7 @@ def _reference_tuple_losses(kind, embeddings, labels, beta=None):
         return tf.where(positive, tf.nn.relu(d - p["pos_margin"]), tf.nn.relu(p["neg_margin"] - d))
     d_ap, d_an = dist(tuples[:, 0], tuples[:, 1]), dist(tuples[:, 0], tuples[:, 2])
     if kind == "triplet":
-        return tf.nn.relu(d_ap ** 2 - d_an ** 2 + p["margin"])
+        return tf.nn.relu(d_ap**2 - d_an**2 + p["margin"])
     beta = p["beta"] if beta is None else beta
     return tf.nn.relu(d_ap - beta + p["alpha"]) + tf.nn.relu(beta - d_an + p["alpha"])
 
@@ -75,8 +89,11 @@ def _reference_features(kind, embeddings, labels, tuples, beta=None):
     d = lambda i, j: np.linalg.norm(e[i] - e[j], axis=1)  # noqa: E731
     losses = np.asarray(_reference_tuple_losses(kind, tf.constant(e), labels, beta))
     if kind == "contrastive":
-        columns = [d(tuples[:, 0], tuples[:, 1]), losses,
-                   np.where(labels[tuples[:, 0]] == labels[tuples[:, 1]], 1.0, -1.0)]
+        columns = [
+            d(tuples[:, 0], tuples[:, 1]),
+            losses,
+            np.where(labels[tuples[:, 0]] == labels[tuples[:, 1]], 1.0, -1.0),
+        ]
     else:
         columns = [d(tuples[:, 0], tuples[:, 1]), d(tuples[:, 0], tuples[:, 2]), losses]
     features = np.stack(columns, axis=1)
@@ -91,7 +108,8 @@ def _assessed_weights(model, embeddings, labels, normalise=None):
     features = None
     if model.assessor.num_features:
         features = _reference_features(model.loss_kind, embeddings, labels, tuples, _beta_of(model)).astype(
-            embeddings.dtype.as_numpy_dtype)
+            embeddings.dtype.as_numpy_dtype
+        )
     weights = model.assessor(tf.stop_gradient(embeddings), tuples, features)[0]
     if model.normalize_weights if normalise is None else normalise:
         active = np.asarray(_reference_tuple_losses(model.loss_kind, embeddings, labels, _beta_of(model))) > 0
@@ -118,11 +136,11 @@ def _reference_meta_loss(model, episode, rates, offsets=None):
     weights = _assessed_weights(model, model.embedder(train_x), train_y)
     grads = _reference_theta_grads(model, train_x, train_y, weights)
     offsets = offsets or [0.0] * len(theta)
-    for variable, value, grad, rate, offset in zip(model.embedder.trainable_variables, theta, grads, rates,
-                                                   offsets):
+    for variable, value, grad, rate, offset in zip(model.embedder.trainable_variables, theta, grads, rates, offsets):
         variable.assign(value - offset - rate * grad.numpy())
-    meta_loss = tf.reduce_sum(_reference_tuple_losses(model.loss_kind, model.embedder(val_x), val_y,
-                                                      _beta_of(model))).numpy()
+    meta_loss = tf.reduce_sum(
+        _reference_tuple_losses(model.loss_kind, model.embedder(val_x), val_y, _beta_of(model))
+    ).numpy()
     for variable, value in zip(model.embedder.trainable_variables, theta):
         variable.assign(value)
     return meta_loss
@@ -134,8 +152,9 @@ BASE_RATE, HEAD_MULTIPLIER = 1 / 64, 8  # exact in float32 (Keras stores learnin
 def _float64_model(kind, state="per_tuple", variant="paper", **kwargs):
     """A float64 ALA model compiled with the new layer ("head") at 8x the base rate; returns the model and
     the per-variable rates the virtual step must use (kernel and bias of each Dense)."""
-    model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, state=state, dtype="float64",
-                     variant=variant, **kwargs)
+    model = ALAModel(
+        _embedder("float64"), base_loss=kind, assessor_units=3, state=state, dtype="float64", variant=variant, **kwargs
+    )
     head = model.embedder.layers[1]
     model.compile(optimizer=learning_rate_multipliers(keras.optimizers.SGD(BASE_RATE), {head.name: HEAD_MULTIPLIER}))
     rng = np.random.default_rng(1)  # a non-zero carried state, so the state path is exercised too
@@ -169,7 +188,7 @@ def _check_meta_gradient(model, episode, rates, offsets=None):
     def loss_along(direction, step):
         offset = 0
         for variable, value in zip(phi, start):
-            variable.assign(value + step * direction[offset:offset + value.size].reshape(value.shape))
+            variable.assign(value + step * direction[offset : offset + value.size].reshape(value.shape))
             offset += value.size
         return _reference_meta_loss(model, episode, rates, offsets)
 
@@ -226,7 +245,7 @@ def _reference_lookahead(model, uniform_grads):
             alpha = lr * np.sqrt(1 - f32(opt.beta_2) ** t) / (1 - f32(opt.beta_1) ** t)
             m, v = opt._momentums[slot].numpy(), opt._velocities[slot].numpy()
             m_t = m + (g - m) * (1 - opt.beta_1)  # Adam's new first moment with the uniform gradient ...
-            v_t = v + (g ** 2 - v) * (1 - opt.beta_2)
+            v_t = v + (g**2 - v) * (1 - opt.beta_2)
             if opt.amsgrad:
                 v_t = np.maximum(opt._velocity_hats[slot].numpy(), v_t)
             denominator = np.sqrt(v_t) + opt.epsilon
@@ -242,24 +261,34 @@ def _reference_lookahead(model, uniform_grads):
     return preconditioners, offsets
 
 
-@pytest.mark.parametrize("kind,optimizer_name,lookahead,assessor_input,weight_floor", [
-    *[("triplet", name, "optimizer", "geometry", 0.0) for name in OPTIMIZERS],
-    ("margin", "adam", "optimizer", "embeddings+geometry", 0.3),
-    ("contrastive", "adamw_head_8x", "optimizer", "embeddings+geometry", 0.0),
-    ("triplet", "adamw_head_8x", None, None, None),  # the library defaults
-    ("margin", "sgd_momentum", None, None, None),
-    ("triplet", "adam", "sgd", "geometry", "active"),  # the mean over the active tuples, default floor
-])
-def test_normalised_meta_gradient_equals_central_finite_differences(kind, optimizer_name, lookahead, assessor_input,
-                                                                    weight_floor):
+@pytest.mark.parametrize(
+    "kind,optimizer_name,lookahead,assessor_input,weight_floor",
+    [
+        *[("triplet", name, "optimizer", "geometry", 0.0) for name in OPTIMIZERS],
+        ("margin", "adam", "optimizer", "embeddings+geometry", 0.3),
+        ("contrastive", "adamw_head_8x", "optimizer", "embeddings+geometry", 0.0),
+        ("triplet", "adamw_head_8x", None, None, None),  # the library defaults
+        ("margin", "sgd_momentum", None, None, None),
+        ("triplet", "adam", "sgd", "geometry", "active"),  # the mean over the active tuples, default floor
+    ],
+)
+def test_normalised_meta_gradient_equals_central_finite_differences(
+    kind, optimizer_name, lookahead, assessor_input, weight_floor
+):
     """Weights divided by their mean, the assessor reading the tuples' geometry (and embeddings), the
     virtual step modelled on the compiled optimizer with its state held constant, or (the default) SGD at
     its rates: the meta-gradient through all of it equals finite differences of the reference (written from
     the update rules)."""
     over = "active" if weight_floor == "active" else None if weight_floor is None else "all"
     weight_floor = None if weight_floor == "active" else weight_floor
-    model = _default_model(kind, optimizer_name, lookahead=lookahead, assessor_input=assessor_input,
-                           weight_floor=weight_floor, normalize_over=over)
+    model = _default_model(
+        kind,
+        optimizer_name,
+        lookahead=lookahead,
+        assessor_input=assessor_input,
+        weight_floor=weight_floor,
+        normalize_over=over,
+    )
     assert model.normalize_weights and model.assessor.num_features == 3
     assert model.normalize_over == (over or "all")
     assert model.weight_floor == (0.8 if weight_floor is None else weight_floor)
@@ -272,8 +301,9 @@ def test_normalised_meta_gradient_equals_central_finite_differences(kind, optimi
         preconditioners, offsets = _reference_lookahead(model, uniform)
         assert max(np.abs(o).max() for o in offsets) > 1e-6  # the optimizer's state does enter
     else:
-        preconditioners = [float(np.asarray(_inner(model.optimizer, v).learning_rate))
-                           for v in model.embedder.trainable_variables]
+        preconditioners = [
+            float(np.asarray(_inner(model.optimizer, v).learning_rate)) for v in model.embedder.trainable_variables
+        ]
         assert len(set(preconditioners)) == (2 if optimizer_name.endswith("head_8x") else 1)  # the head's 8x rate
         offsets = None
     _check_meta_gradient(model, episode, preconditioners, offsets)
@@ -311,8 +341,15 @@ def test_training_step_is_invariant_to_a_common_scale_of_the_weights_only_when_n
     nor the assessor's (eqs 10-12); the paper's raw weights change both (plain SGD: the step scales)."""
     results = []
     for scale in (1.0, 0.25):
-        model = ALAModel(_embedder("float64"), base_loss="triplet", assessor_units=3, dtype="float64",
-                         variant=variant, assessor_steps=2, assessor_learning_rate=0.5)
+        model = ALAModel(
+            _embedder("float64"),
+            base_loss="triplet",
+            assessor_units=3,
+            dtype="float64",
+            variant=variant,
+            assessor_steps=2,
+            assessor_learning_rate=0.5,
+        )
         model.compile(optimizer=keras.optimizers.SGD(0.05))
         _scale_assessor_outputs(model, scale)
         model.train_step(_episode(dtype="float64", seed=8))
@@ -331,8 +368,14 @@ def test_weights_of_inactive_tuples_cannot_change_the_step_when_normalised_over_
     weight moved onto them shrinks the step (the step-size loophole `normalize_over="active"` closes)."""
     results = []
     for scale in (1.0, 5.0):
-        model = ALAModel(_embedder("float64"), base_loss="triplet", assessor_units=3, dtype="float64",
-                         assessor_steps=2, normalize_over=over)
+        model = ALAModel(
+            _embedder("float64"),
+            base_loss="triplet",
+            assessor_units=3,
+            dtype="float64",
+            assessor_steps=2,
+            normalize_over=over,
+        )
         model.compile(optimizer=keras.optimizers.SGD(0.05))
         original = model._assess
 
@@ -370,16 +413,19 @@ def test_train_step_is_algorithm_1_with_the_updated_assessor():
         for variable, value in zip(model.assessor.trainable_variables, phi_star):
             variable.assign(value)
     weights = _assessed_weights(model, model.embedder(train_x), train_y)
-    expected_theta = [t - rate * g.numpy() for t, rate, g in zip(theta0, rates, _reference_theta_grads(
-        model, train_x, train_y, weights))]
+    expected_theta = [
+        t - rate * g.numpy()
+        for t, rate, g in zip(theta0, rates, _reference_theta_grads(model, train_x, train_y, weights))
+    ]
     beta = tf.Variable(1.2, dtype=tf.float64)
     with tf.GradientTape() as tape:
         embeddings = model.embedder(train_x)
         losses = _reference_tuple_losses("margin", embeddings, train_y, beta)
         tuples = np.array(_reference_tuples("margin", train_y))
         d = lambda i, j: tf.norm(tf.gather(embeddings, i) - tf.gather(embeddings, j), axis=1)  # noqa: E731
-        active = ((d(tuples[:, 0], tuples[:, 1]).numpy() - 1.2 + 0.2 > 0).astype(float)
-                  + (1.2 - d(tuples[:, 0], tuples[:, 2]).numpy() + 0.2 > 0))
+        active = (d(tuples[:, 0], tuples[:, 1]).numpy() - 1.2 + 0.2 > 0).astype(float) + (
+            1.2 - d(tuples[:, 0], tuples[:, 2]).numpy() + 0.2 > 0
+        )
         normalised = tf.reduce_sum(tf.stop_gradient(weights) * losses) / np.sum(weights.numpy() * active)
     expected_beta = 1.2 - float(np.float32(0.1)) * tape.gradient(normalised, beta).numpy()
     assert max(np.abs(p - q).max() for p, q in zip(phi_star, phi0)) > 1e-4  # the assessor did move
@@ -409,8 +455,16 @@ def test_constant_assessor_equals_plain_training_with_scaled_loss(kind, steps, v
     """Every weight c: the paper's step is plain training on c * the sum; the default's (weights divided by
     their mean) is plain training on the sum itself, whatever c."""
     c, lr = 0.3, 0.25
-    model = ALAModel(_embedder("float64"), base_loss=kind, assessor_units=3, inner_learning_rate=0.5,
-                     assessor_learning_rate=0.0, assessor_steps=steps, dtype="float64", variant=variant)
+    model = ALAModel(
+        _embedder("float64"),
+        base_loss=kind,
+        assessor_units=3,
+        inner_learning_rate=0.5,
+        assessor_learning_rate=0.0,
+        assessor_steps=steps,
+        dtype="float64",
+        variant=variant,
+    )
     model.assessor.output_kernel.assign(np.zeros(model.assessor.output_kernel.shape))
     model.assessor.output_bias.assign([np.log(c / (1 - c))])  # sigmoid(bias) = c for every tuple
     model.compile(optimizer=keras.optimizers.SGD(lr))
@@ -418,8 +472,10 @@ def test_constant_assessor_equals_plain_training_with_scaled_loss(kind, steps, v
     with tf.GradientTape() as tape:
         losses = _reference_tuple_losses(kind, model.embedder(train_x), train_y)
         plain = (c if variant == "paper" else 1.0) * tf.reduce_sum(losses)  # the paper's sum over tuples
-    expected = [v.numpy() - lr * g.numpy() for v, g in zip(model.embedder.trainable_variables,
-                                                              tape.gradient(plain, model.embedder.trainable_variables))]
+    expected = [
+        v.numpy() - lr * g.numpy()
+        for v, g in zip(model.embedder.trainable_variables, tape.gradient(plain, model.embedder.trainable_variables))
+    ]
     logs = model.train_step((train_x, train_y, val_x, val_y))
     for variable, value in zip(model.embedder.trainable_variables, expected):
         np.testing.assert_allclose(variable.numpy(), value, rtol=1e-10, atol=1e-13)
@@ -436,8 +492,10 @@ def test_uniform_weighting_is_the_base_loss_on_the_same_tuples():
     phi0 = [v.numpy() for v in model.assessor.trainable_variables]
     with tf.GradientTape() as tape:
         plain = tf.reduce_sum(_reference_tuple_losses("triplet", model.embedder(train_x), train_y))
-    expected = [v.numpy() - lr * g.numpy() for v, g in zip(model.embedder.trainable_variables,
-                                                              tape.gradient(plain, model.embedder.trainable_variables))]
+    expected = [
+        v.numpy() - lr * g.numpy()
+        for v, g in zip(model.embedder.trainable_variables, tape.gradient(plain, model.embedder.trainable_variables))
+    ]
     logs = model.train_step((train_x, train_y, val_x, val_y))
     for variable, value in zip(model.embedder.trainable_variables, expected):
         np.testing.assert_allclose(variable.numpy(), value, rtol=1e-10, atol=1e-13)
@@ -477,8 +535,12 @@ def test_meta_interval_updates_the_assessor_every_nth_step_and_trains_the_embedd
         phi = [v.numpy() for v in model.assessor.trainable_variables]
         theta = [v.numpy() for v in model.embedder.trainable_variables]
         logs = step(_episode(seed=seed))
-        moved.append((max(np.abs(v.numpy() - p).max() for v, p in zip(model.assessor.trainable_variables, phi)),
-                      max(np.abs(v.numpy() - t).max() for v, t in zip(model.embedder.trainable_variables, theta))))
+        moved.append(
+            (
+                max(np.abs(v.numpy() - p).max() for v, p in zip(model.assessor.trainable_variables, phi)),
+                max(np.abs(v.numpy() - t).max() for v, t in zip(model.embedder.trainable_variables, theta)),
+            )
+        )
         assert np.isfinite(logs["meta_loss"].numpy()) and logs["meta_loss"].numpy() > 0
     assert [m[0] > 0 for m in moved] == [True, False, True, False]
     assert all(m[1] > 0 for m in moved)
@@ -488,19 +550,28 @@ def test_meta_interval_updates_the_assessor_every_nth_step_and_trains_the_embedd
 def test_variant_switches_their_defaults_and_config_round_trip():
     default = ALAModel(_embedder(), assessor_units=2)
     paper = ALAModel(_embedder(), assessor_units=2, variant="paper")
-    assert (default.normalize_weights, default.weight_floor, default.normalize_over, default.lookahead,
-            default.assessor_input) == (True, 0.8, "all", "sgd", "geometry")
+    assert (
+        default.normalize_weights,
+        default.weight_floor,
+        default.normalize_over,
+        default.lookahead,
+        default.assessor_input,
+    ) == (True, 0.8, "all", "sgd", "geometry")
     assert paper.weight_floor == 0.0
     assert (paper.normalize_weights, paper.lookahead, paper.assessor_input) == (False, "sgd", "embeddings")
     assert isinstance(paper.assessor_optimizer, keras.optimizers.SGD) and paper.assessor_learning_rate == 4e-4
     assert paper.assessor.num_features == 0 and default.assessor.num_features == 3
-    mixed = ALAModel(_embedder(), assessor_units=2, variant="paper", normalize_weights=True,
-                     assessor_input="embeddings+geometry")
+    mixed = ALAModel(
+        _embedder(), assessor_units=2, variant="paper", normalize_weights=True, assessor_input="embeddings+geometry"
+    )
     config = mixed.get_config()
     again = ALAModel.from_config(config)
     assert again.get_config() == config and again.normalize_weights and again.assessor_input == "embeddings+geometry"
-    old = {k: v for k, v in config.items() if k not in ("variant", "normalize_weights", "lookahead",
-                                                        "assessor_input", "meta_interval")}
+    old = {
+        k: v
+        for k, v in config.items()
+        if k not in ("variant", "normalize_weights", "lookahead", "assessor_input", "meta_interval")
+    }
     assert ALAModel.from_config(old).variant == "paper"  # saved before the variants: Algorithm 1 literally
 
 
@@ -536,7 +607,7 @@ def test_lstm_state_carries_across_steps_survives_save_load_and_resets(tmp_path)
     np.testing.assert_allclose(loaded.predict(train_x, verbose=0), embeddings.numpy(), atol=1e-6)
     np.testing.assert_allclose(_assessed_weights(loaded, embeddings, train_y).numpy(), carried, atol=1e-6)
 
-    resumed = keras.saving.load_model(path)                                # compiled, training resumes
+    resumed = keras.saving.load_model(path)  # compiled, training resumes
     assert int(resumed.optimizer.iterations.numpy()) == 2
     resumed.train_step(_episode(seed=3))
     assert np.abs(resumed.assessor.state_h.numpy() - states[1][0]).max() > 1e-6
@@ -553,8 +624,9 @@ def _dataset(episodes):
     return tf.data.Dataset.from_tensor_slices(tuple(np.stack(parts) for parts in zip(*episodes)))
 
 
-@pytest.mark.parametrize("base_loss", ["triplet", "margin", "contrastive",
-                                       ContrastiveLoss(pos_margin=0.1, neg_margin=0.9)])
+@pytest.mark.parametrize(
+    "base_loss", ["triplet", "margin", "contrastive", ContrastiveLoss(pos_margin=0.1, neg_margin=0.9)]
+)
 def test_fit_trains_with_each_base_loss(base_loss):
     model = ALAModel(_embedder(), base_loss=base_loss, assessor_units=4, assessor_steps=1, max_tuples=40)
     model.compile(optimizer=keras.optimizers.SGD(0.2))
@@ -572,8 +644,9 @@ def test_fit_trains_with_each_base_loss(base_loss):
     if base_loss == "triplet":  # evaluate: the validation subsets' mean tuple loss
         episodes = [_episode(seed=s) for s in range(2)]
         logs = model.evaluate(_dataset(episodes), verbose=0, return_dict=True)
-        expected = np.mean([tf.reduce_mean(_reference_tuple_losses("triplet", model.embedder(e[2]), e[3]))
-                            for e in episodes])
+        expected = np.mean(
+            [tf.reduce_mean(_reference_tuple_losses("triplet", model.embedder(e[2]), e[3])) for e in episodes]
+        )
         np.testing.assert_allclose(logs["meta_loss"], expected, rtol=1e-5)
     if not isinstance(base_loss, str):
         assert model.loss_params == {"pos_margin": 0.1, "neg_margin": pytest.approx(0.9)}
@@ -588,8 +661,16 @@ def test_mirrored_strategy_update_equals_single_device_update():
     def make():
         # The paper's SGD assessor: Adam's normalised step would blow float32 summation-order noise in
         # near-zero gradient entries up to full steps.
-        model = ALAModel(_embedder(seed=3), base_loss="margin", assessor_units=4, assessor_steps=1,
-                         inner_learning_rate=0.5, assessor_learning_rate=0.5, seed=1, variant="paper")
+        model = ALAModel(
+            _embedder(seed=3),
+            base_loss="margin",
+            assessor_units=4,
+            assessor_steps=1,
+            inner_learning_rate=0.5,
+            assessor_learning_rate=0.5,
+            seed=1,
+            variant="paper",
+        )
         model.compile(optimizer=keras.optimizers.SGD(0.5))
         return model
 
@@ -639,12 +720,16 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         model.train_step((x, np.zeros(len(x), "float32"), vx, vy))
     with pytest.raises(ValueError, match="do not pass loss"):
         model.compile(optimizer="sgd", loss="mse")
-    for bad, message in (({"variant": "literal"}, "variant must be one of"), ({"lookahead": "adam"}, "lookahead"),
-                         ({"assessor_input": "pixels"}, "assessor_input"), ({"meta_interval": 0}, "meta_interval"),
-                         ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "cannot be combined"),
-                         ({"weight_floor": 1.0}, "weight_floor must be in"),
-                         ({"normalize_over": "some"}, "normalize_over must be one of"),
-                         ({"variant": "paper", "weight_floor": 0.5}, "needs normalize_weights")):
+    for bad, message in (
+        ({"variant": "literal"}, "variant must be one of"),
+        ({"lookahead": "adam"}, "lookahead"),
+        ({"assessor_input": "pixels"}, "assessor_input"),
+        ({"meta_interval": 0}, "meta_interval"),
+        ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "cannot be combined"),
+        ({"weight_floor": 1.0}, "weight_floor must be in"),
+        ({"normalize_over": "some"}, "normalize_over must be one of"),
+        ({"variant": "paper", "weight_floor": 0.5}, "needs normalize_weights"),
+    ):
         with pytest.raises(ValueError, match=message):
             ALAModel(_embedder(), **bad)
 
@@ -656,9 +741,13 @@ def test_tfdml_loss_instances_give_their_margins():
 
     assert resolve_base_loss(TripletLoss(margin=0.3)) == ("triplet", {"margin": pytest.approx(0.3)})
     assert resolve_base_loss(MarginLoss(alpha=0.1, beta=1.0)) == (
-        "margin", {"alpha": pytest.approx(0.1), "beta": pytest.approx(1.0)})
+        "margin",
+        {"alpha": pytest.approx(0.1), "beta": pytest.approx(1.0)},
+    )
     assert resolve_base_loss("contrastive", {"neg_margin": 0.5}) == (
-        "contrastive", {"pos_margin": 0.0, "neg_margin": 0.5})
+        "contrastive",
+        {"pos_margin": 0.0, "neg_margin": 0.5},
+    )
     with pytest.raises(ValueError, match="soft=True"):
         resolve_base_loss(TripletLoss(soft=True))
     with pytest.raises(ValueError, match="one beta per class"):

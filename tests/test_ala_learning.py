@@ -22,8 +22,8 @@ import pytest
 import tensorflow as tf
 
 from tfdml.models import ALAModel, Embedder
-from tfdml.optimizers import learning_rate_multipliers
 from tfdml.ops.tuples import triplet_indices
+from tfdml.optimizers import learning_rate_multipliers
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 
@@ -38,16 +38,21 @@ def _digits_episodes(steps, train_classes=6, val_classes=3, per_class=5, seed=0)
     for _ in range(steps):
         classes = rng.permutation(10)
         pick = lambda cs: np.concatenate([rng.choice(by_class[c], per_class, replace=False) for c in cs])  # noqa
-        train, val = pick(classes[:train_classes]), pick(classes[train_classes:train_classes + val_classes])
+        train, val = pick(classes[:train_classes]), pick(classes[train_classes : train_classes + val_classes])
         episodes.append(tuple(tf.constant(a) for a in (x[train], y[train], x[val], y[val])))
     return episodes
 
 
 def _train(episodes, assessor_learning_rate):
     keras.utils.set_random_seed(0)
-    model = ALAModel(Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1)), base_loss="triplet",
-                     variant="paper", state="per_step", assessor_learning_rate=assessor_learning_rate,
-                     max_tuples=None)
+    model = ALAModel(
+        Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1)),
+        base_loss="triplet",
+        variant="paper",
+        state="per_step",
+        assessor_learning_rate=assessor_learning_rate,
+        max_tuples=None,
+    )
     model.compile(optimizer=learning_rate_multipliers(keras.optimizers.SGD(1e-4), {"head_H": 10}))
     phi0 = [v.numpy() for v in model.assessor.trainable_variables]
     step = tf.function(model.train_step)
@@ -89,9 +94,16 @@ def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
     for weighting in ("uniform", "assessor"):
         keras.utils.set_random_seed(0)
         embedder = Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1))  # no Input: size from it
-        runs[weighting] = ala_training(embedder, source, 2, base_loss="margin", weighting=weighting, seed=3,
-                                       state="per_step",  # no XLA compilation: a cheaper test
-                                       episode={"train_size": 9, "val_size": 6, "samples_per_class": 3})
+        runs[weighting] = ala_training(
+            embedder,
+            source,
+            2,
+            base_loss="margin",
+            weighting=weighting,
+            seed=3,
+            state="per_step",  # no XLA compilation: a cheaper test
+            episode={"train_size": 9, "val_size": 6, "samples_per_class": 3},
+        )
     model, ds = runs["assessor"]
     assert model.embedding_dim == 16 and model.weighting == "assessor" and model.margin_beta is not None
     rates = {v.path: float(r) for v, r in zip(model.embedder.trainable_variables, model.inner_rates())}
@@ -105,4 +117,3 @@ def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
     logs = model.train_step(episodes[1][0])
     assert np.isfinite(float(logs["loss"])) and 0 < float(logs["weight_mean"]) < 1
     assert "meta_loss" not in runs["uniform"][0].train_step(episodes[0][0])
-

@@ -25,8 +25,7 @@ VALUE_RTOL, GRAD_ATOL = 1e-10, 1e-10
 
 
 def _batches():
-    return [(np.asarray(b["labels"], np.int32), np.asarray(b["embeddings"], np.float64))
-            for b in REFERENCE["batches"]]
+    return [(np.asarray(b["labels"], np.int32), np.asarray(b["embeddings"], np.float64)) for b in REFERENCE["batches"]]
 
 
 def _inner(name):
@@ -54,8 +53,7 @@ def test_values_gradients_and_queue_equal_pytorch_metric_learning(name):
     loss = CrossBatchMemory(_inner(name), memory_size=MEMORY, embedding_dim=DIM, dtype="float64")
     for step, ((value, grad), expected) in enumerate(zip(_run(loss, _batches()), spec["steps"])):
         np.testing.assert_allclose(value, expected["value"], rtol=VALUE_RTOL, atol=1e-12, err_msg=f"step {step}")
-        np.testing.assert_allclose(grad, expected["grad_embeddings"], rtol=0, atol=GRAD_ATOL,
-                                   err_msg=f"step {step}")
+        np.testing.assert_allclose(grad, expected["grad_embeddings"], rtol=0, atol=GRAD_ATOL, err_msg=f"step {step}")
     queue = spec["queue"]
     assert queue["has_been_filled"]
     assert int(loss.memory_count.numpy()) % MEMORY == queue["queue_idx"]
@@ -106,8 +104,9 @@ def test_first_step_equals_the_plain_loss_on_the_batch(name):
     loss = CrossBatchMemory(SUPPORTED[name](), memory_size=MEMORY, embedding_dim=DIM, dtype="float64")
     [(value, grad)] = _run(loss, [(labels, embeddings)])
     plain = SUPPORTED[name]()
-    plain_value, plain_grad = checks.value_and_gradient(lambda y, x: plain.compute(*plain_inputs(y, x)), labels,
-                                                        tf.constant(embeddings))
+    plain_value, plain_grad = checks.value_and_gradient(
+        lambda y, x: plain.compute(*plain_inputs(y, x)), labels, tf.constant(embeddings)
+    )
     np.testing.assert_allclose(value, plain_value.numpy(), rtol=1e-10, atol=1e-12)
     if name.startswith("ranked_list"):
         np.testing.assert_allclose(grad, plain_grad.numpy(), rtol=0, atol=1e-10)
@@ -117,8 +116,9 @@ def plain_inputs(labels, embeddings):
     return tf.constant(labels, tf.int32), tf.convert_to_tensor(embeddings)
 
 
-def _numpy_rll_to_references(labels, queries, ref_labels, references, self_columns, weights_from, margin=0.4,
-                             tn=10.0, lam=0.5):
+def _numpy_rll_to_references(
+    labels, queries, ref_labels, references, self_columns, weights_from, margin=0.4, tn=10.0, lam=0.5
+):
     """RLL with uniform query weights (eq. 14), each query ranked against the references, its own copy
     excluded; the mined sets and weights come from `weights_from` (constants, as the official layer)."""
     alpha, total = 1.0 + margin / 2.0, 0.0
@@ -142,8 +142,9 @@ def _numpy_rll_to_references(labels, queries, ref_labels, references, self_colum
 def test_ranked_list_loss_with_memory_equals_numpy_on_every_step():
     """PML cannot wrap its RLL (no reference set): tfdml's is checked against the formula, value and gradient
     (finite differences on the queries), at every step of the sequence, wrap-around included."""
-    loss = CrossBatchMemory(losses.RankedListLoss(query_weighting="uniform"), memory_size=MEMORY, embedding_dim=DIM,
-                            dtype="float64")
+    loss = CrossBatchMemory(
+        losses.RankedListLoss(query_weighting="uniform"), memory_size=MEMORY, embedding_dim=DIM, dtype="float64"
+    )
     count = 0
     for labels, embeddings in _batches():
         [(value, grad)] = _run(loss, [(labels, embeddings)])
@@ -160,8 +161,7 @@ def test_ranked_list_loss_with_memory_equals_numpy_on_every_step():
 
 def test_warm_up_uses_the_batch_alone_then_a_memory_that_starts_empty():
     batches = _batches()
-    warm = CrossBatchMemory(losses.TripletLoss(), memory_size=MEMORY, embedding_dim=DIM, start_step=2,
-                            dtype="float64")
+    warm = CrossBatchMemory(losses.TripletLoss(), memory_size=MEMORY, embedding_dim=DIM, start_step=2, dtype="float64")
     got = _run(warm, batches)
     plain = losses.TripletLoss(dtype="float64")
     for (value, grad), (labels, embeddings) in zip(got[:2], batches[:2]):
@@ -178,11 +178,16 @@ def test_warm_up_uses_the_batch_alone_then_a_memory_that_starts_empty():
 
 def test_traced_and_xla_calls_equal_eager_calls():
     batches = _batches()
-    eager = _run(CrossBatchMemory(losses.MultiSimilarityLoss(), memory_size=MEMORY, embedding_dim=DIM,
-                                  start_step=1, dtype="float64"), batches)
+    eager = _run(
+        CrossBatchMemory(
+            losses.MultiSimilarityLoss(), memory_size=MEMORY, embedding_dim=DIM, start_step=1, dtype="float64"
+        ),
+        batches,
+    )
     for jit in (False, True):
-        loss = CrossBatchMemory(losses.MultiSimilarityLoss(), memory_size=MEMORY, embedding_dim=DIM, start_step=1,
-                                dtype="float64")
+        loss = CrossBatchMemory(
+            losses.MultiSimilarityLoss(), memory_size=MEMORY, embedding_dim=DIM, start_step=1, dtype="float64"
+        )
         _ = loss.non_trainable_variables  # created outside the function
 
         @tf.function(jit_compile=jit, reduce_retracing=True)
@@ -199,9 +204,18 @@ def test_traced_and_xla_calls_equal_eager_calls():
 
 
 # ------------------------------------------------------------------------------ errors and config
-@pytest.mark.parametrize("inner", [losses.NPairsLoss(), losses.LiftedStructureLoss(), losses.ProxyAnchorLoss(4, 5),
-                                   losses.GroupLoss(4), losses.TripletSemiHardLoss(),
-                                   losses.NormalizedSoftmaxLoss(4, 5), losses.SmoothAPLoss()])
+@pytest.mark.parametrize(
+    "inner",
+    [
+        losses.NPairsLoss(),
+        losses.LiftedStructureLoss(),
+        losses.ProxyAnchorLoss(4, 5),
+        losses.GroupLoss(4),
+        losses.TripletSemiHardLoss(),
+        losses.NormalizedSoftmaxLoss(4, 5),
+        losses.SmoothAPLoss(),
+    ],
+)
 def test_losses_without_pairs_to_references_are_refused(inner):
     with pytest.raises(ValueError, match=f"{type(inner).__name__} cannot use a cross-batch memory"):
         CrossBatchMemory(inner, memory_size=16, embedding_dim=5)
@@ -225,13 +239,18 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         loss(np.zeros(8, np.int32), np.ones((8, 4), np.float32))
     with pytest.raises(tf.errors.InvalidArgumentError, match="more than memory_size=6"):
         tf.function(loss, input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([None, 4])])(
-            np.zeros(8, np.int32), np.ones((8, 4), np.float32))
+            np.zeros(8, np.int32), np.ones((8, 4), np.float32)
+        )
     checks.assert_bad_inputs_rejected(CrossBatchMemory(losses.ContrastiveLoss(), memory_size=64, embedding_dim=4))
 
 
 def test_config_round_trip_keeps_the_wrapped_loss():
-    loss = CrossBatchMemory(losses.RankedListLoss(margin=0.3, tn=losses.LinearTemperature(20.0, 5.0, 100)),
-                            memory_size=48, embedding_dim=4, start_step=7)
+    loss = CrossBatchMemory(
+        losses.RankedListLoss(margin=0.3, tn=losses.LinearTemperature(20.0, 5.0, 100)),
+        memory_size=48,
+        embedding_dim=4,
+        start_step=7,
+    )
     restored = keras.losses.deserialize(keras.losses.serialize(loss))
     assert restored.get_config() == loss.get_config()
     assert isinstance(restored.loss, losses.RankedListLoss) and restored.loss.margin == 0.3
@@ -257,8 +276,9 @@ def test_fit_trains_and_only_training_steps_enter_the_memory():
     exact = losses.MultiSimilarityLoss()
     before = float(exact(y, model(x)))
     order = np.random.default_rng(0).permutation(len(y))
-    history = model.fit(x[order], y[order], batch_size=8, epochs=6, shuffle=False, verbose=0,
-                        validation_data=(x[:16], y[:16]))
+    history = model.fit(
+        x[order], y[order], batch_size=8, epochs=6, shuffle=False, verbose=0, validation_data=(x[:16], y[:16])
+    )
     assert np.all(np.isfinite(history.history["loss"]))
     assert float(exact(y, model(x))) < 0.8 * before
     assert int(loss.steps.numpy()) == 24 and int(loss.memory_count.numpy()) == 8 * 22  # 2 warm-up steps
@@ -351,14 +371,28 @@ def test_backup_and_restore_resumes_with_the_queue(tmp_path):
 
     model, loss = make()
     with pytest.raises(RuntimeError, match="interrupted"):
-        model.fit(x, y, batch_size=8, epochs=4, shuffle=False, verbose=0,
-                  callbacks=[keras.callbacks.BackupAndRestore(backup), _Interrupt()])
+        model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=4,
+            shuffle=False,
+            verbose=0,
+            callbacks=[keras.callbacks.BackupAndRestore(backup), _Interrupt()],
+        )
     at_interrupt = [v.numpy().copy() for v in loss.non_trainable_variables]
     assert int(loss.memory_count.numpy()) == 2 * len(y)
     resumed, resumed_loss = make()
     probe = _MemoryAtStart(resumed_loss)
-    resumed.fit(x, y, batch_size=8, epochs=4, shuffle=False, verbose=0,
-                callbacks=[keras.callbacks.BackupAndRestore(backup), probe])
+    resumed.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=4,
+        shuffle=False,
+        verbose=0,
+        callbacks=[keras.callbacks.BackupAndRestore(backup), probe],
+    )
     for got, want in zip(probe.state, at_interrupt):
         np.testing.assert_array_equal(got, want)
     assert int(resumed_loss.memory_count.numpy()) == 4 * len(y)
@@ -376,15 +410,17 @@ def _global_batches(seed=0):
 
 
 def _linear_model():
-    model = keras.Sequential([keras.Input((6,), dtype="float64"),
-                              keras.layers.Dense(DIM, use_bias=False, dtype="float64")])
+    model = keras.Sequential(
+        [keras.Input((6,), dtype="float64"), keras.layers.Dense(DIM, use_bias=False, dtype="float64")]
+    )
     model.set_weights([np.random.default_rng(1).normal(size=(6, DIM)) * 0.7])
     return model
 
 
 def _make_xbm():
-    return CrossBatchMemory(losses.MultiSimilarityLoss(), memory_size=30, embedding_dim=DIM, start_step=1,
-                            dtype="float64")
+    return CrossBatchMemory(
+        losses.MultiSimilarityLoss(), memory_size=30, embedding_dim=DIM, start_step=1, dtype="float64"
+    )
 
 
 @pytest.mark.parametrize("replicas", [2])
@@ -407,8 +443,10 @@ def test_replicas_hold_the_same_queue_and_sum_to_the_single_device_gradient(repl
         _ = replica_loss.non_trainable_variables  # mirrored variables, created in the scope
     for step, (x, y) in enumerate(_global_batches()):
         batch = strategy.experimental_distribute_values_from_function(
-            lambda context, x=x, y=y: replica_slice((tf.constant(x), tf.constant(y)),
-                                                    context.replica_id_in_sync_group, replicas))
+            lambda context, x=x, y=y: replica_slice(
+                (tf.constant(x), tf.constant(y)), context.replica_id_in_sync_group, replicas
+            )
+        )
 
         def replica_step(features, labels):
             with tf.GradientTape() as tape:
@@ -432,8 +470,9 @@ def _xbm_model():
     class Embedder(MetricModel):
         def __init__(self):
             super().__init__(name="xbm_embedder", dtype="float64")
-            self.embedding = keras.layers.Dense(DIM, dtype="float64", name="embedding",
-                                                kernel_initializer=keras.initializers.GlorotUniform(seed=2))
+            self.embedding = keras.layers.Dense(
+                DIM, dtype="float64", name="embedding", kernel_initializer=keras.initializers.GlorotUniform(seed=2)
+            )
             self.unit = keras.layers.UnitNormalization(dtype="float64")
 
         def call(self, inputs):
@@ -492,8 +531,9 @@ def test_job_configuration_wraps_the_loss_in_a_memory_and_trains():
     from tfdml.config import ConfigError, load_config
 
     small = ["loss.name=contrastive", "data.classes_per_batch=4", "data.samples_per_class=2"]
-    config = load_config(overrides=[*small, "loss.cross_batch_memory.memory_size=16",
-                                    "loss.cross_batch_memory.start_step=1"])
+    config = load_config(
+        overrides=[*small, "loss.cross_batch_memory.memory_size=16", "loss.cross_batch_memory.start_step=1"]
+    )
     keras.utils.set_random_seed(0)
     model, embedder = pipeline.build_model(config, (32, 32, 1), total_steps=2)
     loss = model.loss
@@ -506,12 +546,19 @@ def test_job_configuration_wraps_the_loss_in_a_memory_and_trains():
     np.testing.assert_array_equal(loss.stored()[0], y[8:])
 
     for overrides, message in [
-            (["loss.cross_batch_memory.memory_size=7"], r"memory_size: 7 is less than a batch .* = 8\)"),
-            (["model.type=multilevel", "model.levels=[L,H]", "loss.cross_batch_memory.memory_size=16"],
-             "one embedding per image; model.levels"),
-            (["loss.name=n_pairs", "loss.cross_batch_memory.memory_size=16"],
-             "n_pairs has no pairs to a memory .* works with circle, contrastive"),
-            (["loss.cross_batch_memory.memory_size=16", "loss.cross_batch_memory.start=3"],
-             "unknown configuration key 'loss.cross_batch_memory.start'")]:
+        (["loss.cross_batch_memory.memory_size=7"], r"memory_size: 7 is less than a batch .* = 8\)"),
+        (
+            ["model.type=multilevel", "model.levels=[L,H]", "loss.cross_batch_memory.memory_size=16"],
+            "one embedding per image; model.levels",
+        ),
+        (
+            ["loss.name=n_pairs", "loss.cross_batch_memory.memory_size=16"],
+            "n_pairs has no pairs to a memory .* works with circle, contrastive",
+        ),
+        (
+            ["loss.cross_batch_memory.memory_size=16", "loss.cross_batch_memory.start=3"],
+            "unknown configuration key 'loss.cross_batch_memory.start'",
+        ),
+    ]:
         with pytest.raises(ConfigError, match=message):
             load_config(overrides=[*small, *overrides])

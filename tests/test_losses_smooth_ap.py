@@ -21,8 +21,9 @@ with open(os.path.join(os.path.dirname(__file__), "data", "smooth_ap_reference.j
 def test_value_and_gradient_equal_pytorch_metric_learning(case):
     batch = REFERENCE["batches"][case["batch"]]
     labels = np.asarray(batch["labels"], np.int32)
-    value, grad = checks.value_and_gradient(lambda y, x: smooth_ap_loss(y, x, case["temperature"]), labels,
-                                            tf.constant(batch["embeddings"], tf.float64))
+    value, grad = checks.value_and_gradient(
+        lambda y, x: smooth_ap_loss(y, x, case["temperature"]), labels, tf.constant(batch["embeddings"], tf.float64)
+    )
     # PML sums each anchor's AP into a float32 tensor: its figures carry float32 round-off.
     np.testing.assert_allclose(value.numpy(), case["value"], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(grad.numpy(), case["grad_embeddings"], rtol=0, atol=2e-7)
@@ -47,8 +48,9 @@ def numpy_smooth_ap(labels, embeddings, temperature):
         positives = [x for x in range(len(labels)) if labels[x] == labels[a]]
         ap = 0.0
         for x in positives:
-            ap += _smoothed_rank(sim[a], x, positives, temperature) / _smoothed_rank(sim[a], x, range(len(labels)),
-                                                                                   temperature)
+            ap += _smoothed_rank(sim[a], x, positives, temperature) / _smoothed_rank(
+                sim[a], x, range(len(labels)), temperature
+            )
         losses.append(1.0 - ap / len(positives))
     return float(np.mean(losses))
 
@@ -59,9 +61,13 @@ def test_any_batch_equals_the_formula_with_finite_difference_gradients(seed):
     temperature = 0.1
     value, _ = checks.value_and_gradient(lambda y, x: smooth_ap_loss(y, x, temperature), labels, embeddings)
     np.testing.assert_allclose(value.numpy(), numpy_smooth_ap(labels, embeddings, temperature), rtol=1e-12)
-    checks.assert_gradient_matches(lambda y, x: smooth_ap_loss(y, x, temperature),
-                                   lambda x: numpy_smooth_ap(labels, x, temperature), labels, embeddings,
-                                   atol=1e-7)
+    checks.assert_gradient_matches(
+        lambda y, x: smooth_ap_loss(y, x, temperature),
+        lambda x: numpy_smooth_ap(labels, x, temperature),
+        labels,
+        embeddings,
+        atol=1e-7,
+    )
 
 
 @pytest.mark.parametrize("case", sorted(checks.DEGENERATE_BATCHES))

@@ -30,8 +30,9 @@ def read_projector(log_dir):
     multiplexer = plugin_event_multiplexer.EventMultiplexer()
     multiplexer.AddRunsFromDirectory(str(log_dir))
     multiplexer.Reload()
-    context = base_plugin.TBContext(logdir=str(log_dir),
-                                    data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(log_dir)))
+    context = base_plugin.TBContext(
+        logdir=str(log_dir), data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(log_dir))
+    )
     plugin = projector_plugin.ProjectorPlugin(context)
     apps = plugin.get_plugin_apps()
 
@@ -58,8 +59,12 @@ def read_projector(log_dir):
 def _data(count=50, dim=8, classes=5, side=8, seed=0):
     rng = np.random.default_rng(seed)
     labels = np.arange(count) % classes
-    return (rng.normal(size=(count, dim)).astype(np.float32), labels,
-            [f"class {c}" for c in range(classes)], rng.uniform(size=(count, side, side, 1)).astype(np.float32))
+    return (
+        rng.normal(size=(count, dim)).astype(np.float32),
+        labels,
+        [f"class {c}" for c in range(classes)],
+        rng.uniform(size=(count, side, side, 1)).astype(np.float32),
+    )
 
 
 def test_written_files_load_in_tensorboards_projector_beside_training_runs(tmp_path):
@@ -82,7 +87,7 @@ def test_written_files_load_in_tensorboards_projector_beside_training_runs(tmp_p
     assert projector["sprite"].shape == (columns * 8, columns * 8, 3)
     for i in (0, 7, 49):  # thumbnail i sits at row i // columns, column i % columns
         row, column = divmod(i, columns)
-        thumbnail = projector["sprite"][row * 8:(row + 1) * 8, column * 8:(column + 1) * 8, 0]
+        thumbnail = projector["sprite"][row * 8 : (row + 1) * 8, column * 8 : (column + 1) * 8, 0]
         np.testing.assert_array_equal(thumbnail, np.round(images[i, ..., 0] * 255).astype(np.uint8))
 
 
@@ -103,7 +108,7 @@ def test_sprite_fits_the_projectors_size_limit_and_takes_images_of_any_size():
     images = [np.full((32, 20, 3), 255, np.uint8)] * 399 + [np.zeros((9, 9), np.uint8)]
     sprite, side = sprite_image(images, max_side=256)
     assert side == 256 // 20 and sprite.shape == (20 * side, 20 * side, 3)
-    assert sprite[:side, :side].min() == 255 and sprite[19 * side:, 19 * side:].max() == 0  # the last, black
+    assert sprite[:side, :side].min() == 255 and sprite[19 * side :, 19 * side :].max() == 0  # the last, black
 
 
 def test_bad_inputs_raise_clear_errors(tmp_path):
@@ -122,8 +127,7 @@ def test_evaluate_command_writes_the_projector_from_an_npz(tmp_path, capsys):
     embeddings, labels, names, images = _data(count=12, classes=3)
     path = tmp_path / "emb.npz"
     np.savez(path, embeddings=embeddings, labels=labels, class_names=np.array(names), images=images)
-    rc = cli.main(["evaluate", "--embeddings", str(path), "--metrics", "recall", "--projector",
-                   str(tmp_path / "tb")])
+    rc = cli.main(["evaluate", "--embeddings", str(path), "--metrics", "recall", "--projector", str(tmp_path / "tb")])
     assert rc == 0, capsys.readouterr().err
     assert "projector: 12 embeddings written" in capsys.readouterr().out
     served = read_projector(tmp_path / "tb")["projector"]

@@ -32,8 +32,7 @@ def _save(fig, path):
 
 
 def _recall_points(results):
-    points = sorted((int(m.group(1)), float(v)) for key, v in results.items()
-                    if (m := _RECALL_KEY.match(key)))
+    points = sorted((int(m.group(1)), float(v)) for key, v in results.items() if (m := _RECALL_KEY.match(key)))
     if not points:
         raise ValueError(f"no 'recall@K' entries in the results (keys: {sorted(results)}).")
     return points
@@ -66,14 +65,22 @@ def plot_recall_curve(results, path, title="Recall@K"):
     offset = (high - low) * 0.035
     for n, (label, run) in enumerate(points.items()):
         ks, values = zip(*run)
-        line, = ax.plot(ks, values, marker=_MARKERS[n % len(_MARKERS)], markersize=6, linewidth=1.8,
-                        label=label or None)
+        (line,) = ax.plot(
+            ks, values, marker=_MARKERS[n % len(_MARKERS)], markersize=6, linewidth=1.8, label=label or None
+        )
         if len(points) <= 2:  # values at the points: the higher run's above, the lower run's below
             for k, v in zip(ks, values):
                 others = [x for m, r in enumerate(points.values()) if m != n for kk, x in r if kk == k]
                 above = all(v > x or (v == x and n == 0) for x in others)
-                ax.annotate(f"{v:.3f}", (k, v), textcoords="offset points", xytext=(0, 7 if above else -13),
-                            ha="center", fontsize=7.5, color=line.get_color())
+                ax.annotate(
+                    f"{v:.3f}",
+                    (k, v),
+                    textcoords="offset points",
+                    xytext=(0, 7 if above else -13),
+                    ha="center",
+                    fontsize=7.5,
+                    color=line.get_color(),
+                )
     ax.set_xscale("log", base=2)
     all_ks = sorted({k for run in points.values() for k, _ in run})
     ax.set_xticks(all_ks)
@@ -106,8 +113,7 @@ def _as_image(image):
     return image
 
 
-def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None,
-                        query_titles=None):
+def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None):
     """One row per query: the query, then its neighbours framed green (same class) or red (other class).
 
     Args:
@@ -120,17 +126,24 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
     plt = _pyplot()
     num_queries = len(query_images)
     if num_queries == 0 or len(neighbour_images) != num_queries:
-        raise ValueError(f"need one neighbour list per query, got {num_queries} queries and "
-                         f"{len(neighbour_images)} lists.")
+        raise ValueError(
+            f"need one neighbour list per query, got {num_queries} queries and {len(neighbour_images)} lists."
+        )
     k = max(len(row) for row in neighbour_images)
     lines = 1 + (titles is not None or query_titles is not None)
     cell = 1.35
-    fig, axes = plt.subplots(num_queries, k + 1, squeeze=False, layout="constrained",
-                             figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3))
+    fig, axes = plt.subplots(
+        num_queries,
+        k + 1,
+        squeeze=False,
+        layout="constrained",
+        figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3),
+    )
     for q in range(num_queries):
         axes[q, 0].imshow(_as_image(query_images[q]), cmap="gray")
-        axes[q, 0].set_title("query" + (f"\n{query_titles[q]}" if query_titles is not None else ""),
-                             fontsize=7.5, fontweight="bold")
+        axes[q, 0].set_title(
+            "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""), fontsize=7.5, fontweight="bold"
+        )
         for j in range(k):
             ax = axes[q, j + 1]
             if j < len(neighbour_images[q]):
@@ -150,8 +163,11 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
     for q in range(num_queries):
         for spine in axes[q, 0].spines.values():
             spine.set_linewidth(2)
-    legend = ("green frame = same class, red = other class" if same_class_flags is not None
-              else "grey frames: classes unknown")
+    legend = (
+        "green frame = same class, red = other class"
+        if same_class_flags is not None
+        else "grey frames: classes unknown"
+    )
     fig.suptitle(f"Nearest neighbours ({legend})", fontsize=9)
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, hspace=0.02, wspace=0.02)
     return _save(fig, path)
@@ -173,8 +189,10 @@ def plot_match_calibration(calibration, path, title="Match calibration (leave-on
     left.axhline(calibration.target_precision, color="tab:blue", linestyle=":", linewidth=1)
     right.plot(recall, precision, color="tab:blue")
     if calibration.reached:
-        chosen = f"threshold {calibration.threshold:.3f}: precision {calibration.precision:.3f}, " \
-                 f"recall {calibration.recall:.3f}"
+        chosen = (
+            f"threshold {calibration.threshold:.3f}: precision {calibration.precision:.3f}, "
+            f"recall {calibration.recall:.3f}"
+        )
         left.axvline(calibration.threshold, color="tab:red", linestyle="--", linewidth=1.2, label=chosen)
         right.plot([calibration.recall], [calibration.precision], "o", color="tab:red", label=chosen)
     else:
@@ -192,10 +210,14 @@ def plot_match_calibration(calibration, path, title="Match calibration (leave-on
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
     correct = int(np.sum(calibration.correct))
-    fig.suptitle(f"{title}: target precision {calibration.target_precision:g}, {len(calibration.scores)} "
-                 f"queries, {correct} correct top-1", fontsize=10)
+    fig.suptitle(
+        f"{title}: target precision {calibration.target_precision:g}, {len(calibration.scores)} "
+        f"queries, {correct} correct top-1",
+        fontsize=10,
+    )
     fig.tight_layout()
     return _save(fig, path)
+
 
 def plot_training_curves(history, path, title="Training"):
     """Loss and metric curves per epoch from a Keras `History` (or its `.history` dict of lists).
@@ -212,9 +234,14 @@ def plot_training_curves(history, path, title="Training"):
         raise ValueError("history is empty: nothing to plot.")
     names = [key for key in history if not key.startswith("val_")]
     names += [key[4:] for key in history if key.startswith("val_") and key[4:] not in names]
-    same_as_loss = [key for key in names if key.startswith("loss_") and "loss" in history
-                    and _same_series(history[key], history["loss"])
-                    and _same_series(history.get(f"val_{key}"), history.get("val_loss"))]
+    same_as_loss = [
+        key
+        for key in names
+        if key.startswith("loss_")
+        and "loss" in history
+        and _same_series(history[key], history["loss"])
+        and _same_series(history.get(f"val_{key}"), history.get("val_loss"))
+    ]
     names = [key for key in names if key not in same_as_loss]
     columns = min(3, len(names))
     rows = math.ceil(len(names) / columns)
@@ -229,7 +256,7 @@ def plot_training_curves(history, path, title="Training"):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -276,8 +303,10 @@ def plot_ala_weights(history, path, title="DML-ALA assessed weights", weights=No
             raise ValueError("plot_ala_weights: pass both weights and hardness (one value per tuple).")
         weights, hardness = np.asarray(weights, float).ravel(), np.asarray(hardness, float).ravel()
         if weights.shape != hardness.shape or (groups is not None and np.asarray(groups).shape != weights.shape):
-            raise ValueError(f"plot_ala_weights: weights {weights.shape}, hardness {hardness.shape} and groups "
-                             f"{None if groups is None else np.asarray(groups).shape} must have one value per tuple.")
+            raise ValueError(
+                f"plot_ala_weights: weights {weights.shape}, hardness {hardness.shape} and groups "
+                f"{None if groups is None else np.asarray(groups).shape} must have one value per tuple."
+            )
     elif logs is None:
         raise ValueError("plot_ala_weights: nothing to draw; pass ALAModel logs and/or weights and hardness.")
     plt = _pyplot()
@@ -297,11 +326,12 @@ def plot_ala_weights(history, path, title="DML-ALA assessed weights", weights=No
             axes[2].set_title("(c) average weighted hardness")
             axes[2].legend(fontsize=8)
             ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
-                np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12)
+                np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12
+            )
             axes[3].plot(steps, ratio)
             axes[3].axhline(1.0, color="gray", linewidth=0.8)
             axes[3].set_title("(d) AWH ratio / mean weight")
-        for ax in axes[:panels - scatter]:
+        for ax in axes[: panels - scatter]:
             ax.set_xlabel("logged step (epoch)")
     if scatter:
         ax = axes[-1]

@@ -71,7 +71,7 @@ def sprite_image(images, max_side=MAX_SPRITE_SIDE):
     for i, image in enumerate(images):
         thumbnail = Image.fromarray(_as_uint8_rgb(image, scale)).resize((side, side), Image.BILINEAR)
         row, column = divmod(i, columns)
-        sprite[row * side:(row + 1) * side, column * side:(column + 1) * side] = np.asarray(thumbnail)
+        sprite[row * side : (row + 1) * side, column * side : (column + 1) * side] = np.asarray(thumbnail)
     return sprite, side
 
 
@@ -136,7 +136,11 @@ def write_projector(log_dir, embeddings, labels, class_names=None, images=None, 
 
     writer = tf.summary.create_file_writer(run_dir)
     with writer.as_default():
-        tf.summary.text("projector", f"{len(keep)} evaluation embeddings of {len(np.unique(labels[keep]))} classes "
-                        f"(of {len(embeddings)}): open the PROJECTOR tab.", step=0)
+        tf.summary.text(
+            "projector",
+            f"{len(keep)} evaluation embeddings of {len(np.unique(labels[keep]))} classes "
+            f"(of {len(embeddings)}): open the PROJECTOR tab.",
+            step=0,
+        )
     writer.close()
     return {"run_dir": run_dir, "points": len(keep), "tensor_name": entry.tensor_name, "sprite_side": side}

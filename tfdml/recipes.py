@@ -27,17 +27,25 @@ from tfdml.optimizers import build_optimizer, build_schedule
 
 def _optimizer_config(config):
     config = OptimizerConfig.from_dict(config)
-    return {"name": config.name, "learning_rate": config.learning_rate, "momentum": config.momentum,
-            "weight_decay": config.weight_decay, "head_lr_multiplier": config.head_lr_multiplier,
-            "schedule": config.schedule, "boundaries": tuple(config.boundaries), "factor": config.factor}
+    return {
+        "name": config.name,
+        "learning_rate": config.learning_rate,
+        "momentum": config.momentum,
+        "weight_decay": config.weight_decay,
+        "head_lr_multiplier": config.head_lr_multiplier,
+        "schedule": config.schedule,
+        "boundaries": tuple(config.boundaries),
+        "factor": config.factor,
+    }
 
 
 def make_schedule(config, total_steps=None):
     """Learning-rate value or schedule from an `OptimizerConfig` (or a mapping of its fields):
     `learning_rate`, `schedule`, `boundaries`, `factor` (see `tfdml.optimizers.build_schedule`)."""
     config = _optimizer_config(config)
-    return build_schedule(config["learning_rate"], config["schedule"], total_steps, config["boundaries"],
-                          config["factor"])
+    return build_schedule(
+        config["learning_rate"], config["schedule"], total_steps, config["boundaries"], config["factor"]
+    )
 
 
 def make_optimizer(config, model=None, total_steps=None):
@@ -76,10 +84,22 @@ def make_embedder(config, input_shape=None):
     config = ModelConfig.from_dict(config)
     backbone = config.backbone
     widths = tuple(config.widths) if config.widths is not None and backbones.is_small_cnn(backbone) else None
-    common = dict(embedding_dim=config.embedding_dim, input_shape=input_shape, weights=config.weights,
-                  num_classes=config.num_classes, freeze_batchnorm=config.freeze_batchnorm, widths=widths)
+    common = dict(
+        embedding_dim=config.embedding_dim,
+        input_shape=input_shape,
+        weights=config.weights,
+        num_classes=config.num_classes,
+        freeze_batchnorm=config.freeze_batchnorm,
+        widths=widths,
+    )
     if config.type == "single":
         return Embedder(backbone, **common)
-    return MultiLevelEmbedder(backbone, taps=config.taps, levels=tuple(config.levels),
-                              level_weights=config.level_weights, head_filters=config.head_filters,
-                              head_units=config.head_units, **common)
+    return MultiLevelEmbedder(
+        backbone,
+        taps=config.taps,
+        levels=tuple(config.levels),
+        level_weights=config.level_weights,
+        head_filters=config.head_filters,
+        head_units=config.head_units,
+        **common,
+    )

@@ -39,8 +39,17 @@ class RetrievalEvaluation(keras.callbacks.Callback):
       >>> RetrievalEvaluation(tfdml.data.glyphs("test"), center_crop=False)   # a Source
     """
 
-    def __init__(self, data, every_n_epochs=1, ks=(1, 2, 4, 8), metrics=("recall", "map@r"), prefix="val_",
-                 batch_size=256, log_dir=None, center_crop=True):
+    def __init__(
+        self,
+        data,
+        every_n_epochs=1,
+        ks=(1, 2, 4, 8),
+        metrics=("recall", "map@r"),
+        prefix="val_",
+        batch_size=256,
+        log_dir=None,
+        center_crop=True,
+    ):
         super().__init__()
         if int(every_n_epochs) < 1:
             raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}.")
@@ -48,7 +57,8 @@ class RetrievalEvaluation(keras.callbacks.Callback):
             if not isinstance(data, (tuple, list)) or len(data) != 2:
                 raise TypeError(
                     "RetrievalEvaluation takes (images, labels) arrays, a tf.data.Dataset of (images, labels) "
-                    f"batches or a tfdml.data.Source; got {type(data).__name__}.")
+                    f"batches or a tfdml.data.Source; got {type(data).__name__}."
+                )
             if len(data[0]) != len(data[1]):
                 raise ValueError(f"RetrievalEvaluation: {len(data[0])} images but {len(data[1])} labels.")
         self.data = data

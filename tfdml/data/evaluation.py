@@ -7,8 +7,9 @@ import tensorflow as tf
 from tfdml.data.preprocessing import eval_image
 
 
-def eval_dataset(source, batch_size, image_size=None, center_crop=True, resize=None, preprocess=None,
-                 with_index=False, prefetch=True):
+def eval_dataset(
+    source, batch_size, image_size=None, center_crop=True, resize=None, preprocess=None, with_index=False, prefetch=True
+):
     """Batches of `(images, labels)` over all items of `source` in index order.
 
     Args:
@@ -41,11 +42,14 @@ def eval_dataset(source, batch_size, image_size=None, center_crop=True, resize=N
     ds = tf.data.Dataset.range(n).map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     spec = ds.element_spec[0]
     if not spec.shape.is_fully_defined():
-        raise ValueError(f"{source.name}: images have no fixed size (got shape {spec.shape}); pass "
-                         "image_size=... so that they can be batched.")
+        raise ValueError(
+            f"{source.name}: images have no fixed size (got shape {spec.shape}); pass "
+            "image_size=... so that they can be batched."
+        )
     # A sentinel after the last item lets the gap scan below also see trailing corrupt items.
     sentinel = tf.data.Dataset.from_tensors(
-        (tf.zeros(spec.shape, spec.dtype), tf.constant(-1, tf.int64), tf.constant(n, tf.int64)))
+        (tf.zeros(spec.shape, spec.dtype), tf.constant(-1, tf.int64), tf.constant(n, tf.int64))
+    )
     ds = ds.ignore_errors().concatenate(sentinel)
 
     def record(missing):

@@ -80,8 +80,10 @@ def _resize_side(size, resize):
     if resize is None:
         return tuple(int(round(s * RESIZE_RATIO)) for s in size)
     if int(resize) < max(size):
-        raise ValueError(f"resize={resize} is smaller than the crop image_size={size}; it must be at least "
-                         "as large (the papers resize to 256 and crop 224).")
+        raise ValueError(
+            f"resize={resize} is smaller than the crop image_size={size}; it must be at least "
+            "as large (the papers resize to 256 and crop 224)."
+        )
     return (int(resize), int(resize))
 
 
@@ -121,9 +123,15 @@ def train_image(image, seed, image_size=None, augment=None, preprocess=None):
     image = tf.image.resize(image, _resize_side(size, augment.resize))
     if augment.random_crop:
         begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-            tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=crop_seed,
-            min_object_covered=0.0, aspect_ratio_range=augment.aspect_ratio, area_range=augment.scale,
-            max_attempts=10, use_image_if_no_bounding_boxes=True)
+            tf.shape(image),
+            bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+            seed=crop_seed,
+            min_object_covered=0.0,
+            aspect_ratio_range=augment.aspect_ratio,
+            area_range=augment.scale,
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
         image = tf.image.resize(tf.slice(image, begin, crop), size)
     else:
         image = _center_crop(image, size)
@@ -156,8 +164,11 @@ def eval_image(image, image_size=None, center_crop=True, resize=None, preprocess
 def eval_settings(image_size, center_crop=True, resize=None):
     """JSON description of `eval_image`'s geometry (recorded in export metadata)."""
     size = as_size(image_size)
-    return {"image_size": list(size), "center_crop": bool(center_crop),
-            "resize": list(_resize_side(size, resize)) if center_crop else list(size)}
+    return {
+        "image_size": list(size),
+        "center_crop": bool(center_crop),
+        "resize": list(_resize_side(size, resize)) if center_crop else list(size),
+    }
 
 
 def evaluation_center_crop(augment):

@@ -51,8 +51,10 @@ def _resolve_image_size(model, image_size, config):
         if isinstance(shape, tuple) and len(shape) == 4 and shape[1] and shape[2]:
             size = shape[1:3]
     if size is None:
-        raise ValueError(f"cannot tell the input size of model {model.name!r}: pass image_size=(height, "
-                         f"width) or give the model a preprocessing_config() with 'image_size'.")
+        raise ValueError(
+            f"cannot tell the input size of model {model.name!r}: pass image_size=(height, "
+            f"width) or give the model a preprocessing_config() with 'image_size'."
+        )
     if isinstance(size, int):
         size = (size, size)
     size = tuple(int(s) for s in size)
@@ -82,12 +84,13 @@ def _named_outputs(model, images):
         outputs = model(images, training=False)
     if isinstance(outputs, dict):
         if EMBEDDING_OUTPUT not in outputs:
-            raise ValueError(f"the model's dict output must contain {EMBEDDING_OUTPUT!r}, got keys "
-                             f"{sorted(outputs)}.")
+            raise ValueError(f"the model's dict output must contain {EMBEDDING_OUTPUT!r}, got keys {sorted(outputs)}.")
         outputs = dict(outputs)
     elif isinstance(outputs, (list, tuple)):
-        raise ValueError("the model returns a list of outputs; return a dict with an 'embedding' key (or "
-                         "define export_outputs(x)) so each output gets a name.")
+        raise ValueError(
+            "the model returns a list of outputs; return a dict with an 'embedding' key (or "
+            "define export_outputs(x)) so each output gets a name."
+        )
     else:
         outputs = {EMBEDDING_OUTPUT: outputs}
     outputs = {key: tf.cast(value, tf.float32) for key, value in outputs.items()}
@@ -99,8 +102,7 @@ def _named_outputs(model, images):
 
 
 def _next_version(model_dir):
-    versions = [int(entry) for entry in os.listdir(model_dir) if entry.isdigit()] \
-        if os.path.isdir(model_dir) else []
+    versions = [int(entry) for entry in os.listdir(model_dir) if entry.isdigit()] if os.path.isdir(model_dir) else []
     return max(versions, default=0) + 1
 
 
@@ -108,8 +110,16 @@ def _json_safe(value):
     """JSON-compatible copy (dataclasses, e.g. a typed job configuration, become dicts; arrays lists)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
-    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else (
-        dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v))))
+    return json.loads(
+        json.dumps(
+            value,
+            default=lambda v: (
+                v.tolist()
+                if hasattr(v, "tolist")
+                else (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v))
+            ),
+        )
+    )
 
 
 def _compile_info(model):
@@ -127,28 +137,53 @@ def _serving_images(images, channels):
     checks = [
         tf.debugging.assert_positive(shape[0], message="empty batch: send at least one image"),
         tf.debugging.assert_positive(shape[1] * shape[2], message="an image has height or width 0"),
-        tf.debugging.Assert(tf.logical_or(tf.equal(given, 1), tf.equal(given, 3)), [
-            f"images must have 1 (grayscale) or 3 (RGB) channels; this {channels}-channel model converts "
-            "between the two. Got channels:", given]),
+        tf.debugging.Assert(
+            tf.logical_or(tf.equal(given, 1), tf.equal(given, 3)),
+            [
+                f"images must have 1 (grayscale) or 3 (RGB) channels; this {channels}-channel model converts "
+                "between the two. Got channels:",
+                given,
+            ],
+        ),
     ]
     with tf.control_dependencies(checks):
         pixels = tf.cast(images, tf.float32)
     if channels == 1:
         luma = tf.constant([[0.299], [0.587], [0.114]], tf.float32)
-        pixels = tf.cond(tf.equal(given, 3), lambda: tf.tensordot(pixels, luma, axes=[[3], [0]]),
-                         lambda: pixels[..., :1])
+        pixels = tf.cond(
+            tf.equal(given, 3), lambda: tf.tensordot(pixels, luma, axes=[[3], [0]]), lambda: pixels[..., :1]
+        )
     else:
-        pixels = tf.cond(tf.equal(given, 1), lambda: tf.tile(pixels[..., :1], [1, 1, 1, 3]),
-                         lambda: pixels[..., :3])
+        pixels = tf.cond(tf.equal(given, 1), lambda: tf.tile(pixels[..., :1], [1, 1, 1, 3]), lambda: pixels[..., :3])
     return tf.ensure_shape(pixels, [None, None, None, channels])
 
 
-def export_saved_model(model, base_dir="exported_models", name=None, version=None, image_size=None,
-                       preprocess=None, training_config=None, metrics=None, overwrite=False,
-                       center_crop=True, resize=None, gallery=None, gallery_ids=None, gallery_labels=None,
-                       class_names=None, index_mode="auto", batch_size=64, index_settings=None, search=True,
-                       top_k=DEFAULT_TOP_K, gallery_dtype="float32", match_precision=0.9, calibration=None,
-                       search_block_rows=DEFAULT_BLOCK_ROWS):
+def export_saved_model(
+    model,
+    base_dir="exported_models",
+    name=None,
+    version=None,
+    image_size=None,
+    preprocess=None,
+    training_config=None,
+    metrics=None,
+    overwrite=False,
+    center_crop=True,
+    resize=None,
+    gallery=None,
+    gallery_ids=None,
+    gallery_labels=None,
+    class_names=None,
+    index_mode="auto",
+    batch_size=64,
+    index_settings=None,
+    search=True,
+    top_k=DEFAULT_TOP_K,
+    gallery_dtype="float32",
+    match_precision=0.9,
+    calibration=None,
+    search_block_rows=DEFAULT_BLOCK_ROWS,
+):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
 
     Args:
@@ -212,18 +247,27 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
     archive.add_endpoint(SERVING_SIGNATURE, serve)
     archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
     output_shapes = serve.get_concrete_function().structured_outputs
-    outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None
-               for key, value in output_shapes.items()}
+    outputs = {
+        key: int(value.shape[-1]) if value.shape[-1] is not None else None for key, value in output_shapes.items()
+    }
     embedded = searcher = None
     if gallery is not None:
         # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
-        embedded = embed_gallery(lambda images, batch_size: embed_uint8(serve, images, batch_size), channels,
-                                 gallery, gallery_ids, gallery_labels, class_names, batch_size)
+        embedded = embed_gallery(
+            lambda images, batch_size: embed_uint8(serve, images, batch_size),
+            channels,
+            gallery,
+            gallery_ids,
+            gallery_labels,
+            class_names,
+            batch_size,
+        )
     if search and embedded is not None:
         if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
             calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
-        searcher = _add_search_signature(archive, embed_images, image_spec, embedded, calibration, top_k,
-                                         gallery_dtype, search_block_rows)
+        searcher = _add_search_signature(
+            archive, embed_images, image_spec, embedded, calibration, top_k, gallery_dtype, search_block_rows
+        )
 
     metadata = {
         "format": "tfdml.export/2",
@@ -234,8 +278,14 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "outputs": outputs,
         "embedding_normalized": True,
         "distance": "dot_product",
-        **_input_metadata(channels, (height, width), eval_settings((height, width), center_crop, resize),
-                          preprocess_name, in_model, outputs),
+        **_input_metadata(
+            channels,
+            (height, width),
+            eval_settings((height, width), center_crop, resize),
+            preprocess_name,
+            in_model,
+            outputs,
+        ),
         "search": None if searcher is None else _search_info(searcher, calibration, embedded),
         "calibration": None if searcher is None or calibration is None else calibration.to_dict(),
         "model": {"class": type(model).__name__, "name": model.name},
@@ -255,14 +305,17 @@ def _graph_preprocessing(model, config, preprocess):
     """`(function, spec name, applied by the model)` of the pixel preprocessing the serving graph applies:
     none for a model that preprocesses its raw input itself (a different `preprocess` is refused)."""
     preprocess_fn, preprocess_name = resolve_preprocessing(
-        preprocess if preprocess is not None else config.get("preprocessing"))
+        preprocess if preprocess is not None else config.get("preprocessing")
+    )
     in_model = bool(config.get("applied_by_model"))
     if in_model:
         own = resolve_preprocessing(config.get("preprocessing"))[1]
         if preprocess_name != own:
-            raise ValueError(f"model {model.name!r} applies its own pixel preprocessing ({own!r}) to raw 0-255 "
-                             f"pixels; preprocess={preprocess_name!r} would preprocess them a second time. "
-                             "Leave preprocess unset.")
+            raise ValueError(
+                f"model {model.name!r} applies its own pixel preprocessing ({own!r}) to raw 0-255 "
+                f"pixels; preprocess={preprocess_name!r} would preprocess them a second time. "
+                "Leave preprocess unset."
+            )
         preprocess_fn = resolve_preprocessing(None)[0]
     return preprocess_fn, preprocess_name, in_model
 
@@ -279,13 +332,20 @@ def _version_path(base_dir, name, version, overwrite):
     return model_dir, version, target
 
 
-def _add_search_signature(archive, embed_images, image_spec, embedded, calibration, top_k, gallery_dtype,
-                          block_rows):
+def _add_search_signature(archive, embed_images, image_spec, embedded, calibration, top_k, gallery_dtype, block_rows):
     """Adds the `search` endpoint over the embedded gallery to `archive`; returns its `GallerySearch`."""
-    ids, labels = item_strings(embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings),
-                               embedded.source)
-    searcher = GallerySearch(embedded.embeddings, ids, labels, top_k, gallery_dtype,
-                             calibration.threshold if calibration is not None else math.inf, block_rows)
+    ids, labels = item_strings(
+        embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings), embedded.source
+    )
+    searcher = GallerySearch(
+        embedded.embeddings,
+        ids,
+        labels,
+        top_k,
+        gallery_dtype,
+        calibration.threshold if calibration is not None else math.inf,
+        block_rows,
+    )
 
     def search_images(images):
         embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
@@ -300,20 +360,28 @@ def _input_metadata(channels, image_size, geometry, preprocess_name, in_model, o
     signatures."""
     height, width = image_size
     return {
-        "input": {"signature": SERVING_SIGNATURE, "name": IMAGE_INPUT, "dtype": "uint8",
-                  "shape": [None, None, None, channels], "channels": channels,
-                  "channel_conversion": "1 <-> 3 channels converted in the graph (RGB -> luma "
-                                        "0.299 R + 0.587 G + 0.114 B; gray -> repeated)"},
+        "input": {
+            "signature": SERVING_SIGNATURE,
+            "name": IMAGE_INPUT,
+            "dtype": "uint8",
+            "shape": [None, None, None, channels],
+            "channels": channels,
+            "channel_conversion": "1 <-> 3 channels converted in the graph (RGB -> luma "
+            "0.299 R + 0.587 G + 0.114 B; gray -> repeated)",
+        },
         "image_size": [height, width],
         "eval_image": geometry,  # tfdml.data.eval_image(image_size, center_crop, resize)
         "preprocessing": preprocess_name,
         "preprocessing_in_model": in_model,  # else applied by the serving graph before the model
         "signatures": {
-            SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
-                                "outputs": sorted(outputs)},
+            SERVING_SIGNATURE: {
+                "inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
+                "outputs": sorted(outputs),
+            },
             PREPROCESSED_SIGNATURE: {
                 "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
-                "outputs": sorted(outputs)},
+                "outputs": sorted(outputs),
+            },
         },
     }
 
@@ -328,8 +396,9 @@ def _write_version(archive, metadata, model_dir, target, embedded, index_mode, i
         archive.write_out(written, verbose=False)
         _write_json(os.path.join(written, METADATA_FILE), metadata)
         if embedded is not None:
-            index = save_index(written, embedded, metadata["name"], metadata["version"], index_mode,
-                               index_settings or {})
+            index = save_index(
+                written, embedded, metadata["name"], metadata["version"], index_mode, index_settings or {}
+            )
             metadata["index"] = _index_summary(index)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
         if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
@@ -355,15 +424,28 @@ def _search_info(searcher, calibration, embedded):
     if calibration is None:
         match = "uncalibrated: the gallery has no labels, so match is always false"
     elif not calibration.reached:
-        match = (f"precision {calibration.target_precision:g} is not reached on the calibration data: match "
-                 f"is always false")
+        match = (
+            f"precision {calibration.target_precision:g} is not reached on the calibration data: match is always false"
+        )
     else:
-        match = (f"score >= {calibration.threshold:.6g} (precision {calibration.precision:.3f}, recall "
-                 f"{calibration.recall:.3f} of top-1 matches on the calibration data)")
-    return {"signature": SEARCH_SIGNATURE, "top_k": searcher.k, "gallery_size": searcher.size,
-            "gallery_dtype": searcher.gallery_dtype, "gallery_bytes": searcher.memory_bytes(),
-            "block_rows": searcher.block_rows, "score": "cosine similarity, descending",
-            "match_threshold": calibration.threshold if calibration is not None and calibration.reached
-            else None, "match_precision": None if calibration is None else calibration.target_precision,
-            "match": match, "ids": "file paths" if embedded.ids is not None and np.asarray(embedded.ids).dtype.kind
-            in "UO" else "<source>:<item number>" if embedded.source else "item numbers"}
+        match = (
+            f"score >= {calibration.threshold:.6g} (precision {calibration.precision:.3f}, recall "
+            f"{calibration.recall:.3f} of top-1 matches on the calibration data)"
+        )
+    return {
+        "signature": SEARCH_SIGNATURE,
+        "top_k": searcher.k,
+        "gallery_size": searcher.size,
+        "gallery_dtype": searcher.gallery_dtype,
+        "gallery_bytes": searcher.memory_bytes(),
+        "block_rows": searcher.block_rows,
+        "score": "cosine similarity, descending",
+        "match_threshold": calibration.threshold if calibration is not None and calibration.reached else None,
+        "match_precision": None if calibration is None else calibration.target_precision,
+        "match": match,
+        "ids": "file paths"
+        if embedded.ids is not None and np.asarray(embedded.ids).dtype.kind in "UO"
+        else "<source>:<item number>"
+        if embedded.source
+        else "item numbers",
+    }

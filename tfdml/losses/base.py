@@ -53,7 +53,8 @@ class MetricLoss(keras.losses.Loss):
         if sample_weight is not None:
             raise ValueError(
                 f"{type(self).__name__} is a batch-level metric-learning loss and does not accept "
-                f"sample_weight (got one). Weight classes through the sampler instead.")
+                f"sample_weight (got one). Weight classes through the sampler instead."
+            )
         with tf.name_scope(self.name or type(self).__name__):
             dtype = None if self.dtype in (None, "float32") else self.dtype
             y_true = labels_for_symbolic_build(y_true)

@@ -73,8 +73,7 @@ class CrossBatchMemory(MetricLoss):
         >>> model.fit(class_balanced_dataset(source, 8, 3))
     """
 
-    def __init__(self, loss, memory_size=1024, embedding_dim=None, start_step=0, name="cross_batch_memory",
-                 **kwargs):
+    def __init__(self, loss, memory_size=1024, embedding_dim=None, start_step=0, name="cross_batch_memory", **kwargs):
         super().__init__(name=name, **kwargs)
         if isinstance(loss, dict):
             loss = keras.saving.deserialize_keras_object(loss)
@@ -85,10 +84,13 @@ class CrossBatchMemory(MetricLoss):
                 f"{type(loss).__name__} cannot use a cross-batch memory: it does not compare batch embeddings "
                 f"with a separate set of reference embeddings (proxy, classifier and group losses have no "
                 f"pairs between embeddings; N-pairs and lifted structure build their tuples within the batch; "
-                f"the tensorflow-addons drop-ins: use TripletLoss(mining='semi_hard' or 'hard')).")
+                f"the tensorflow-addons drop-ins: use TripletLoss(mining='semi_hard' or 'hard'))."
+            )
         if not self.cross_replica:
-            raise ValueError("CrossBatchMemory needs cross_replica=True: the queue holds the global batch, the "
-                             "same on every replica.")
+            raise ValueError(
+                "CrossBatchMemory needs cross_replica=True: the queue holds the global batch, the "
+                "same on every replica."
+            )
         if embedding_dim is None:
             raise ValueError("CrossBatchMemory needs embedding_dim, the width of the embeddings it stores.")
         self.loss = loss
@@ -110,8 +112,10 @@ class CrossBatchMemory(MetricLoss):
         if self._state is None:
             # only_first_replica: every replica computes the same update from the same global batch.
             def variable(value, dtype, name):
-                return keras.Variable(value, dtype=dtype, trainable=False, autocast=False,
-                                      aggregation="only_first_replica", name=name)
+                return keras.Variable(
+                    value, dtype=dtype, trainable=False, autocast=False, aggregation="only_first_replica", name=name
+                )
+
             self._state = (
                 variable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "xbm_embeddings"),
                 variable(np.zeros(self.memory_size), "int32", "xbm_labels"),
@@ -165,11 +169,14 @@ class CrossBatchMemory(MetricLoss):
     def _check_batch(self, labels, embeddings):
         width = embeddings.shape[-1]
         if width is not None and width != self.embedding_dim:
-            raise ValueError(f"{self.name}: embeddings have width {width}, the memory stores embedding_dim="
-                             f"{self.embedding_dim}.")
+            raise ValueError(
+                f"{self.name}: embeddings have width {width}, the memory stores embedding_dim={self.embedding_dim}."
+            )
         size = labels.shape[0]
-        message = (f"{self.name}: a (global) batch must not hold more than memory_size={self.memory_size} "
-                   f"embeddings; raise memory_size")
+        message = (
+            f"{self.name}: a (global) batch must not hold more than memory_size={self.memory_size} "
+            f"embeddings; raise memory_size"
+        )
         if size is not None:
             if size > self.memory_size:
                 raise ValueError(f"{message} (batch of {size}).")
@@ -186,7 +193,8 @@ class CrossBatchMemory(MetricLoss):
         size = self.memory_size
         slots = tf.cast(tf.math.floormod(count.value + tf.range(batch, dtype=tf.int64), size), tf.int32)
         new_embeddings = tf.tensor_scatter_nd_update(
-            memory.value, slots[:, None], tf.cast(tf.stop_gradient(embeddings), memory.dtype))
+            memory.value, slots[:, None], tf.cast(tf.stop_gradient(embeddings), memory.dtype)
+        )
         new_labels = tf.tensor_scatter_nd_update(memory_labels.value, slots[:, None], labels)
         new_count = count.value + batch
         if self.start_step > 0:
@@ -211,6 +219,11 @@ class CrossBatchMemory(MetricLoss):
 
     def get_config(self):
         config = super().get_config()
-        config.update(loss=keras.saving.serialize_keras_object(self.loss), memory_size=self.memory_size,
-                      embedding_dim=self.embedding_dim, start_step=self.start_step, dtype=self.dtype)
+        config.update(
+            loss=keras.saving.serialize_keras_object(self.loss),
+            memory_size=self.memory_size,
+            embedding_dim=self.embedding_dim,
+            start_step=self.start_step,
+            dtype=self.dtype,
+        )
         return config

@@ -103,8 +103,9 @@ def _circle_loss(labels, embeddings, m, gamma, references=None):
     # Self-paced weights a_ij are constants (the paper and PML detach them).
     pos_logits = -gamma * tf.nn.relu(1.0 + m - const) * (sim - (1.0 - m))
     neg_logits = gamma * tf.nn.relu(const + m) * (sim - m)
-    per_anchor = tf.nn.softplus(masked_logsumexp(pos_logits, positives, axis=1)
-                                + masked_logsumexp(neg_logits, negatives, axis=1))
+    per_anchor = tf.nn.softplus(
+        masked_logsumexp(pos_logits, positives, axis=1) + masked_logsumexp(neg_logits, negatives, axis=1)
+    )
     complete = tf.reduce_any(positives, axis=1) & tf.reduce_any(negatives, axis=1)
     # PML's AvgNonZeroReducer: the mean over the anchors whose loss is > 0.
     return mean_of_positive(tf.where(complete, per_anchor, tf.zeros_like(per_anchor)))
@@ -187,8 +188,7 @@ class MultiSimilarityLoss(MetricLoss):
         >>> model.compile(optimizer="adam", loss=MultiSimilarityLoss())
     """
 
-    def __init__(self, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1, name="multi_similarity_loss",
-                 **kwargs):
+    def __init__(self, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1, name="multi_similarity_loss", **kwargs):
         super().__init__(name=name, **kwargs)
         if alpha <= 0 or beta <= 0:
             raise ValueError(f"alpha and beta must be > 0, got {alpha} and {beta}.")
@@ -202,8 +202,9 @@ class MultiSimilarityLoss(MetricLoss):
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
-        return _multi_similarity_loss(labels, embeddings, self.alpha, self.beta, self.base, self.mining_epsilon,
-                                      references)
+        return _multi_similarity_loss(
+            labels, embeddings, self.alpha, self.beta, self.base, self.mining_epsilon, references
+        )
 
     def get_config(self):
         config = super().get_config()

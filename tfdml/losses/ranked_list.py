@@ -96,13 +96,17 @@ def _masked_exp_and_log_sum(logits, mask):
     exp = tf.where(mask, tf.exp(tf.where(mask, logits - row_max, tf.zeros_like(logits))), tf.zeros_like(logits))
     total = tf.reduce_sum(exp, axis=1, keepdims=True)
     has_any = total > 0
-    log_sum = tf.where(has_any, row_max + tf.math.log(tf.where(has_any, total, tf.ones_like(total))),
-                       tf.fill(tf.shape(total), tf.constant(-float("inf"), dtype)))
+    log_sum = tf.where(
+        has_any,
+        row_max + tf.math.log(tf.where(has_any, total, tf.ones_like(total))),
+        tf.fill(tf.shape(total), tf.constant(-float("inf"), dtype)),
+    )
     return exp, total, log_sum
 
 
-def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5,
-                        query_weighting="official", references=None):
+def ranked_list_weights(
+    labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, query_weighting="official", references=None
+):
     """Constant per-pair coefficients `(c_pos, c_neg)` of RLL: the loss is
     `sum_ij c_pos_ij (d_ij - (alpha - m)) + c_neg_ij (alpha - d_ij)` with `c` held constant.
 
@@ -137,8 +141,7 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
         pos_sum = tf.reduce_sum(pos_exp, axis=1, keepdims=True)
         log_s_pos = tf.math.log(pos_sum)  # -inf without mined positive
     else:
-        pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary),
-                                                              mined_pos)
+        pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary), mined_pos)
     neg_exp, neg_sum, log_s_neg = _masked_exp_and_log_sum(as_scalar(tn, dtype) * (alpha - dist), mined_neg)
     w_pos = safe_divide(pos_exp, pos_sum)
     w_neg = safe_divide(neg_exp, neg_sum)
@@ -154,8 +157,9 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
     return (1.0 - lam) * q[:, None] * w_pos, lam * q[:, None] * w_neg, q
 
 
-def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting,
-                      references=None):
+def _ranked_list_loss(
+    labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting, references=None
+):
     """RLL on validated inputs (int32 labels, float embeddings); see the module docstring."""
     dtype = embeddings.dtype
     if references is not None:
@@ -173,8 +177,17 @@ def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_galle
     return tf.reduce_sum(c_pos * (dist - pos_boundary) + c_neg * (alpha - dist))
 
 
-def ranked_list_loss(labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5,
-                     stop_gallery_gradient=True, query_weighting="official"):
+def ranked_list_loss(
+    labels,
+    embeddings,
+    margin=0.4,
+    alpha=None,
+    tn=10.0,
+    tp=0.0,
+    lam=0.5,
+    stop_gallery_gradient=True,
+    query_weighting="official",
+):
     """Ranked List Loss of a batch (see the module docstring for the formula).
 
     Args:
@@ -197,8 +210,7 @@ def ranked_list_loss(labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0
     """
     _check_query_weighting(query_weighting)
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient,
-                             query_weighting)
+    return _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -225,8 +237,18 @@ class RankedListLoss(MetricLoss):
         >>> model.fit(x, y, callbacks=[tfdml.callbacks.DynamicTemperature()])
     """
 
-    def __init__(self, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, stop_gallery_gradient=True,
-                 query_weighting="official", name="ranked_list_loss", **kwargs):
+    def __init__(
+        self,
+        margin=0.4,
+        alpha=None,
+        tn=10.0,
+        tp=0.0,
+        lam=0.5,
+        stop_gallery_gradient=True,
+        query_weighting="official",
+        name="ranked_list_loss",
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
         _check_query_weighting(query_weighting)
         if isinstance(tn, dict):
@@ -275,7 +297,9 @@ class RankedListLoss(MetricLoss):
                 warnings.warn(
                     "RankedListLoss has a temperature schedule but no step counter: using its step-0 "
                     "temperature. Use tfdml.models.MetricModel or the DynamicTemperature callback, or "
-                    "call loss.bind_step(optimizer.iterations).", stacklevel=2)
+                    "call loss.bind_step(optimizer.iterations).",
+                    stacklevel=2,
+                )
                 step = 0
             else:
                 step = self._step
@@ -285,12 +309,29 @@ class RankedListLoss(MetricLoss):
 
     def compute(self, labels, embeddings, references=None):
         tn = self.temperature(dtype=embeddings.dtype)
-        return _ranked_list_loss(labels, embeddings, self.margin, self.alpha, tn, self.tp, self.lam,
-                                 self.stop_gallery_gradient, self.query_weighting, references)
+        return _ranked_list_loss(
+            labels,
+            embeddings,
+            self.margin,
+            self.alpha,
+            tn,
+            self.tp,
+            self.lam,
+            self.stop_gallery_gradient,
+            self.query_weighting,
+            references,
+        )
 
     def get_config(self):
         config = super().get_config()
         tn = keras.saving.serialize_keras_object(self.tn) if self.has_schedule else self.tn
-        config.update(margin=self.margin, alpha=self.alpha, tn=tn, tp=self.tp, lam=self.lam,
-                      stop_gallery_gradient=self.stop_gallery_gradient, query_weighting=self.query_weighting)
+        config.update(
+            margin=self.margin,
+            alpha=self.alpha,
+            tn=tn,
+            tp=self.tp,
+            lam=self.lam,
+            stop_gallery_gradient=self.stop_gallery_gradient,
+            query_weighting=self.query_weighting,
+        )
         return config

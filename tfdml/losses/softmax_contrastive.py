@@ -90,7 +90,8 @@ def n_pairs_loss(labels, embeddings, normalize=True):
 
 def _supcon_loss(labels, embeddings, temperature, references=None):
     logits = pairwise_cosine_similarity(embeddings, reference_embeddings(references)) / as_scalar(
-        temperature, embeddings.dtype)
+        temperature, embeddings.dtype
+    )
     positives, negatives = pair_masks(labels, references)
     log_prob = logits - masked_logsumexp(logits, positives | negatives, axis=1, keepdims=True)
     positives_f = tf.cast(positives, logits.dtype)
@@ -112,7 +113,8 @@ def supcon_loss(labels, embeddings, temperature=0.1):
 
 def _ntxent_loss(labels, embeddings, temperature, references=None):
     logits = pairwise_cosine_similarity(embeddings, reference_embeddings(references)) / as_scalar(
-        temperature, embeddings.dtype)
+        temperature, embeddings.dtype
+    )
     positives, negatives = pair_masks(labels, references)
     has_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
     negative_lse = masked_logsumexp(logits, negatives, axis=1, keepdims=True)

@@ -105,17 +105,17 @@ import tensorflow as tf
 from tfdml import data as data_lib
 from tfdml.distribute import gather_replicas, num_replicas
 from tfdml.models.assessor import STATE_MODES, TupleAssessor
-from tfdml.optimizers import build_optimizer
 from tfdml.ops import pairwise_distance, safe_divide, validate_labels
 from tfdml.ops.tuples import (
     contrastive_tuple_losses,
     margin_tuple_losses,
     pair_indices_with_targets,
-    triplet_hardness,
     triplet_distances,
+    triplet_hardness,
     triplet_indices,
     triplet_tuple_losses,
 )
+from tfdml.optimizers import build_optimizer
 
 _BASE_LOSSES = {
     "triplet": {"margin": 0.2},
@@ -128,10 +128,24 @@ LOOKAHEADS = ("optimizer", "sgd")
 ASSESSOR_INPUTS = ("embeddings", "embeddings+geometry", "geometry")
 # What each variant sets when the switch itself is None (module docstring).
 VARIANTS = {
-    "default": {"normalize_weights": True, "weight_floor": 0.8, "normalize_over": "all", "lookahead": "sgd", "assessor_input": "geometry",
-                "assessor_optimizer": "adam", "assessor_learning_rate": 1e-3},
-    "paper": {"normalize_weights": False, "weight_floor": 0.0, "normalize_over": "all", "lookahead": "sgd", "assessor_input": "embeddings",
-              "assessor_optimizer": "sgd", "assessor_learning_rate": 4e-4},
+    "default": {
+        "normalize_weights": True,
+        "weight_floor": 0.8,
+        "normalize_over": "all",
+        "lookahead": "sgd",
+        "assessor_input": "geometry",
+        "assessor_optimizer": "adam",
+        "assessor_learning_rate": 1e-3,
+    },
+    "paper": {
+        "normalize_weights": False,
+        "weight_floor": 0.0,
+        "normalize_over": "all",
+        "lookahead": "sgd",
+        "assessor_input": "embeddings",
+        "assessor_optimizer": "sgd",
+        "assessor_learning_rate": 4e-4,
+    },
 }
 NORMALIZE_OVER = ("active", "all")
 NUM_GEOMETRY_FEATURES = 3
@@ -142,13 +156,16 @@ def resolve_base_loss(base_loss, loss_params=None):
     if isinstance(base_loss, str):
         kind = base_loss.lower()
         if kind not in _BASE_LOSSES:
-            raise ValueError(f"base_loss must be one of {sorted(_BASE_LOSSES)} or a tfdml TripletLoss, "
-                             f"MarginLoss or ContrastiveLoss instance, got {base_loss!r}.")
+            raise ValueError(
+                f"base_loss must be one of {sorted(_BASE_LOSSES)} or a tfdml TripletLoss, "
+                f"MarginLoss or ContrastiveLoss instance, got {base_loss!r}."
+            )
         params = dict(_BASE_LOSSES[kind])
         unknown = set(loss_params or {}) - set(params)
         if unknown:
-            raise ValueError(f"Unknown parameters {sorted(unknown)} for base_loss {kind!r}; "
-                             f"expected some of {sorted(params)}.")
+            raise ValueError(
+                f"Unknown parameters {sorted(unknown)} for base_loss {kind!r}; expected some of {sorted(params)}."
+            )
         params.update({key: float(value) for key, value in (loss_params or {}).items()})
         return kind, params
     class_name = type(base_loss).__name__.lower()
@@ -156,16 +173,23 @@ def resolve_base_loss(base_loss, loss_params=None):
     for kind in ("contrastive", "margin", "triplet"):
         if class_name.startswith(kind):
             if config.get("soft"):
-                raise ValueError(f"ALA weights hinge losses; {type(base_loss).__name__} with soft=True is not "
-                                 "supported.")
+                raise ValueError(
+                    f"ALA weights hinge losses; {type(base_loss).__name__} with soft=True is not supported."
+                )
             if config.get("num_classes"):
-                raise ValueError("ALA's margin loss has one beta; a MarginLoss with num_classes (one beta per "
-                                 "class) is not supported.")
-            params = {key: float(_scalar(config.get(key, getattr(base_loss, key, default))))
-                      for key, default in _BASE_LOSSES[kind].items()}
+                raise ValueError(
+                    "ALA's margin loss has one beta; a MarginLoss with num_classes (one beta per "
+                    "class) is not supported."
+                )
+            params = {
+                key: float(_scalar(config.get(key, getattr(base_loss, key, default))))
+                for key, default in _BASE_LOSSES[kind].items()
+            }
             return kind, params
-    raise ValueError(f"base_loss {type(base_loss).__name__} has no per-tuple form; use 'triplet', 'margin', "
-                     f"'contrastive' or one of the corresponding tfdml losses.")
+    raise ValueError(
+        f"base_loss {type(base_loss).__name__} has no per-tuple form; use 'triplet', 'margin', "
+        f"'contrastive' or one of the corresponding tfdml losses."
+    )
 
 
 def _scalar(value):
@@ -248,11 +272,33 @@ class ALAModel(keras.Model):
         >>> paper = ALAModel(embedder, base_loss="triplet", variant="paper")  # Algorithm 1 literally
     """
 
-    def __init__(self, embedder, base_loss="triplet", loss_params=None, variant="default", normalize_weights=None,
-                 weight_floor=None, normalize_over=None, lookahead=None, assessor_input=None, assessor_units=64, assessor_layers=2, state="per_tuple",
-                 inner_learning_rate=None, assessor_learning_rate=None, assessor_steps=3, meta_interval=1,
-                 max_tuples=DEFAULT_MAX_TUPLES, squared=True, learn_beta=None, beta_learning_rate=None,
-                 weighting="assessor", embedding_dim=None, seed=0, **kwargs):
+    def __init__(
+        self,
+        embedder,
+        base_loss="triplet",
+        loss_params=None,
+        variant="default",
+        normalize_weights=None,
+        weight_floor=None,
+        normalize_over=None,
+        lookahead=None,
+        assessor_input=None,
+        assessor_units=64,
+        assessor_layers=2,
+        state="per_tuple",
+        inner_learning_rate=None,
+        assessor_learning_rate=None,
+        assessor_steps=3,
+        meta_interval=1,
+        max_tuples=DEFAULT_MAX_TUPLES,
+        squared=True,
+        learn_beta=None,
+        beta_learning_rate=None,
+        weighting="assessor",
+        embedding_dim=None,
+        seed=0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if not isinstance(embedder, keras.Model) and not isinstance(embedder, keras.layers.Layer):
             raise TypeError(f"embedder must be a Keras model or layer, got {type(embedder).__name__}.")
@@ -265,14 +311,14 @@ class ALAModel(keras.Model):
         defaults = VARIANTS[variant]
         if inner_learning_rate is not None and lookahead is None:
             lookahead = "sgd"  # one rate only means something for a plain SGD look-ahead
-        self.normalize_weights = bool(defaults["normalize_weights"] if normalize_weights is None
-                                      else normalize_weights)
+        self.normalize_weights = bool(defaults["normalize_weights"] if normalize_weights is None else normalize_weights)
         self.weight_floor = float(defaults["weight_floor"] if weight_floor is None else weight_floor)
         if not 0.0 <= self.weight_floor < 1.0:
             raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}.")
         if self.weight_floor and not self.normalize_weights:
-            raise ValueError("weight_floor mixes normalised weights with uniform ones; it needs "
-                             "normalize_weights=True.")
+            raise ValueError(
+                "weight_floor mixes normalised weights with uniform ones; it needs normalize_weights=True."
+            )
         self.normalize_over = defaults["normalize_over"] if normalize_over is None else normalize_over
         if self.normalize_over not in NORMALIZE_OVER:
             raise ValueError(f"normalize_over must be one of {NORMALIZE_OVER}, got {normalize_over!r}.")
@@ -283,8 +329,10 @@ class ALAModel(keras.Model):
         if self.assessor_input not in ASSESSOR_INPUTS:
             raise ValueError(f"assessor_input must be one of {ASSESSOR_INPUTS}, got {assessor_input!r}.")
         if inner_learning_rate is not None and self.lookahead != "sgd":
-            raise ValueError("inner_learning_rate sets the rate of an SGD look-ahead; it cannot be combined "
-                             f"with lookahead={self.lookahead!r}.")
+            raise ValueError(
+                "inner_learning_rate sets the rate of an SGD look-ahead; it cannot be combined "
+                f"with lookahead={self.lookahead!r}."
+            )
         self.assessor_steps = int(assessor_steps)
         if self.assessor_steps < 0:
             raise ValueError(f"assessor_steps must be >= 0, got {assessor_steps}.")
@@ -299,22 +347,30 @@ class ALAModel(keras.Model):
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}.")
         self.weighting = weighting
         self.inner_learning_rate = None if inner_learning_rate is None else float(inner_learning_rate)
-        self.assessor_learning_rate = float(defaults["assessor_learning_rate"] if assessor_learning_rate is None
-                                            else assessor_learning_rate)
+        self.assessor_learning_rate = float(
+            defaults["assessor_learning_rate"] if assessor_learning_rate is None else assessor_learning_rate
+        )
         self.max_tuples = None if max_tuples is None else int(max_tuples)
         self.squared = bool(squared)
         self.seed = int(seed)
         embedding_dim = embedding_dim if embedding_dim is not None else _embedding_size(embedder)
         if embedding_dim is None:
-            raise ValueError("The embedding size of the embedder is unknown: build the embedder (give it an "
-                             "Input), use a tfdml embedder, or pass embedding_dim=...")
+            raise ValueError(
+                "The embedding size of the embedder is unknown: build the embedder (give it an "
+                "Input), use a tfdml embedder, or pass embedding_dim=..."
+            )
         self.embedding_dim = int(embedding_dim)
         geometry = self.assessor_input != "embeddings"
-        self.assessor = TupleAssessor(tuple_size=2 if self.loss_kind == "contrastive" else 3,
-                                      units=assessor_units, num_layers=assessor_layers, state=state,
-                                      num_features=NUM_GEOMETRY_FEATURES if geometry else 0,
-                                      use_embeddings=self.assessor_input != "geometry",
-                                      dtype=self.dtype_policy, name="assessor")
+        self.assessor = TupleAssessor(
+            tuple_size=2 if self.loss_kind == "contrastive" else 3,
+            units=assessor_units,
+            num_layers=assessor_layers,
+            state=state,
+            num_features=NUM_GEOMETRY_FEATURES if geometry else 0,
+            use_embeddings=self.assessor_input != "geometry",
+            dtype=self.dtype_policy,
+            name="assessor",
+        )
         self.assessor.build((None, self.embedding_dim))
         if defaults["assessor_optimizer"] == "adam":
             self.assessor_optimizer = keras.optimizers.Adam(self.assessor_learning_rate, name="assessor_adam")
@@ -334,20 +390,20 @@ class ALAModel(keras.Model):
     def _init_margin_beta(self, learn_beta, beta_learning_rate):
         defaults = {"learn_beta": True, "beta_learning_rate": 0.1}
         if not isinstance(self.base_loss, str):
-            defaults.update({key: getattr(self.base_loss, key) for key in defaults
-                             if hasattr(self.base_loss, key)})
+            defaults.update({key: getattr(self.base_loss, key) for key in defaults if hasattr(self.base_loss, key)})
         self.learn_beta = bool(defaults["learn_beta"] if learn_beta is None else learn_beta)
-        self.beta_learning_rate = float(defaults["beta_learning_rate"] if beta_learning_rate is None
-                                        else beta_learning_rate)
+        self.beta_learning_rate = float(
+            defaults["beta_learning_rate"] if beta_learning_rate is None else beta_learning_rate
+        )
         if self.beta_learning_rate <= 0:
             raise ValueError(f"beta_learning_rate must be > 0, got {beta_learning_rate}.")
         self.margin_beta = None
         if self.loss_kind == "margin" and self.learn_beta:
-            self.margin_beta = self.add_weight(shape=(), initializer="zeros", name="margin_beta",
-                                               dtype=self.dtype_policy.variable_dtype)
+            self.margin_beta = self.add_weight(
+                shape=(), initializer="zeros", name="margin_beta", dtype=self.dtype_policy.variable_dtype
+            )
             self.margin_beta.assign(self.loss_params["beta"])  # no float32 round trip in float64
-            self.beta_optimizer = keras.optimizers.SGD(self.beta_learning_rate, momentum=0.9,
-                                                       name="margin_beta_sgd")
+            self.beta_optimizer = keras.optimizers.SGD(self.beta_learning_rate, momentum=0.9, name="margin_beta_sgd")
             self.beta_optimizer.build([self.margin_beta])
 
     # ----------------------------------------------------------------------------------------- Keras API
@@ -372,11 +428,17 @@ class ALAModel(keras.Model):
         if not self.optimizer.built:
             self.optimizer.build(self.embedder.trainable_variables)
         if self.weighting == "assessor" and self.lookahead == "optimizer":
-            unmodelled = {type(o).__name__ for o in _variable_optimizers(self.optimizer, self.embedder.trainable_variables)
-                          if not isinstance(o, (keras.optimizers.SGD, keras.optimizers.Adam))}
+            unmodelled = {
+                type(o).__name__
+                for o in _variable_optimizers(self.optimizer, self.embedder.trainable_variables)
+                if not isinstance(o, (keras.optimizers.SGD, keras.optimizers.Adam))
+            }
             if unmodelled:
-                warnings.warn(f"ALAModel(lookahead='optimizer') models SGD, Adam and AdamW; the look-ahead treats "
-                              f"{sorted(unmodelled)} as SGD at its learning rate.", stacklevel=2)
+                warnings.warn(
+                    f"ALAModel(lookahead='optimizer') models SGD, Adam and AdamW; the look-ahead treats "
+                    f"{sorted(unmodelled)} as SGD at its learning rate.",
+                    stacklevel=2,
+                )
 
     def get_compile_config(self):
         config = super().get_compile_config()
@@ -397,8 +459,9 @@ class ALAModel(keras.Model):
 
     def get_config(self):
         config = super().get_config()
-        base_loss = self.base_loss if isinstance(self.base_loss, str) else keras.saving.serialize_keras_object(
-            self.base_loss)
+        base_loss = (
+            self.base_loss if isinstance(self.base_loss, str) else keras.saving.serialize_keras_object(self.base_loss)
+        )
         config.update(
             embedder=keras.saving.serialize_keras_object(self.embedder),
             base_loss=base_loss,
@@ -450,8 +513,7 @@ class ALAModel(keras.Model):
         tuples, targets = self._make_tuples(validate_labels(val_y, "val_labels"), self._step_seed() + [0, 1])
         losses = self._tuple_losses(embeddings, tuples, targets)
         name = "meta_loss" if "meta_loss" in self.trackers else "loss"
-        self.trackers[name].update_state(safe_divide(tf.reduce_sum(losses), tf.cast(tf.size(losses),
-                                                                                     losses.dtype)))
+        self.trackers[name].update_state(safe_divide(tf.reduce_sum(losses), tf.cast(tf.size(losses), losses.dtype)))
         return {name: self.trackers[name].result()}
 
     def ala_update(self, train_x, train_y, val_x, val_y, gradient_scale=1.0):
@@ -465,12 +527,14 @@ class ALAModel(keras.Model):
         trainer = _EpisodeDerivatives(self, train_x, train_y, val_x, val_y, step)
         logs = {}
         if self.weighting == "assessor":
+
             def meta_updates():
                 meta_loss = None
                 for _ in range(self.assessor_steps):
                     phi_grads, meta_loss = trainer.assessor_gradients()
                     self.assessor_optimizer.apply_gradients(
-                        zip([g * gradient_scale for g in phi_grads], self.assessor.trainable_variables))
+                        zip([g * gradient_scale for g in phi_grads], self.assessor.trainable_variables)
+                    )
                 if meta_loss is None:  # K = 0: the look-ahead's loss at the current weights, for the log
                     meta_loss = trainer.lookahead(trainer.applied(trainer.weights()[0]))[0]
                 return meta_loss
@@ -489,7 +553,8 @@ class ALAModel(keras.Model):
             assessed = weights = tf.ones_like(trainer.losses)
         theta_grads = trainer.theta_gradients(weights)
         self.optimizer.apply_gradients(
-            zip([g * gradient_scale for g in theta_grads], self.embedder.trainable_variables))
+            zip([g * gradient_scale for g in theta_grads], self.embedder.trainable_variables)
+        )
         if self.margin_beta is not None:
             beta_grad = trainer.beta_gradient(weights)
             self.beta_optimizer.apply_gradients([(beta_grad * gradient_scale, self.margin_beta)])
@@ -497,8 +562,9 @@ class ALAModel(keras.Model):
             variable.assign(value)
         if self.weighting == "assessor":
             self.assessor.advance_state(*new_state)
-        logs.update(trainer.weight_logs(tf.cast(assessed, trainer.losses.dtype),
-                                        tf.cast(weights, trainer.losses.dtype)))
+        logs.update(
+            trainer.weight_logs(tf.cast(assessed, trainer.losses.dtype), tf.cast(weights, trainer.losses.dtype))
+        )
         return logs
 
     def meta_gradient(self, train_x, train_y, val_x, val_y):
@@ -526,9 +592,12 @@ class ALAModel(keras.Model):
         """
         labels = validate_labels(tf.convert_to_tensor(labels), "labels")
         embedder = self.embedder
-        embeddings, _ = embedder.stateless_call([v.value for v in embedder.trainable_variables],
-                                                [v.value for v in embedder.non_trainable_variables],
-                                                tf.convert_to_tensor(images), training=True)
+        embeddings, _ = embedder.stateless_call(
+            [v.value for v in embedder.trainable_variables],
+            [v.value for v in embedder.non_trainable_variables],
+            tf.convert_to_tensor(images),
+            training=True,
+        )
         embeddings = tf.stop_gradient(embeddings)
         tuples, targets = self._make_tuples(labels, tf.constant([self.seed, int(seed)], tf.int64))
         losses = self._tuple_losses(embeddings, tuples, targets)
@@ -542,8 +611,9 @@ class ALAModel(keras.Model):
         if self.inner_learning_rate is not None:
             return [tf.constant(self.inner_learning_rate)] * len(variables)
         if getattr(self, "optimizer", None) is None:
-            raise ValueError("inner_learning_rate is None and the model is not compiled: compile it or set "
-                             "inner_learning_rate.")
+            raise ValueError(
+                "inner_learning_rate is None and the model is not compiled: compile it or set inner_learning_rate."
+            )
         return [_learning_rate(o) for o in _variable_optimizers(self.optimizer, variables)]
 
     def lookahead_terms(self, theta, uniform_gradients):
@@ -556,7 +626,8 @@ class ALAModel(keras.Model):
         reference = None
         preconditioners, offsets = [], []
         for index, (variable, value, optimizer) in enumerate(
-                zip(variables, theta, _variable_optimizers(self.optimizer, variables))):
+            zip(variables, theta, _variable_optimizers(self.optimizer, variables))
+        ):
             dtype = value.dtype
             lr = tf.cast(_learning_rate(optimizer), dtype)
             offset = None
@@ -567,8 +638,11 @@ class ALAModel(keras.Model):
                 # the Python floats 1 - beta and epsilon): the virtual step is the real one to the last bit.
                 slot = optimizer._get_variable_index(variable)
                 t = tf.cast(optimizer.iterations + 1, dtype)
-                alpha = lr * tf.sqrt(1 - tf.pow(tf.cast(optimizer.beta_2, dtype), t)) / (
-                    1 - tf.pow(tf.cast(optimizer.beta_1, dtype), t))
+                alpha = (
+                    lr
+                    * tf.sqrt(1 - tf.pow(tf.cast(optimizer.beta_2, dtype), t))
+                    / (1 - tf.pow(tf.cast(optimizer.beta_1, dtype), t))
+                )
                 new_m = tf.constant(1 - optimizer.beta_1, dtype)  # m_t = m + (g - m) (1 - beta_1)
                 m = tf.cast(optimizer._momentums[slot], dtype)
                 v = tf.cast(optimizer._velocities[slot], dtype)
@@ -676,7 +750,8 @@ class _EpisodeDerivatives:
         with tf.GradientTape(persistent=True) as self.theta_tape:
             self.theta_tape.watch(self.theta)
             self.embeddings, self.new_non_trainable = embedder.stateless_call(
-                self.theta, self.non_trainable, train_x, training=True)
+                self.theta, self.non_trainable, train_x, training=True
+            )
         self.tuples, self.targets = model._make_tuples(train_y, step_seed)
         if model.weighting == "assessor":
             self.val_tuples, self.val_targets = model._make_tuples(val_y, step_seed + [0, 1])
@@ -701,16 +776,22 @@ class _EpisodeDerivatives:
         """`(P, o)` of the virtual step (module docstring), computed on first use."""
         if self._lookahead is None:
             self._lookahead = self.model.lookahead_terms(
-                self.theta, lambda: self.theta_gradients(tf.ones_like(self.losses)))
+                self.theta, lambda: self.theta_gradients(tf.ones_like(self.losses))
+            )
         return self._lookahead
 
     def theta_gradients(self, weights):
         """`grad_theta sum_i w_i L_i(theta)` with `w` constant (eqs 10 and 13), as one VJP."""
         upstream = tf.cast(tf.stop_gradient(weights), self.losses.dtype)
-        embedding_grad = self.loss_tape.gradient(self.losses, self.embeddings, output_gradients=upstream,
-                                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return self.theta_tape.gradient(self.embeddings, self.theta, output_gradients=embedding_grad,
-                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        embedding_grad = self.loss_tape.gradient(
+            self.losses, self.embeddings, output_gradients=upstream, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+        return self.theta_tape.gradient(
+            self.embeddings,
+            self.theta,
+            output_gradients=embedding_grad,
+            unconnected_gradients=tf.UnconnectedGradients.ZERO,
+        )
 
     def beta_gradient(self, weights):
         """Gradient in `beta` of the weighted margin loss normalised like `MarginLoss`, by the (weighted)
@@ -718,12 +799,12 @@ class _EpisodeDerivatives:
         steps of the usual size whatever the number of tuples and whatever the mean weight (weights all c
         give `MarginLoss`'s step, as weights 1 do)."""
         upstream = tf.cast(tf.stop_gradient(weights), self.losses.dtype)
-        grad = self.loss_tape.gradient(self.losses, self.beta, output_gradients=upstream,
-                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grad = self.loss_tape.gradient(
+            self.losses, self.beta, output_gradients=upstream, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
         d_ap, d_an = triplet_distances(pairwise_distance(self.embeddings), self.tuples)
         alpha = self.model.loss_params["alpha"]
-        active = (tf.cast(d_ap - self.beta + alpha > 0, grad.dtype)
-                  + tf.cast(self.beta - d_an + alpha > 0, grad.dtype))
+        active = tf.cast(d_ap - self.beta + alpha > 0, grad.dtype) + tf.cast(self.beta - d_an + alpha > 0, grad.dtype)
         return tf.cast(safe_divide(grad, tf.reduce_sum(upstream * active)), self.model.margin_beta.dtype)
 
     def lookahead(self, weights):
@@ -731,12 +812,14 @@ class _EpisodeDerivatives:
         gradient w.r.t. theta'."""
         grads = self.theta_gradients(weights)
         preconditioners, offsets = self.lookahead_terms()
-        theta_prime = [t - p * g if o is None else t - o - p * g
-                       for t, p, o, g in zip(self.theta, preconditioners, offsets, grads)]
+        theta_prime = [
+            t - p * g if o is None else t - o - p * g for t, p, o, g in zip(self.theta, preconditioners, offsets, grads)
+        ]
         with tf.GradientTape() as tape:
             tape.watch(theta_prime)
             val_embeddings, _ = self.model.embedder.stateless_call(
-                theta_prime, self.non_trainable, self.val_x, training=True)
+                theta_prime, self.non_trainable, self.val_x, training=True
+            )
             val_losses = self.model._tuple_losses(val_embeddings, self.val_tuples, self.val_targets, self.beta)
             meta_loss = tf.reduce_sum(val_losses)
         val_grads = tape.gradient(meta_loss, theta_prime, unconnected_gradients=tf.UnconnectedGradients.ZERO)
@@ -752,7 +835,8 @@ class _EpisodeDerivatives:
         tangents = [p * g for p, g in zip(self.lookahead_terms()[0], val_grads)]
         with tf.autodiff.ForwardAccumulator(self.theta, tangents) as accumulator:
             embeddings, _ = self.model.embedder.stateless_call(
-                self.theta, self.non_trainable, self.train_x, training=True)
+                self.theta, self.non_trainable, self.train_x, training=True
+            )
         embedding_tangent = accumulator.jvp(embeddings, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         # c_i = <dL_i/dE, J P g> = <grad_theta L_i, P g>.
         with tf.autodiff.ForwardAccumulator(self.embeddings, embedding_tangent) as accumulator:
@@ -760,8 +844,9 @@ class _EpisodeDerivatives:
         alignment = tf.stop_gradient(accumulator.jvp(losses, unconnected_gradients=tf.UnconnectedGradients.ZERO))
         with tape:
             surrogate = -tf.reduce_sum(tf.cast(weights, alignment.dtype) * alignment)
-        phi_grads = tape.gradient(surrogate, assessor.trainable_variables,
-                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        phi_grads = tape.gradient(
+            surrogate, assessor.trainable_variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
         return phi_grads, meta_loss
 
     def weight_logs(self, assessed, weights):
@@ -804,14 +889,28 @@ def _unpack_episode(data):
             raise ValueError(f"An ALA episode dict needs the keys {keys}, got {sorted(data)}.")
         return tuple(data[key] for key in keys)
     if not isinstance(data, (tuple, list)) or len(data) != 4:
-        raise ValueError("ALAModel trains on episodes (train_images, train_labels, val_images, val_labels) "
-                         "from tfdml.data.episode_dataset; got "
-                         f"{type(data).__name__} of length {len(data) if hasattr(data, '__len__') else '?'}.")
+        raise ValueError(
+            "ALAModel trains on episodes (train_images, train_labels, val_images, val_labels) "
+            "from tfdml.data.episode_dataset; got "
+            f"{type(data).__name__} of length {len(data) if hasattr(data, '__len__') else '?'}."
+        )
     return tuple(data)
 
 
-def ala_training(embedder, source, steps, base_loss="triplet", weighting="assessor", optimizer=None,
-                 episode=None, image_size=None, augment=False, preprocess=None, seed=0, **ala_kwargs):
+def ala_training(
+    embedder,
+    source,
+    steps,
+    base_loss="triplet",
+    weighting="assessor",
+    optimizer=None,
+    episode=None,
+    image_size=None,
+    augment=False,
+    preprocess=None,
+    seed=0,
+    **ala_kwargs,
+):
     """A compiled `ALAModel` and its episodes, ready for `model.fit(dataset)`: DML-ALA, or its baseline.
 
     The baseline without confound is `weighting="uniform"` with everything else equal: the same episodes
@@ -850,6 +949,7 @@ def ala_training(embedder, source, steps, base_loss="triplet", weighting="assess
     model = ALAModel(embedder, base_loss=base_loss, weighting=weighting, seed=seed, **ala_kwargs)
     model.compile(optimizer=optimizer)
     episode = {"train_size": 100, "val_size": 20, "samples_per_class": 5, **dict(episode or {})}
-    dataset = data_lib.episode_dataset(source, image_size=image_size, augment=augment, preprocess=preprocess,
-                                       seed=seed, **episode).take(int(steps))
+    dataset = data_lib.episode_dataset(
+        source, image_size=image_size, augment=augment, preprocess=preprocess, seed=seed, **episode
+    ).take(int(steps))
     return model, dataset

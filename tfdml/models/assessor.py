@@ -54,15 +54,19 @@ class TupleAssessor(keras.layers.Layer):
         >>> assessor.advance_state(*new_state)
     """
 
-    def __init__(self, tuple_size=3, units=64, num_layers=2, state="per_tuple", num_features=0,
-                 use_embeddings=True, **kwargs):
+    def __init__(
+        self, tuple_size=3, units=64, num_layers=2, state="per_tuple", num_features=0, use_embeddings=True, **kwargs
+    ):
         super().__init__(**kwargs)
         if int(tuple_size) < 1 or int(units) < 1 or int(num_layers) < 1:
-            raise ValueError(f"tuple_size, units and num_layers must be positive integers, got "
-                             f"{tuple_size}, {units}, {num_layers}.")
+            raise ValueError(
+                f"tuple_size, units and num_layers must be positive integers, got {tuple_size}, {units}, {num_layers}."
+            )
         if int(num_features) < 0 or (not use_embeddings and int(num_features) == 0):
-            raise ValueError(f"num_features must be >= 0, and > 0 when use_embeddings is False; got "
-                             f"num_features={num_features}, use_embeddings={use_embeddings}.")
+            raise ValueError(
+                f"num_features must be >= 0, and > 0 when use_embeddings is False; got "
+                f"num_features={num_features}, use_embeddings={use_embeddings}."
+            )
         self.num_features = int(num_features)
         self.use_embeddings = bool(use_embeddings)
         if state not in STATE_MODES:
@@ -80,20 +84,26 @@ class TupleAssessor(keras.layers.Layer):
         self.lstm_kernels, self.lstm_recurrent_kernels, self.lstm_biases = [], [], []
         for layer in range(self.num_layers):
             in_dim = self.tuple_size * dim * self.use_embeddings + self.num_features if layer == 0 else units
-            self.lstm_kernels.append(self.add_weight(
-                shape=(in_dim, 4 * units), initializer="glorot_uniform", name=f"lstm_{layer}_kernel"))
-            self.lstm_recurrent_kernels.append(self.add_weight(
-                shape=(units, 4 * units), initializer="orthogonal", name=f"lstm_{layer}_recurrent_kernel"))
-            self.lstm_biases.append(self.add_weight(
-                shape=(4 * units,), initializer=_unit_forget_bias(units), name=f"lstm_{layer}_bias"))
-        self.output_kernel = self.add_weight(shape=(units, 1), initializer="glorot_uniform",
-                                             name="output_kernel")
+            self.lstm_kernels.append(
+                self.add_weight(shape=(in_dim, 4 * units), initializer="glorot_uniform", name=f"lstm_{layer}_kernel")
+            )
+            self.lstm_recurrent_kernels.append(
+                self.add_weight(
+                    shape=(units, 4 * units), initializer="orthogonal", name=f"lstm_{layer}_recurrent_kernel"
+                )
+            )
+            self.lstm_biases.append(
+                self.add_weight(shape=(4 * units,), initializer=_unit_forget_bias(units), name=f"lstm_{layer}_bias")
+            )
+        self.output_kernel = self.add_weight(shape=(units, 1), initializer="glorot_uniform", name="output_kernel")
         self.output_bias = self.add_weight(shape=(1,), initializer="zeros", name="output_bias")
         # "mean": under MirroredStrategy every replica computes the same state; the mean keeps it.
-        self.state_h = self.add_weight(shape=(self.num_layers, units), initializer="zeros", trainable=False,
-                                       name="state_h", aggregation="mean")
-        self.state_c = self.add_weight(shape=(self.num_layers, units), initializer="zeros", trainable=False,
-                                       name="state_c", aggregation="mean")
+        self.state_h = self.add_weight(
+            shape=(self.num_layers, units), initializer="zeros", trainable=False, name="state_h", aggregation="mean"
+        )
+        self.state_c = self.add_weight(
+            shape=(self.num_layers, units), initializer="zeros", trainable=False, name="state_c", aggregation="mean"
+        )
         self.embedding_dim = int(dim)
 
     def _input_projection(self, embeddings, tuples, features):
@@ -104,7 +114,7 @@ class TupleAssessor(keras.layers.Layer):
         rows = 0
         if self.use_embeddings:
             for k in range(self.tuple_size):  # concat([f_1..f_m]) @ W == sum_k f_k @ W_k
-                z = z + tf.gather(tf.matmul(embeddings, kernel[k * dim:(k + 1) * dim]), tuples[:, k])
+                z = z + tf.gather(tf.matmul(embeddings, kernel[k * dim : (k + 1) * dim]), tuples[:, k])
             rows = self.tuple_size * dim
         else:
             z = tf.tile(z, [tf.shape(tuples)[0], 1])
@@ -123,10 +133,12 @@ class TupleAssessor(keras.layers.Layer):
             raise ValueError("This assessor was built without features (num_features=0); got features.")
         z = self._input_projection(embeddings, tuples, features)
         new_h, new_c = [], []
+        inputs = None  # each layer's outputs, the inputs of the next layer (layer 0 reads the tuples)
         for layer in range(self.num_layers):
             if layer > 0:
                 z = tf.matmul(inputs, tf.cast(self.lstm_kernels[layer], self.compute_dtype)) + tf.cast(
-                    self.lstm_biases[layer], self.compute_dtype)
+                    self.lstm_biases[layer], self.compute_dtype
+                )
             recurrent = tf.cast(self.lstm_recurrent_kernels[layer], self.compute_dtype)
             h_prev = tf.cast(self.state_h[layer], self.compute_dtype)
             c_prev = tf.cast(self.state_c[layer], self.compute_dtype)
@@ -141,7 +153,8 @@ class TupleAssessor(keras.layers.Layer):
                 new_h.append(tf.where(keep, h_prev, tf.reduce_mean(inputs, axis=0)))
                 new_c.append(tf.where(keep, c_prev, tf.reduce_mean(cells, axis=0)))
         logits = tf.matmul(inputs, tf.cast(self.output_kernel, self.compute_dtype)) + tf.cast(
-            self.output_bias, self.compute_dtype)
+            self.output_bias, self.compute_dtype
+        )
         return tf.sigmoid(logits[:, 0]), (tf.stack(new_h), tf.stack(new_c))
 
     def advance_state(self, new_h, new_c):
@@ -160,8 +173,14 @@ class TupleAssessor(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(tuple_size=self.tuple_size, units=self.units, num_layers=self.num_layers,
-                      state=self.state, num_features=self.num_features, use_embeddings=self.use_embeddings)
+        config.update(
+            tuple_size=self.tuple_size,
+            units=self.units,
+            num_layers=self.num_layers,
+            state=self.state,
+            num_features=self.num_features,
+            use_embeddings=self.use_embeddings,
+        )
         return config
 
 
@@ -198,8 +217,9 @@ def _lstm_sequence(z, recurrent_kernel, h0, c0):
     def grad(d_hidden, d_cells):
         d_hidden = tf.zeros_like(hidden) if d_hidden is None else d_hidden
         d_cells = tf.zeros_like(cells) if d_cells is None else d_cells
-        return _lstm_backward(*[tf.stop_gradient(t) for t in (recurrent_kernel, h0, c0, hidden, cells, gates,
-                                                              d_hidden, d_cells)])
+        return _lstm_backward(
+            *[tf.stop_gradient(t) for t in (recurrent_kernel, h0, c0, hidden, cells, gates, d_hidden, d_cells)]
+        )
 
     return (hidden, cells), grad
 
@@ -212,20 +232,26 @@ def _lstm_forward(z, recurrent_kernel, h0, c0):
     z = _pad_row(z)  # XLA cannot even compile a slice of an empty sequence
 
     def body(t, h, c, hs, cs, gs):
-        gate_i, gate_f, candidate, gate_o = tf.split(z[t] + tf.linalg.matvec(recurrent_kernel, h, transpose_a=True),
-                                                     4)
+        gate_i, gate_f, candidate, gate_o = tf.split(z[t] + tf.linalg.matvec(recurrent_kernel, h, transpose_a=True), 4)
         gate_i, gate_f, gate_o = tf.sigmoid(gate_i), tf.sigmoid(gate_f), tf.sigmoid(gate_o)
         candidate = tf.tanh(candidate)
         c = gate_f * c + gate_i * candidate
         h = gate_o * tf.tanh(c)
-        return (t + 1, h, c, hs.write(t, h), cs.write(t, c),
-                gs.write(t, tf.concat([gate_i, gate_f, candidate, gate_o], 0)))
+        return (
+            t + 1,
+            h,
+            c,
+            hs.write(t, h),
+            cs.write(t, c),
+            gs.write(t, tf.concat([gate_i, gate_f, candidate, gate_o], 0)),
+        )
 
     def array(width):
         return tf.TensorArray(z.dtype, size=count, element_shape=[width])
 
-    _, _, _, hs, cs, gs = tf.while_loop(lambda t, *_: t < count, body,
-                                        (0, h0, c0, array(units), array(units), array(4 * units)))
+    _, _, _, hs, cs, gs = tf.while_loop(
+        lambda t, *_: t < count, body, (0, h0, c0, array(units), array(units), array(4 * units))
+    )
     return hs.stack(), cs.stack(), gs.stack()
 
 
@@ -242,16 +268,27 @@ def _lstm_backward(recurrent_kernel, h0, c0, hidden, cells, gates, d_hidden, d_c
         dh = d_hidden[t] + dh_next
         tanh_c = tf.tanh(cells[t])
         dc = d_cells[t] + dc_next + dh * gate_o * (1 - tanh_c * tanh_c)
-        d_gate = tf.concat([dc * candidate * gate_i * (1 - gate_i),
-                            dc * previous_c[t] * gate_f * (1 - gate_f),
-                            dc * gate_i * (1 - candidate * candidate),
-                            dh * tanh_c * gate_o * (1 - gate_o)], 0)
+        d_gate = tf.concat(
+            [
+                dc * candidate * gate_i * (1 - gate_i),
+                dc * previous_c[t] * gate_f * (1 - gate_f),
+                dc * gate_i * (1 - candidate * candidate),
+                dh * tanh_c * gate_o * (1 - gate_o),
+            ],
+            0,
+        )
         return t - 1, tf.linalg.matvec(recurrent_kernel, d_gate), dc * gate_f, dgs.write(t, d_gate)
 
     _, dh0, dc0, dgs = tf.while_loop(
-        lambda t, *_: t >= 0, body,
-        (count - 1, tf.zeros_like(h0), tf.zeros_like(c0),
-         tf.TensorArray(hidden.dtype, size=count, element_shape=[4 * units])))
+        lambda t, *_: t >= 0,
+        body,
+        (
+            count - 1,
+            tf.zeros_like(h0),
+            tf.zeros_like(c0),
+            tf.TensorArray(hidden.dtype, size=count, element_shape=[4 * units]),
+        ),
+    )
     d_gates = dgs.stack()
     previous_h = tf.concat([h0[None], hidden], 0)[:count]
     return d_gates, tf.matmul(previous_h, d_gates, transpose_a=True), dh0, dc0
@@ -265,8 +302,12 @@ def _unit_forget_bias(units):
     """Forget-gate bias 1, others 0 (Keras' `unit_forget_bias=True`)."""
 
     def initializer(shape, dtype=None):
-        return keras.ops.concatenate([keras.ops.zeros((units,), dtype=dtype),
-                                      keras.ops.ones((units,), dtype=dtype),
-                                      keras.ops.zeros((2 * units,), dtype=dtype)])
+        return keras.ops.concatenate(
+            [
+                keras.ops.zeros((units,), dtype=dtype),
+                keras.ops.ones((units,), dtype=dtype),
+                keras.ops.zeros((2 * units,), dtype=dtype),
+            ]
+        )
 
     return initializer

@@ -111,14 +111,18 @@ class PretrainedWeightsError(RuntimeError):
 
 def _imagenet_error(name, cause):
     first_line = (str(cause).strip().splitlines() or [""])[0][:200]
-    reason = (f"cannot load the ImageNet weights of backbone {name!r} ({type(cause).__name__}: {first_line}); "
-              "keras.applications downloads them on first use, which needs network access")
+    reason = (
+        f"cannot load the ImageNet weights of backbone {name!r} ({type(cause).__name__}: {first_line}); "
+        "keras.applications downloads them on first use, which needs network access"
+    )
     return PretrainedWeightsError(
         f"Could not load the ImageNet weights of backbone {name!r}: {type(cause).__name__}: {cause}. "
         "keras.applications downloads them on first use, which needs network access (they are then "
         "cached in ~/.keras/models). Offline, download the weights file elsewhere and pass its path, "
         "e.g. weights='/path/to/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5' (a `notop` file), "
-        "or pass weights=None for a randomly initialised backbone.", reason)
+        "or pass weights=None for a randomly initialised backbone.",
+        reason,
+    )
 
 
 def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
@@ -143,7 +147,8 @@ def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
             raise ValueError(
                 f"Backbone {backbone.name!r} has no symbolic inputs (a subclassed or unbuilt model): its "
                 "layers cannot be tapped. Pass a functional or built sequential model, or a "
-                "keras.applications name.")
+                "keras.applications name."
+            )
         return backbone
     if not isinstance(backbone, str):
         raise TypeError(f"backbone must be a keras.applications name or a keras.Model, got {backbone!r}.")
@@ -155,13 +160,16 @@ def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
     if widths is not None:
         raise ValueError(f"widths sets the small CNN's block widths; backbone {backbone!r} does not take it.")
     if key not in _APPLICATIONS:
-        raise ValueError(f"Unknown backbone {backbone!r}. Known names: {', '.join(backbone_names())}; "
-                         "or pass a Keras model.")
+        raise ValueError(
+            f"Unknown backbone {backbone!r}. Known names: {', '.join(backbone_names())}; or pass a Keras model."
+        )
     constructor = getattr(keras.applications, _APPLICATIONS[key][0])
     input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPE)
     if weights == "imagenet" and input_shape[-1] != 3:  # keras' own error would read as a failed download
-        raise ValueError(f"ImageNet weights of {backbone!r} take 3-channel (RGB) images, got input_shape "
-                         f"{input_shape}; pass weights=None or RGB images.")
+        raise ValueError(
+            f"ImageNet weights of {backbone!r} take 3-channel (RGB) images, got input_shape "
+            f"{input_shape}; pass weights=None or RGB images."
+        )
     try:
         return constructor(include_top=False, weights=weights, input_shape=input_shape)
     except Exception as cause:  # keras raises bare Exception / URLError / OSError on a failed fetch

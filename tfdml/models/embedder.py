@@ -51,12 +51,33 @@ class Embedder(MultiLevelEmbedder):
       >>> official = Embedder("inception_v3", embedding_dim=None, num_classes=100)  # Group Loss layout
     """
 
-    def __init__(self, backbone, embedding_dim=512, input_shape=None, weights="imagenet", num_classes=None,
-                 freeze_batchnorm=False, widths=None, preprocessing="auto", name=None, **kwargs):
-        super().__init__(backbone, taps=[None], embedding_dim=embedding_dim, levels=(GLOBAL_HEAD_LEVEL,),
-                         input_shape=input_shape, weights=weights, num_classes=num_classes,
-                         freeze_batchnorm=freeze_batchnorm, widths=widths, preprocessing=preprocessing,
-                         name=name, **kwargs)
+    def __init__(
+        self,
+        backbone,
+        embedding_dim=512,
+        input_shape=None,
+        weights="imagenet",
+        num_classes=None,
+        freeze_batchnorm=False,
+        widths=None,
+        preprocessing="auto",
+        name=None,
+        **kwargs,
+    ):
+        super().__init__(
+            backbone,
+            taps=[None],
+            embedding_dim=embedding_dim,
+            levels=(GLOBAL_HEAD_LEVEL,),
+            input_shape=input_shape,
+            weights=weights,
+            num_classes=num_classes,
+            freeze_batchnorm=freeze_batchnorm,
+            widths=widths,
+            preprocessing=preprocessing,
+            name=name,
+            **kwargs,
+        )
 
     def get_config(self):
         config = super().get_config()

@@ -41,7 +41,8 @@ def _resolve_taps(backbone, levels, taps):
                 return [None]  # the backbone's own output
             raise ValueError(
                 f"Backbone {backbone.name!r} has no default taps; pass taps={{level: layer_name}} for the levels "
-                f"{list(levels)} (known defaults: {sorted(backbones_lib.DEFAULT_TAPS)}).")
+                f"{list(levels)} (known defaults: {sorted(backbones_lib.DEFAULT_TAPS)})."
+            )
         taps = defaults
     if isinstance(taps, dict):
         missing = [level for level in levels if level not in taps]
@@ -117,9 +118,24 @@ class MultiLevelEmbedder(MetricModel):
 
     embedding_normalized = True  # the output is unit-norm: export serves it as is
 
-    def __init__(self, backbone, taps=None, embedding_dim=512, levels=LEVELS, level_weights=None,
-                 input_shape=None, weights="imagenet", head_filters=128, head_units=1024, num_classes=None,
-                 freeze_batchnorm=False, widths=None, preprocessing="auto", name=None, **kwargs):
+    def __init__(
+        self,
+        backbone,
+        taps=None,
+        embedding_dim=512,
+        levels=LEVELS,
+        level_weights=None,
+        input_shape=None,
+        weights="imagenet",
+        head_filters=128,
+        head_units=1024,
+        num_classes=None,
+        freeze_batchnorm=False,
+        widths=None,
+        preprocessing="auto",
+        name=None,
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
         if isinstance(backbone, dict):  # a custom backbone, as stored by get_config
             backbone = keras.saving.deserialize_keras_object(backbone)
@@ -131,7 +147,8 @@ class MultiLevelEmbedder(MetricModel):
         self.backbone_name = backbone if isinstance(backbone, str) else None
         # The first layer: raw pixels in, what the backbone expects out (listed first by summary()).
         self.preprocessing = preprocessing_spec(
-            backbones_lib.preprocessing_name(backbone) if preprocessing == "auto" else preprocessing)
+            backbones_lib.preprocessing_name(backbone) if preprocessing == "auto" else preprocessing
+        )
         self.pixel_preprocessing = PixelPreprocessing(self.preprocessing, name="pixel_preprocessing")
         self.backbone = backbones_lib.get_backbone(backbone, input_shape, weights, widths=self.widths)
         self.levels = tuple(levels)
@@ -145,8 +162,10 @@ class MultiLevelEmbedder(MetricModel):
             raise ValueError(f"Got {len(self.level_weights)} level_weights for levels {self.levels}.")
         self.taps = _resolve_taps(self.backbone, self.levels, taps)
         if embedding_dim is None and self.levels != (GLOBAL_HEAD_LEVEL,):
-            raise ValueError("embedding_dim=None (the pooled backbone feature is the embedding) needs the single "
-                             f"level ('H',); got levels {self.levels}. Pass an integer embedding_dim.")
+            raise ValueError(
+                "embedding_dim=None (the pooled backbone feature is the embedding) needs the single "
+                f"level ('H',); got levels {self.levels}. Pass an integer embedding_dim."
+            )
         self.projected = embedding_dim is not None
         self.head_filters = int(head_filters)
         self.head_units = int(head_units)
@@ -156,8 +175,9 @@ class MultiLevelEmbedder(MetricModel):
         self.input_shape_hw = self.image_shape[:2]
         self.classification_pretraining = False  # toggled by tfdml.callbacks.ClassificationPretraining
 
-        tap_outputs = [self.backbone.output if tap is None else self.backbone.get_layer(tap).output
-                       for tap in self.taps]
+        tap_outputs = [
+            self.backbone.output if tap is None else self.backbone.get_layer(tap).output for tap in self.taps
+        ]
         inputs = self.backbone.inputs[0] if len(self.backbone.inputs) == 1 else self.backbone.inputs
         # The backbone's own layers, read at the taps: not tracked again (the model's layers, summary and
         # variables list the backbone once).
@@ -166,12 +186,17 @@ class MultiLevelEmbedder(MetricModel):
         self.embedding_dim = int(embedding_dim) if self.projected else int(tap_outputs[0].shape[-1])
         self.level_heads = [
             GlobalEmbeddingHead(self.embedding_dim if self.projected else None, name=f"head_{level}")
-            if level == GLOBAL_HEAD_LEVEL else
-            AuxiliaryEmbeddingHead(self.embedding_dim, filters=self.head_filters, units=self.head_units,
-                                   name=f"head_{level}")
-            for level in self.levels]
-        self.classifiers = [keras.layers.Dense(self.num_classes, name=f"classifier_{level}")
-                            for level in self.levels] if self.num_classes else []
+            if level == GLOBAL_HEAD_LEVEL
+            else AuxiliaryEmbeddingHead(
+                self.embedding_dim, filters=self.head_filters, units=self.head_units, name=f"head_{level}"
+            )
+            for level in self.levels
+        ]
+        self.classifiers = (
+            [keras.layers.Dense(self.num_classes, name=f"classifier_{level}") for level in self.levels]
+            if self.num_classes
+            else []
+        )
         self.normalize = L2Normalize(name="l2_normalize")
         self.level_loss_trackers = [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels]
         if self.freeze_batchnorm:
@@ -228,8 +253,7 @@ class MultiLevelEmbedder(MetricModel):
     def split_levels(self, outputs):
         """`{level: unit-norm level embedding}` from the model output (training or inference layout)."""
         d = self.embedding_dim
-        return {level: self.normalize(outputs[:, i * d:(i + 1) * d])
-                for i, level in enumerate(self.levels)}
+        return {level: self.normalize(outputs[:, i * d : (i + 1) * d]) for i, level in enumerate(self.levels)}
 
     def export_outputs(self, inputs):
         """Named inference outputs: `embedding` (the model output) and, with several levels, each level's."""
@@ -242,8 +266,12 @@ class MultiLevelEmbedder(MetricModel):
     def preprocessing_config(self):
         """What serving needs to feed raw pixels: `image_size` (h, w), `channels`, the `preprocessing` spec
         and `applied_by_model` (True: the model preprocesses its raw input itself, serving must not)."""
-        return {"image_size": tuple(self.input_shape_hw), "channels": self.image_shape[-1],
-                "preprocessing": self.preprocessing, "applied_by_model": True}
+        return {
+            "image_size": tuple(self.input_shape_hw),
+            "channels": self.image_shape[-1],
+            "preprocessing": self.preprocessing,
+            "applied_by_model": True,
+        }
 
     # --- loss ----------------------------------------------------------------------------------------------
     def _level_predictions(self, x, y_pred):
@@ -256,7 +284,7 @@ class MultiLevelEmbedder(MetricModel):
             _, logits = self.level_outputs(x, training=False)
         else:
             c = self.num_classes
-            logits = [y_pred[:, width + i * c:width + (i + 1) * c] for i in range(len(self.levels))]
+            logits = [y_pred[:, width + i * c : width + (i + 1) * c] for i in range(len(self.levels))]
         return [tf.concat([embeddings[level], lg], axis=-1) for level, lg in zip(self.levels, logits)], logits
 
     def _compiled_loss(self):
@@ -266,13 +294,16 @@ class MultiLevelEmbedder(MetricModel):
         if isinstance(loss, (list, tuple, dict)):
             raise ValueError(
                 f"{type(self).__name__} applies one loss to every level; got {type(loss).__name__} {loss!r}. "
-                "Pass a single loss (weight levels with level_weights).")
+                "Pass a single loss (weight levels with level_weights)."
+            )
         loss = keras.losses.get(loss)
         if isinstance(loss, CrossBatchMemory) and len(self.levels) > 1:
             # One queue cannot hold the embeddings of every level (and would enqueue each batch once per level).
-            raise ValueError(f"{type(self).__name__} applies its loss to each of its {len(self.levels)} levels; a "
-                             f"cross-batch memory ({type(loss).__name__}) holds one embedding per sample. Use it "
-                             "with a single-level embedder (tfdml.models.Embedder).")
+            raise ValueError(
+                f"{type(self).__name__} applies its loss to each of its {len(self.levels)} levels; a "
+                f"cross-batch memory ({type(loss).__name__}) holds one embedding per sample. Use it "
+                "with a single-level embedder (tfdml.models.Embedder)."
+            )
         return loss
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
@@ -300,8 +331,9 @@ class MultiLevelEmbedder(MetricModel):
 
     # --- config --------------------------------------------------------------------------------------------
     def get_config(self):
-        backbone = self.backbone_name if self.backbone_name is not None else \
-            keras.saving.serialize_keras_object(self.backbone)
+        backbone = (
+            self.backbone_name if self.backbone_name is not None else keras.saving.serialize_keras_object(self.backbone)
+        )
         return {
             "name": self.name,
             "backbone": backbone,
