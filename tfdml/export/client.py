@@ -4,6 +4,7 @@ image files to pixels."""
 import numpy as np
 import tensorflow as tf
 
+from tfdml.data.sources import decode_image_file
 from tfdml.export.layout import (
     EMBEDDING_OUTPUT,
     IMAGE_INPUT,
@@ -112,6 +113,5 @@ def rest_request_body(images, signature_name=SERVING_SIGNATURE):
 def read_image(path, channels=3):
     """Decodes an image file (JPEG, PNG, BMP, GIF, WebP; TIFF through Pillow) to uint8 `[H, W, channels]`;
     `tfdml.data.ImageReadError` (a `ValueError` naming the file) when it cannot."""
-    from tfdml.data.sources import decode_image_file
 
     return decode_image_file(path, channels)

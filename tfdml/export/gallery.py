@@ -6,6 +6,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfdml.data.sources import Source, load_items, read_image_files
 from tfdml.export.client import ExportedEmbedder
 from tfdml.export.layout import (
     GALLERY_IMAGES_FILE,
@@ -14,6 +15,7 @@ from tfdml.export.layout import (
     _fingerprint,
     resolve_export_dir,
 )
+from tfdml.retrieval import ScannIndex
 
 
 class _Gallery:
@@ -26,7 +28,6 @@ class _Gallery:
 
 
 def _source_gallery(source):
-    from tfdml.data.sources import load_items
 
     images, kept = load_items(source)
     paths = getattr(source, "paths", None)
@@ -45,7 +46,6 @@ def _source_gallery(source):
 
 
 def _path_gallery(paths, channels):
-    from tfdml.data.sources import read_image_files
 
     images, kept = read_image_files(paths, channels, what="gallery")
     return _Gallery([images], np.asarray([os.path.abspath(os.fspath(paths[i])) for i in kept]), kept=kept)
@@ -67,7 +67,6 @@ def _dataset_gallery(dataset):
 
 
 def _gallery(gallery, channels):
-    from tfdml.data.sources import Source
 
     if isinstance(gallery, Source):
         return _source_gallery(gallery)
@@ -117,7 +116,6 @@ def embed_gallery(embed, channels, gallery, ids=None, labels=None, class_names=N
 def save_index(version_dir, embedded, model_name, model_version, mode, settings, distance="dot_product"):
     """Builds the `ScannIndex` of an `EmbeddedGallery` and saves it inside the (written) version directory,
     recording the model name, version and SavedModel fingerprint it belongs to."""
-    from tfdml.retrieval import ScannIndex
 
     metadata = {
         "model_name": model_name,
@@ -200,7 +198,6 @@ class IndexMismatchError(ValueError):
 def load_index(model_path, version=None, index_dir=None):
     """`(ExportedEmbedder, ScannIndex)` of an exported version and its gallery index, checked to belong
     together (model name, version and SavedModel fingerprint recorded in the index)."""
-    from tfdml.retrieval import ScannIndex
 
     embedder = ExportedEmbedder(model_path, version)
     directory = index_dir or os.path.join(embedder.path, INDEX_DIR)
