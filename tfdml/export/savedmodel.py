@@ -231,44 +231,69 @@ def export_saved_model(
         _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows)
     model_dir, version, target = _version_path(base_dir, name, version, overwrite)
 
-    def embed_preprocessed(preprocessed):
-        return _named_outputs(model, preprocessed)
-
-    def embed_images(images):
-        pixels = _serving_images(images, channels)
-        return _named_outputs(model, eval_image(pixels, (height, width), center_crop, resize, preprocess_fn))
-
-    image_spec = tf.TensorSpec([None, None, None, None], tf.uint8, name=IMAGE_INPUT)
-    float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name=PREPROCESSED_INPUT)
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    # The argument names (`images`, `preprocessed`) become the signatures' input names.
-    serve = tf.function(embed_images, input_signature=[image_spec])
-    archive.add_endpoint(SERVING_SIGNATURE, serve)
-    archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
-    output_shapes = serve.get_concrete_function().structured_outputs
-    outputs = {
-        key: int(value.shape[-1]) if value.shape[-1] is not None else None for key, value in output_shapes.items()
-    }
+    archive, serve, embed_images, outputs = _embedding_archive(
+        model,
+        (height, width),
+        channels,
+        lambda pixels: eval_image(pixels, (height, width), center_crop, resize, preprocess_fn),
+    )
     embedded = searcher = None
     if gallery is not None:
         # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
-        embedded = embed_gallery(
-            lambda images, batch_size: embed_uint8(serve, images, batch_size),
-            channels,
-            gallery,
-            gallery_ids,
-            gallery_labels,
-            class_names,
-            batch_size,
-        )
+        embed = lambda images, batch_size: embed_uint8(serve, images, batch_size)  # noqa: E731
+        embedded = embed_gallery(embed, channels, gallery, gallery_ids, gallery_labels, class_names, batch_size)
     if search and embedded is not None:
         if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
             calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
         searcher = _add_search_signature(
-            archive, embed_images, image_spec, embedded, calibration, top_k, gallery_dtype, search_block_rows
+            archive, embed_images, embedded, calibration, top_k, gallery_dtype, search_block_rows
         )
+    inputs = _input_metadata(
+        channels,
+        (height, width),
+        eval_settings((height, width), center_crop, resize),
+        preprocess_name,
+        in_model,
+        outputs,
+    )
+    metadata = _metadata(
+        model, name, version, outputs, inputs, searcher, calibration, embedded, training_config, metrics
+    )
+    _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings)
+    return target
 
+
+def _image_spec():
+    return tf.TensorSpec([None, None, None, None], tf.uint8, name=IMAGE_INPUT)
+
+
+def _embedding_archive(model, image_size, channels, evaluation_image):
+    """An `ExportArchive` of `model` with its two embedding signatures: `serving_default` (uint8 images of
+    any size -> channels converted -> `evaluation_image` -> the model) and `embed_preprocessed` (the
+    model's input as it takes it). Returns `(archive, serving function, its Python function, output
+    widths)`."""
+
+    def embed_preprocessed(preprocessed):
+        return _named_outputs(model, preprocessed)
+
+    def embed_images(images):
+        return _named_outputs(model, evaluation_image(_serving_images(images, channels)))
+
+    float_spec = tf.TensorSpec([None, *image_size, channels], tf.float32, name=PREPROCESSED_INPUT)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    # The argument names (`images`, `preprocessed`) become the signatures' input names.
+    serve = tf.function(embed_images, input_signature=[_image_spec()])
+    archive.add_endpoint(SERVING_SIGNATURE, serve)
+    archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
+    shapes = serve.get_concrete_function().structured_outputs
+    outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None for key, value in shapes.items()}
+    return archive, serve, embed_images, outputs
+
+
+def _metadata(model, name, version, outputs, inputs, searcher, calibration, embedded, training_config, metrics):
+    """`tfdml_metadata.json` of a version (the index summary is added when the index is written); a field
+    that is not known is left out."""
     metadata = {
         "format": "tfdml.export/2",
         "name": name,
@@ -278,14 +303,7 @@ def export_saved_model(
         "outputs": outputs,
         "embedding_normalized": True,
         "distance": "dot_product",
-        **_input_metadata(
-            channels,
-            (height, width),
-            eval_settings((height, width), center_crop, resize),
-            preprocess_name,
-            in_model,
-            outputs,
-        ),
+        **inputs,
         "search": None if searcher is None else _search_info(searcher, calibration, embedded),
         "calibration": None if searcher is None or calibration is None else calibration.to_dict(),
         "model": {"class": type(model).__name__, "name": model.name},
@@ -294,11 +312,10 @@ def export_saved_model(
         "metrics": _json_safe(metrics) if metrics else None,
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
-    metadata = {key: value for key, value in metadata.items() if value is not None}  # unknown: left out
+    metadata = {key: value for key, value in metadata.items() if value is not None}
     if searcher is not None:
         metadata["signatures"][SEARCH_SIGNATURE] = search_signature_info(searcher.k, outputs[EMBEDDING_OUTPUT])
-    _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings)
-    return target
+    return metadata
 
 
 def _graph_preprocessing(model, config, preprocess):
@@ -332,7 +349,7 @@ def _version_path(base_dir, name, version, overwrite):
     return model_dir, version, target
 
 
-def _add_search_signature(archive, embed_images, image_spec, embedded, calibration, top_k, gallery_dtype, block_rows):
+def _add_search_signature(archive, embed_images, embedded, calibration, top_k, gallery_dtype, block_rows):
     """Adds the `search` endpoint over the embedded gallery to `archive`; returns its `GallerySearch`."""
     ids, labels = item_strings(
         embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings), embedded.source
@@ -351,7 +368,7 @@ def _add_search_signature(archive, embed_images, image_spec, embedded, calibrati
         embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
         return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
 
-    archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec]))
+    archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[_image_spec()]))
     return searcher
 
 

@@ -309,30 +309,9 @@ class ALAModel(keras.Model):
             raise ValueError(f"variant must be one of {sorted(VARIANTS)}, got {variant!r}.")
         self.variant = variant
         defaults = VARIANTS[variant]
-        if inner_learning_rate is not None and lookahead is None:
-            lookahead = "sgd"  # one rate only means something for a plain SGD look-ahead
-        self.normalize_weights = bool(defaults["normalize_weights"] if normalize_weights is None else normalize_weights)
-        self.weight_floor = float(defaults["weight_floor"] if weight_floor is None else weight_floor)
-        if not 0.0 <= self.weight_floor < 1.0:
-            raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}.")
-        if self.weight_floor and not self.normalize_weights:
-            raise ValueError(
-                "weight_floor mixes normalised weights with uniform ones; it needs normalize_weights=True."
-            )
-        self.normalize_over = defaults["normalize_over"] if normalize_over is None else normalize_over
-        if self.normalize_over not in NORMALIZE_OVER:
-            raise ValueError(f"normalize_over must be one of {NORMALIZE_OVER}, got {normalize_over!r}.")
-        self.lookahead = defaults["lookahead"] if lookahead is None else lookahead
-        self.assessor_input = defaults["assessor_input"] if assessor_input is None else assessor_input
-        if self.lookahead not in LOOKAHEADS:
-            raise ValueError(f"lookahead must be one of {LOOKAHEADS}, got {lookahead!r}.")
-        if self.assessor_input not in ASSESSOR_INPUTS:
-            raise ValueError(f"assessor_input must be one of {ASSESSOR_INPUTS}, got {assessor_input!r}.")
-        if inner_learning_rate is not None and self.lookahead != "sgd":
-            raise ValueError(
-                "inner_learning_rate sets the rate of an SGD look-ahead; it cannot be combined "
-                f"with lookahead={self.lookahead!r}."
-            )
+        self._init_weighting(
+            defaults, normalize_weights, weight_floor, normalize_over, lookahead, assessor_input, inner_learning_rate
+        )
         self.assessor_steps = int(assessor_steps)
         if self.assessor_steps < 0:
             raise ValueError(f"assessor_steps must be >= 0, got {assessor_steps}.")
@@ -360,22 +339,7 @@ class ALAModel(keras.Model):
                 "Input), use a tfdml embedder, or pass embedding_dim=..."
             )
         self.embedding_dim = int(embedding_dim)
-        geometry = self.assessor_input != "embeddings"
-        self.assessor = TupleAssessor(
-            tuple_size=2 if self.loss_kind == "contrastive" else 3,
-            units=assessor_units,
-            num_layers=assessor_layers,
-            state=state,
-            num_features=NUM_GEOMETRY_FEATURES if geometry else 0,
-            use_embeddings=self.assessor_input != "geometry",
-            dtype=self.dtype_policy,
-            name="assessor",
-        )
-        self.assessor.build((None, self.embedding_dim))
-        if defaults["assessor_optimizer"] == "adam":
-            self.assessor_optimizer = keras.optimizers.Adam(self.assessor_learning_rate, name="assessor_adam")
-        else:
-            self.assessor_optimizer = keras.optimizers.SGD(self.assessor_learning_rate, name="assessor_sgd")
+        self._init_assessor(defaults["assessor_optimizer"], assessor_units, assessor_layers, state)
         self._init_margin_beta(learn_beta, beta_learning_rate)
         names = ["loss", "meta_loss", "weight_mean", "weight_variance"]
         if self.weighting == "uniform":
@@ -386,6 +350,54 @@ class ALAModel(keras.Model):
         # Every weight exists now (the embedder is built): Keras' symbolic build, which assumes
         # (x, y, sample_weight) batches rather than episodes, is never needed.
         self.built = True
+
+    def _init_weighting(
+        self, defaults, normalize_weights, weight_floor, normalize_over, lookahead, assessor_input, inner_learning_rate
+    ):
+        """The variant's choices (normalisation, floor, look-ahead, assessor input), each overridable."""
+        if inner_learning_rate is not None and lookahead is None:
+            lookahead = "sgd"  # one rate only means something for a plain SGD look-ahead
+        self.normalize_weights = bool(defaults["normalize_weights"] if normalize_weights is None else normalize_weights)
+        self.weight_floor = float(defaults["weight_floor"] if weight_floor is None else weight_floor)
+        if not 0.0 <= self.weight_floor < 1.0:
+            raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}.")
+        if self.weight_floor and not self.normalize_weights:
+            raise ValueError(
+                "weight_floor mixes normalised weights with uniform ones; it needs normalize_weights=True."
+            )
+        self.normalize_over = defaults["normalize_over"] if normalize_over is None else normalize_over
+        if self.normalize_over not in NORMALIZE_OVER:
+            raise ValueError(f"normalize_over must be one of {NORMALIZE_OVER}, got {normalize_over!r}.")
+        self.lookahead = defaults["lookahead"] if lookahead is None else lookahead
+        self.assessor_input = defaults["assessor_input"] if assessor_input is None else assessor_input
+        if self.lookahead not in LOOKAHEADS:
+            raise ValueError(f"lookahead must be one of {LOOKAHEADS}, got {lookahead!r}.")
+        if self.assessor_input not in ASSESSOR_INPUTS:
+            raise ValueError(f"assessor_input must be one of {ASSESSOR_INPUTS}, got {assessor_input!r}.")
+        if inner_learning_rate is not None and self.lookahead != "sgd":
+            raise ValueError(
+                "inner_learning_rate sets the rate of an SGD look-ahead; it cannot be combined "
+                f"with lookahead={self.lookahead!r}."
+            )
+
+    def _init_assessor(self, optimizer_name, units, num_layers, state):
+        """The LSTM assessor (reading embeddings and/or the tuple geometry) and its own optimizer."""
+        geometry = self.assessor_input != "embeddings"
+        self.assessor = TupleAssessor(
+            tuple_size=2 if self.loss_kind == "contrastive" else 3,
+            units=units,
+            num_layers=num_layers,
+            state=state,
+            num_features=NUM_GEOMETRY_FEATURES if geometry else 0,
+            use_embeddings=self.assessor_input != "geometry",
+            dtype=self.dtype_policy,
+            name="assessor",
+        )
+        self.assessor.build((None, self.embedding_dim))
+        if optimizer_name == "adam":
+            self.assessor_optimizer = keras.optimizers.Adam(self.assessor_learning_rate, name="assessor_adam")
+        else:
+            self.assessor_optimizer = keras.optimizers.SGD(self.assessor_learning_rate, name="assessor_sgd")
 
     def _init_margin_beta(self, learn_beta, beta_learning_rate):
         defaults = {"learn_beta": True, "beta_learning_rate": 0.1}
