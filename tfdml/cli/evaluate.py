@@ -67,6 +67,12 @@ def register(subparsers):
     )
     data.add_argument("--version", type=positive_int, help="model version to use instead of the latest.")
     data.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64).")
+    _add_metric_and_output_options(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _add_metric_and_output_options(parser):
     options = parser.add_argument_group("metrics")
     options.add_argument(
         "--ks", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="the K values of Recall@K (default 1 2 4 8)."
@@ -101,8 +107,6 @@ def register(subparsers):
         "'tensorboard --logdir LOGDIR'). With --embeddings, optional arrays 'class_names' and "
         "'images' of the .npz are used.",
     )
-    parser.set_defaults(func=run)
-    return parser
 
 
 def embed_source(embedder, source, batch_size, view=None):

@@ -70,7 +70,14 @@ def register(subparsers):
         "name (default: none). tfdml embedders apply their own preprocessing to raw "
         "pixels (their first layer), so the graph adds none.",
     )
-    parser.add_argument(
+    _add_gallery_options(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _add_gallery_options(parser):
+    group = parser.add_argument_group("gallery, ScaNN index and search signature")
+    group.add_argument(
         "--gallery-dir",
         metavar="DIR",
         help="build the ScaNN index of these images (one sub-folder per class); files that "
@@ -78,31 +85,31 @@ def register(subparsers):
         "when the model sits in a 'tfdml train' report folder (embedded data set or "
         "image folder), else no index.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--no-index",
         action="store_true",
         help="export the SavedModel without an index (and so without the search signature).",
     )
-    parser.add_argument(
+    group.add_argument(
         "--no-search",
         action="store_true",
         help="leave the 'search' signature out (the gallery's ScaNN index is still written).",
     )
-    parser.add_argument(
+    group.add_argument(
         "--top-k",
         type=int,
         metavar="K",
         help="neighbours the search signature returns per image (default: the job's "
         "export.top_k for a model in a report folder, else 10).",
     )
-    parser.add_argument(
+    group.add_argument(
         "--gallery-dtype",
         choices=("float32", "bfloat16", "int8"),
         help="how the search signature stores the gallery: float32 (exact), bfloat16 (half "
         "the memory, scores within ~0.002) or int8 with per-row scales (a quarter; see "
         "the README for the recall cost). Default: the job's, else float32.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--match-precision",
         type=float,
         metavar="P",
@@ -110,8 +117,6 @@ def register(subparsers):
         "top-1 match is correct with this precision on the gallery's labelled items "
         "(leave-one-out; default: the job's, else 0.9).",
     )
-    parser.set_defaults(func=run)
-    return parser
 
 
 def report_files(model_path):

@@ -55,42 +55,47 @@ def register(subparsers):
         metavar="DIR",
         help="evaluation images laid out like --image-dir (classes unseen in training).",
     )
-    parser.add_argument("--epochs", type=int, metavar="N", help="shortcut for --set training.epochs=N.")
-    parser.add_argument(
+    _add_run_options(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _add_run_options(parser):
+    group = parser.add_argument_group("training run, outputs and resuming")
+    group.add_argument("--epochs", type=int, metavar="N", help="shortcut for --set training.epochs=N.")
+    group.add_argument(
         "--steps-per-epoch", type=int, metavar="N", help="shortcut for --set training.steps_per_epoch=N."
     )
-    parser.add_argument("--seed", type=int, metavar="N", help="shortcut for --set seed=N (same seed, same run).")
-    parser.add_argument(
+    group.add_argument("--seed", type=int, metavar="N", help="shortcut for --set seed=N (same seed, same run).")
+    group.add_argument(
         "--report-dir", metavar="DIR", help="where the report and checkpoints go (default: reports/<name>)."
     )
-    parser.add_argument(
+    group.add_argument(
         "--restart",
         action="store_true",
         help="discard an unfinished run's checkpoints in the report directory and train from "
         "epoch 1 (without it, such a run resumes, and a changed configuration is refused).",
     )
-    parser.add_argument(
+    group.add_argument(
         "--export-dir", metavar="DIR", help="TF Serving base directory of the export (default: exported_models)."
     )
-    parser.add_argument(
+    group.add_argument(
         "--export-version",
         type=int,
         metavar="N",
         help="version directory to write (default: the next free integer); an existing version is replaced.",
     )
-    parser.add_argument("--no-export", action="store_true", help="skip the SavedModel and index export.")
-    parser.add_argument(
+    group.add_argument("--no-export", action="store_true", help="skip the SavedModel and index export.")
+    group.add_argument(
         "--print-config",
         action="store_true",
         help="print the resolved configuration as YAML and exit without training.",
     )
-    parser.add_argument(
+    group.add_argument(
         "--quiet",
         action="store_true",
         help="one line per epoch instead of progress bars (the default when the output is not a terminal).",
     )
-    parser.set_defaults(func=run)
-    return parser
 
 
 def _folder_job(args):
