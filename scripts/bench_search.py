@@ -223,6 +223,7 @@ def main():
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--work", default="/tmp/bench_search")
+    parser.add_argument("--table", action="store_true", help="print the report as a Markdown table (the README's)")
     parser.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -288,7 +289,33 @@ def main():
                     "query1": tf_row["seconds_per_query1"] / row["seconds_per_query1"],
                 }
         report["sizes"][str(size)] = {"methods": rows, "time_ratios": ratios}
-    print(json.dumps(report, indent=1))
+    print(markdown_table(report) if args.table else json.dumps(report, indent=1))
+
+
+def markdown_table(report):
+    """The report as the README's table: one row per size and method (milliseconds, MiB)."""
+    lines = [
+        "| gallery | method | ms / batch of 32 | ms / 1 query | gallery MiB | resident MiB | peak MiB searching "
+        "| recall@10 vs exact | build s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, entry in report["sizes"].items():
+        for method, row in entry["methods"].items():
+            if not row:
+                continue
+            if "error" in row:
+                lines.append(f"| {int(size):,} | {method} | failed: {' '.join(row['error'])} |||||||")
+                continue
+
+            def number(key, scale=1.0, digits=1):
+                return f"{row[key] * scale:.{digits}f}" if key in row else ""
+
+            lines.append(
+                f"| {int(size):,} | {method} | {number('seconds_per_batch32', 1e3, 2)} "
+                f"| {number('seconds_per_query1', 1e3, 3)} | {number('stored_mib')} | {number('resident_mib')} "
+                f"| {number('peak_mib')} | {number('recall@10_vs_exact', digits=4)} | {number('build_seconds')} |"
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
