@@ -45,9 +45,10 @@ def main():
     report = {"model": embedder.path, "gallery": len(embeddings), "dim": int(embeddings.shape[1]), "dtypes": {}}
     for dtype in GALLERY_DTYPES:
         found = leave_one_out_neighbours(embeddings, dequantized(*quantize(embeddings, dtype)))
+        overlap = np.mean([len(set(a) & set(b)) / K for a, b in zip(found, exact)])
         report["dtypes"][dtype] = {
             "recall@1": float((labels[found[:, 0]] == labels).mean()),
-            f"neighbour_recall@{K}_vs_float32": float(np.mean([len(set(a) & set(b)) / K for a, b in zip(found, exact)])),
+            f"neighbour_recall@{K}_vs_float32": float(overlap),
             "top1_agreement_vs_float32": float((found[:, 0] == exact[:, 0]).mean()),
         }
     print(json.dumps(report, indent=1))
