@@ -9,7 +9,9 @@ own):
   match threshold applied) saved as a SavedModel and loaded back as TF Serving would load it;
 - `numpy_exact`: float32 matmul + argpartition over the whole gallery (the reference for recall);
 - `scann_brute_force`: ScaNN's exact brute force; `scann_tree_ah`: ScaNN tree + anisotropic hashing +
-  exact re-ordering, `tfdml.retrieval.ScannIndex` auto settings (neither runs in stock TF Serving).
+  exact re-ordering, `tfdml.retrieval.ScannIndex` auto settings (neither runs in stock TF Serving);
+  `scann_tree_ah_10pct`: the same index searching 10 % of its leaves (the auto settings search 1 % above
+  200k points; up to 200k they are the same search).
 
 Per method and size: build seconds, median seconds per batch of 32 queries and per single query, resident
 memory after building / loading and the peak while searching (MiB above the process baseline, from
@@ -36,7 +38,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np  # noqa: E402
 
-METHODS = ("numpy_exact", "tf_float32", "tf_bfloat16", "tf_int8", "scann_brute_force", "scann_tree_ah")
+METHODS = (
+    "numpy_exact",
+    "tf_float32",
+    "tf_bfloat16",
+    "tf_int8",
+    "scann_brute_force",
+    "scann_tree_ah",
+    "scann_tree_ah_10pct",
+)
 K = 10
 BATCH = 32
 
@@ -77,6 +87,17 @@ def memory_mib():
             if line.startswith(("VmRSS:", "VmHWM:")):
                 values[line.split(":")[0]] = int(line.split()[1]) / 1024
     return values["VmRSS"], values["VmHWM"]
+
+
+def reset_peak():
+    """Starts a new peak (VmHWM) from the current resident memory (Linux: `clear_refs` 5), so that the peak
+    while searching does not include building the gallery; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def timed(fn, queries):
@@ -164,7 +185,7 @@ def _tf(size, dim, work, dtype):
     return search, info, base
 
 
-def _scann(size, dim, work, mode):
+def _scann(size, dim, work, mode, leaves_fraction=None):
     from tfdml.retrieval import ScannIndex
 
     base = memory_mib()[0]
@@ -176,8 +197,13 @@ def _scann(size, dim, work, mode):
     gc.collect()
     info = {"build_seconds": build, "resident_mib": memory_mib()[0] - base, "settings": index.settings or "brute force"}
 
+    leaves = None
+    if leaves_fraction is not None:
+        leaves = max(1, round(leaves_fraction * index.settings["num_leaves"]))
+        info["leaves_searched"] = leaves
+
     def search(q):
-        return np.asarray(index.search(q, k=K)[0])
+        return np.asarray(index.search(q, k=K, leaves_to_search=leaves)[0])
 
     return search, info, base
 
@@ -187,9 +213,12 @@ def run_child(method, size, dim, work):
         search, info, base = _numpy_exact(size, dim, work)
     elif method.startswith("tf_"):
         search, info, base = _tf(size, dim, work, method[3:])
+    elif method == "scann_brute_force":
+        search, info, base = _scann(size, dim, work, "exact")
     else:
-        search, info, base = _scann(size, dim, work, "exact" if method == "scann_brute_force" else "approximate")
+        search, info, base = _scann(size, dim, work, "approximate", 0.1 if method.endswith("10pct") else None)
     queries = queries_for(size, dim)
+    info["peak_is_search_only"] = reset_peak()
     info.update(timed(search, queries))
     neighbours = all_neighbours(search, queries)
     np.save(os.path.join(work, f"neighbours_{method}_{size}.npy"), neighbours)
@@ -211,6 +240,9 @@ def main():
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--work", default="/tmp/bench_search")
+    parser.add_argument(
+        "--table", action="store_true", help="print what was measured as the README's Markdown table; measures nothing"
+    )
     parser.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -231,7 +263,7 @@ def main():
     for size in args.sizes:
         for method in args.methods:
             key = f"{size}/{method}"
-            if key in results:
+            if key in results or args.table:  # --table only reports what was measured
                 continue
             done = subprocess.run(
                 [
@@ -268,7 +300,9 @@ def main():
                 row["recall@10_vs_exact"], row["top1_agreement"] = recall_against(np.load(found), exact)
         ratios = {}
         tf_row = rows.get("tf_float32", {})
-        for other in ("numpy_exact", "scann_brute_force", "scann_tree_ah", "tf_bfloat16", "tf_int8"):
+        for other in METHODS:
+            if other == "tf_float32":
+                continue
             row = rows.get(other, {})
             if "seconds_per_batch32" in tf_row and "seconds_per_batch32" in row:
                 ratios[f"tf_float32_over_{other}"] = {
@@ -276,7 +310,33 @@ def main():
                     "query1": tf_row["seconds_per_query1"] / row["seconds_per_query1"],
                 }
         report["sizes"][str(size)] = {"methods": rows, "time_ratios": ratios}
-    print(json.dumps(report, indent=1))
+    print(markdown_table(report) if args.table else json.dumps(report, indent=1))
+
+
+def markdown_table(report):
+    """The report as the README's table: one row per size and method (milliseconds, MiB)."""
+    lines = [
+        "| gallery | method | ms / batch of 32 | ms / 1 query | gallery MiB | resident MiB | peak MiB searching "
+        "| recall@10 vs exact | build s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, entry in report["sizes"].items():
+        for method, row in entry["methods"].items():
+            if not row:
+                continue
+            if "error" in row:
+                lines.append(f"| {int(size):,} | {method} | failed: {' '.join(row['error'])} |||||||")
+                continue
+
+            def number(key, scale=1.0, digits=1, row=row):
+                return f"{row[key] * scale:.{digits}f}" if key in row else ""
+
+            lines.append(
+                f"| {int(size):,} | {method} | {number('seconds_per_batch32', 1e3, 2)} "
+                f"| {number('seconds_per_query1', 1e3, 3)} | {number('stored_mib')} | {number('resident_mib')} "
+                f"| {number('peak_mib')} | {number('recall@10_vs_exact', digits=4)} | {number('build_seconds')} |"
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
