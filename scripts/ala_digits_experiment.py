@@ -38,8 +38,8 @@ from tfdml.models.ala import ala_training  # noqa: E402
 IMAGE_SIZE = 16
 
 
-def embed(model, source, preprocess):
-    ds = data.eval_dataset(source, 256, image_size=IMAGE_SIZE, preprocess=preprocess)
+def embed(model, source):
+    ds = data.eval_dataset(source, 256, image_size=IMAGE_SIZE)  # raw pixels: the embedder preprocesses
     return np.concatenate([model.predict_on_batch(images) for images, _ in ds]), source.labels
 
 
@@ -47,13 +47,20 @@ def run(kind, weighting, seed, args, train, test):
     keras.utils.set_random_seed(seed)
     embedder = Embedder("small_cnn", embedding_dim=32, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 1))
     model, ds = ala_training(
-        embedder, train, args.steps, base_loss=kind, weighting=weighting,
-        optimizer=keras.optimizers.Adam(args.lr), image_size=IMAGE_SIZE, seed=seed,
+        embedder,
+        train,
+        args.steps,
+        base_loss=kind,
+        weighting=weighting,
+        optimizer=keras.optimizers.Adam(args.lr),
+        image_size=IMAGE_SIZE,
+        seed=seed,
         episode={"train_size": 24, "val_size": 10, "train_classes": 3, "val_classes": 2},
-        max_tuples=args.max_tuples, state=args.state)
-    history = model.fit(ds, epochs=args.steps // args.log_every, steps_per_epoch=args.log_every,
-                        verbose=0).history
-    embeddings, labels = embed(model, test, embedder.preprocess)
+        max_tuples=args.max_tuples,
+        state=args.state,
+    )
+    history = model.fit(ds, epochs=args.steps // args.log_every, steps_per_epoch=args.log_every, verbose=0).history
+    embeddings, labels = embed(model, test)
     metrics = retrieval.evaluate(embeddings, labels, ks=(1,), metrics=("recall", "map@r"))
     return metrics["recall@1"], metrics["map@r"], history
 
@@ -75,16 +82,30 @@ def label_noise_run(fraction, seed, args, train):
     keras.utils.set_random_seed(seed)
     embedder = Embedder("small_cnn", embedding_dim=32, input_shape=(IMAGE_SIZE, IMAGE_SIZE, 1))
     model, ds = ala_training(
-        embedder, noisy, args.steps + 20, base_loss="triplet", optimizer=keras.optimizers.Adam(args.lr),
-        image_size=IMAGE_SIZE, seed=seed, episode={"train_size": 24, "val_size": 10, "train_classes": 3,
-                                                    "val_classes": 2},
-        max_tuples=args.max_tuples, state=args.state)
+        embedder,
+        noisy,
+        args.steps + 20,
+        base_loss="triplet",
+        optimizer=keras.optimizers.Adam(args.lr),
+        image_size=IMAGE_SIZE,
+        seed=seed,
+        episode={"train_size": 24, "val_size": 10, "train_classes": 3, "val_classes": 2},
+        max_tuples=args.max_tuples,
+        state=args.state,
+    )
     model.fit(ds.take(args.steps), verbose=0)
     # The same labels and seed draw the same items whatever the images are: a twin source whose "images" are
     # the item indices tells which items each episode holds.
     index_images = np.stack([np.arange(len(labels)) // 256, np.arange(len(labels)) % 256], 1).astype(np.uint8)
-    raw = data.episode_dataset(data.array_source(index_images[:, None, :, None], labels), train_size=24,
-                               val_size=10, train_classes=3, val_classes=2, seed=seed, preprocess=lambda x: x)
+    raw = data.episode_dataset(
+        data.array_source(index_images[:, None, :, None], labels),
+        train_size=24,
+        val_size=10,
+        train_classes=3,
+        val_classes=2,
+        seed=seed,
+        preprocess=lambda x: x,
+    )
     clean_w, bad_w = [], []
     for step, (episode, raw_episode) in enumerate(zip(ds.skip(args.steps), raw.skip(args.steps))):
         train_x, train_y = episode[0], episode[1]
@@ -95,17 +116,21 @@ def label_noise_run(fraction, seed, args, train):
         bad = flags[tuples.numpy()].any(axis=1)
         clean_w.extend(weights[~bad].tolist())
         bad_w.extend(weights[bad].tolist())
-    return {"corrupted_fraction_of_images": round(float(corrupted.mean()), 3),
-            "corrupted_fraction_of_tuples": round(len(bad_w) / max(1, len(bad_w) + len(clean_w)), 3),
-            "mean_weight_clean": round(float(np.mean(clean_w)), 6),
-            "mean_weight_corrupted": round(float(np.mean(bad_w)), 6),
-            "std_weight_all": round(float(np.std(clean_w + bad_w)), 6)}
+    return {
+        "corrupted_fraction_of_images": round(float(corrupted.mean()), 3),
+        "corrupted_fraction_of_tuples": round(len(bad_w) / max(1, len(bad_w) + len(clean_w)), 3),
+        "mean_weight_clean": round(float(np.mean(clean_w)), 6),
+        "mean_weight_corrupted": round(float(np.mean(bad_w)), 6),
+        "std_weight_all": round(float(np.std(clean_w + bad_w)), 6),
+    }
 
 
 def summary(values):
-    return {"mean": round(statistics.mean(values), 4),
-            "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
-            "per_seed": [round(v, 4) for v in values]}
+    return {
+        "mean": round(statistics.mean(values), 4),
+        "std": round(statistics.stdev(values), 4) if len(values) > 1 else 0.0,
+        "per_seed": [round(v, 4) for v in values],
+    }
 
 
 def main():
@@ -124,12 +149,23 @@ def main():
     if args.label_noise is not None:
         start = time.process_time()
         runs = [label_noise_run(args.label_noise, seed, args, train) for seed in range(args.seeds)]
-        print(json.dumps({"experiment": "label noise: assessed weights of corrupted vs clean tuples",
-                          "config": vars(args), "runs": runs,
-                          "cpu_seconds": round(time.process_time() - start, 1)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "experiment": "label noise: assessed weights of corrupted vs clean tuples",
+                    "config": vars(args),
+                    "runs": runs,
+                    "cpu_seconds": round(time.process_time() - start, 1),
+                },
+                indent=2,
+            )
+        )
         return
-    results = {"experiment": "digits zero-shot (train 0-4, test 5-9), Recall@1 and MAP@R", "config": vars(args),
-               "runs": {}}
+    results = {
+        "experiment": "digits zero-shot (train 0-4, test 5-9), Recall@1 and MAP@R",
+        "config": vars(args),
+        "runs": {},
+    }
     start, cpu = time.time(), time.process_time()
     for kind in args.losses.split(","):
         scores = {"uniform": ([], []), "assessor": ([], [])}
@@ -145,14 +181,17 @@ def main():
         results["runs"][kind] = {
             "plain": {"recall@1": summary(base[0]), "map@r": summary(base[1])},
             "ala": {"recall@1": summary(ala[0]), "map@r": summary(ala[1])},
-            "ala_minus_plain": {"recall@1": summary([a - p for a, p in zip(ala[0], base[0])]),
-                                "map@r": summary([a - p for a, p in zip(ala[1], base[1])])},
-            "ala_last_logged": {key: round(statistics.mean(h[key][-1] for h in weight_logs), 6)
-                                for key in ("weight_mean", "weight_variance", "hardness_ratio")},
+            "ala_minus_plain": {
+                "recall@1": summary([a - p for a, p in zip(ala[0], base[0])]),
+                "map@r": summary([a - p for a, p in zip(ala[1], base[1])]),
+            },
+            "ala_last_logged": {
+                key: round(statistics.mean(h[key][-1] for h in weight_logs), 6)
+                for key in ("weight_mean", "weight_variance", "hardness_ratio")
+            },
         }
         if args.plot and kind == "triplet":
-            plots.plot_ala_weights(weight_logs[-1], args.plot,
-                                   title=f"triplet + ALA on digits (seed {args.seeds - 1})")
+            plots.plot_ala_weights(weight_logs[-1], args.plot, title=f"triplet + ALA on digits (seed {args.seeds - 1})")
     results["seconds"] = round(time.time() - start, 1)
     results["cpu_seconds"] = round(time.process_time() - cpu, 1)
     print(json.dumps(results, indent=2))

@@ -10,20 +10,28 @@ real backbone). The plain step is
 `TripletLoss(margin=0.2, mining="all")` on the training subset with the same optimizer. ALA steps are
 timed with the paper's K = 3 assessor updates and with K = 1, with the default tuple cap (1024) and 4096,
 with the paper's per-tuple recurrence (`state="per_tuple"`) and the per-step approximation, and with
-`weighting="uniform"` (the same tuples, no assessor: what the per-tuple losses cost by themselves). The
-difference between per_tuple and per_step rows is the cost of the recurrence over the tuples.
+`weighting="uniform"` (the same tuples, no assessor: what the per-tuple losses cost by themselves), and at
+K = 3 with the assessor updated every N = 1, 2, 5 steps (`meta_interval`; the steps between reuse it). The
+difference between per_tuple and per_step rows is the cost of the recurrence over the tuples. ALA runs at
+the library defaults (`variant="default"`) unless a row says `variant`.
+
+With `meta_interval` N > 1 only every N-th step is a meta step: the per-step figures to read are the means
+(`step_ms_mean`, `ratio_to_plain_mean`, `cpu_ms_mean`, `ratio_to_plain_cpu_mean`) over `--repeats` steps, a
+multiple of 10 so that every N divides it.
 There is no other public DML-ALA implementation to compare against (peer figure: null).
 
-Usage: python scripts/bench_ala.py [--repeats 20]
+Usage: python scripts/bench_ala.py [--repeats 20] [--only-meta-interval] [--embedders small,wide]
 """
 
 import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's tfdml
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -41,10 +49,19 @@ EMBEDDERS = {"small": (32, (16, 32)), "wide": (64, (32, 64, 128, 128))}  # image
 def make_embedder(kind, seed=0):
     keras.utils.set_random_seed(seed)
     size, filters = EMBEDDERS[kind]
-    convs = [keras.layers.Conv2D(f, 3, strides=2 if i < 2 else 1, padding="same", activation="relu")
-             for i, f in enumerate(filters)]
-    return keras.Sequential([keras.Input((size, size, 3)), *convs, keras.layers.GlobalAveragePooling2D(),
-                             keras.layers.Dense(64), keras.layers.UnitNormalization()])
+    convs = [
+        keras.layers.Conv2D(f, 3, strides=2 if i < 2 else 1, padding="same", activation="relu")
+        for i, f in enumerate(filters)
+    ]
+    return keras.Sequential(
+        [
+            keras.Input((size, size, 3)),
+            *convs,
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(64),
+            keras.layers.UnitNormalization(),
+        ]
+    )
 
 
 def make_episode(kind, seed=0):
@@ -52,12 +69,16 @@ def make_episode(kind, seed=0):
     size = EMBEDDERS[kind][0]
     train_y = np.repeat(np.arange(20), 5).astype("int32")
     val_y = np.repeat(np.arange(20, 24), 5).astype("int32")
-    return (tf.constant(rng.normal(size=(100, size, size, 3)).astype("float32")), tf.constant(train_y),
-            tf.constant(rng.normal(size=(20, size, size, 3)).astype("float32")), tf.constant(val_y))
+    return (
+        tf.constant(rng.normal(size=(100, size, size, 3)).astype("float32")),
+        tf.constant(train_y),
+        tf.constant(rng.normal(size=(20, size, size, 3)).astype("float32")),
+        tf.constant(val_y),
+    )
 
 
 def time_step(step, episode, repeats):
-    """`(median wall, min wall, median CPU)` seconds per step."""
+    """`(median wall, min wall, median CPU, mean wall, mean CPU)` seconds per step."""
     for _ in range(3):  # trace and warm up
         step(episode)
     walls, cpus = [], []
@@ -67,7 +88,13 @@ def time_step(step, episode, repeats):
         tf.nest.map_structure(lambda t: t.numpy(), out)
         walls.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
-    return statistics.median(walls), min(walls), statistics.median(cpus)
+    return (
+        statistics.median(walls),
+        min(walls),
+        statistics.median(cpus),
+        statistics.mean(walls),
+        statistics.mean(cpus),
+    )
 
 
 def plain_step_fn(kind):
@@ -80,49 +107,104 @@ def plain_step_fn(kind):
         train_x, train_y = episode[0], episode[1]
         with tf.GradientTape() as tape:
             loss = loss_fn(train_y, embedder(train_x, training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, embedder.trainable_variables),
-                                      embedder.trainable_variables))
+        optimizer.apply_gradients(zip(tape.gradient(loss, embedder.trainable_variables), embedder.trainable_variables))
         return loss
 
     return step
 
 
-def ala_step_fn(kind, assessor_steps, max_tuples, state, weighting="assessor"):
-    model = ALAModel(make_embedder(kind), base_loss="triplet", assessor_steps=assessor_steps, max_tuples=max_tuples,
-                     state=state, weighting=weighting)
+def ala_step_fn(kind, assessor_steps, max_tuples, state, weighting="assessor", meta_interval=1, variant="default"):
+    model = ALAModel(
+        make_embedder(kind),
+        base_loss="triplet",
+        assessor_steps=assessor_steps,
+        max_tuples=max_tuples,
+        state=state,
+        weighting=weighting,
+        meta_interval=meta_interval,
+        variant=variant,
+    )
     model.compile(optimizer=keras.optimizers.SGD(1e-3))
     return tf.function(model.train_step)
 
 
 def row(seconds, plain, **settings):
-    median, minimum, cpu = seconds
-    return {**settings, "step_ms_median": round(median * 1e3, 2), "step_ms_min": round(minimum * 1e3, 2),
-            "cpu_ms_median": round(cpu * 1e3, 2), "ratio_to_plain_median": round(median / plain[0], 2),
-            "ratio_to_plain_min": round(minimum / plain[1], 2), "ratio_to_plain_cpu": round(cpu / plain[2], 2),
-            "within_target": min(median / plain[0], minimum / plain[1]) <= TARGET_RATIO}
+    median, minimum, cpu, mean, cpu_mean = seconds
+    return {
+        **settings,
+        "step_ms_median": round(median * 1e3, 2),
+        "step_ms_min": round(minimum * 1e3, 2),
+        "cpu_ms_median": round(cpu * 1e3, 2),
+        "ratio_to_plain_median": round(median / plain[0], 2),
+        "ratio_to_plain_min": round(minimum / plain[1], 2),
+        "ratio_to_plain_cpu": round(cpu / plain[2], 2),
+        "step_ms_mean": round(mean * 1e3, 2),
+        "cpu_ms_mean": round(cpu_mean * 1e3, 2),
+        "ratio_to_plain_mean": round(mean / plain[3], 2),
+        "ratio_to_plain_cpu_mean": round(cpu_mean / plain[4], 2),
+        "within_target": min(mean / plain[3], minimum / plain[1]) <= TARGET_RATIO,
+    }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--embedders", default=",".join(EMBEDDERS))
+    parser.add_argument(
+        "--only-meta-interval",
+        action="store_true",
+        help="only the plain step and the K = 3 rows at meta_interval 1, 2, 5 (per_tuple, 1024)",
+    )
     args = parser.parse_args()
-    results = {"benchmark": "dml_ala_step_vs_plain_step", "device": "CPU", "cpu_threads": os.cpu_count(),
-               "episode": {"train": 100, "val": 20, "embedding": 64, "train_triplets": 100 * 4 * 95},
-               "peer": None, "target_ratio": TARGET_RATIO, "embedders": {}}
+    if args.repeats % 10:
+        parser.error("--repeats must be a multiple of 10 (every meta_interval divides it)")
+    results = {
+        "benchmark": "dml_ala_step_vs_plain_step",
+        "device": "CPU",
+        "cpu_threads": os.cpu_count(),
+        "episode": {"train": 100, "val": 20, "embedding": 64, "train_triplets": 100 * 4 * 95},
+        "peer": None,
+        "target_ratio": TARGET_RATIO,
+        "embedders": {},
+    }
     for kind in args.embedders.split(","):
         episode = make_episode(kind)
         plain = time_step(plain_step_fn(kind), episode, args.repeats)
-        rows = [row(time_step(ala_step_fn(kind, 0, max_tuples, "per_step", "uniform"), episode, args.repeats),
-                    plain, weighting="uniform", max_tuples=max_tuples) for max_tuples in (1024, 4096)]
-        for state in ("per_tuple", "per_step"):
-            for assessor_steps, max_tuples in ((3, 1024), (1, 1024), (3, 4096)):
-                seconds = time_step(ala_step_fn(kind, assessor_steps, max_tuples, state), episode, args.repeats)
-                rows.append(row(seconds, plain, state=state, assessor_steps=assessor_steps, max_tuples=max_tuples))
-        results["embedders"][kind] = {"image_size": EMBEDDERS[kind][0], "filters": EMBEDDERS[kind][1],
-                                      "plain_triplet_step_ms_median": round(plain[0] * 1e3, 2),
-                                      "plain_triplet_step_ms_min": round(plain[1] * 1e3, 2),
-                                      "plain_triplet_cpu_ms_median": round(plain[2] * 1e3, 2), "ala": rows}
+        rows = []
+        for meta_interval in (1, 2, 5):
+            seconds = time_step(
+                ala_step_fn(kind, 3, 1024, "per_tuple", meta_interval=meta_interval), episode, args.repeats
+            )
+            rows.append(
+                row(seconds, plain, state="per_tuple", assessor_steps=3, max_tuples=1024, meta_interval=meta_interval)
+            )
+        if not args.only_meta_interval:
+            seconds = time_step(ala_step_fn(kind, 3, 1024, "per_tuple", variant="paper"), episode, args.repeats)
+            rows.append(row(seconds, plain, state="per_tuple", assessor_steps=3, max_tuples=1024, variant="paper"))
+            rows += [
+                row(
+                    time_step(ala_step_fn(kind, 0, max_tuples, "per_step", "uniform"), episode, args.repeats),
+                    plain,
+                    weighting="uniform",
+                    max_tuples=max_tuples,
+                )
+                for max_tuples in (1024, 4096)
+            ]
+            for state in ("per_tuple", "per_step"):
+                for assessor_steps, max_tuples in ((3, 1024), (1, 1024), (3, 4096)):
+                    if (state, assessor_steps, max_tuples) == ("per_tuple", 3, 1024):
+                        continue  # the meta_interval 1 row above
+                    seconds = time_step(ala_step_fn(kind, assessor_steps, max_tuples, state), episode, args.repeats)
+                    rows.append(row(seconds, plain, state=state, assessor_steps=assessor_steps, max_tuples=max_tuples))
+        results["embedders"][kind] = {
+            "image_size": EMBEDDERS[kind][0],
+            "filters": EMBEDDERS[kind][1],
+            "plain_triplet_step_ms_median": round(plain[0] * 1e3, 2),
+            "plain_triplet_step_ms_min": round(plain[1] * 1e3, 2),
+            "plain_triplet_cpu_ms_median": round(plain[2] * 1e3, 2),
+            "plain_triplet_step_ms_mean": round(plain[3] * 1e3, 2),
+            "ala": rows,
+        }
     print(json.dumps(results, indent=2))
 
 

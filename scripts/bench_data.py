@@ -64,14 +64,14 @@ def image_fn(size, augment):
         image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
         image.set_shape([None, None, 3])
         return train_image(image, seed, size, augment)
+
     return load
 
 
 def ceiling_dataset(paths, labels, batch, size, augment):
     load = image_fn(size, augment)
     ds = tf.data.Dataset.from_tensor_slices((paths, labels)).shuffle(len(paths), seed=0).repeat()
-    ds = ds.enumerate().map(lambda i, pl: (load(pl[0], tf.stack([i, i])), pl[1]),
-                            num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.enumerate().map(lambda i, pl: (load(pl[0], tf.stack([i, i])), pl[1]), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
@@ -81,8 +81,7 @@ def python_sampler_indices(labels, classes_per_batch, samples_per_class, seed=0)
     try:
         from pytorch_metric_learning.samplers import MPerClassSampler
 
-        sampler = MPerClassSampler(labels, m=samples_per_class, batch_size=batch,
-                                   length_before_new_iter=len(labels))
+        sampler = MPerClassSampler(labels, m=samples_per_class, batch_size=batch, length_before_new_iter=len(labels))
         name = "pytorch_metric_learning.MPerClassSampler"
 
         def stream():
@@ -99,6 +98,7 @@ def python_sampler_indices(labels, classes_per_batch, samples_per_class, seed=0)
                     members = by_class[c]
                     replace = len(members) < samples_per_class
                     yield from rng.choice(members, samples_per_class, replace=replace)
+
     return stream, name
 
 
@@ -106,11 +106,13 @@ def generator_dataset(paths, labels, classes_per_batch, samples_per_class, size,
     stream, name = python_sampler_indices(labels, classes_per_batch, samples_per_class)
     paths_t, labels_t = tf.constant(paths), tf.constant(labels)
     load = image_fn(size, augment)
-    ds = tf.data.Dataset.from_generator(lambda: (np.int64(i) for i in stream()),
-                                        output_signature=tf.TensorSpec([], tf.int64))
-    ds = ds.enumerate().map(lambda j, i: (load(tf.gather(paths_t, i), tf.stack([j, j])),
-                                          tf.gather(labels_t, i)),
-                            num_parallel_calls=tf.data.AUTOTUNE)
+    ds = tf.data.Dataset.from_generator(
+        lambda: (np.int64(i) for i in stream()), output_signature=tf.TensorSpec([], tf.int64)
+    )
+    ds = ds.enumerate().map(
+        lambda j, i: (load(tf.gather(paths_t, i), tf.stack([j, j])), tf.gather(labels_t, i)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
     batch = classes_per_batch * samples_per_class
     return ds.batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE), name
 
@@ -137,7 +139,8 @@ def main():
         pipelines = {
             "ceiling": lambda: ceiling_dataset(paths, labels, c * k, size, augment),
             "tfdml": lambda: tfdml.data.class_balanced_dataset(
-                source, c, k, image_size=size, augment=augment or False, seed=0),
+                source, c, k, image_size=size, augment=augment or False, seed=0
+            ),
             "python_sampler": lambda: generator_dataset(paths, labels, c, k, size, augment)[0],
         }
         runs = {name: [] for name in pipelines}
@@ -149,8 +152,11 @@ def main():
     sampler_name = python_sampler_indices(labels, c, k)[1]
     report = {
         "benchmark": "class-balanced input pipeline at 224 px",
-        "images": args.classes * args.per_class, "image_size": size, "batch": f"{c} x {k}",
-        "augment": bool(args.augment), "cpu_cores": os.cpu_count(),
+        "images": args.classes * args.per_class,
+        "image_size": size,
+        "batch": f"{c} x {k}",
+        "augment": bool(args.augment),
+        "cpu_cores": os.cpu_count(),
         "load_average_1min": round(os.getloadavg()[0], 2),
         "tfdml_images_per_s": round(rate["tfdml"], 1),
         "ceiling_images_per_s": round(rate["ceiling"], 1),

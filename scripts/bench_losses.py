@@ -33,6 +33,7 @@ import tensorflow as tf  # noqa: E402
 def _threads_from_argv(default=2):
     """`--threads N` is read before TensorFlow and torch start their thread pools."""
     import sys
+
     for i, arg in enumerate(sys.argv):
         if arg == "--threads" and i + 1 < len(sys.argv):
             return int(sys.argv[i + 1])
@@ -65,34 +66,50 @@ def _tfdml_margin_loss():
 def _pml_with_miner(loss, miner):
     def call(embeddings, labels):
         return loss(embeddings, labels, miner(embeddings, labels))
+
     return call
 
 
 # name -> (tfdml loss factory, PML description, PML loss factory)
 LOSSES = {
     # PML has no query weighting: compare like with like (uniform, eq. 14); "official" costs the same.
-    "ranked_list": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0, query_weighting="uniform"),
-                    "RankedListLoss(margin=0.4, Tn=10)",
-                    lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10)),
-    "ranked_list_official": (lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0),
-                             "RankedListLoss(margin=0.4, Tn=10) (tfdml: official query weighting)",
-                             lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10)),
-    "triplet_all": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="all"),
-                    "TripletMarginLoss(margin=0.2), all triplets",
-                    lambda: pml_losses.TripletMarginLoss(margin=0.2)),
-    "triplet_hard": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="hard"),
-                     "TripletMarginLoss(margin=0.2) + BatchHardMiner()",
-                     lambda: _pml_with_miner(pml_losses.TripletMarginLoss(margin=0.2), pml_miners.BatchHardMiner())),
-    "triplet_semi_hard": (lambda: tfdml_losses.TripletLoss(margin=0.2, mining="semi_hard"),
-                          "TripletMarginLoss(margin=0.2) + TripletMarginMiner(0.2, 'semihard')",
-                          lambda: _pml_with_miner(pml_losses.TripletMarginLoss(margin=0.2),
-                                                  pml_miners.TripletMarginMiner(0.2, type_of_triplets="semihard"))),
-    "margin": (_tfdml_margin_loss,
-               "MarginLoss(margin=0.2, beta=1.2), all triplets",
-               lambda: pml_losses.MarginLoss(margin=0.2, beta=1.2)),
-    "contrastive": (lambda: tfdml_losses.ContrastiveLoss(pos_margin=0.0, neg_margin=1.0),
-                    "ContrastiveLoss(pos_margin=0, neg_margin=1)",
-                    lambda: pml_losses.ContrastiveLoss(pos_margin=0.0, neg_margin=1.0)),
+    "ranked_list": (
+        lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0, query_weighting="uniform"),
+        "RankedListLoss(margin=0.4, Tn=10)",
+        lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10),
+    ),
+    "ranked_list_official": (
+        lambda: tfdml_losses.RankedListLoss(margin=0.4, tn=10.0),
+        "RankedListLoss(margin=0.4, Tn=10) (tfdml: official query weighting)",
+        lambda: pml_losses.RankedListLoss(margin=0.4, Tn=10),
+    ),
+    "triplet_all": (
+        lambda: tfdml_losses.TripletLoss(margin=0.2, mining="all"),
+        "TripletMarginLoss(margin=0.2), all triplets",
+        lambda: pml_losses.TripletMarginLoss(margin=0.2),
+    ),
+    "triplet_hard": (
+        lambda: tfdml_losses.TripletLoss(margin=0.2, mining="hard"),
+        "TripletMarginLoss(margin=0.2) + BatchHardMiner()",
+        lambda: _pml_with_miner(pml_losses.TripletMarginLoss(margin=0.2), pml_miners.BatchHardMiner()),
+    ),
+    "triplet_semi_hard": (
+        lambda: tfdml_losses.TripletLoss(margin=0.2, mining="semi_hard"),
+        "TripletMarginLoss(margin=0.2) + TripletMarginMiner(0.2, 'semihard')",
+        lambda: _pml_with_miner(
+            pml_losses.TripletMarginLoss(margin=0.2), pml_miners.TripletMarginMiner(0.2, type_of_triplets="semihard")
+        ),
+    ),
+    "margin": (
+        _tfdml_margin_loss,
+        "MarginLoss(margin=0.2, beta=1.2), all triplets",
+        lambda: pml_losses.MarginLoss(margin=0.2, beta=1.2),
+    ),
+    "contrastive": (
+        lambda: tfdml_losses.ContrastiveLoss(pos_margin=0.0, neg_margin=1.0),
+        "ContrastiveLoss(pos_margin=0, neg_margin=1)",
+        lambda: pml_losses.ContrastiveLoss(pos_margin=0.0, neg_margin=1.0),
+    ),
 }
 
 
@@ -153,6 +170,7 @@ def tfdml_runner(loss, labels, embeddings, jit_compile):
     def run():
         value, grad = step(labels, embeddings)
         return float(value.numpy()), grad.numpy()
+
     return run
 
 
@@ -165,6 +183,7 @@ def pml_runner(loss, labels, embeddings):
         value = loss(emb, labels)
         value.backward()
         return float(value.detach()), emb.grad.numpy()
+
     return run
 
 
@@ -185,30 +204,83 @@ def bench(name, batch_size, dim, repeats):
 # holding the proxies or None, whether PML stores them transposed ([D, C])). Proxy losses compare the gradient
 # with respect to the embeddings *and* the proxies (PML's backward computes both).
 PORTED = {
-    "multi_similarity": (lambda c, d: tfdml_losses.MultiSimilarityLoss(mining_epsilon=0.1),
-                         "MultiSimilarityLoss() + MultiSimilarityMiner(0.1)",
-                         lambda c, d: _pml_with_miner(pml_losses.MultiSimilarityLoss(),
-                                                      pml_miners.MultiSimilarityMiner(0.1)), None, False),
-    "circle": (lambda c, d: tfdml_losses.CircleLoss(), "CircleLoss(m=0.4, gamma=80)",
-               lambda c, d: pml_losses.CircleLoss(), None, False),
-    "lifted_structure": (lambda c, d: tfdml_losses.LiftedStructureLoss(), "LiftedStructureLoss(1, 0)",
-                         lambda c, d: pml_losses.LiftedStructureLoss(), None, False),
-    "n_pairs": (lambda c, d: tfdml_losses.NPairsLoss(), "NPairsLoss()", lambda c, d: pml_losses.NPairsLoss(),
-                None, False),
-    "supcon": (lambda c, d: tfdml_losses.SupConLoss(), "SupConLoss(0.1)", lambda c, d: pml_losses.SupConLoss(),
-               None, False),
-    "ntxent": (lambda c, d: tfdml_losses.NTXentLoss(), "NTXentLoss(0.07)", lambda c, d: pml_losses.NTXentLoss(),
-               None, False),
-    "proxy_anchor": (lambda c, d: tfdml_losses.ProxyAnchorLoss(c, d), "ProxyAnchorLoss(margin=0.1, alpha=32)",
-                     lambda c, d: pml_losses.ProxyAnchorLoss(c, d), "proxies", False),
-    "proxy_nca": (lambda c, d: tfdml_losses.ProxyNCALoss(c, d), "ProxyNCALoss(softmax_scale=1)",
-                  lambda c, d: pml_losses.ProxyNCALoss(c, d), "proxies", False),
-    "normalized_softmax": (lambda c, d: tfdml_losses.NormalizedSoftmaxLoss(c, d), "NormalizedSoftmaxLoss(0.05)",
-                           lambda c, d: pml_losses.NormalizedSoftmaxLoss(c, d), "W", True),
-    "arcface": (lambda c, d: tfdml_losses.ArcFaceLoss(c, d), "ArcFaceLoss(28.6, 64)",
-                lambda c, d: pml_losses.ArcFaceLoss(c, d), "W", True),
-    "cosface": (lambda c, d: tfdml_losses.CosFaceLoss(c, d), "CosFaceLoss(0.35, 64)",
-                lambda c, d: pml_losses.CosFaceLoss(c, d), "W", True),
+    "multi_similarity": (
+        lambda c, d: tfdml_losses.MultiSimilarityLoss(mining_epsilon=0.1),
+        "MultiSimilarityLoss() + MultiSimilarityMiner(0.1)",
+        lambda c, d: _pml_with_miner(pml_losses.MultiSimilarityLoss(), pml_miners.MultiSimilarityMiner(0.1)),
+        None,
+        False,
+    ),
+    "circle": (
+        lambda c, d: tfdml_losses.CircleLoss(),
+        "CircleLoss(m=0.4, gamma=80)",
+        lambda c, d: pml_losses.CircleLoss(),
+        None,
+        False,
+    ),
+    "lifted_structure": (
+        lambda c, d: tfdml_losses.LiftedStructureLoss(),
+        "LiftedStructureLoss(1, 0)",
+        lambda c, d: pml_losses.LiftedStructureLoss(),
+        None,
+        False,
+    ),
+    "n_pairs": (
+        lambda c, d: tfdml_losses.NPairsLoss(),
+        "NPairsLoss()",
+        lambda c, d: pml_losses.NPairsLoss(),
+        None,
+        False,
+    ),
+    "supcon": (
+        lambda c, d: tfdml_losses.SupConLoss(),
+        "SupConLoss(0.1)",
+        lambda c, d: pml_losses.SupConLoss(),
+        None,
+        False,
+    ),
+    "ntxent": (
+        lambda c, d: tfdml_losses.NTXentLoss(),
+        "NTXentLoss(0.07)",
+        lambda c, d: pml_losses.NTXentLoss(),
+        None,
+        False,
+    ),
+    "proxy_anchor": (
+        lambda c, d: tfdml_losses.ProxyAnchorLoss(c, d),
+        "ProxyAnchorLoss(margin=0.1, alpha=32)",
+        lambda c, d: pml_losses.ProxyAnchorLoss(c, d),
+        "proxies",
+        False,
+    ),
+    "proxy_nca": (
+        lambda c, d: tfdml_losses.ProxyNCALoss(c, d),
+        "ProxyNCALoss(softmax_scale=1)",
+        lambda c, d: pml_losses.ProxyNCALoss(c, d),
+        "proxies",
+        False,
+    ),
+    "normalized_softmax": (
+        lambda c, d: tfdml_losses.NormalizedSoftmaxLoss(c, d),
+        "NormalizedSoftmaxLoss(0.05)",
+        lambda c, d: pml_losses.NormalizedSoftmaxLoss(c, d),
+        "W",
+        True,
+    ),
+    "arcface": (
+        lambda c, d: tfdml_losses.ArcFaceLoss(c, d),
+        "ArcFaceLoss(28.6, 64)",
+        lambda c, d: pml_losses.ArcFaceLoss(c, d),
+        "W",
+        True,
+    ),
+    "cosface": (
+        lambda c, d: tfdml_losses.CosFaceLoss(c, d),
+        "CosFaceLoss(0.35, 64)",
+        lambda c, d: pml_losses.CosFaceLoss(c, d),
+        "W",
+        True,
+    ),
 }
 
 
@@ -239,6 +311,7 @@ def ported_tfdml_runner(loss, labels, embeddings, jit_compile):
     def run():
         value, grads = step(labels, embeddings)
         return float(value.numpy()), grads[0].numpy()
+
     return run
 
 
@@ -258,9 +331,15 @@ def bench_ported(name, batch_size, dim, repeats):
         elements = _pml_pair_matrix_elements(labels)
         tfdml_ms = time_call(eager, repeats)[0]
         tfdml_xla_ms = time_call(xla, repeats)[0]
-        return {"loss": name, "B": batch_size, "D": dim, "tfdml_ms": round(tfdml_ms, 3),
-                "tfdml_xla_ms": round(tfdml_xla_ms, 3), "peer_ms": None,
-                "skipped_peer": f"PML would build a {elements:.2e}-element [positive pairs, negative pairs] matrix"}
+        return {
+            "loss": name,
+            "B": batch_size,
+            "D": dim,
+            "tfdml_ms": round(tfdml_ms, 3),
+            "tfdml_xla_ms": round(tfdml_xla_ms, 3),
+            "peer_ms": None,
+            "skipped_peer": f"PML would build a {elements:.2e}-element [positive pairs, negative pairs] matrix",
+        }
     peer = pml_runner(peer_loss, labels, embeddings)
     return timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name, num_classes=num_classes)
 
@@ -271,16 +350,25 @@ def timed_comparison(name, batch_size, dim, repeats, eager, xla, peer, peer_name
     tfdml_xla_ms, tfdml_xla_median, tfdml_xla_cpu = time_call(xla, repeats)
     peer_ms, peer_median, peer_cpu = time_call(peer, max(5, repeats // 2))
     return {
-        "loss": name, "B": batch_size, "D": dim, **extra,
-        "tfdml_ms": round(tfdml_ms, 3), "tfdml_xla_ms": round(tfdml_xla_ms, 3),
-        "peer": "pytorch-metric-learning " + peer_name, "peer_ms": round(peer_ms, 3),
+        "loss": name,
+        "B": batch_size,
+        "D": dim,
+        **extra,
+        "tfdml_ms": round(tfdml_ms, 3),
+        "tfdml_xla_ms": round(tfdml_xla_ms, 3),
+        "peer": "pytorch-metric-learning " + peer_name,
+        "peer_ms": round(peer_ms, 3),
         "speedup": round(peer_ms / min(tfdml_ms, tfdml_xla_ms), 2),
-        "tfdml_median_ms": round(tfdml_median, 3), "tfdml_xla_median_ms": round(tfdml_xla_median, 3),
+        "tfdml_median_ms": round(tfdml_median, 3),
+        "tfdml_xla_median_ms": round(tfdml_xla_median, 3),
         "peer_median_ms": round(peer_median, 3),
         "speedup_median": round(peer_median / min(tfdml_median, tfdml_xla_median), 2),
-        "tfdml_cpu_ms": round(tfdml_cpu, 3), "tfdml_xla_cpu_ms": round(tfdml_xla_cpu, 3),
-        "peer_cpu_ms": round(peer_cpu, 3), "speedup_cpu": round(peer_cpu / min(tfdml_cpu, tfdml_xla_cpu), 2),
-        "tfdml_value": eager()[0], "peer_value": peer()[0],
+        "tfdml_cpu_ms": round(tfdml_cpu, 3),
+        "tfdml_xla_cpu_ms": round(tfdml_xla_cpu, 3),
+        "peer_cpu_ms": round(peer_cpu, 3),
+        "speedup_cpu": round(peer_cpu / min(tfdml_cpu, tfdml_xla_cpu), 2),
+        "tfdml_value": eager()[0],
+        "peer_value": peer()[0],
         "threads": THREADS,
         "load_avg_1min": round(os.getloadavg()[0], 2),  # other processes on the machine skew all timings
     }

@@ -47,7 +47,8 @@ def sop_like(n, dim, seed=0, super_classes=12, spread=0.6, class_spread=0.27):
     supers = rng.normal(size=(super_classes, dim))
     supers /= np.linalg.norm(supers, axis=1, keepdims=True)
     centres = supers[rng.integers(0, super_classes, classes)] + class_spread * rng.normal(
-        size=(classes, dim)) / np.sqrt(dim)
+        size=(classes, dim)
+    ) / np.sqrt(dim)
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     labels = np.repeat(np.arange(classes), sizes)
     x = centres[labels] + spread * rng.normal(size=(n, dim)) / np.sqrt(dim)
@@ -82,11 +83,11 @@ def numpy_exact(x, k, chunk=1024):
     sq = np.einsum("ij,ij->i", x, x)
     out = np.empty((len(x), k), np.int64)
     for s in range(0, len(x), chunk):
-        d = sq[None, :] - 2.0 * (x[s:s + chunk] @ x.T)
+        d = sq[None, :] - 2.0 * (x[s : s + chunk] @ x.T)
         d[np.arange(len(d)), np.arange(s, s + len(d))] = np.inf
         part = np.argpartition(d, k, axis=1)[:, :k]
         order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
-        out[s:s + chunk] = np.take_along_axis(part, order, axis=1)
+        out[s : s + chunk] = np.take_along_axis(part, order, axis=1)
     return out
 
 
@@ -110,8 +111,15 @@ def bench_eval(args):
     k = max(ks) + 1  # one extra so the query itself can be dropped
     x, labels = sop_like(args.n, args.dim, seed=args.seed)
     skip = set(filter(None, args.skip.split(",")))
-    result = {"task": "eval", "n": args.n, "dim": args.dim, "classes": int(labels.max() + 1),
-              "cpu_count": os.cpu_count(), "peer_seconds_2_cores_60k": PEER_SECONDS, "runs": {}}
+    result = {
+        "task": "eval",
+        "n": args.n,
+        "dim": args.dim,
+        "classes": int(labels.max() + 1),
+        "cpu_count": os.cpu_count(),
+        "peer_seconds_2_cores_60k": PEER_SECONDS,
+        "runs": {},
+    }
     runs = result["runs"]
 
     def record(name, metrics, seconds):
@@ -128,7 +136,7 @@ def bench_eval(args):
 
         def matmuls():
             for s in range(0, args.n, chunk):
-                block(tf.constant(x[s:s + chunk])).numpy()
+                block(tf.constant(x[s : s + chunk])).numpy()
 
         block(tf.constant(x[:chunk]))
         _, seconds = timed(matmuls)
@@ -136,7 +144,7 @@ def bench_eval(args):
         print(f"# matmul_only: {seconds:.1f}s", file=sys.stderr, flush=True)
     ref = None
     if "numpy_exact" not in skip:
-        found, seconds = timed(lambda: numpy_exact(x, k)[:, :max(ks)])
+        found, seconds = timed(lambda: numpy_exact(x, k)[:, : max(ks)])
         ref = reference_metrics(found, labels, ks)
         record("numpy_exact", ref, seconds)
     if "faiss_flat" not in skip:
@@ -171,8 +179,9 @@ def bench_eval(args):
         for name in ("tfdml_exact", "tfdml_approximate", "faiss_flat"):
             if name in runs and runs[name] is not base:
                 summary[f"{name}_minus_reference_points"] = {
-                    m: round(100 * (runs[name][m] - base[m]), 3) for m in ("recall@1", "recall@10", "recall@100",
-                                                                          "map@r")}
+                    m: round(100 * (runs[name][m] - base[m]), 3)
+                    for m in ("recall@1", "recall@10", "recall@100", "map@r")
+                }
     result["summary"] = summary
     print(json.dumps(result, indent=2))
 
@@ -191,23 +200,38 @@ def bench_qps(args):
     data = centres[assign]
     data += 0.8 * rng.standard_normal(data.shape, dtype=np.float32)
     data /= np.linalg.norm(data, axis=1, keepdims=True)
-    base, queries = data[:args.n], data[args.n:]
+    base, queries = data[: args.n], data[args.n :]
     truth, truth_s = timed(lambda: exact_search(queries, base, k=10)[0])
-    result = {"task": "qps", "n": args.n, "dim": args.dim, "queries": args.queries, "target_recall@10": 0.95,
-              "exact_ground_truth_seconds": round(truth_s, 1), "scann": [], "faiss_ivf": [], "faiss_hnsw": []}
+    result = {
+        "task": "qps",
+        "n": args.n,
+        "dim": args.dim,
+        "queries": args.queries,
+        "target_recall@10": 0.95,
+        "exact_ground_truth_seconds": round(truth_s, 1),
+        "scann": [],
+        "faiss_ivf": [],
+        "faiss_hnsw": [],
+    }
     print(f"# ground truth {truth_s:.1f}s", file=sys.stderr, flush=True)
 
-    index, build_s = timed(lambda: ScannIndex(base, distance="dot_product", mode="approximate",
-                                              num_neighbors=10))
+    index, build_s = timed(lambda: ScannIndex(base, distance="dot_product", mode="approximate", num_neighbors=10))
     result["scann_build_seconds"] = round(build_s, 1)
     result["scann_settings"] = index.settings
     for leaves in (3, 5, 10, 20, 40):
         for reorder in (50, 100):
-            (found, _), seconds = timed(lambda: index.search(queries, k=10, leaves_to_search=leaves,
-                                                             reorder=reorder), repeats=3)
-            entry = {"leaves_to_search": leaves, "reorder": reorder,
-                     "recall@10": round(neighbour_recall(found, truth), 4),
-                     "qps": round(args.queries / seconds)}
+            (found, _), seconds = timed(
+                lambda leaves=leaves, reorder=reorder: index.search(
+                    queries, k=10, leaves_to_search=leaves, reorder=reorder
+                ),
+                repeats=3,
+            )
+            entry = {
+                "leaves_to_search": leaves,
+                "reorder": reorder,
+                "recall@10": round(neighbour_recall(found, truth), 4),
+                "qps": round(args.queries / seconds),
+            }
             result["scann"].append(entry)
             print(f"# scann {entry}", file=sys.stderr, flush=True)
     import faiss
@@ -224,8 +248,11 @@ def bench_qps(args):
     for nprobe in (1, 2, 3, 5, 10, 20):
         ivf.nprobe = nprobe
         (_, found), seconds = timed(lambda: ivf.search(queries, 10), repeats=3)
-        entry = {"nprobe": nprobe, "recall@10": round(neighbour_recall(found, truth), 4),
-                 "qps": round(args.queries / seconds)}
+        entry = {
+            "nprobe": nprobe,
+            "recall@10": round(neighbour_recall(found, truth), 4),
+            "qps": round(args.queries / seconds),
+        }
         result["faiss_ivf"].append(entry)
         print(f"# faiss ivf {entry}", file=sys.stderr, flush=True)
     if args.hnsw:
@@ -235,15 +262,23 @@ def bench_qps(args):
         for ef in (16, 32, 64, 128):
             hnsw.hnsw.efSearch = ef
             (_, found), seconds = timed(lambda: hnsw.search(queries, 10), repeats=3)
-            result["faiss_hnsw"].append({"efSearch": ef, "recall@10": round(neighbour_recall(found, truth), 4),
-                                         "qps": round(args.queries / seconds)})
+            result["faiss_hnsw"].append(
+                {
+                    "efSearch": ef,
+                    "recall@10": round(neighbour_recall(found, truth), 4),
+                    "qps": round(args.queries / seconds),
+                }
+            )
 
     def best(entries):
         ok = [e for e in entries if e["recall@10"] >= 0.95]
         return max(ok, key=lambda e: e["qps"]) if ok else None
 
-    result["best_at_recall_0.95"] = {"scann": best(result["scann"]), "faiss_ivf": best(result["faiss_ivf"]),
-                                     "faiss_hnsw": best(result["faiss_hnsw"])}
+    result["best_at_recall_0.95"] = {
+        "scann": best(result["scann"]),
+        "faiss_ivf": best(result["faiss_ivf"]),
+        "faiss_hnsw": best(result["faiss_hnsw"]),
+    }
     s, f = result["best_at_recall_0.95"]["scann"], result["best_at_recall_0.95"]["faiss_ivf"]
     if s and f:
         result["scann_over_faiss_ivf_qps"] = round(s["qps"] / f["qps"], 2)

@@ -9,7 +9,9 @@ own):
   match threshold applied) saved as a SavedModel and loaded back as TF Serving would load it;
 - `numpy_exact`: float32 matmul + argpartition over the whole gallery (the reference for recall);
 - `scann_brute_force`: ScaNN's exact brute force; `scann_tree_ah`: ScaNN tree + anisotropic hashing +
-  exact re-ordering, `tfdml.retrieval.ScannIndex` auto settings (neither runs in stock TF Serving).
+  exact re-ordering, `tfdml.retrieval.ScannIndex` auto settings (neither runs in stock TF Serving);
+  `scann_tree_ah_10pct`: the same index searching 10 % of its leaves (the auto settings search 1 % above
+  200k points; up to 200k they are the same search).
 
 Per method and size: build seconds, median seconds per batch of 32 queries and per single query, resident
 memory after building / loading and the peak while searching (MiB above the process baseline, from
@@ -36,7 +38,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import numpy as np  # noqa: E402
 
-METHODS = ("numpy_exact", "tf_float32", "tf_bfloat16", "tf_int8", "scann_brute_force", "scann_tree_ah")
+METHODS = (
+    "numpy_exact",
+    "tf_float32",
+    "tf_bfloat16",
+    "tf_int8",
+    "scann_brute_force",
+    "scann_tree_ah",
+    "scann_tree_ah_10pct",
+)
 K = 10
 BATCH = 32
 
@@ -51,8 +61,9 @@ def synthetic(size, dim, seed=0, chunk=100000):
     out = np.empty((size, dim), np.float32)
     for start in range(0, size, chunk):
         n = min(chunk, size - start)
-        part = centres[rng.integers(0, clusters, n)] + rng.standard_normal((n, dim), dtype=np.float32) / np.float32(np.sqrt(dim))
-        out[start:start + n] = part / np.linalg.norm(part, axis=1, keepdims=True)
+        noise = rng.standard_normal((n, dim), dtype=np.float32) / np.float32(np.sqrt(dim))
+        part = centres[rng.integers(0, clusters, n)] + noise
+        out[start : start + n] = part / np.linalg.norm(part, axis=1, keepdims=True)
     return out
 
 
@@ -78,6 +89,17 @@ def memory_mib():
     return values["VmRSS"], values["VmHWM"]
 
 
+def reset_peak():
+    """Starts a new peak (VmHWM) from the current resident memory (Linux: `clear_refs` 5), so that the peak
+    while searching does not include building the gallery; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def timed(fn, queries):
     """Median seconds of `fn(batch)` for batches of 32 and of 1 query (after one warm-up call each)."""
     out = {}
@@ -98,10 +120,11 @@ def timed(fn, queries):
 
 
 def all_neighbours(fn, queries):
-    return np.concatenate([fn(queries[i:i + BATCH]) for i in range(0, len(queries), BATCH)])
+    return np.concatenate([fn(queries[i : i + BATCH]) for i in range(0, len(queries), BATCH)])
 
 
 # ---- one method in its own process ---------------------------------------------------------------------------
+
 
 def _numpy_exact(size, dim, work):
     base = memory_mib()[0]
@@ -143,8 +166,10 @@ def _tf(size, dim, work, dtype):
     path = os.path.join(work, f"tf_{dtype}_{size}")
     info_path = path + ".json"
     if not os.path.exists(info_path):
-        subprocess.run([sys.executable, __file__, "--build", dtype, "--size", str(size), "--dim", str(dim),
-                        "--work", work], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--build", dtype, "--size", str(size), "--dim", str(dim), "--work", work],
+            check=True,
+        )
     with open(info_path) as f:
         info = json.load(f)
     base = memory_mib()[0]
@@ -160,7 +185,7 @@ def _tf(size, dim, work, dtype):
     return search, info, base
 
 
-def _scann(size, dim, work, mode):
+def _scann(size, dim, work, mode, leaves_fraction=None):
     from tfdml.retrieval import ScannIndex
 
     base = memory_mib()[0]
@@ -170,11 +195,15 @@ def _scann(size, dim, work, mode):
     build = time.perf_counter() - start
     del gallery
     gc.collect()
-    info = {"build_seconds": build, "resident_mib": memory_mib()[0] - base,
-            "settings": index.settings or "brute force"}
+    info = {"build_seconds": build, "resident_mib": memory_mib()[0] - base, "settings": index.settings or "brute force"}
+
+    leaves = None
+    if leaves_fraction is not None:
+        leaves = max(1, round(leaves_fraction * index.settings["num_leaves"]))
+        info["leaves_searched"] = leaves
 
     def search(q):
-        return np.asarray(index.search(q, k=K)[0])
+        return np.asarray(index.search(q, k=K, leaves_to_search=leaves)[0])
 
     return search, info, base
 
@@ -184,9 +213,12 @@ def run_child(method, size, dim, work):
         search, info, base = _numpy_exact(size, dim, work)
     elif method.startswith("tf_"):
         search, info, base = _tf(size, dim, work, method[3:])
+    elif method == "scann_brute_force":
+        search, info, base = _scann(size, dim, work, "exact")
     else:
-        search, info, base = _scann(size, dim, work, "exact" if method == "scann_brute_force" else "approximate")
+        search, info, base = _scann(size, dim, work, "approximate", 0.1 if method.endswith("10pct") else None)
     queries = queries_for(size, dim)
+    info["peak_is_search_only"] = reset_peak()
     info.update(timed(search, queries))
     neighbours = all_neighbours(search, queries)
     np.save(os.path.join(work, f"neighbours_{method}_{size}.npy"), neighbours)
@@ -195,6 +227,7 @@ def run_child(method, size, dim, work):
 
 
 # ---- the driver ------------------------------------------------------------------------------------------------
+
 
 def recall_against(neighbours, exact):
     found = np.mean([len(set(a) & set(b)) / K for a, b in zip(neighbours, exact)])
@@ -207,6 +240,9 @@ def main():
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--work", default="/tmp/bench_search")
+    parser.add_argument(
+        "--table", action="store_true", help="print what was measured as the README's Markdown table; measures nothing"
+    )
     parser.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -227,10 +263,24 @@ def main():
     for size in args.sizes:
         for method in args.methods:
             key = f"{size}/{method}"
-            if key in results:
+            if key in results or args.table:  # --table only reports what was measured
                 continue
-            done = subprocess.run([sys.executable, __file__, "--child", method, "--size", str(size), "--dim",
-                                   str(args.dim), "--work", args.work], capture_output=True, text=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    method,
+                    "--size",
+                    str(size),
+                    "--dim",
+                    str(args.dim),
+                    "--work",
+                    args.work,
+                ],
+                capture_output=True,
+                text=True,
+            )
             if done.returncode:
                 results[key] = {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
             else:
@@ -250,14 +300,43 @@ def main():
                 row["recall@10_vs_exact"], row["top1_agreement"] = recall_against(np.load(found), exact)
         ratios = {}
         tf_row = rows.get("tf_float32", {})
-        for other in ("numpy_exact", "scann_brute_force", "scann_tree_ah", "tf_bfloat16", "tf_int8"):
+        for other in METHODS:
+            if other == "tf_float32":
+                continue
             row = rows.get(other, {})
             if "seconds_per_batch32" in tf_row and "seconds_per_batch32" in row:
                 ratios[f"tf_float32_over_{other}"] = {
                     "batch32": tf_row["seconds_per_batch32"] / row["seconds_per_batch32"],
-                    "query1": tf_row["seconds_per_query1"] / row["seconds_per_query1"]}
+                    "query1": tf_row["seconds_per_query1"] / row["seconds_per_query1"],
+                }
         report["sizes"][str(size)] = {"methods": rows, "time_ratios": ratios}
-    print(json.dumps(report, indent=1))
+    print(markdown_table(report) if args.table else json.dumps(report, indent=1))
+
+
+def markdown_table(report):
+    """The report as the README's table: one row per size and method (milliseconds, MiB)."""
+    lines = [
+        "| gallery | method | ms / batch of 32 | ms / 1 query | gallery MiB | resident MiB | peak MiB searching "
+        "| recall@10 vs exact | build s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, entry in report["sizes"].items():
+        for method, row in entry["methods"].items():
+            if not row:
+                continue
+            if "error" in row:
+                lines.append(f"| {int(size):,} | {method} | failed: {' '.join(row['error'])} |||||||")
+                continue
+
+            def number(key, scale=1.0, digits=1, row=row):
+                return f"{row[key] * scale:.{digits}f}" if key in row else ""
+
+            lines.append(
+                f"| {int(size):,} | {method} | {number('seconds_per_batch32', 1e3, 2)} "
+                f"| {number('seconds_per_query1', 1e3, 3)} | {number('stored_mib')} | {number('resident_mib')} "
+                f"| {number('peak_mib')} | {number('recall@10_vs_exact', digits=4)} | {number('build_seconds')} |"
+            )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

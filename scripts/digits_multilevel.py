@@ -62,8 +62,7 @@ def run(variant, seed, args):
     model.fit(train, epochs=args.epochs, steps_per_epoch=args.steps, verbose=0, callbacks=callbacks)
     seconds = time.time() - start
     embeddings, labels = _embed(model, eval_dataset(digits("test"), 256, image_size=args.image_size))
-    result = {"all": _metrics(embeddings, labels), "train_seconds": round(seconds, 1),
-              "params": model.count_params()}
+    result = {"all": _metrics(embeddings, labels), "train_seconds": round(seconds, 1), "params": model.count_params()}
     if variant == "multi":
         for level, level_embeddings in model.split_levels(embeddings).items():
             result[level] = _metrics(level_embeddings.numpy(), labels)
@@ -85,11 +84,13 @@ def main():
     report = {"setup": vars(args), "runs": {}}
     for variant in args.variants:
         runs = [run(variant, seed, args) for seed in args.seeds]
-        summary = {"recall@1_per_seed": [r["all"]["recall@1"] for r in runs],
-                   "recall@1_mean": round(float(np.mean([r["all"]["recall@1"] for r in runs])), 4),
-                   "map@r_mean": round(float(np.mean([r["all"]["map@r"] for r in runs])), 4),
-                   "train_seconds_mean": round(float(np.mean([r["train_seconds"] for r in runs])), 1),
-                   "params": runs[0]["params"]}
+        summary = {
+            "recall@1_per_seed": [r["all"]["recall@1"] for r in runs],
+            "recall@1_mean": round(float(np.mean([r["all"]["recall@1"] for r in runs])), 4),
+            "map@r_mean": round(float(np.mean([r["all"]["map@r"] for r in runs])), 4),
+            "train_seconds_mean": round(float(np.mean([r["train_seconds"] for r in runs])), 1),
+            "params": runs[0]["params"],
+        }
         if variant == "multi":
             for level in "LMH":
                 summary[f"{level}_recall@1_mean"] = round(float(np.mean([r[level]["recall@1"] for r in runs])), 4)

@@ -18,8 +18,7 @@ import importlib  # noqa: E402
 
 glyphs = importlib.import_module("tfdml.data.glyphs")  # the module (tfdml.data.glyphs is also a function)
 
-TARGET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfdml", "data",
-                      "glyph_classes.py")
+TARGET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfdml", "data", "glyph_classes.py")
 
 
 def main():
@@ -47,16 +46,22 @@ def main():
         "",
         "DROPPED = {",
     ]
-    lines += [f"    {char!r}: ({twin!r}, {distance}),  # U+{ord(char):04X} looks like U+{ord(twin):04X}"
-              for char, (twin, distance) in dropped.items()]
+    lines += [
+        f"    {char!r}: ({twin!r}, {distance}),  # U+{ord(char):04X} looks like U+{ord(twin):04X}"
+        for char, (twin, distance) in dropped.items()
+    ]
     lines += ["}", "", "CONFUSED = {"]
-    lines += [f"    {char!r}: ({twin!r}, {rate}),  # U+{ord(char):04X} is confused with U+{ord(twin):04X}"
-              for char, (twin, rate) in confused.items()]
+    lines += [
+        f"    {char!r}: ({twin!r}, {rate}),  # U+{ord(char):04X} is confused with U+{ord(twin):04X}"
+        for char, (twin, rate) in confused.items()
+    ]
     lines += ["}", ""]
     with open(args.output, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
-    print(f"{len(classes)} classes, {len(dropped)} dropped by shape distance, {len(confused)} by the image "
-          f"check -> {args.output}")
+    print(
+        f"{len(classes)} classes, {len(dropped)} dropped by shape distance, {len(confused)} by the image "
+        f"check -> {args.output}"
+    )
 
 
 if __name__ == "__main__":

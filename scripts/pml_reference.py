@@ -15,8 +15,8 @@ import json
 import os
 
 import numpy as np
-import torch
 import pytorch_metric_learning
+import torch
 from pytorch_metric_learning import losses, miners
 
 DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "pml_reference.json")
@@ -24,10 +24,18 @@ DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", 
 # name -> (factory of (loss(embeddings, labels), parameter holding the proxies or None, transposed?), tfdml loss
 # class name, tfdml constructor arguments). Every loss uses PML's defaults.
 PAIR_LOSSES = {
-    "multi_similarity_mined": ("MultiSimilarityLoss", {}, lambda: _with_miner(
-        losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5), miners.MultiSimilarityMiner(epsilon=0.1))),
-    "multi_similarity_all_pairs": ("MultiSimilarityLoss", {"mining_epsilon": None},
-                                   lambda: losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5)),
+    "multi_similarity_mined": (
+        "MultiSimilarityLoss",
+        {},
+        lambda: _with_miner(
+            losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5), miners.MultiSimilarityMiner(epsilon=0.1)
+        ),
+    ),
+    "multi_similarity_all_pairs": (
+        "MultiSimilarityLoss",
+        {"mining_epsilon": None},
+        lambda: losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
+    ),
     "circle": ("CircleLoss", {}, lambda: losses.CircleLoss(m=0.4, gamma=80)),
     "lifted_structure": ("LiftedStructureLoss", {}, lambda: losses.LiftedStructureLoss(neg_margin=1, pos_margin=0)),
     "n_pairs": ("NPairsLoss", {}, lambda: losses.NPairsLoss()),
@@ -38,11 +46,21 @@ PAIR_LOSSES = {
 # name -> (tfdml class, tfdml arguments besides num_classes/embedding_dim, PML factory(num_classes, dim),
 # name of PML's weight parameter, whether PML stores it transposed ([D, C]))
 PROXY_LOSSES = {
-    "proxy_anchor": ("ProxyAnchorLoss", {}, lambda c, d: losses.ProxyAnchorLoss(c, d, margin=0.1, alpha=32),
-                     "proxies", False),
+    "proxy_anchor": (
+        "ProxyAnchorLoss",
+        {},
+        lambda c, d: losses.ProxyAnchorLoss(c, d, margin=0.1, alpha=32),
+        "proxies",
+        False,
+    ),
     "proxy_nca": ("ProxyNCALoss", {}, lambda c, d: losses.ProxyNCALoss(c, d, softmax_scale=1), "proxies", False),
-    "normalized_softmax": ("NormalizedSoftmaxLoss", {},
-                           lambda c, d: losses.NormalizedSoftmaxLoss(c, d, temperature=0.05), "W", True),
+    "normalized_softmax": (
+        "NormalizedSoftmaxLoss",
+        {},
+        lambda c, d: losses.NormalizedSoftmaxLoss(c, d, temperature=0.05),
+        "W",
+        True,
+    ),
     "arcface": ("ArcFaceLoss", {}, lambda c, d: losses.ArcFaceLoss(c, d, margin=28.6, scale=64), "W", True),
     "cosface": ("CosFaceLoss", {}, lambda c, d: losses.CosFaceLoss(c, d, margin=0.35, scale=64), "W", True),
 }
@@ -51,6 +69,7 @@ PROXY_LOSSES = {
 def _with_miner(loss, miner):
     def call(embeddings, labels):
         return loss(embeddings, labels, miner(embeddings, labels))
+
     return call
 
 
@@ -62,8 +81,12 @@ def make_batches(seed=0):
     def add(name, labels, embeddings, num_classes):
         # float32-representable: tfdml's proxies are a float32 variable (cast to the embeddings' float64).
         proxies = rng.normal(size=(num_classes, embeddings.shape[1])).astype(np.float32).astype(np.float64)
-        batches[name] = {"labels": np.asarray(labels, np.int64), "embeddings": embeddings,
-                         "proxies": proxies, "num_classes": num_classes}
+        batches[name] = {
+            "labels": np.asarray(labels, np.int64),
+            "embeddings": embeddings,
+            "proxies": proxies,
+            "num_classes": num_classes,
+        }
 
     labels = rng.integers(0, 4, size=12)
     labels[:2] = 0
@@ -113,9 +136,15 @@ def main():
         "pml_version": pytorch_metric_learning.__version__,
         "torch_version": torch.__version__,
         "dtype": "float64",
-        "batches": {name: {"labels": b["labels"].tolist(), "embeddings": _round(b["embeddings"]),
-                           "proxies": _round(b["proxies"]), "num_classes": b["num_classes"]}
-                    for name, b in batches.items()},
+        "batches": {
+            name: {
+                "labels": b["labels"].tolist(),
+                "embeddings": _round(b["embeddings"]),
+                "proxies": _round(b["proxies"]),
+                "num_classes": b["num_classes"],
+            }
+            for name, b in batches.items()
+        },
         "losses": {},
     }
     for name, (tfdml_class, tfdml_args, make_loss) in PAIR_LOSSES.items():
@@ -127,8 +156,9 @@ def main():
     for name, (tfdml_class, tfdml_args, make_loss, weight_name, transposed) in PROXY_LOSSES.items():
         cases = {}
         for batch_name, batch in batches.items():
-            value, grad, proxy_grad = pml_proxy_value_and_grad(make_loss, weight_name, transposed, batch["labels"],
-                                                               batch["embeddings"], batch["proxies"])
+            value, grad, proxy_grad = pml_proxy_value_and_grad(
+                make_loss, weight_name, transposed, batch["labels"], batch["embeddings"], batch["proxies"]
+            )
             cases[batch_name] = {"value": value, "grad_embeddings": _round(grad), "grad_proxies": _round(proxy_grad)}
         out["losses"][name] = {"tfdml": tfdml_class, "args": tfdml_args, "proxies": True, "cases": cases}
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

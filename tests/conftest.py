@@ -17,7 +17,8 @@ NUM_LOGICAL_CPUS = 4
 _cpus = tf.config.list_physical_devices("CPU")
 try:
     tf.config.set_logical_device_configuration(
-        _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)])
+        _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
+    )
 except RuntimeError:  # devices already initialised by an earlier import; keep what exists
     pass
 

@@ -12,8 +12,10 @@ from tests.references import numpy_losses as ref
 DEGENERATE_BATCHES = {
     "one_class": (np.zeros(6, np.int32), np.random.default_rng(1).normal(size=(6, 4))),
     "all_distinct": (np.arange(6, dtype=np.int32), np.random.default_rng(2).normal(size=(6, 4))),
-    "duplicates": (np.array([0, 0, 1, 1, 2, 2], np.int32),
-                   np.repeat(np.random.default_rng(3).normal(size=(3, 4)), 2, axis=0)),
+    "duplicates": (
+        np.array([0, 0, 1, 1, 2, 2], np.int32),
+        np.repeat(np.random.default_rng(3).normal(size=(3, 4)), 2, axis=0),
+    ),
     "all_identical": (np.array([0, 0, 1, 1, 2, 2], np.int32), np.ones((6, 4))),
     "all_zero": (np.array([0, 0, 1, 1, 2, 2], np.int32), np.zeros((6, 4))),
     "single_sample": (np.array([3], np.int32), np.ones((1, 4))),

@@ -3,7 +3,8 @@
 Usage: python tests/resume_worker.py BACKUP_DIR OUT_NPZ KILL_EPOCH
 Trains a multi-level small-CNN embedder with RLL (dynamic temperature, SGD momentum, cosine schedule, heads
 at 10x) on an endless batch stream under `keras.callbacks.BackupAndRestore` and `resume_stream`; with
-KILL_EPOCH >= 0 the process SIGKILLs itself in the middle of that epoch. Writes the final weights, the step counter and the first epoch it ran to OUT_NPZ.
+KILL_EPOCH >= 0 the process SIGKILLs itself in the middle of that epoch. Writes the final weights, the step
+counter and the first epoch it ran to OUT_NPZ.
 """
 
 import os
@@ -51,17 +52,34 @@ def main(backup_dir, out, kill_epoch):
     images = (rng.rand(len(labels), 16, 16, 1) + 0.2 * labels[:, None, None, None]).astype("float32")
     stream = tf.data.Dataset.from_tensor_slices((images, labels)).batch(24).repeat()
     data = resume_stream(stream, backup_dir, STEPS)
-    model = MultiLevelEmbedder("small_cnn", embedding_dim=8, input_shape=(16, 16, 1), head_filters=8,
-                               head_units=16)
-    optimizer = make_optimizer({"name": "sgd", "learning_rate": 0.05, "momentum": 0.9, "weight_decay": 1e-4,
-                                "head_lr_multiplier": 10, "schedule": "cosine"}, model,
-                               total_steps=EPOCHS * STEPS)
+    model = MultiLevelEmbedder("small_cnn", embedding_dim=8, input_shape=(16, 16, 1), head_filters=8, head_units=16)
+    optimizer = make_optimizer(
+        {
+            "name": "sgd",
+            "learning_rate": 0.05,
+            "momentum": 0.9,
+            "weight_decay": 1e-4,
+            "head_lr_multiplier": 10,
+            "schedule": "cosine",
+        },
+        model,
+        total_steps=EPOCHS * STEPS,
+    )
     model.compile(optimizer, loss=RankedListLoss(tn=LinearTemperature(20.0, 5.0, max_steps=EPOCHS * STEPS)))
     killer = KillMidEpoch(kill_epoch)
-    model.fit(data, epochs=EPOCHS, steps_per_epoch=STEPS, verbose=0,
-              callbacks=[keras.callbacks.BackupAndRestore(backup_dir), killer])
-    np.savez(out, iterations=int(model.optimizer.iterations.numpy()), first_epoch=killer.first_epoch,
-             **{f"w{i}": w for i, w in enumerate(model.get_weights())})
+    model.fit(
+        data,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        verbose=0,
+        callbacks=[keras.callbacks.BackupAndRestore(backup_dir), killer],
+    )
+    np.savez(
+        out,
+        iterations=int(model.optimizer.iterations.numpy()),
+        first_epoch=killer.first_epoch,
+        **{f"w{i}": w for i, w in enumerate(model.get_weights())},
+    )
 
 
 if __name__ == "__main__":

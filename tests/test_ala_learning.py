@@ -1,4 +1,6 @@
-"""DML-ALA learns at the paper's rates (the effect, beside the exactness tests of `test_ala.py`).
+"""DML-ALA learns (the effect, beside the exactness tests of `test_ala.py`).
+
+`variant="paper"` at the paper's rates:
 
 Digits episodes (sklearn's 8x8 digits, a tiny CNN embedder), the paper's rates: SGD 1e-4 for the CNN, 10x for
 the new embedding layer, assessor SGD 4e-4, K = 3, sums over tuples. A twin with a frozen assessor (rate 0)
@@ -20,30 +22,37 @@ import pytest
 import tensorflow as tf
 
 from tfdml.models import ALAModel, Embedder
-from tfdml.optimizers import learning_rate_multipliers
 from tfdml.ops.tuples import triplet_indices
+from tfdml.optimizers import learning_rate_multipliers
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 
 
 def _digits_episodes(steps, train_classes=6, val_classes=3, per_class=5, seed=0):
     digits = sklearn_datasets.load_digits()
-    x, y = (digits.images / 16.0).astype("float32")[..., None], digits.target.astype("int32")
+    # Raw 0-255 pixels, as the pipelines give them: the embedder divides by 255 itself.
+    x, y = (digits.images * (255.0 / 16.0)).astype("float32")[..., None], digits.target.astype("int32")
     rng = np.random.default_rng(seed)
     by_class = {c: np.flatnonzero(y == c) for c in range(10)}
     episodes = []
     for _ in range(steps):
         classes = rng.permutation(10)
         pick = lambda cs: np.concatenate([rng.choice(by_class[c], per_class, replace=False) for c in cs])  # noqa
-        train, val = pick(classes[:train_classes]), pick(classes[train_classes:train_classes + val_classes])
+        train, val = pick(classes[:train_classes]), pick(classes[train_classes : train_classes + val_classes])
         episodes.append(tuple(tf.constant(a) for a in (x[train], y[train], x[val], y[val])))
     return episodes
 
 
 def _train(episodes, assessor_learning_rate):
     keras.utils.set_random_seed(0)
-    model = ALAModel(Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1)), base_loss="triplet",
-                     state="per_step", assessor_learning_rate=assessor_learning_rate, max_tuples=None)
+    model = ALAModel(
+        Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1)),
+        base_loss="triplet",
+        variant="paper",
+        state="per_step",
+        assessor_learning_rate=assessor_learning_rate,
+        max_tuples=None,
+    )
     model.compile(optimizer=learning_rate_multipliers(keras.optimizers.SGD(1e-4), {"head_H": 10}))
     phi0 = [v.numpy() for v in model.assessor.trainable_variables]
     step = tf.function(model.train_step)
@@ -85,9 +94,16 @@ def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
     for weighting in ("uniform", "assessor"):
         keras.utils.set_random_seed(0)
         embedder = Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1))  # no Input: size from it
-        runs[weighting] = ala_training(embedder, source, 2, base_loss="margin", weighting=weighting, seed=3,
-                                       state="per_step",  # no XLA compilation: a cheaper test
-                                       episode={"train_size": 9, "val_size": 6, "samples_per_class": 3})
+        runs[weighting] = ala_training(
+            embedder,
+            source,
+            2,
+            base_loss="margin",
+            weighting=weighting,
+            seed=3,
+            state="per_step",  # no XLA compilation: a cheaper test
+            episode={"train_size": 9, "val_size": 6, "samples_per_class": 3},
+        )
     model, ds = runs["assessor"]
     assert model.embedding_dim == 16 and model.weighting == "assessor" and model.margin_beta is not None
     rates = {v.path: float(r) for v, r in zip(model.embedder.trainable_variables, model.inner_rates())}

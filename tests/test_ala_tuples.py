@@ -18,13 +18,19 @@ from tfdml.ops.tuples import triplet_hardness
 
 def _brute_triplets(labels):
     n = len(labels)
-    return [(a, p, q) for a in range(n) for p in range(n) for q in range(n)
-            if a != p and labels[a] == labels[p] and labels[a] != labels[q]]
+    return [
+        (a, p, q)
+        for a in range(n)
+        for p in range(n)
+        for q in range(n)
+        if a != p and labels[a] == labels[p] and labels[a] != labels[q]
+    ]
 
 
 def _brute_pairs(labels):
-    return [(i, j) for i, j in itertools.combinations(range(len(labels)), 2)], \
-        [labels[i] == labels[j] for i, j in itertools.combinations(range(len(labels)), 2)]
+    return [(i, j) for i, j in itertools.combinations(range(len(labels)), 2)], [
+        labels[i] == labels[j] for i, j in itertools.combinations(range(len(labels)), 2)
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -44,8 +50,8 @@ def test_pairs_list_every_unordered_pair_with_its_target():
 
 
 def test_no_valid_tuple_gives_empty_index_arrays():
-    assert triplet_indices(tf.constant([3, 3, 3])).shape == (0, 3)   # no negatives
-    assert triplet_indices(tf.constant([0, 1, 2])).shape == (0, 3)   # no positives
+    assert triplet_indices(tf.constant([3, 3, 3])).shape == (0, 3)  # no negatives
+    assert triplet_indices(tf.constant([0, 1, 2])).shape == (0, 3)  # no positives
     pairs, positive = pair_indices_with_targets(tf.constant([5]))
     assert pairs.shape == (0, 2) and positive.shape == (0,)
 
@@ -57,7 +63,7 @@ def test_capped_tuples_are_a_seeded_ordered_subset():
     assert capped.shape == (50, 3)
     rows = [tuple(t) for t in capped]
     assert set(rows) <= set(every) and len(set(rows)) == 50
-    assert rows == sorted(rows, key=every.index)                      # original order kept
+    assert rows == sorted(rows, key=every.index)  # original order kept
     again = triplet_indices(labels, max_tuples=50, seed=(7, 3)).numpy()
     other = triplet_indices(labels, max_tuples=50, seed=(7, 4)).numpy()
     np.testing.assert_array_equal(capped, again)
@@ -81,7 +87,7 @@ def test_triplet_and_margin_tuple_losses_match_numpy():
     got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3).numpy()
     np.testing.assert_allclose(got, np.maximum(d_ap - d_an + 0.3, 0), atol=1e-12)
     got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3, squared=True).numpy()
-    np.testing.assert_allclose(got, np.maximum(d_ap ** 2 - d_an ** 2 + 0.3, 0), atol=1e-12)  # DML-ALA eq 4
+    np.testing.assert_allclose(got, np.maximum(d_ap**2 - d_an**2 + 0.3, 0), atol=1e-12)  # DML-ALA eq 4
     ratio = triplet_hardness(tf.constant(f), tf.constant(triplets, tf.int32)).numpy()
     np.testing.assert_allclose(ratio, d_ap / d_an, rtol=1e-12)
     got = margin_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), alpha=0.2, beta=1.1).numpy()
@@ -97,8 +103,9 @@ def test_contrastive_tuple_losses_match_numpy():
     pairs, positive = np.array(pairs), np.array(positive)
     d = np.linalg.norm(f[pairs[:, 0]] - f[pairs[:, 1]], axis=1)
     expected = np.where(positive, np.maximum(d - 0.1, 0), np.maximum(1.2 - d, 0))
-    got = contrastive_tuple_losses(tf.constant(f), tf.constant(pairs, tf.int32), tf.constant(positive),
-                                   pos_margin=0.1, neg_margin=1.2).numpy()
+    got = contrastive_tuple_losses(
+        tf.constant(f), tf.constant(pairs, tf.int32), tf.constant(positive), pos_margin=0.1, neg_margin=1.2
+    ).numpy()
     np.testing.assert_allclose(got, expected, atol=1e-12)
 
 
@@ -109,8 +116,11 @@ def test_tuple_losses_have_finite_gradients_on_identical_embeddings():
     pairs, positive = pair_indices_with_targets(labels)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(f)
-        values = [tf.reduce_sum(triplet_tuple_losses(f, triplets)), tf.reduce_sum(margin_tuple_losses(f, triplets)),
-                  tf.reduce_sum(contrastive_tuple_losses(f, pairs, positive))]
+        values = [
+            tf.reduce_sum(triplet_tuple_losses(f, triplets)),
+            tf.reduce_sum(margin_tuple_losses(f, triplets)),
+            tf.reduce_sum(contrastive_tuple_losses(f, pairs, positive)),
+        ]
     for value in values:
         assert np.isfinite(value.numpy())
         assert np.isfinite(tape.gradient(value, f).numpy()).all()
@@ -124,9 +134,40 @@ def test_hardness_is_zero_not_nan_when_the_negative_coincides_with_the_anchor():
 def test_plot_ala_weights_writes_the_four_panels(tmp_path):
     from tfdml.plots import plot_ala_weights
 
-    logs = [{"weight_mean": 0.5 - 0.01 * i, "weight_variance": 1e-4 * i, "hardness": 0.6 - 0.01 * i,
-             "weighted_hardness": 0.3 - 0.004 * i} for i in range(5)]
+    logs = [
+        {
+            "weight_mean": 0.5 - 0.01 * i,
+            "weight_variance": 1e-4 * i,
+            "hardness": 0.6 - 0.01 * i,
+            "weighted_hardness": 0.3 - 0.004 * i,
+        }
+        for i in range(5)
+    ]
     path = plot_ala_weights(logs, tmp_path / "fig4.png")
     assert (tmp_path / "fig4.png").stat().st_size > 1000 and str(path).endswith("fig4.png")
     with pytest.raises(ValueError, match="weight_variance"):
         plot_ala_weights({"loss": [1.0]}, tmp_path / "bad.png")
+
+
+def test_plot_ala_weights_draws_weight_against_hardness(tmp_path):
+    from tfdml.plots import plot_ala_weights
+
+    rng = np.random.default_rng(0)
+    hardness, weights = rng.uniform(0.2, 1.5, 50), rng.uniform(0.5, 1.5, 50)
+    groups = np.where(rng.random(50) < 0.3, "corrupted", "clean")
+    logs = {"weight_mean": [0.5, 0.5], "weight_variance": [0.01, 0.02]}
+    plot_ala_weights(logs, tmp_path / "both.png", weights=weights, hardness=hardness, groups=groups)
+    plot_ala_weights(None, tmp_path / "scatter.png", weights=weights, hardness=hardness)
+    only_logs = tmp_path / "logs.png"
+    plot_ala_weights(logs, only_logs)
+    # One more panel: a wider figure than the two log panels alone.
+    from PIL import Image
+
+    widths = {name: Image.open(tmp_path / f"{name}.png").size[0] for name in ("both", "scatter", "logs")}
+    assert widths["both"] > widths["logs"] > widths["scatter"] > 100
+    with pytest.raises(ValueError, match="one value per tuple"):
+        plot_ala_weights(None, tmp_path / "bad.png", weights=weights, hardness=hardness[:10])
+    with pytest.raises(ValueError, match="both weights and hardness"):
+        plot_ala_weights(None, tmp_path / "bad.png", weights=weights)
+    with pytest.raises(ValueError, match="nothing to draw"):
+        plot_ala_weights(None, tmp_path / "bad.png")

@@ -5,9 +5,9 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
-import keras
 import tensorflow as tf
 
 from tfdml.callbacks import RetrievalEvaluation
@@ -59,8 +59,7 @@ def test_retrieval_metrics_match_their_definitions():
 
 def test_retrieval_evaluation_logs_every_n_epochs(tmp_path):
     keras.utils.set_random_seed(0)
-    model = MultiLevelEmbedder("small_cnn", embedding_dim=4, input_shape=(16, 16, 1), head_filters=4,
-                               head_units=8)
+    model = MultiLevelEmbedder("small_cnn", embedding_dim=4, input_shape=(16, 16, 1), head_filters=4, head_units=8)
     # uniform: the configuration these expected metrics were written for (inference embeddings lie ~0.01
     # apart after 5 epochs, so neighbour ties decide MAP@R; the callback is what is under test here)
     model.compile(keras.optimizers.Adam(1e-2), loss=RankedListLoss(query_weighting="uniform"))
@@ -72,7 +71,7 @@ def test_retrieval_evaluation_logs_every_n_epochs(tmp_path):
     dataset = RetrievalEvaluation(held_out, every_n_epochs=3, ks=(1,), prefix="ds_", log_dir=str(tmp_path))
     history = model.fit(images, labels, batch_size=20, epochs=5, verbose=0, callbacks=[arrays, dataset])
     assert len(history.history["val_recall@1"]) == 3  # epochs 2, 4 and the last one (5)
-    assert len(history.history["ds_recall@1"]) == 2   # epochs 3 and 5
+    assert len(history.history["ds_recall@1"]) == 2  # epochs 3 and 5
     assert set(arrays.last_results) == {"recall@1", "recall@4", "map@r"}
     expected = _reference_metrics(model.predict(images, verbose=0), labels, ks=(1, 4))
     for key in arrays.last_results:
@@ -87,8 +86,12 @@ def test_retrieval_evaluation_logs_every_n_epochs(tmp_path):
 
 def _worker(backup_dir, out, kill_epoch):
     env = dict(os.environ, PYTHONPATH=ROOT, CUDA_VISIBLE_DEVICES="")
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "resume_worker.py"), str(backup_dir),
-                             str(out), str(kill_epoch)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "tests", "resume_worker.py"), str(backup_dir), str(out), str(kill_epoch)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def test_killed_training_resumes_to_the_same_weights(tmp_path):
@@ -126,3 +129,32 @@ def test_resume_stream_skips_checkpointed_epochs(tmp_path):
     assert int(next(iter(resume_stream(stream, tmp_path, 3)))) == 12
     with pytest.raises(ValueError, match="steps_per_epoch must be >= 1"):
         resume_stream(stream, tmp_path, 0)
+
+
+def test_retrieval_evaluation_takes_a_source_and_refuses_what_it_cannot_embed():
+    from tfdml import data
+    from tfdml.models import Embedder
+
+    keras.utils.set_random_seed(0)
+    model = Embedder("small_cnn", embedding_dim=8, input_shape=(16, 16, 1))
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, (24, 20, 20, 1)).astype(np.uint8)  # another size: resized to the model's
+    labels = np.repeat(np.arange(6), 4)
+    source = RetrievalEvaluation(data.array_source(images, labels), ks=(1, 2), center_crop=False)
+    source.set_model(model)
+    resized = tf.image.resize(images.astype(np.float32), (16, 16)).numpy()
+    arrays = RetrievalEvaluation((resized, labels), ks=(1, 2))
+    arrays.set_model(model)
+    assert source.evaluate() == pytest.approx(arrays.evaluate(), abs=1e-6)
+    reference = _reference_metrics(model.predict(resized, verbose=0), labels, (1, 2))
+    results = source.evaluate()
+    assert set(results) == {"recall@1", "recall@2", "map@r"}
+    assert results == pytest.approx({key: reference[key] for key in results}, abs=1e-6)
+    with pytest.raises(
+        TypeError,
+        match=r"takes \(images, labels\) arrays, a tf.data.Dataset .* or a "
+        r"tfdml.data.Source; got str",
+    ):
+        RetrievalEvaluation("glyphs")
+    with pytest.raises(ValueError, match="24 images but 23 labels"):
+        RetrievalEvaluation((images, labels[:-1]))

@@ -17,17 +17,24 @@ from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Runs `tfdml ARGS...` and says on stderr whether TensorFlow was imported.
-DRIVER = ("import sys\nfrom tfdml.cli import main\ntry:\n    rc = main(sys.argv[1:])\nfinally:\n"
-          "    print('tensorflow imported' if 'tensorflow' in sys.modules else 'tensorflow not imported', "
-          "file=sys.stderr)\nsys.exit(rc)\n")
+DRIVER = (
+    "import sys\nfrom tfdml.cli import main\ntry:\n    rc = main(sys.argv[1:])\nfinally:\n"
+    "    print('tensorflow imported' if 'tensorflow' in sys.modules else 'tensorflow not imported', "
+    "file=sys.stderr)\nsys.exit(rc)\n"
+)
 
 
 def _run(args, cwd, env=None):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               **(env or {}))
+    env = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        **(env or {}),
+    )
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI's own default
-    return subprocess.run([sys.executable, "-c", DRIVER, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", DRIVER, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,45 +61,96 @@ def place(tmp_path_factory):
 # (arguments, exit status, message on stderr, whether TensorFlow may be imported first, extra environment)
 CASES = {
     "image-dir-without-class-folders": (
-        ["train", "--image-dir", "empty"], 2, "data.path (--image-dir): empty has no class sub-folders", False),
+        ["train", "--image-dir", "empty"],
+        2,
+        "data.path (--image-dir): empty has no class sub-folders",
+        False,
+    ),
     "image-dir-with-empty-class-folders": (
-        ["train", "--image-dir", "hollow"], 2, "none of the 2 class sub-folders of hollow holds a file", False),
-    "export-dir-is-a-file": (
-        ["train", "--export-dir", "a_file"], 2, "export.base_dir (--export-dir): ", False),
-    "report-dir-is-a-file": (
-        ["train", "--report-dir", "a_file"], 2, "report.dir (--report-dir): ", False),
+        ["train", "--image-dir", "hollow"],
+        2,
+        "none of the 2 class sub-folders of hollow holds a file",
+        False,
+    ),
+    "export-dir-is-a-file": (["train", "--export-dir", "a_file"], 2, "export.base_dir (--export-dir): ", False),
+    "report-dir-is-a-file": (["train", "--report-dir", "a_file"], 2, "report.dir (--report-dir): ", False),
     "config-is-a-directory": (
-        ["train", "--config", "configs"], 2, "--config configs is a directory; give a YAML file", False),
+        ["train", "--config", "configs"],
+        2,
+        "--config configs is a directory; give a YAML file",
+        False,
+    ),
     "one-sample-per-class": (
-        ["train", "--set", "data.samples_per_class=1"], 2, "data.samples_per_class: ranked_list compares images "
-                                                           "of one class, so a batch needs at least 2", False),
-    "unknown-key": (
-        ["train", "--set", "training.epoch=2"], 2, "unknown configuration key 'training.epoch'", False),
+        ["train", "--set", "data.samples_per_class=1"],
+        2,
+        "data.samples_per_class: ranked_list compares images of one class, so a batch needs at least 2",
+        False,
+    ),
+    "unknown-key": (["train", "--set", "training.epoch=2"], 2, "unknown configuration key 'training.epoch'", False),
     "backbone-typo": (
-        ["train", "--set", "model.backbone=resnet5O"], 2,
-        "model.backbone: unknown backbone 'resnet5O' (did you mean 'resnet50'?); valid: small_cnn, ", True),
+        ["train", "--set", "model.backbone=resnet5O"],
+        2,
+        "model.backbone: unknown backbone 'resnet5O' (did you mean 'resnet50'?); valid: small_cnn, ",
+        True,
+    ),
     "imagenet-weights-on-the-small-cnn": (
-        ["train", "--set", "model.weights=imagenet"], 2,
-        "model.weights: the small CNN has no pretrained weights: use null", True),
+        ["train", "--set", "model.weights=imagenet"],
+        2,
+        "model.weights: the small CNN has no pretrained weights: use null",
+        True,
+    ),
     "imagenet-weights-on-grayscale-glyphs": (
-        ["train", "--set", "model.backbone=resnet50", "--set", "model.weights=imagenet", "--no-export",
-         "--report-dir", "r_gray"], 2,
-        "model.weights: ImageNet weights take 3-channel (RGB) images, but the training data (glyphs", True),
+        [
+            "train",
+            "--set",
+            "model.backbone=resnet50",
+            "--set",
+            "model.weights=imagenet",
+            "--no-export",
+            "--report-dir",
+            "r_gray",
+        ],
+        2,
+        "model.weights: ImageNet weights take 3-channel (RGB) images, but the training data (glyphs",
+        True,
+    ),
     "imagenet-weights-offline": (
-        ["train", "--image-dir", "rgb", "--set", "model.backbone=mobilenetv3small", "--set", "model.weights=imagenet",
-         "--no-export", "--report-dir", "r_offline"], 2,
-        "offline, train from scratch with --set model.weights=null", True,
+        [
+            "train",
+            "--image-dir",
+            "rgb",
+            "--set",
+            "model.backbone=mobilenetv3small",
+            "--set",
+            "model.weights=imagenet",
+            "--no-export",
+            "--report-dir",
+            "r_offline",
+        ],
+        2,
+        "offline, train from scratch with --set model.weights=null",
+        True,
         # no network: every download goes to a closed local port (and not to a cached file)
-        {"HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "KERAS_HOME": "keras_home"}),
+        {"HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "KERAS_HOME": "keras_home"},
+    ),
     "evaluate-negative-batch-size": (
-        ["evaluate", "--model", "x", "--batch-size", "-5"], 2,
-        "argument --batch-size: must be a positive integer, got -5", False),
+        ["evaluate", "--model", "x", "--batch-size", "-5"],
+        2,
+        "argument --batch-size: must be a positive integer, got -5",
+        False,
+    ),
     "search-labels-before-the-images": (
-        ["search", "--model", "x", "--query-labels", "M", "a.png", "b.png"], 2,
-        "1 --query-label for 2 query images: give one --query-label CLASS per image", False),
+        ["search", "--model", "x", "--query-labels", "M", "a.png", "b.png"],
+        2,
+        "1 --query-label for 2 query images: give one --query-label CLASS per image",
+        False,
+    ),
     "export-base-dir-is-a-file": (
-        ["export", "--model", "model.keras", "--name", "m", "--base-dir", "a_file"], 2,
-        "tfdml export: error: --base-dir: ", False),
+        ["export", "--model", "model.keras", "--name", "m", "--base-dir", "a_file"],
+        2,
+        "tfdml export: error: --base-dir: ",
+        False,
+    ),
 }
 
 

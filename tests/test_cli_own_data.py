@@ -14,10 +14,19 @@ from tfdml import cli
 from tfdml.config import ConfigError, load_config
 
 # A tiny model; data.classes_per_batch is left to the job (the default batch has 22 classes).
-TINY = [f"--set={item}" for item in (
-    "model.widths=[4,4]", "model.embedding_dim=4", "data.image_size=16", "data.samples_per_class=2",
-    "evaluation.ks=[1]", "evaluation.metrics=[recall,map@r]", "report.grid_queries=2",
-    "report.grid_neighbours=2")] + ["--epochs", "1", "--steps-per-epoch", "2"]
+TINY = [
+    f"--set={item}"
+    for item in (
+        "model.widths=[4,4]",
+        "model.embedding_dim=4",
+        "data.image_size=16",
+        "data.samples_per_class=2",
+        "evaluation.ks=[1]",
+        "evaluation.metrics=[recall,map@r]",
+        "report.grid_queries=2",
+        "report.grid_neighbours=2",
+    )
+] + ["--epochs", "1", "--steps-per-epoch", "2"]
 
 
 def _write_classes(root, counts):
@@ -40,8 +49,7 @@ def job(tmp_path_factory):
     """`tfdml train --image-dir ../data/mydata` run in `work/`; gnu's only file is undecodable (class
     dropped) and fox, in the evaluation half, has a single image."""
     base = tmp_path_factory.mktemp("own_data")
-    _write_classes(base / "data" / "mydata", {"ant": 4, "bee": 4, "cat": 4, "dog": 4, "eel": 3, "fox": 1,
-                                             "gnu": None})
+    _write_classes(base / "data" / "mydata", {"ant": 4, "bee": 4, "cat": 4, "dog": 4, "eel": 3, "fox": 1, "gnu": None})
     (base / "work").mkdir()
     (base / "elsewhere").mkdir()
     with pytest.MonkeyPatch.context() as patch:
@@ -68,8 +76,9 @@ def test_train_splits_the_classes_fits_the_batch_and_says_what_it_left_out(job):
     assert (summary["eval_classes"], summary["eval_items"]) == (3, 8)
     # 3 training classes, fewer than the default batch's 22: the job says so in one line and uses 3
     notice = [line for line in job["out"].splitlines() if line.startswith("data.classes_per_batch:")]
-    assert len(notice) == 1 and "has 3 classes, fewer than the default 22: training on batches of 3 classes" \
-        in notice[0], job["out"]
+    assert (
+        len(notice) == 1 and "has 3 classes, fewer than the default 22: training on batches of 3 classes" in notice[0]
+    ), job["out"]
     config = load_config(str(job["work"] / "reports" / "mydata" / "config.yaml"))
     assert config.data.classes_per_batch == 3
     # the evaluation data is recorded with absolute paths
@@ -84,8 +93,9 @@ def test_evaluate_export_and_search_from_another_directory(job, monkeypatch, cap
     monkeypatch.chdir(job["base"] / "elsewhere")
     export = str(job["work"] / "exported_models" / "mydata")
     # evaluate finds the job's evaluation half through the export's metadata and reproduces its figures
-    assert cli.main(["evaluate", "--model", export, "--ks", "1", "--metrics", "recall", "map@r",
-                     "--json", "e.json"]) == 0, capsys.readouterr().err
+    assert (
+        cli.main(["evaluate", "--model", export, "--ks", "1", "--metrics", "recall", "map@r", "--json", "e.json"]) == 0
+    ), capsys.readouterr().err
     captured = capsys.readouterr()
     assert "second half of the classes: 8 images, 3 classes" in captured.out
     with open("e.json") as f:
@@ -101,8 +111,23 @@ def test_evaluate_export_and_search_from_another_directory(job, monkeypatch, cap
 
     # search with that index: a gallery image finds itself, by absolute path, in its class
     query = str(job["base"] / "data" / "mydata" / "dog" / "0.png")
-    assert cli.main(["search", "--model", os.path.join("again", "mydata"), query, "--query-label", "dog",
-                     "-k", "2", "--json", "s.json"]) == 0, capsys.readouterr().err
+    assert (
+        cli.main(
+            [
+                "search",
+                "--model",
+                os.path.join("again", "mydata"),
+                query,
+                "--query-label",
+                "dog",
+                "-k",
+                "2",
+                "--json",
+                "s.json",
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     with open("s.json") as f:
         first = json.load(f)[0]["neighbours"][0]
     assert (first["id"], first["class"], first["same_class"]) == (query, "dog", True)
@@ -110,19 +135,43 @@ def test_evaluate_export_and_search_from_another_directory(job, monkeypatch, cap
 
 def test_a_chosen_batch_larger_than_the_data_is_refused(job, monkeypatch, capsys):
     monkeypatch.chdir(job["base"] / "elsewhere")
-    assert cli.main(["train", "--image-dir", str(job["base"] / "data" / "mydata"), *TINY,
-                     "--set", "data.classes_per_batch=22", "--report-dir", "r22"]) == 2
+    assert (
+        cli.main(
+            [
+                "train",
+                "--image-dir",
+                str(job["base"] / "data" / "mydata"),
+                *TINY,
+                "--set",
+                "data.classes_per_batch=22",
+                "--report-dir",
+                "r22",
+            ]
+        )
+        == 2
+    )
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tfdml train: error: ")]
     assert len(errors) == 1 and "data.classes_per_batch: 22 classes per batch, but the training data" in errors[0]
     assert "has 3 usable class(es) (ant, bee, cat)" in errors[0]
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["data.samples_per_class=1"], "data.samples_per_class"),
-    (["loss.name=triplet", "data.samples_per_class=1"], "data.samples_per_class"),
-    (["ala.enabled=true", "loss.name=triplet", "ala.episode.samples_per_class=1", "ala.episode.train_size=6",
-      "ala.episode.val_size=4"], "ala.episode.samples_per_class"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["data.samples_per_class=1"], "data.samples_per_class"),
+        (["loss.name=triplet", "data.samples_per_class=1"], "data.samples_per_class"),
+        (
+            [
+                "ala.enabled=true",
+                "loss.name=triplet",
+                "ala.episode.samples_per_class=1",
+                "ala.episode.train_size=6",
+                "ala.episode.val_size=4",
+            ],
+            "ala.episode.samples_per_class",
+        ),
+    ],
+)
 def test_batches_without_a_positive_pair_are_refused(overrides, key):
     with pytest.raises(ConfigError, match=f"^{key}: .* at least 2 per class .* no positive pair"):
         load_config(overrides=overrides)

@@ -49,8 +49,15 @@ def exported_digits(tmp_path_factory):
     base = tmp_path_factory.mktemp("models")
     model = digits_model()
     job = {"data": {"source": "digits", "eval_split": "test"}}
-    export_saved_model(model, base, preprocess="unit", image_size=(SIZE, SIZE), training_config=job,
-                       gallery=data.digits("test"), index_mode="exact")
+    export_saved_model(
+        model,
+        base,
+        preprocess="unit",
+        image_size=(SIZE, SIZE),
+        training_config=job,
+        gallery=data.digits("test"),
+        index_mode="exact",
+    )
     return model, base
 
 
@@ -80,8 +87,9 @@ def test_every_option_has_help(module):
 
 
 def test_module_entry_point_help():
-    out = subprocess.run([sys.executable, "-m", "tfdml.cli.evaluate", "--help"], capture_output=True,
-                         text=True, check=True, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "tfdml.cli.evaluate", "--help"], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     assert "--embeddings" in out and "--plot" in out and "Recall@K" in out
 
 
@@ -91,8 +99,21 @@ def test_evaluate_embeddings_file(tmp_path, capsys):
     labels = rng.integers(0, 6, 150)
     emb = (centres[labels] + 0.7 * rng.normal(size=(150, 8))).astype(np.float32)
     np.savez(tmp_path / "emb.npz", embeddings=emb, labels=labels)
-    args = parse(evaluate_cli, ["evaluate", "--embeddings", str(tmp_path / "emb.npz"), "--ks", "1", "4",
-                                "--json", str(tmp_path / "m.json"), "--plot", str(tmp_path / "r.png")])
+    args = parse(
+        evaluate_cli,
+        [
+            "evaluate",
+            "--embeddings",
+            str(tmp_path / "emb.npz"),
+            "--ks",
+            "1",
+            "4",
+            "--json",
+            str(tmp_path / "m.json"),
+            "--plot",
+            str(tmp_path / "r.png"),
+        ],
+    )
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     written = json.loads((tmp_path / "m.json").read_text())
@@ -108,8 +129,9 @@ def test_evaluate_on_the_export_reproduces_the_job(exported_digits, tmp_path, ca
     model, base = exported_digits
     expected = job_metrics(model)
     for extra in ([], ["--dataset", "digits"]):  # default: the evaluation data recorded by the job
-        args = parse(evaluate_cli, ["evaluate", "--model", str(base / "digits"), *extra,
-                                    "--json", str(tmp_path / "m.json")])
+        args = parse(
+            evaluate_cli, ["evaluate", "--model", str(base / "digits"), *extra, "--json", str(tmp_path / "m.json")]
+        )
         assert args.func(args) == 0
         assert json.loads((tmp_path / "m.json").read_text()) == pytest.approx(expected, abs=1e-6)
     printed = capsys.readouterr().out
@@ -135,8 +157,23 @@ def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsy
     other = tmp_path / "other"
     export_saved_model(digits_model(), other, preprocess="unit")  # version 1 of the same name elsewhere
     export_index(paths, other, "digits", labels=labels[:40])
-    argv = ["search", "--model", str(other / "digits"), paths[3], paths[7], "-k", "4", "--query-label",
-            str(labels[3]), "--query-label", str(labels[7]), "--json", str(tmp_path / "n.json"), "--grid", str(tmp_path / "g.png")]
+    argv = [
+        "search",
+        "--model",
+        str(other / "digits"),
+        paths[3],
+        paths[7],
+        "-k",
+        "4",
+        "--query-label",
+        str(labels[3]),
+        "--query-label",
+        str(labels[7]),
+        "--json",
+        str(tmp_path / "n.json"),
+        "--grid",
+        str(tmp_path / "g.png"),
+    ]
     args = parse(search_cli, argv)
     assert args.func(args) == 0
     report = json.loads((tmp_path / "n.json").read_text())
@@ -161,13 +198,25 @@ def test_search_with_index_writes_json_and_grid(exported_digits, tmp_path, capsy
     assert "1 --query-label for 2 query images" in capsys.readouterr().err
 
 
-def test_search_an_embedded_gallery_prints_items_and_classes_and_draws_the_grid(exported_digits, tmp_path,
-                                                                                 capsys):
+def test_search_an_embedded_gallery_prints_items_and_classes_and_draws_the_grid(exported_digits, tmp_path, capsys):
     _, base = exported_digits
     source = data.digits("test")
     query = write_pngs(tmp_path, source.images[[0]], ["q.png"])[0]
-    args = parse(search_cli, ["search", "--model", str(base / "digits"), query, "-k", "3", "--query-label",
-                              str(source.labels[0]), "--grid", str(tmp_path / "grid.png")])
+    args = parse(
+        search_cli,
+        [
+            "search",
+            "--model",
+            str(base / "digits"),
+            query,
+            "-k",
+            "3",
+            "--query-label",
+            str(source.labels[0]),
+            "--grid",
+            str(tmp_path / "grid.png"),
+        ],
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert f"  1. item 0  class {source.labels[0]}  score 1.0000" in out
@@ -181,12 +230,23 @@ def test_search_exact_answers_with_the_signature_as_the_index_does(exported_digi
     _, base = exported_digits
     source = data.digits("test")
     queries = write_pngs(tmp_path, source.images[[0, 9]], ["a.png", "b.png"])
-    common = ["search", "--model", str(base / "digits"), *queries, "-k", "3", "--query-label",
-              str(source.labels[0]), "--query-label", str(source.labels[9])]
+    common = [
+        "search",
+        "--model",
+        str(base / "digits"),
+        *queries,
+        "-k",
+        "3",
+        "--query-label",
+        str(source.labels[0]),
+        "--query-label",
+        str(source.labels[9]),
+    ]
     args = parse(search_cli, [*common, "--json", str(tmp_path / "scann.json")])
     assert args.func(args) == 0
-    args = parse(search_cli, [*common, "--exact", "--json", str(tmp_path / "exact.json"), "--grid",
-                              str(tmp_path / "exact.png")])
+    args = parse(
+        search_cli, [*common, "--exact", "--json", str(tmp_path / "exact.json"), "--grid", str(tmp_path / "exact.png")]
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "exact search signature (float32)" in out and "retrieval grid written" in out
@@ -194,8 +254,7 @@ def test_search_exact_answers_with_the_signature_as_the_index_does(exported_digi
     scann, exact = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("scann", "exact"))
     for a, b in zip(scann, exact):
         assert [f"digits(test):{n['id']}" for n in a["neighbours"]] == [n["id"] for n in b["neighbours"]]
-        assert [n["score"] for n in a["neighbours"]] == pytest.approx([n["score"] for n in b["neighbours"]],
-                                                                      abs=1e-5)
+        assert [n["score"] for n in a["neighbours"]] == pytest.approx([n["score"] for n in b["neighbours"]], abs=1e-5)
         assert [str(n["label"]) for n in a["neighbours"]] == [n["class"] for n in b["neighbours"]]
         assert [n["same_class"] for n in a["neighbours"]] == [n["same_class"] for n in b["neighbours"]]
         assert [n["match"] for n in b["neighbours"]] == [n["score"] >= threshold for n in b["neighbours"]]
@@ -217,13 +276,37 @@ def test_search_old_version_uses_its_own_index(exported_digits, tmp_path, capsys
     gallery = write_pngs(tmp_path / "g", source.images[100:110], [f"n{i}.png" for i in range(10)])
     v2 = export_saved_model(digits_model(seed=7), newer, name="digits", preprocess="unit", gallery=gallery)
     query = write_pngs(tmp_path, source.images[[5]], ["q.png"])[0]
-    args = parse(search_cli, ["search", "--model", str(newer / "digits"), "--version", "1", query, "-k", "1",
-                              "--json", str(tmp_path / "s.json")])
+    args = parse(
+        search_cli,
+        [
+            "search",
+            "--model",
+            str(newer / "digits"),
+            "--version",
+            "1",
+            query,
+            "-k",
+            "1",
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+    )
     assert args.func(args) == 0
     assert json.loads((tmp_path / "s.json").read_text())[0]["neighbours"][0]["id"] == 5
     assert "model digits version 1" in capsys.readouterr().out
-    args = parse(search_cli, ["search", "--model", str(newer / "digits"), "--version", "1", query,
-                              "--index", os.path.join(v2, "assets.extra", "tfdml_index")])
+    args = parse(
+        search_cli,
+        [
+            "search",
+            "--model",
+            str(newer / "digits"),
+            "--version",
+            "1",
+            query,
+            "--index",
+            os.path.join(v2, "assets.extra", "tfdml_index"),
+        ],
+    )
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert "was built with version 2, not 1" in err and "neighbours would be wrong" in err
@@ -256,16 +339,34 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
         rows = np.flatnonzero(source.labels == c)[:6]
         write_pngs(folder / f"digit_{c}", source.images[rows], [f"{i}.png" for i in rows])
     (folder / "digit_5" / "zz_empty.png").write_bytes(b"")
-    (folder / "digit_7" / "zz_cut.png").write_bytes((folder / "digit_7" / os.listdir(folder / "digit_7")[0])
-                                                    .read_bytes()[:40])
+    (folder / "digit_7" / "zz_cut.png").write_bytes(
+        (folder / "digit_7" / os.listdir(folder / "digit_7")[0]).read_bytes()[:40]
+    )
     report = tmp_path / "report"
     report.mkdir()
     digits_model(name="folder_model").save(report / "model.keras")
-    (report / "config.yaml").write_text("data:\n  source: folder\n  eval_path: %s\n" % folder)
+    (report / "config.yaml").write_text(f"data:\n  source: folder\n  eval_path: {folder}\n")
     (report / "metrics.json").write_text(json.dumps({"model": {"recall@1": 0.5}}))
-    args = parse(export_cli, ["export", "--model", str(report / "model.keras"), "--name", "f", "--base-dir",
-                              str(tmp_path / "models"), "--gallery-dir", str(folder), "--top-k", "3",
-                              "--gallery-dtype", "int8", "--match-precision", "0.8"])
+    args = parse(
+        export_cli,
+        [
+            "export",
+            "--model",
+            str(report / "model.keras"),
+            "--name",
+            "f",
+            "--base-dir",
+            str(tmp_path / "models"),
+            "--gallery-dir",
+            str(folder),
+            "--top-k",
+            "3",
+            "--gallery-dtype",
+            "int8",
+            "--match-precision",
+            "0.8",
+        ],
+    )
     assert args.func(args) == 0
     captured = capsys.readouterr()
     assert "search signature: top 3 of 30 items (int8), match: " in captured.out
@@ -277,13 +378,28 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
     assert metadata["metrics"] == {"recall@1": 0.5} and metadata["index"]["size"] == 30
     assert None not in metadata.values()
     assert {k: metadata["search"][k] for k in ("top_k", "gallery_dtype", "match_precision")} == {
-        "top_k": 3, "gallery_dtype": "int8", "match_precision": 0.8}
-    assert tf.saved_model.load(os.path.join(tmp_path, "models", "f", "1")).signatures["search"] \
-        .structured_outputs["ids"].shape.as_list() == [None, 3]
+        "top_k": 3,
+        "gallery_dtype": "int8",
+        "match_precision": 0.8,
+    }
+    assert tf.saved_model.load(os.path.join(tmp_path, "models", "f", "1")).signatures["search"].structured_outputs[
+        "ids"
+    ].shape.as_list() == [None, 3]
     # Without --gallery-dir, a report's model is indexed on the job's evaluation data (config.yaml);
     # --no-search leaves the signature out.
-    args = parse(export_cli, ["export", "--model", str(report / "model.keras"), "--name", "f", "--base-dir",
-                              str(tmp_path / "models"), "--no-search"])
+    args = parse(
+        export_cli,
+        [
+            "export",
+            "--model",
+            str(report / "model.keras"),
+            "--name",
+            "f",
+            "--base-dir",
+            str(tmp_path / "models"),
+            "--no-search",
+        ],
+    )
     assert args.func(args) == 0
     assert load_metadata(tmp_path / "models" / "f", version=2)["index"]["size"] == 30
     assert "search" not in load_metadata(tmp_path / "models" / "f", version=2)

@@ -7,6 +7,7 @@ left to the CLI and their output in a pipe (so they also show what a redirected 
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,8 +28,15 @@ SHORT = ["--epochs", "2", "--steps-per-epoch", "10"]
 # What a user did not cause and should not see: TensorFlow's start-up lines on a machine without a GPU,
 # Keras warnings about the input, progress-bar escape codes in a redirected log.
 NOISE = ("cuInit", "oneDNN", "cpu_feature_guard", "shuffle=True", "ran out of data", "\x1b[", "Traceback")
-REPORT_FILES = ("metrics.json", "config.yaml", "recall_at_k.png", "training_curves.png", "retrieval_grid.png",
-                "match_calibration.png", "model.keras")
+REPORT_FILES = (
+    "metrics.json",
+    "config.yaml",
+    "recall_at_k.png",
+    "training_curves.png",
+    "retrieval_grid.png",
+    "match_calibration.png",
+    "model.keras",
+)
 
 
 def _env():
@@ -41,9 +49,15 @@ def _env():
 def _start(cwd, *extra):
     # Ctrl-C reaches the run even when the test process ignores SIGINT (a background job of a shell): Python
     # installs its KeyboardInterrupt handler only over the default action.
-    return subprocess.Popen([sys.executable, "-m", "tfdml", "train", *SHORT, *extra], cwd=cwd, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfdml", "train", *SHORT, *extra],
+        cwd=cwd,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _interrupt_after_first_epoch(proc, checkpoints):
@@ -70,11 +84,14 @@ def runs(tmp_path_factory):
     seed 1) and "resumed" (seed 0, interrupted with Ctrl-C after its first epoch, then started again with the
     same report directory)."""
     base = tmp_path_factory.mktemp("train")
-    procs = {"main": _start(base, "--report-dir", "report", "--export-dir", "exported"),
-             # the default job written out as a file (see tests/test_configs.py), run from that file, with
-             # the default report directory (reports/<name> under the working directory)
-             "other_seed": _start(base, "--config", os.path.join(ROOT, "configs", "glyphs_rll.yaml"),
-                                  "--no-export", "--seed", "1")}
+    procs = {
+        "main": _start(base, "--report-dir", "report", "--export-dir", "exported"),
+        # the default job written out as a file (see tests/test_configs.py), run from that file, with
+        # the default report directory (reports/<name> under the working directory)
+        "other_seed": _start(
+            base, "--config", os.path.join(ROOT, "configs", "glyphs_rll.yaml"), "--no-export", "--seed", "1"
+        ),
+    }
     killed = _start(base, "--report-dir", "report_resumed", "--no-export", "--seed", "0")
     kill_state, killed_output = _interrupt_after_first_epoch(killed, base / "report_resumed" / "checkpoints")
     killed_rc = killed.wait()
@@ -82,9 +99,17 @@ def runs(tmp_path_factory):
     outputs = {name: proc.communicate(timeout=600)[0] for name, proc in procs.items()}
     for name, proc in procs.items():
         assert proc.returncode == 0, f"tfdml train ({name}) failed:\n{outputs[name][-3000:]}"
-    return {"base": base, "output": outputs["main"], "main": base / "report", "other_seed": base / "reports" / "glyphs_rll",
-            "resumed": base / "report_resumed", "kill_state": kill_state, "killed_rc": killed_rc,
-            "killed_output": killed_output, "resumed_output": outputs["resumed"]}
+    return {
+        "base": base,
+        "output": outputs["main"],
+        "main": base / "report",
+        "other_seed": base / "reports" / "glyphs_rll",
+        "resumed": base / "report_resumed",
+        "kill_state": kill_state,
+        "killed_rc": killed_rc,
+        "killed_output": killed_output,
+        "resumed_output": outputs["resumed"],
+    }
 
 
 def _metrics(report_dir):
@@ -125,8 +150,12 @@ def test_report_files(runs):
     # The served match decision, calibrated on the evaluation items at the default precision.
     calibration = summary["match_calibration"]
     assert calibration["target_precision"] == 0.9 and calibration["queries"] == summary["eval_items"]
-    assert summary["search"] == {"top_k": 10, "gallery_dtype": "float32", "match_precision": 0.9,
-                                 "match_threshold": calibration["threshold"]}
+    assert summary["search"] == {
+        "top_k": 10,
+        "gallery_dtype": "float32",
+        "match_precision": 0.9,
+        "match_threshold": calibration["threshold"],
+    }
     with open(report / "config.yaml") as f:
         config = yaml.safe_load(f)
     assert config["training"]["epochs"] == 2 and config["training"]["steps_per_epoch"] == 10
@@ -173,8 +202,14 @@ def test_export_reloads_without_tfdml(runs, tmp_path):
                                                      else v.numpy() for k, v in found.items()}})
         assert not any(name == "tfdml" or name.startswith("tfdml.") for name in sys.modules)
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=dict(_env(), PYTHONPATH=""),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=dict(_env(), PYTHONPATH=""),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     served = np.load(tmp_path / "served.npy")
 
@@ -205,8 +240,22 @@ def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
         path = tmp_path / f"query{i}.png"
         tf.io.write_file(str(path), tf.io.encode_png(pixels[i]))
         queries.append(str(path))
-    rc = cli.main(["search", *queries, "--model", str(export), "-k", "3", "--json", str(tmp_path / "s.json"),
-                   "--query-label", str(labels[0]), "--query-label", str(labels[5])])
+    rc = cli.main(
+        [
+            "search",
+            *queries,
+            "--model",
+            str(export),
+            "-k",
+            "3",
+            "--json",
+            str(tmp_path / "s.json"),
+            "--query-label",
+            str(labels[0]),
+            "--query-label",
+            str(labels[5]),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     with open(tmp_path / "s.json") as f:
         found = json.load(f)
@@ -217,32 +266,87 @@ def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
         assert first["score"] == pytest.approx(1.0, abs=1e-4)
         assert len(entry["neighbours"]) == 3
 
-    rc = cli.main(["evaluate", "--model", str(export), "--dataset", "glyphs", "--json", str(tmp_path / "e.json"),
-                   "--metrics", "recall", "map@r", "r_precision"])  # the job's metrics (no k-means)
+    rc = cli.main(
+        [
+            "evaluate",
+            "--model",
+            str(export),
+            "--dataset",
+            "glyphs",
+            "--json",
+            str(tmp_path / "e.json"),
+            "--metrics",
+            "recall",
+            "map@r",
+            "r_precision",
+        ]
+    )  # the job's metrics (no k-means)
     assert rc == 0, capsys.readouterr().err
     with open(tmp_path / "e.json") as f:
         evaluated = json.load(f)
     trained = _metrics(runs["main"])["model"]
-    # The same model on the same raw images, preprocessed in the serving graph by the function the job
-    # evaluated with: the job's figures, reproduced. (Float32 differences of ~1e-6 between the served graph
-    # and the Keras model reorder a few near-ties among 3,020 barely trained embeddings: MAP@R moves by
-    # ~1e-6; another preprocessing moved it by ~3e-3.)
+    # The same model on the same raw images, resized in the serving graph as the job evaluated them and
+    # preprocessed by the model itself: the job's figures, reproduced. (The served embeddings equal the Keras
+    # model's here; float32 differences of an ulp, e.g. a second L2 normalisation in the graph, reorder a few
+    # near-ties among 3,020 barely trained embeddings, one item moving Recall@K by 3e-4; another
+    # preprocessing moved MAP@R by ~3e-3.)
     assert evaluated == pytest.approx(trained, abs=1e-4)
+
+
+def test_report_and_evaluate_write_the_embedding_projector(runs, tmp_path, capsys):
+    """The job's `tensorboard/` holds a projector run that TensorBoard's projector plugin serves (every
+    evaluation image, its class name, the sprite); `tfdml evaluate --model ... --projector` writes the same
+    from the export."""
+    from tests.test_projector import read_projector
+    from tfdml import data
+
+    served = read_projector(runs["main"] / "tensorboard")
+    assert list(served) == ["projector"]  # not attached to the training runs beside it
+    job = served["projector"]
+    source = data.glyphs("test", image_size=32)
+    assert job["tensor"].shape == (len(source), 64)
+    np.testing.assert_allclose(np.linalg.norm(job["tensor"], axis=1), 1.0, atol=1e-4)
+    assert job["metadata"][1:] == [f"{source.class_names[c]}\t{c}" for c in source.labels]
+    assert job["config"]["embeddings"][0]["sprite"]["singleImageDim"] == [32, 32]
+    side = math.ceil(math.sqrt(len(source)))  # thumbnails a side
+    assert job["sprite"].shape == (side * 32, side * 32, 3)
+    np.testing.assert_array_equal(job["sprite"][:32, 32:64, 0], source.images[1][..., 0])
+
+    rc = cli.main(
+        [
+            "evaluate",
+            "--model",
+            str(_export_dir(runs)),
+            "--metrics",
+            "recall",
+            "--ks",
+            "1",
+            "--projector",
+            str(tmp_path / "tb"),
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    exported = read_projector(tmp_path / "tb")["projector"]
+    assert exported["metadata"] == job["metadata"]
+    np.testing.assert_allclose(exported["tensor"], job["tensor"], atol=1e-4)
+    np.testing.assert_array_equal(exported["sprite"], job["sprite"])
 
 
 def test_export_command_reexports(runs, tmp_path, capsys):
     import tensorflow as tf
 
-    rc = cli.main(["export", "--model", str(runs["main"] / "model.keras"), "--name", "x",
-                   "--base-dir", str(tmp_path)])
+    rc = cli.main(["export", "--model", str(runs["main"] / "model.keras"), "--name", "x", "--base-dir", str(tmp_path)])
     assert rc == 0
     assert "exported SavedModel" in capsys.readouterr().out
     assert (tmp_path / "x" / "1" / "saved_model.pb").exists()
     pixels, _, _ = _eval_images(channels=1)
     original = tf.saved_model.load(str(_export_dir(runs) / "1")).signatures["serving_default"]
     again = tf.saved_model.load(str(tmp_path / "x" / "1")).signatures["serving_default"]
-    np.testing.assert_allclose(again(images=tf.constant(pixels))["embedding"].numpy(),
-                               original(images=tf.constant(pixels))["embedding"].numpy(), atol=1e-5)
+    np.testing.assert_allclose(
+        again(images=tf.constant(pixels))["embedding"].numpy(),
+        original(images=tf.constant(pixels))["embedding"].numpy(),
+        atol=1e-5,
+    )
 
 
 def test_interrupted_run_resumes_to_the_same_result(runs):
@@ -263,8 +367,10 @@ def test_interrupted_run_resumes_to_the_same_result(runs):
     # the timings say what they count: training summed over both runs, this run's share, the process
     assert resumed["epochs_this_run"] == 1 and 0 < resumed["train_seconds_this_run"] < resumed["train_seconds"]
     assert resumed["train_seconds_this_run"] < resumed["job_seconds"] < resumed["wall_seconds"]
-    assert f"training: {resumed['train_seconds']:.1f} s for 2 epochs; " \
-           f"{resumed['train_seconds_this_run']:.1f} s of it in this run, epochs 2-2" in runs["resumed_output"]
+    assert (
+        f"training: {resumed['train_seconds']:.1f} s for 2 epochs; "
+        f"{resumed['train_seconds_this_run']:.1f} s of it in this run, epochs 2-2" in runs["resumed_output"]
+    )
     assert resumed["model"] == main["model"]
     assert not os.path.exists(runs["resumed"] / "checkpoints" / "training_metadata.json")  # done: cleared
 
@@ -322,20 +428,36 @@ def test_print_config_is_the_defaults(capsys):
     assert cli.main(["train", "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed == resolve_paths(default_config()).to_dict()
-    assert cli.main(["train", "--print-config", "--config", os.path.join(ROOT, "configs", "digits_rll.yaml"),
-                     "--epochs", "3", "--set", "loss.params.margin=0.5"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--print-config",
+                "--config",
+                os.path.join(ROOT, "configs", "digits_rll.yaml"),
+                "--epochs",
+                "3",
+                "--set",
+                "loss.params.margin=0.5",
+            ]
+        )
+        == 0
+    )
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["training"]["epochs"] == 3 and printed["loss"]["params"]["margin"] == 0.5
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--set", "training.epoch=2"], "unknown configuration key 'training.epoch' (did you mean 'epochs'?)"),
-    (["--set", "training"], "must look like key.path=value"),
-    (["--epochs", "0"], "training.epochs (--epochs): must be >= 1, got 0"),
-    (["--set", "seed=1.5"], "seed: expected an integer, got 1.5"),
-    (["--set", "loss.params.margn=0.1"], "unknown configuration key 'loss.params.margn'"),
-    (["--eval-image-dir", "x"], "--eval-image-dir needs --image-dir"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--set", "training.epoch=2"], "unknown configuration key 'training.epoch' (did you mean 'epochs'?)"),
+        (["--set", "training"], "must look like key.path=value"),
+        (["--epochs", "0"], "training.epochs (--epochs): must be >= 1, got 0"),
+        (["--set", "seed=1.5"], "seed: expected an integer, got 1.5"),
+        (["--set", "loss.params.margn=0.1"], "unknown configuration key 'loss.params.margn'"),
+        (["--eval-image-dir", "x"], "--eval-image-dir needs --image-dir"),
+    ],
+)
 def test_bad_value_exits_2_with_one_line(arguments, message, capsys):
     assert cli.main(["train", *arguments]) == 2
     captured = capsys.readouterr()
@@ -359,12 +481,18 @@ def _unfinished_run(report_dir):
 
 def test_changed_configuration_is_refused(tmp_path, capsys):
     _unfinished_run(tmp_path)
-    assert cli.main(["train", "--report-dir", str(tmp_path), "--set", "optimizer.learning_rate=0.01",
-                     "--epochs", "4"]) == 2
+    assert (
+        cli.main(["train", "--report-dir", str(tmp_path), "--set", "optimizer.learning_rate=0.01", "--epochs", "4"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert "holds an unfinished run (1 epoch(s) done) with another configuration (optimizer.learning_rate, " \
-           "training.epochs differ)" in err and "--restart" in err
+    assert (
+        "holds an unfinished run (1 epoch(s) done) with another configuration (optimizer.learning_rate, "
+        "training.epochs differ)"
+        in err
+        and "--restart" in err
+    )
     assert cli.main(["train", "--report-dir", str(tmp_path), "--set", "model.embedding_dim=32"]) == 2
     assert "(model.embedding_dim differs)" in capsys.readouterr().err
 
@@ -375,8 +503,9 @@ def test_resume_and_restart_decisions(tmp_path):
     assert pipeline.prepare_report_dir(config, say=said.append) == 1
     assert said == [f"resuming from epoch 2/10 (1 epoch(s) restored from {tmp_path}/checkpoints)"]
     # evaluation, export and report settings do not change what is trained
-    assert pipeline.prepare_report_dir(config.replace(evaluation=config.evaluation.replace(ks=[1])),
-                                       say=said.append) == 1
+    assert (
+        pipeline.prepare_report_dir(config.replace(evaluation=config.evaluation.replace(ks=[1])), say=said.append) == 1
+    )
     changed = config.replace(optimizer=config.optimizer.replace(learning_rate=0.5))
     assert pipeline.prepare_report_dir(changed, restart=True, say=said.append) == 0
     assert said[-1].startswith("--restart: removed the unfinished run's checkpoints (1 epoch(s) done)")
@@ -416,10 +545,21 @@ def _class_folders(root, names, per_class=5, size=12):
     return root
 
 
-TINY_MODEL = [f"--set={item}" for item in (
-    "model.widths=[4,4,4]", "model.embedding_dim=4", "model.head_filters=2", "model.head_units=4",
-    "data.image_size=16", "data.classes_per_batch=2", "data.samples_per_class=2", "evaluation.ks=[1]",
-    "report.grid_queries=2", "report.grid_neighbours=2")]
+TINY_MODEL = [
+    f"--set={item}"
+    for item in (
+        "model.widths=[4,4,4]",
+        "model.embedding_dim=4",
+        "model.head_filters=2",
+        "model.head_units=4",
+        "data.image_size=16",
+        "data.classes_per_batch=2",
+        "data.samples_per_class=2",
+        "evaluation.ks=[1]",
+        "report.grid_queries=2",
+        "report.grid_neighbours=2",
+    )
+]
 
 
 def test_train_on_an_image_folder(tmp_path, capsys):
@@ -427,11 +567,36 @@ def test_train_on_an_image_folder(tmp_path, capsys):
     second half is evaluated; the job is named after the folder."""
     folder = _class_folders(tmp_path / "photos", ["dog", "ant", "cat", "bee"])
     # 22 classes per batch, chosen, do not fit 2 training classes: said before anything is built
-    assert cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report"),
-                     "--set", "data.classes_per_batch=22"]) == 2
+    assert (
+        cli.main(
+            [
+                "train",
+                "--image-dir",
+                str(folder),
+                "--report-dir",
+                str(tmp_path / "report"),
+                "--set",
+                "data.classes_per_batch=22",
+            ]
+        )
+        == 2
+    )
     assert "data.classes_per_batch: 22 classes per batch, but the training data" in capsys.readouterr().err
-    rc = cli.main(["train", "--image-dir", str(folder), "--report-dir", str(tmp_path / "report"), "--no-export",
-                   "--epochs", "1", "--steps-per-epoch", "1", *TINY_MODEL])
+    rc = cli.main(
+        [
+            "train",
+            "--image-dir",
+            str(folder),
+            "--report-dir",
+            str(tmp_path / "report"),
+            "--no-export",
+            "--epochs",
+            "1",
+            "--steps-per-epoch",
+            "1",
+            *TINY_MODEL,
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     summary = _metrics(tmp_path / "report")
     assert summary["name"] == "photos" and (summary["eval_classes"], summary["eval_items"]) == (2, 10)
@@ -440,7 +605,9 @@ def test_train_on_an_image_folder(tmp_path, capsys):
     names = train.class_names
     assert names == ["ant", "bee", "cat", "dog"]
     assert [names[c] for c in train.classes] == ["ant", "bee"] and [names[c] for c in evaluation.classes] == [
-        "cat", "dog"]
+        "cat",
+        "dog",
+    ]
     assert all(os.path.basename(os.path.dirname(p)) in ("cat", "dog") for p in evaluation.paths)
     # with --eval-image-dir every class of --image-dir trains
     other = _class_folders(tmp_path / "other", ["eel", "fox"])

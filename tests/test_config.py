@@ -11,13 +11,16 @@ import yaml
 from tfdml import config as config_lib
 from tfdml.config import Config, ConfigError, load_config
 
-CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                                        "*.yaml")))
+CONFIGS = sorted(
+    glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "*.yaml"))
+)
 
 BAD = [
-    (["loss.params.margn=0.1"],
-     "unknown configuration key 'loss.params.margn' (did you mean 'margin'?); valid keys here: alpha, lam, "
-     "margin, query_weighting, stop_gallery_gradient, tn, tp"),
+    (
+        ["loss.params.margn=0.1"],
+        "unknown configuration key 'loss.params.margn' (did you mean 'margin'?); valid keys here: alpha, lam, "
+        "margin, query_weighting, stop_gallery_gradient, tn, tp",
+    ),
     (["loss.params.margin=big"], "loss.params.margin: expected a number, got 'big'"),
     (["optimizer.learning_rate=abc"], "optimizer.learning_rate: expected a number, got 'abc'"),
     (["optimizer.learning_rate=-1"], "optimizer.learning_rate: must be > 0.0, got -1.0"),
@@ -38,20 +41,28 @@ BAD = [
     (["data.augment.scale=[0, 1]"], "data.augment: Augment.scale must satisfy 0 < low <= high <= 1"),
     (["data.source=folder"], "data.path: data.source=folder needs an image folder"),
     (["data.source=folder", "data.path=/no/such/dir"], "data.path: no such directory: /no/such/dir"),
-    (["data.source=tfds", "data.name=caltech_birds"],
-     "data.name: unknown tfds data set 'caltech_birds'; did you mean caltech_birds2011"),
+    (
+        ["data.source=tfds", "data.name=caltech_birds"],
+        "data.name: unknown tfds data set 'caltech_birds'; did you mean caltech_birds2011",
+    ),
     (["ala.episode.trian_size=10"], "unknown configuration key 'ala.episode.trian_size' (did you mean 'train_size'?)"),
     (["ala.episode.train_size=abc"], "ala.episode.train_size: expected an integer, got 'abc'"),
-    (["ala.episode.train_size=10", "ala.episode.train_classes=3"],
-     "ala.episode.train_size: 10 images do not split evenly over 3 classes"),
+    (
+        ["ala.episode.train_size=10", "ala.episode.train_classes=3"],
+        "ala.episode.train_size: 10 images do not split evenly over 3 classes",
+    ),
     (["ala.params.state=per_batch"], "ala.params.state: must be one of per_tuple, per_step, got 'per_batch'"),
-    (["ala.enabled=true"], "loss.name: DML-ALA (ala.enabled) weights triplet, margin, contrastive tuples, not "
-                           "ranked_list"),
+    (
+        ["ala.enabled=true"],
+        "loss.name: DML-ALA (ala.enabled) weights triplet, margin, contrastive tuples, not ranked_list",
+    ),
     (["ala.enabled=true", "loss.name=triplet", "loss.params.mining=hard"], "loss.params: Unknown parameters"),
     (["loss.name=group"], "model.num_classes: the group loss needs the classifier head size"),
     (["loss.name=arcface_typo"], "loss.name: must be one of ranked_list, triplet"),
-    (["loss.name=triplet", "loss.dynamic_temperature={t1: 20, t2: 5}"],
-     "loss.dynamic_temperature: applies to loss.name=ranked_list only, not triplet"),
+    (
+        ["loss.name=triplet", "loss.dynamic_temperature={t1: 20, t2: 5}"],
+        "loss.dynamic_temperature: applies to loss.name=ranked_list only, not triplet",
+    ),
     (["training.pretrain_epochs=20"], "training.pretrain_epochs: must be <= training.epochs (10), got 20"),
     (["evaluation.metrics=[recall, map]"], "evaluation.metrics[1]: must be one of recall, map@r"),
     (["evaluation.ks=[]"], "evaluation.ks: expected a non-empty list"),
@@ -94,8 +105,14 @@ def test_values_other_parts_of_tfdml_rely_on():
     assert (glyph_job.data.source, glyph_job.data.images_per_class) == ("glyphs", 10)
     nulls = load_config(overrides=["model.embedding_dim=null", "training.steps_per_epoch=null"])
     assert nulls.model.embedding_dim is None and nulls.training.steps_per_epoch is None
-    ala = load_config(overrides=["ala.enabled=true", "loss.name=margin", "ala.params.state=per_step",
-                                 "ala.episode.disjoint_labels=false"])
+    ala = load_config(
+        overrides=[
+            "ala.enabled=true",
+            "loss.name=margin",
+            "ala.params.state=per_step",
+            "ala.episode.disjoint_labels=false",
+        ]
+    )
     assert ala.ala.params.arguments() == {"state": "per_step"}
     assert ala.ala.episode.arguments()["disjoint_labels"] is False
     assert "disjoint_labels" not in load_config().ala.episode.arguments()  # unset: the library's default
@@ -127,8 +144,7 @@ def test_given_keys_are_what_the_file_and_the_overrides_set(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("data:\n  samples_per_class: 2\n  augment: {flip: true}\nseed: 3\n")
     keys = given_keys(str(path), ["training.epochs=2", ("data.classes_per_batch", 4)])
-    assert keys == {"data.samples_per_class", "data.augment.flip", "seed", "training.epochs",
-                    "data.classes_per_batch"}
+    assert keys == {"data.samples_per_class", "data.augment.flip", "seed", "training.epochs", "data.classes_per_batch"}
     assert "data.classes_per_batch" not in given_keys(str(path))
 
 
@@ -159,7 +175,7 @@ def test_image_folder_layout_is_checked_with_the_configuration(tmp_path):
 
 
 def test_backbone_names_are_checked():
-    with pytest.raises(ConfigError, match="^model.backbone: unknown backbone 'resnet5O' \\(did you mean 'resnet50'\\?\\); "
-                                          "valid: small_cnn, "):
+    expected = "^model.backbone: unknown backbone 'resnet5O' \\(did you mean 'resnet50'\\?\\); valid: small_cnn, "
+    with pytest.raises(ConfigError, match=expected):
         load_config(overrides=["model.backbone=resnet5O"])
     assert load_config(overrides=["model.backbone=ResNet50", "model.weights=imagenet"]).model.backbone == "ResNet50"

@@ -25,10 +25,22 @@ CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, "*.yaml")))
 IMAGES_PER_CLASS = 6
 
 TINY = [
-    "model.backbone=small_cnn", "model.weights=null", "model.embedding_dim=8", "model.head_filters=4",
-    "model.head_units=8", "data.image_size=32", "data.classes_per_batch=3", "data.samples_per_class=2",
-    "training.epochs=1", "training.steps_per_epoch=2", "training.eval_every=0", "export.enabled=false",
-    "evaluation.batch_size=16", "evaluation.ks=[1,2]", "report.grid_queries=3", "report.grid_neighbours=2",
+    "model.backbone=small_cnn",
+    "model.weights=null",
+    "model.embedding_dim=8",
+    "model.head_filters=4",
+    "model.head_units=8",
+    "data.image_size=32",
+    "data.classes_per_batch=3",
+    "data.samples_per_class=2",
+    "training.epochs=1",
+    "training.steps_per_epoch=2",
+    "training.eval_every=0",
+    "export.enabled=false",
+    "evaluation.batch_size=16",
+    "evaluation.ks=[1,2]",
+    "report.grid_queries=3",
+    "report.grid_neighbours=2",
 ]
 
 
@@ -60,16 +72,23 @@ def _tiny(config):
     if config.loss.name == "group":
         extra.append("loss.params.num_anchors=1")
     if config.ala.enabled:
-        extra += ["ala.params.max_tuples=16", "ala.params.assessor_units=4", "ala.params.assessor_layers=1",
-                  "ala.params.assessor_steps=1",
-                  "ala.episode.train_size=6", "ala.episode.val_size=4", "ala.episode.samples_per_class=2"]
+        extra += [
+            "ala.params.max_tuples=16",
+            "ala.params.assessor_units=4",
+            "ala.params.assessor_layers=1",
+            "ala.params.assessor_steps=1",
+            "ala.episode.train_size=6",
+            "ala.episode.val_size=4",
+            "ala.episode.samples_per_class=2",
+        ]
     return extra
 
 
 def test_configs_exist():
     names = {os.path.basename(path)[:-5] for path in CONFIGS}
     expected = {"digits_rll", "triplet_cub", "triplet_ala_cub", "margin_cub", "margin_ala_cub"} | {
-        f"{kind}_{data}" for kind in ("rll_simpler", "rll_lmh", "group_loss") for data in ("cub", "cars", "sop")}
+        f"{kind}_{data}" for kind in ("rll_simpler", "rll_lmh", "group_loss") for data in ("cub", "cars", "sop")
+    }
     assert expected <= names
 
 
@@ -91,8 +110,9 @@ def test_config_loads(path):
 
 # glyphs_rll (the default job, see test_glyphs_rll_is_the_embedded_default) runs from its file in a
 # subprocess in tests/test_cli_train.py.
-@pytest.mark.parametrize("path", [p for p in CONFIGS if not p.endswith("glyphs_rll.yaml")],
-                         ids=lambda p: os.path.basename(p)[:-5])
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if not p.endswith("glyphs_rll.yaml")], ids=lambda p: os.path.basename(p)[:-5]
+)
 def test_config_runs_tiny(path, tmp_path):
     config = load_config(path, TINY + _tiny(load_config(path)) + [f"report.dir={tmp_path}"])
     with tfds.testing.mock_data(as_data_source_fn=_fake_data_source):
@@ -116,8 +136,7 @@ def test_config_runs_tiny(path, tmp_path):
 
 def test_classifier_head_too_small_for_the_labels(tmp_path):
     path = os.path.join(CONFIG_DIR, "group_loss_sop.yaml")
-    config = load_config(path, TINY + ["training.pretrain_epochs=0", "model.num_classes=3",
-                                       f"report.dir={tmp_path}"])
+    config = load_config(path, TINY + ["training.pretrain_epochs=0", "model.num_classes=3", f"report.dir={tmp_path}"])
     with tfds.testing.mock_data(as_data_source_fn=_fake_data_source):
         with pytest.raises(ConfigError, match="model.num_classes=3 but the training labels go up to 4"):
             pipeline.run(config, verbose=0)

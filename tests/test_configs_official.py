@@ -44,8 +44,9 @@ def test_one_pass_epochs_are_computed_from_the_data_set_size():
 
     def steps(num_images, overrides=()):
         source = types.SimpleNamespace(labels=[0] * num_images)
-        return pipeline.steps_per_epoch(load_config(os.path.join(CONFIG_DIR, "group_loss_cub.yaml"),
-                                                    list(overrides)), source)
+        return pipeline.steps_per_epoch(
+            load_config(os.path.join(CONFIG_DIR, "group_loss_cub.yaml"), list(overrides)), source
+        )
 
     assert config.training.steps_per_epoch is None
     assert steps(5864) == 109  # CUB train: 5864 images
@@ -57,8 +58,9 @@ def test_group_loss_config_runs_with_the_official_layout_and_one_pass_epochs(tmp
     path = os.path.join(CONFIG_DIR, "group_loss_cub.yaml")
     keep = ("model.embedding_dim", "training.steps_per_epoch")  # the settings under test stay as in the file
     tiny = [o for o in TINY if not o.startswith(keep)]
-    config = load_config(path, tiny + ["loss.params.num_anchors=1", "training.pretrain_epochs=0",
-                                       f"report.dir={tmp_path}"])
+    config = load_config(
+        path, tiny + ["loss.params.num_anchors=1", "training.pretrain_epochs=0", f"report.dir={tmp_path}"]
+    )
     assert config.model.embedding_dim is None
     with tfds.testing.mock_data(as_data_source_fn=_fake_data_source):
         summary = pipeline.run(config, verbose=0)

@@ -47,8 +47,9 @@ def test_any_image_size(size):
     images, _, _ = glyphs_lib.glyph_arrays("test", image_size=size, images_per_class=1, classes="ABCDEFGH")
     assert images.shape == (4, size, size, 1)
     # the glyph fills 55-95 % of the longer side: ink reaches past the centre but leaves a margin somewhere
-    assert all(np.count_nonzero(image.max(axis=0) > 40) >= 0.3 * size for image in images[..., 0]) or \
-        all(np.count_nonzero(image.max(axis=1) > 40) >= 0.3 * size for image in images[..., 0])
+    assert all(np.count_nonzero(image.max(axis=0) > 40) >= 0.3 * size for image in images[..., 0]) or all(
+        np.count_nonzero(image.max(axis=1) > 40) >= 0.3 * size for image in images[..., 0]
+    )
 
 
 def test_zero_shot_split_halves_are_disjoint_and_cover_every_class():
@@ -112,7 +113,7 @@ def _shape_masks(face, chars, side=20, rotation=0):
         rows, cols = np.nonzero(ink)
         if not rows.size:
             continue
-        crop = Image.fromarray(ink[rows.min():rows.max() + 1, cols.min():cols.max() + 1].astype(np.uint8) * 255)
+        crop = Image.fromarray(ink[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1].astype(np.uint8) * 255)
         scale = side / max(crop.size)
         crop = crop.resize((max(1, round(crop.size[0] * scale)), max(1, round(crop.size[1] * scale))))
         square = Image.new("L", (side + 4, side + 4))
@@ -148,7 +149,7 @@ def test_no_two_classes_share_a_shape():
     for a, b in homoglyphs:
         assert fraction[index[a], index[b]] > 0.8, (a, b)
     # ... and no two kept classes as one shape in as many as half of the faces that draw both
-    kept = fraction[:len(CLASSES), :len(CLASSES)]
+    kept = fraction[: len(CLASSES), : len(CLASSES)]
     worst = np.unravel_index(np.argmax(kept), kept.shape)
     assert kept.max() < 0.5, (CLASSES[worst[0]], CLASSES[worst[1]], kept.max())
 
@@ -166,10 +167,12 @@ def _nearest_neighbour_confusion(chars, seeds=(101, 102, 103, 104, 105), image_s
         vectors = []
         for image in images:
             rows, cols = np.nonzero(image > 0.3 * image.max())
-            crop = Image.fromarray(image[rows.min():rows.max() + 1, cols.min():cols.max() + 1])
+            crop = Image.fromarray(image[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1])
             width, height = crop.size
-            crop = crop.resize((max(1, round(20 * width / max(width, height))),
-                                max(1, round(20 * height / max(width, height)))), Image.BILINEAR)
+            crop = crop.resize(
+                (max(1, round(20 * width / max(width, height))), max(1, round(20 * height / max(width, height)))),
+                Image.BILINEAR,
+            )
             square = Image.new("L", (22, 22))
             square.paste(crop, ((22 - crop.size[0]) // 2, (22 - crop.size[1]) // 2))
             vectors.append(np.asarray(square, np.float64).ravel())
@@ -197,7 +200,7 @@ def test_no_two_classes_are_confused_in_the_images_as_homoglyphs_are():
     index = {c: i for i, c in enumerate(chars)}
     for a, b in slipped + homoglyphs:
         assert rate[index[a], index[b]] >= 0.45, (a, b, rate[index[a], index[b]])
-    kept = rate[:len(CLASSES), :len(CLASSES)]
+    kept = rate[: len(CLASSES), : len(CLASSES)]
     worst = np.unravel_index(np.argmax(kept), kept.shape)
     assert kept.max() < 0.5, (CLASSES[worst[0]], CLASSES[worst[1]], kept.max())
 
@@ -213,8 +216,12 @@ def test_shapes_that_differ_by_a_half_turn_stay_apart_under_the_small_rotations(
         overlaps = []
         for face in faces:
             upright = _shape_masks(face, a)[a]
-            overlaps.append(max((upright & t).sum() / (upright | t).sum()
-                                for t in (_shape_masks(face, b, rotation=r)[b] for r in rotations)))
+            overlaps.append(
+                max(
+                    (upright & t).sum() / (upright | t).sum()
+                    for t in (_shape_masks(face, b, rotation=r)[b] for r in rotations)
+                )
+            )
         return np.array(overlaps)
 
     for a, b in half_turn_pairs + [("M", "W")]:
@@ -232,12 +239,15 @@ def test_learning_on_seen_characters_beats_raw_pixels_on_unseen_ones():
     classes = CLASSES[::2]  # 151 characters: 75 to train on, 76 unseen
     train = glyphs_lib.glyphs("train", images_per_class=12, classes=classes)
     test = glyphs_lib.glyphs("test", images_per_class=12, classes=classes)
-    model = recipes.make_embedder({"type": "single", "backbone": "small_cnn", "embedding_dim": 64,
-                                   "widths": [16, 32, 64, 128]}, (32, 32, 1))
+    model = recipes.make_embedder(
+        {"type": "single", "backbone": "small_cnn", "embedding_dim": 64, "widths": [16, 32, 64, 128]}, (32, 32, 1)
+    )
     # The main job's RLL setting (eq. 14's uniform query weighting, alpha 1.0): MAP@R 0.147 against raw
     # pixels' 0.055 here; with alpha 1.2 the same 200 steps reach only 0.099, under the 2x asked.
-    model.compile(optimizer=keras.optimizers.Adam(2e-3),
-                  loss=losses.RankedListLoss(margin=0.4, alpha=1.0, query_weighting="uniform"))
+    model.compile(
+        optimizer=keras.optimizers.Adam(2e-3),
+        loss=losses.RankedListLoss(margin=0.4, alpha=1.0, query_weighting="uniform"),
+    )
     batches = data.class_balanced_dataset(train, 16, 3, seed=0)
     model.fit(batches, steps_per_epoch=200, epochs=1, verbose=0)
     embeddings, labels = retrieval.embed_batches(model, data.eval_dataset(test, 256))
@@ -253,20 +263,33 @@ def test_glyphs_config_runs_tiny_with_whole_images_in_evaluation(tmp_path):
     from tfdml.config import load_config
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "glyphs_rll.yaml")
-    config = load_config(path, ["data.image_size=16", "training.epochs=1", "training.steps_per_epoch=2",
-                                "export.enabled=false", "model.widths=[4,8]", "report.grid_queries=2",
-                                "report.grid_neighbours=2", f"report.dir={tmp_path}"])
+    config = load_config(
+        path,
+        [
+            "data.image_size=16",
+            "training.epochs=1",
+            "training.steps_per_epoch=2",
+            "export.enabled=false",
+            "model.widths=[4,8]",
+            "report.grid_queries=2",
+            "report.grid_neighbours=2",
+            f"report.dir={tmp_path}",
+        ],
+    )
     summary = pipeline.run(config, verbose=0)
-    assert (summary["eval_items"], summary["eval_classes"]) == (20 * (len(CLASSES) - len(CLASSES) // 2),
-                                                                len(CLASSES) - len(CLASSES) // 2)
+    assert (summary["eval_items"], summary["eval_classes"]) == (
+        20 * (len(CLASSES) - len(CLASSES) // 2),
+        len(CLASSES) - len(CLASSES) // 2,
+    )
     assert set(summary["raw_pixels"]) == {"recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision"}
     # the raw-pixel baseline sees the images the data set rendered, whole (no centre crop: training does none)
     images, labels, _ = glyphs_lib.glyph_arrays("test", image_size=16)
     flat = images.reshape(len(images), -1).astype(np.float32)
     from tfdml import retrieval
 
-    expected = retrieval.evaluate(flat / np.linalg.norm(flat, axis=1, keepdims=True), labels, ks=[1],
-                                  metrics=["recall"])
+    expected = retrieval.evaluate(
+        flat / np.linalg.norm(flat, axis=1, keepdims=True), labels, ks=[1], metrics=["recall"]
+    )
     assert summary["raw_pixels"]["recall@1"] == pytest.approx(expected["recall@1"], abs=1e-6)
 
 
@@ -282,16 +305,30 @@ def test_evaluate_cli_on_glyphs_matches_the_model_on_the_rendered_test_half(tmp_
 
     inputs = keras.Input((12, 12, 3))  # an RGB model: the grayscale glyphs are repeated to 3 channels
     hidden = keras.layers.Dense(16, kernel_initializer=keras.initializers.RandomNormal(seed=2))(
-        keras.layers.Flatten()(inputs))
+        keras.layers.Flatten()(inputs)
+    )
     model = keras.Model(inputs, keras.layers.UnitNormalization()(hidden), name="glyph_probe")
     export_saved_model(model, tmp_path, preprocess="unit", center_crop=False)  # whole images, as below
     parser = argparse.ArgumentParser(prog="tfdml")
     evaluate_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["evaluate", "--model", str(tmp_path / "glyph_probe"), "--dataset", "glyphs",
-                              "--metrics", "recall", "map@r", "--json", str(tmp_path / "m.json")])
+    args = parser.parse_args(
+        [
+            "evaluate",
+            "--model",
+            str(tmp_path / "glyph_probe"),
+            "--dataset",
+            "glyphs",
+            "--metrics",
+            "recall",
+            "map@r",
+            "--json",
+            str(tmp_path / "m.json"),
+        ]
+    )
     assert args.func(args) == 0
     images, labels, _ = glyphs_lib.glyph_arrays("test", image_size=12)  # rendered at the model's size
-    expected = evaluate(model(np.repeat(images, 3, axis=-1).astype(np.float32) / 255.0).numpy(), labels,
-                        metrics=("recall", "map@r"))
+    expected = evaluate(
+        model(np.repeat(images, 3, axis=-1).astype(np.float32) / 255.0).numpy(), labels, metrics=("recall", "map@r")
+    )
     assert len(np.unique(labels)) == len(CLASSES) - len(CLASSES) // 2
     assert json.loads((tmp_path / "m.json").read_text()) == pytest.approx(expected, abs=1e-5)

@@ -20,7 +20,7 @@ def tagged_source(counts, size=4, num_classes=None):
 
 
 def decode_tags(images):
-    pixels = np.rint(np.asarray(images)[:, 0, :2, 0] * 255.0).astype(np.int64)
+    pixels = np.rint(np.asarray(images)[:, 0, :2, 0]).astype(np.int64)  # raw 0-255 pixels
     return pixels[:, 0], pixels[:, 1]
 
 
@@ -53,7 +53,7 @@ def test_within_class_sampling_is_uniform_without_replacement():
     rows = 3000
     counts = tf.constant([10] * rows + [5] * rows + [2] * rows, tf.int64)
     offsets = _sample_without_replacement(counts, 3, tf.constant([0, 1], tf.int64)).numpy()
-    big, mid, small = offsets[:rows], offsets[rows:2 * rows], offsets[2 * rows:]
+    big, mid, small = offsets[:rows], offsets[rows : 2 * rows], offsets[2 * rows :]
     for block, n in ((big, 10), (mid, 5)):
         assert block.min() == 0 and block.max() == n - 1
         assert all(len(set(row)) == 3 for row in block), "no repeats when the class has >= K items"
@@ -70,13 +70,13 @@ def test_within_class_order_is_a_uniform_random_permutation():
     source = tagged_source([10, 10])
     batches = 800
     counts = np.zeros((3, 20), np.int64)  # position in the class block x item
-    for images, labels in take(data.class_balanced_dataset(source, 2, 3, seed=4, parallel_batches=1), batches):
+    for images, _ in take(data.class_balanced_dataset(source, 2, 3, seed=4, parallel_batches=1), batches):
         _, items = decode_tags(images)
         for block in items.reshape(2, 3):
             counts[np.arange(3), block] += 1
     for position in range(3):
         for cls in range(2):
-            observed = counts[position, 10 * cls:10 * (cls + 1)]
+            observed = counts[position, 10 * cls : 10 * (cls + 1)]
             expected = observed.sum() / 10.0  # 800 draws per class and position, 80 per item
             chi2 = np.sum((observed - expected) ** 2 / expected)
             assert chi2 < 33.7, (position, cls, observed)  # 9 degrees of freedom: p = 1e-4
@@ -91,7 +91,7 @@ def test_epoch_visits_every_class_before_any_repeat():
     batches = take(data.class_balanced_dataset(source, c, k, seed=3, epochs=4), 100)
     assert len(batches) == 4 * steps  # `epochs` bounds the stream
     for epoch in range(4):
-        slots = [labels.reshape(c, k)[:, 0] for _, labels in batches[epoch * steps:(epoch + 1) * steps]]
+        slots = [labels.reshape(c, k)[:, 0] for _, labels in batches[epoch * steps : (epoch + 1) * steps]]
         order = np.concatenate(slots)
         # The first 10 slots of the epoch are a permutation of all classes; the rest complete the last batch.
         assert sorted(order[:10]) == list(range(10))
@@ -137,18 +137,27 @@ def test_drop_small_classes(caplog):
         data.class_balanced_dataset(source, 4, 3, drop_small_classes=True)
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(classes_per_batch=0, samples_per_class=2), ValueError, "classes_per_batch must be a positive"),
-    (dict(classes_per_batch=2, samples_per_class=-1), ValueError, "samples_per_class must be a positive"),
-    (dict(classes_per_batch=11, samples_per_class=2), ValueError,
-     "has 10 usable classes, fewer than classes_per_batch=11"),
-    (dict(classes_per_batch=3, samples_per_class=2, num_replicas=2), ValueError,
-     "classes_per_batch=3 is not divisible by num_replicas=2"),
-    (dict(classes_per_batch=2, samples_per_class=2, seed=1.5), TypeError, "seed must be an int"),
-    (dict(classes_per_batch=2, samples_per_class=2, augment=True), ValueError, "pass image_size"),
-    (dict(classes_per_batch=2, samples_per_class=2, augment="yes"), TypeError, "augment must be True"),
-    (dict(classes_per_batch=2, samples_per_class=2, epochs=0), ValueError, "epochs must be a positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(classes_per_batch=0, samples_per_class=2), ValueError, "classes_per_batch must be a positive"),
+        (dict(classes_per_batch=2, samples_per_class=-1), ValueError, "samples_per_class must be a positive"),
+        (
+            dict(classes_per_batch=11, samples_per_class=2),
+            ValueError,
+            "has 10 usable classes, fewer than classes_per_batch=11",
+        ),
+        (
+            dict(classes_per_batch=3, samples_per_class=2, num_replicas=2),
+            ValueError,
+            "classes_per_batch=3 is not divisible by num_replicas=2",
+        ),
+        (dict(classes_per_batch=2, samples_per_class=2, seed=1.5), TypeError, "seed must be an int"),
+        (dict(classes_per_batch=2, samples_per_class=2, augment=True), ValueError, "pass image_size"),
+        (dict(classes_per_batch=2, samples_per_class=2, augment="yes"), TypeError, "augment must be True"),
+        (dict(classes_per_batch=2, samples_per_class=2, epochs=0), ValueError, "epochs must be a positive"),
+    ],
+)
 def test_class_balanced_argument_errors(kwargs, error, message):
     with pytest.raises(error, match=message):
         data.class_balanced_dataset(tagged_source(COUNTS), **kwargs)
@@ -189,7 +198,7 @@ def test_streaming_loads_only_what_the_batches_need():
     assert len(batches) == 2
     assert 16 <= len(loaded) <= 6 * 8, len(loaded)  # in-flight batches only, not 2,000 images
     for images, labels_ in batches:
-        np.testing.assert_allclose(images[:, 0, 0, 0] * 255.0, labels_, atol=1e-3)
+        np.testing.assert_allclose(images[:, 0, 0, 0], labels_, atol=1e-3)
 
 
 def test_replica_shares_hold_whole_classes():
@@ -203,8 +212,9 @@ def test_replica_shares_hold_whole_classes():
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     distributed = strategy.experimental_distribute_dataset(
-        data.class_balanced_dataset(source, c, k, seed=0, num_replicas=replicas))
-    for step, (_, labels) in zip(range(3), distributed):
+        data.class_balanced_dataset(source, c, k, seed=0, num_replicas=replicas)
+    )
+    for _, (_, labels) in zip(range(3), distributed):
         shares = [np.asarray(t) for t in strategy.experimental_local_results(labels)]
         assert len(shares) == replicas
         for share in shares:
@@ -226,8 +236,7 @@ def test_episodes_have_disjoint_label_sets_and_balanced_train_subset():
         assert np.unique(val_y, return_counts=True)[1].tolist() == [2, 2]
         np.testing.assert_array_equal(decode_tags(train_x)[0], train_y)
         np.testing.assert_array_equal(decode_tags(val_x)[0], val_y)
-    again = take(data.episode_dataset(source, train_size=12, val_size=4, train_classes=4, val_classes=2,
-                                      seed=0), 3)
+    again = take(data.episode_dataset(source, train_size=12, val_size=4, train_classes=4, val_classes=2, seed=0), 3)
     for a, b in zip(episodes, again):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
@@ -251,6 +260,6 @@ def test_digits_pipeline_shapes_and_range():
     assert set(test.classes) == {5, 6, 7, 8, 9} and len(train) + len(test) == 1797
     images, labels = take(data.class_balanced_dataset(train, 5, 4, image_size=32, seed=0), 1)[0]
     assert images.shape == (20, 32, 32, 1) and images.dtype == np.float32
-    assert images.min() >= 0.0 and images.max() <= 1.0 and images.max() > 0.5
+    assert images.min() >= 0.0 and images.max() <= 255.0 and images.max() > 128.0  # raw pixels
     with pytest.raises(ValueError, match="split must be 'train', 'test' or 'all'"):
         data.digits("validation")

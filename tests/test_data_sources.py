@@ -37,8 +37,8 @@ def test_image_folder_labels_follow_sorted_class_folders(tmp_path):
     ds = data.class_balanced_dataset(source, 2, 3, image_size=8, seed=0)
     for images, labels in ds.take(4):
         assert images.shape == (6, 8, 8, 3)
-        expected = (10 * labels.numpy() + 5) / 255.0
-        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2 / 255)
+        expected = 10 * labels.numpy() + 5  # raw pixels: the model preprocesses
+        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2)
 
 
 def test_image_folder_errors(tmp_path):
@@ -75,8 +75,12 @@ def test_image_folder_checks_each_file_once_and_names_the_skipped(tmp_path, capl
         source = data.image_folder(str(tmp_path))
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and "skipped 3 of 11 images that cannot be decoded" in warnings[0]
-    for name in ("empty.jpg (empty file)", "cut.jpg (", "text.png (not an image file: format not recognised)",
-                 "cut.jpg (corrupt or truncated: "):
+    for name in (
+        "empty.jpg (empty file)",
+        "cut.jpg (",
+        "text.png (not an image file: format not recognised)",
+        "cut.jpg (corrupt or truncated: ",
+    ):
         assert name in warnings[0], name
     assert sorted(os.path.basename(p) for p, _ in source.skipped_files) == ["cut.jpg", "empty.jpg", "text.png"]
     assert len(source) == 8 and source.class_counts == {0: 4, 1: 4}
@@ -84,14 +88,18 @@ def test_image_folder_checks_each_file_once_and_names_the_skipped(tmp_path, capl
     batches = list(data.eval_dataset(source, batch_size=8, image_size=6, with_index=True))
     images, labels, indices = (t.numpy() for t in batches[0])
     assert source.skipped_count == 0 and len(indices) == 8  # nothing left to fail at training time
-    np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), (10 * labels + 5) / 255.0, atol=2 / 255)
+    np.testing.assert_allclose(images.mean(axis=(1, 2, 3)), 10 * labels + 5, atol=2)
     assert {os.path.basename(source.paths[i]) for i in indices} >= {"t.tif", "w.webp"}
-    for bad, reason in (("class_0/empty.jpg", "empty file"), ("class_1/cut.jpg", "corrupt or truncated"),
-                        ("class_1/missing.png", "file not found")):
+    for bad, reason in (
+        ("class_0/empty.jpg", "empty file"),
+        ("class_1/cut.jpg", "corrupt or truncated"),
+        ("class_1/missing.png", "file not found"),
+    ):
         with pytest.raises(sources.ImageReadError, match=f"{tmp_path / bad}: {reason}"):
             sources.decode_image_file(tmp_path / bad)
-    np.testing.assert_array_equal(sources.decode_image_file(tmp_path / "class_0" / "t.tif", channels=1),
-                                  np.full((9, 7, 1), 5, np.uint8))
+    np.testing.assert_array_equal(
+        sources.decode_image_file(tmp_path / "class_0" / "t.tif", channels=1), np.full((9, 7, 1), 5, np.uint8)
+    )
     for path in (tmp_path / "class_0").iterdir():
         path.unlink()
     (tmp_path / "class_0" / "empty.png").write_bytes(b"")
@@ -111,8 +119,8 @@ def test_corrupt_jpeg_is_skipped_counted_and_replaced(tmp_path, caplog):
     for images, labels in batches:
         labels = labels.numpy()
         assert sorted(np.unique(labels, return_counts=True)[1]) == [4, 4]
-        expected = (10 * labels + 5) / 255.0  # the corrupt file was replaced by a class-0 image
-        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2 / 255)
+        expected = 10 * labels + 5  # the corrupt file was replaced by a class-0 image
+        np.testing.assert_allclose(images.numpy().mean(axis=(1, 2, 3)), expected, atol=2)
     # K = 4 takes every class-0 file each time: the broken one is met once in each of the 3 batches.
     assert source.skipped_count == 3
     assert source.corrupt_items == broken
@@ -172,9 +180,9 @@ def test_eval_centre_crop_matches_numpy_reference():
     image = rng.integers(0, 256, (40, 30, 3)).astype(np.uint8)
     out = eval_image(tf.constant(image), image_size=16, resize=20).numpy()
     resized = tf.image.resize(tf.cast(image, tf.float32), (20, 20)).numpy()
-    np.testing.assert_allclose(out, resized[2:18, 2:18] / 255.0, rtol=1e-6)
+    np.testing.assert_allclose(out, resized[2:18, 2:18], rtol=1e-6)  # values left alone
     plain = eval_image(tf.constant(image), image_size=16, center_crop=False).numpy()
-    np.testing.assert_allclose(plain, tf.image.resize(tf.cast(image, tf.float32), (16, 16)).numpy() / 255.0)
+    np.testing.assert_allclose(plain, tf.image.resize(tf.cast(image, tf.float32), (16, 16)).numpy())
 
 
 def test_train_augmentation_shapes_ranges_and_seeds():
@@ -183,14 +191,13 @@ def test_train_augmentation_shapes_ranges_and_seeds():
     seed = tf.constant([3, 4], tf.int64)
     out = train_image(image, seed, image_size=24, augment=data.Augment()).numpy()
     assert out.shape == (24, 24, 3) and out.dtype == np.float32
-    assert 0.0 <= out.min() and out.max() <= 1.0
+    assert 0.0 <= out.min() and out.max() <= 255.0 and out.max() > 128.0  # raw pixels
     np.testing.assert_array_equal(out, train_image(image, seed, 24, data.Augment()).numpy())
-    outputs = [train_image(image, tf.constant([s, 0], tf.int64), 24, data.Augment()).numpy()
-               for s in range(6)]
+    outputs = [train_image(image, tf.constant([s, 0], tf.int64), 24, data.Augment()).numpy() for s in range(6)]
     assert len({o.tobytes() for o in outputs}) > 1  # crops and flips vary with the seed
     # Without the random crop the only randomness left is the flip: centre crop or its mirror.
     flips = data.Augment(random_crop=False, resize=28)
-    centre = tf.image.resize(tf.cast(image, tf.float32), (28, 28)).numpy()[2:26, 2:26] / 255.0
+    centre = tf.image.resize(tf.cast(image, tf.float32), (28, 28)).numpy()[2:26, 2:26]
     for s in range(6):
         out = train_image(image, tf.constant([s, 1], tf.int64), 24, flips).numpy()
         assert np.allclose(out, centre) or np.allclose(out, centre[:, ::-1])
@@ -204,16 +211,18 @@ def test_train_augmentation_shapes_ranges_and_seeds():
         train_image(image, seed, image_size=(0, 4))
 
 
-@pytest.mark.parametrize("name, split, low, high", [
-    ("caltech_birds2011", "train", 0, 100),
-    ("caltech_birds2011", "test", 100, 200),
-    ("cars196", "train", 0, 98),
-    ("cars196", "test", 98, 196),
-])
+@pytest.mark.parametrize(
+    "name, split, low, high",
+    [
+        ("caltech_birds2011", "train", 0, 100),
+        ("caltech_birds2011", "test", 100, 200),
+        ("cars196", "train", 0, 98),
+        ("cars196", "test", 98, 196),
+    ],
+)
 def test_tfds_class_resplit(name, split, low, high):
     with tfds.testing.mock_data(num_examples=60):
-        everything = tfds.data_source(name, split="train+test",
-                                      decoders=tfds.decode.PartialDecoding({"label": True}))
+        everything = tfds.data_source(name, split="train+test", decoders=tfds.decode.PartialDecoding({"label": True}))
         all_labels = np.array([int(everything[i]["label"]) for i in range(len(everything))])
         source = data.tfds_source(name, split)
         expected = all_labels[(all_labels >= low) & (all_labels < high)]
@@ -229,8 +238,9 @@ def test_tfds_class_resplit(name, split, low, high):
 
 def test_tfds_stanford_online_products_uses_class_id():
     with tfds.testing.mock_data(num_examples=30):
-        reference = tfds.data_source("stanford_online_products", split="test",
-                                     decoders=tfds.decode.PartialDecoding({"class_id": True}))
+        reference = tfds.data_source(
+            "stanford_online_products", split="test", decoders=tfds.decode.PartialDecoding({"class_id": True})
+        )
         expected = [int(reference[i]["class_id"]) for i in range(len(reference))]
         source = data.tfds_source("stanford_online_products", "test")
         np.testing.assert_array_equal(source.labels, expected)
@@ -265,7 +275,8 @@ def test_class_halves_keep_names_and_files_and_name_what_is_left_out(tmp_path, c
     assert [source.class_name(c) for c in second.classes] == ["class_2", "class_3", "class_4"]
     assert second.class_names == source.class_names and second.name.endswith("second half of the classes")
     assert [os.path.basename(os.path.dirname(p)) for p in second.paths] == ["class_2"] * 2 + ["class_3"] * 2 + [
-        "class_4"] * 2
+        "class_4"
+    ] * 2
     assert sources.single_image_classes(second) == []
     one = second.subset([0, 2, 3])
     assert sources.single_image_classes(one) == [2] and one.name_classes([2]) == "class_2"
@@ -286,5 +297,8 @@ def test_small_classes_are_named_by_folder(tmp_path, caplog):
     (tmp_path / "class_1" / "1.jpg").unlink()
     with caplog.at_level(logging.WARNING, logger="tfdml.data"):
         data.class_balanced_dataset(data.image_folder(str(tmp_path)), 2, 2, image_size=8, seed=0)
-    assert any("1 class has fewer than samples_per_class=2 images and is sampled with replacement "
-               "(images per class in brackets): class_1 (1)" in r.getMessage() for r in caplog.records)
+    assert any(
+        "1 class has fewer than samples_per_class=2 images and is sampled with replacement "
+        "(images per class in brackets): class_1 (1)" in r.getMessage()
+        for r in caplog.records
+    )

@@ -19,8 +19,7 @@ def _conv_widths(model):
 
 
 def test_small_cnn_widths_reach_the_backbone_and_round_trip():
-    section = {"backbone": "small_cnn", "embedding_dim": 4, "head_filters": 4, "head_units": 8,
-               "widths": [4, 6, 10]}
+    section = {"backbone": "small_cnn", "embedding_dim": 4, "head_filters": 4, "head_units": 8, "widths": [4, 6, 10]}
     model = recipes.make_embedder(section, (16, 16, 1))
     assert _conv_widths(model) == [4, 6, 10]
     assert model.preprocessing == "unit"  # still recognised as the small CNN
@@ -32,8 +31,9 @@ def test_small_cnn_widths_reach_the_backbone_and_round_trip():
 
 
 def test_default_widths_without_the_option():
-    model = recipes.make_embedder({"backbone": "small_cnn", "embedding_dim": 4, "head_filters": 4,
-                                   "head_units": 8}, (16, 16, 1))
+    model = recipes.make_embedder(
+        {"backbone": "small_cnn", "embedding_dim": 4, "head_filters": 4, "head_units": 8}, (16, 16, 1)
+    )
     assert _conv_widths(model) == [8, 16, 32]
 
 
@@ -60,7 +60,11 @@ def test_loss_params_reset_when_the_loss_changes():
     assert load_config(overrides=["loss.name=triplet", "loss.params.margin=0.2"]).loss.params == {"margin": 0.2}
     # Same loss: a single parameter is merged into the defaults.
     assert load_config(overrides=["loss.params.margin=0.5"]).loss.params == {
-        "margin": 0.5, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}
+        "margin": 0.5,
+        "alpha": 1.0,
+        "tn": 10.0,
+        "query_weighting": "uniform",
+    }
     # A configuration file for another loss sees none of the default job's RLL parameters.
     margin = load_config(os.path.join(CONFIG_DIR, "margin_cub.yaml")).loss.params
     assert "margin" not in margin and margin["alpha"] == 0.2

@@ -46,8 +46,9 @@ def _kernel(width, seed=1):
 
 def _make_model(width):
     """A linear float64 model with a fixed kernel: identical on one device and on every replica."""
-    model = keras.Sequential([keras.Input((IN_DIM,), dtype="float64"),
-                              keras.layers.Dense(width, use_bias=False, dtype="float64")])
+    model = keras.Sequential(
+        [keras.Input((IN_DIM,), dtype="float64"), keras.layers.Dense(width, use_bias=False, dtype="float64")]
+    )
     model.set_weights([_kernel(width)])
     return model
 
@@ -64,8 +65,11 @@ def _group_head(outputs):
 # name -> (loss factory, output width, head)
 LOSSES = {
     "ranked_list": (lambda **kw: RankedListLoss(**kw), EMB_DIM, _embeddings_head),
-    "ranked_list_both_ends": (lambda **kw: RankedListLoss(stop_gallery_gradient=False, tn=20.0, **kw),
-                              EMB_DIM, _embeddings_head),
+    "ranked_list_both_ends": (
+        lambda **kw: RankedListLoss(stop_gallery_gradient=False, tn=20.0, **kw),
+        EMB_DIM,
+        _embeddings_head,
+    ),
     "triplet_hard": (lambda **kw: TripletHardLoss(**kw), EMB_DIM, _embeddings_head),
     "triplet_semi_hard": (lambda **kw: TripletSemiHardLoss(**kw), EMB_DIM, _embeddings_head),
     "triplet_all": (lambda **kw: TripletLoss(margin=0.5, mining="all", **kw), EMB_DIM, _embeddings_head),
@@ -73,7 +77,10 @@ LOSSES = {
     "margin_all_triplets": (lambda **kw: MarginLoss(sampling="all", nu=0.1, **kw), EMB_DIM, _embeddings_head),
     # Stateless draw: every replica samples the same negatives on the same gathered batch.
     "margin_distance_weighted_per_class_beta": (
-        lambda **kw: MarginLoss(num_classes=NUM_CLASSES, seed=7, **kw), EMB_DIM, _embeddings_head),
+        lambda **kw: MarginLoss(num_classes=NUM_CLASSES, seed=7, **kw),
+        EMB_DIM,
+        _embeddings_head,
+    ),
     "group": (lambda **kw: GroupLoss(NUM_CLASSES, temperature=2.0, **kw), EMB_DIM + NUM_CLASSES, _group_head),
 }
 
@@ -97,8 +104,8 @@ def _replica_gradients(strategy, make_loss, width, head, x, y, **loss_kwargs):
         variables = model.trainable_variables + loss.trainable_variables  # beta: a mirrored variable
     replicas = strategy.num_replicas_in_sync
     batch = strategy.experimental_distribute_values_from_function(
-        lambda context: replica_slice((tf.constant(x), tf.constant(y)), context.replica_id_in_sync_group,
-                                      replicas))
+        lambda context: replica_slice((tf.constant(x), tf.constant(y)), context.replica_id_in_sync_group, replicas)
+    )
 
     def replica_step(features, labels):
         with tf.GradientTape() as tape:
@@ -179,15 +186,17 @@ def test_helpers_are_identities_outside_a_multi_replica_step(strategies):
 def test_gather_replicas_concatenates_shares_in_replica_order(strategies):
     strategy = strategies[4]
     values = strategy.experimental_distribute_values_from_function(
-        lambda context: tf.fill([context.replica_id_in_sync_group + 1, 2], context.replica_id_in_sync_group))
+        lambda context: tf.fill([context.replica_id_in_sync_group + 1, 2], context.replica_id_in_sync_group)
+    )
 
     @tf.function
     def gather(values):
         return strategy.run(lambda v: (distribute.gather_replicas(v), distribute.num_replicas()), args=(values,))
 
     gathered, counts = gather(values)
-    for replica_value, count in zip(strategy.experimental_local_results(gathered),
-                                    strategy.experimental_local_results(counts)):
+    for replica_value, count in zip(
+        strategy.experimental_local_results(gathered), strategy.experimental_local_results(counts)
+    ):
         np.testing.assert_array_equal(replica_value.numpy()[:, 0], [0, 1, 1, 2, 2, 2, 3, 3, 3, 3])
         assert int(count) == 4
 
@@ -213,8 +222,11 @@ def test_float_labels_are_only_cast_back_during_keras_symbolic_build(strategies)
 def test_mirrored_strategy_helper_keeps_strategies_of_different_sizes_apart(strategies):
     """Plain MirroredStrategy()s of 4 then 2 devices in one process fail ("joining a group with size")."""
     sizes = {}
-    for strategy in (strategies[4], distribute.mirrored_strategy(["/cpu:0", "/cpu:1"]),
-                     tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"])):  # plain, created after
+    for strategy in (
+        strategies[4],
+        distribute.mirrored_strategy(["/cpu:0", "/cpu:1"]),
+        tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1", "/cpu:2"]),
+    ):  # plain, created after
         total = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", tf.constant(1.0)))
         sizes[strategy.num_replicas_in_sync] = float(strategy.experimental_local_results(total)[0])
     assert sizes == {4: 4.0, 2: 2.0, 3: 3.0}

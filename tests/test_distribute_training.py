@@ -40,10 +40,16 @@ def _margin_model(run_eagerly=False):
     class MarginEmbedder(MetricModel):
         def __init__(self):
             super().__init__(name="margin_embedder", dtype="float64")
-            self.hidden = keras.layers.Dense(5, activation="tanh", dtype="float64", name="hidden",
-                                             kernel_initializer=keras.initializers.GlorotUniform(seed=1))
-            self.embedding = keras.layers.Dense(4, dtype="float64", name="embedding",
-                                                kernel_initializer=keras.initializers.GlorotUniform(seed=2))
+            self.hidden = keras.layers.Dense(
+                5,
+                activation="tanh",
+                dtype="float64",
+                name="hidden",
+                kernel_initializer=keras.initializers.GlorotUniform(seed=1),
+            )
+            self.embedding = keras.layers.Dense(
+                4, dtype="float64", name="embedding", kernel_initializer=keras.initializers.GlorotUniform(seed=2)
+            )
             self.unit = keras.layers.UnitNormalization(dtype="float64")
 
         def call(self, inputs):
@@ -51,8 +57,11 @@ def _margin_model(run_eagerly=False):
 
     model = MarginEmbedder()
     model(np.zeros((1, IN_DIM)))
-    model.compile(optimizer=keras.optimizers.SGD(0.3, momentum=0.9),
-                  loss=MarginLoss(sampling="all", beta=1.0, beta_learning_rate=0.2), run_eagerly=run_eagerly)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.3, momentum=0.9),
+        loss=MarginLoss(sampling="all", beta=1.0, beta_learning_rate=0.2),
+        run_eagerly=run_eagerly,
+    )
     return model
 
 
@@ -150,16 +159,23 @@ def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_b
     from tfdml.losses import GroupLoss, RankedListLoss
     from tfdml.models import MultiLevelEmbedder
 
-    dataset = class_balanced_dataset(digits("train"), classes_per_batch=2, samples_per_class=4, image_size=12,
-                                     seed=0, num_replicas=2, prefetch=False).take(1)
+    dataset = class_balanced_dataset(
+        digits("train"), classes_per_batch=2, samples_per_class=4, image_size=12, seed=0, num_replicas=2, prefetch=False
+    ).take(1)
     dataset = dataset.map(lambda images, labels: (tf.cast(images, "float64"), labels)).cache()
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(1))  # `fit` then knows the epoch length
 
     def make():
         keras.utils.set_random_seed(4)
         group = loss_name == "group"
-        model = MultiLevelEmbedder("small_cnn", embedding_dim=4, input_shape=(12, 12, 1), head_filters=4,
-                                   head_units=6, num_classes=5 if group else None)  # digits 0-4
+        model = MultiLevelEmbedder(
+            "small_cnn",
+            embedding_dim=4,
+            input_shape=(12, 12, 1),
+            head_filters=4,
+            head_units=6,
+            num_classes=5 if group else None,
+        )  # digits 0-4
         assert synchronize_batch_normalization(model) > 0
         loss = GroupLoss(5, temperature=2.0) if group else RankedListLoss()
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss, run_eagerly=True)
@@ -188,18 +204,35 @@ def test_ala_model_in_fit_distributed_on_four_replicas_matches_one_device():
     train_y = np.repeat(np.arange(4), 3).astype(np.int32)
     val_y = np.repeat(np.arange(4, 8), 2).astype(np.int32)
     episodes = tf.data.Dataset.from_tensor_slices(
-        (rng.normal(size=(2, 12, IN_DIM)), np.stack([train_y] * 2), rng.normal(size=(2, 8, IN_DIM)),
-         np.stack([val_y] * 2)))
+        (
+            rng.normal(size=(2, 12, IN_DIM)),
+            np.stack([train_y] * 2),
+            rng.normal(size=(2, 8, IN_DIM)),
+            np.stack([val_y] * 2),
+        )
+    )
 
     def make(run_eagerly=False):
         keras.utils.set_random_seed(0)  # the assessor's LSTM initialisers are unseeded
-        embedder = keras.Sequential([
-            keras.Input((IN_DIM,), dtype="float64"),
-            keras.layers.Dense(3, dtype="float64", name="projection",
-                               kernel_initializer=keras.initializers.GlorotUniform(seed=5)),
-            keras.layers.UnitNormalization(dtype="float64")])
-        model = ALAModel(embedder, base_loss="triplet", assessor_units=3, assessor_steps=1,
-                         inner_learning_rate=0.5, assessor_learning_rate=0.5, seed=1, dtype="float64")
+        embedder = keras.Sequential(
+            [
+                keras.Input((IN_DIM,), dtype="float64"),
+                keras.layers.Dense(
+                    3, dtype="float64", name="projection", kernel_initializer=keras.initializers.GlorotUniform(seed=5)
+                ),
+                keras.layers.UnitNormalization(dtype="float64"),
+            ]
+        )
+        model = ALAModel(
+            embedder,
+            base_loss="triplet",
+            assessor_units=3,
+            assessor_steps=1,
+            inner_learning_rate=0.5,
+            assessor_learning_rate=0.5,
+            seed=1,
+            dtype="float64",
+        )
         model.compile(optimizer=keras.optimizers.SGD(0.5), run_eagerly=run_eagerly)
         return model
 
@@ -241,8 +274,9 @@ def test_resumed_run_continues_mid_dataset_like_an_uninterrupted_one(data_positi
     reference = _margin_model(run_eagerly=True)
     reference.fit(_margin_dataset().repeat(), epochs=2, steps_per_epoch=2, verbose=0, shuffle=False)
 
-    fit_distributed(_margin_model(run_eagerly=True), dataset, epochs=1, steps_per_epoch=2, verbose=0,
-                    checkpoint_dir=str(tmp_path))
+    fit_distributed(
+        _margin_model(run_eagerly=True), dataset, epochs=1, steps_per_epoch=2, verbose=0, checkpoint_dir=str(tmp_path)
+    )
     resumed = _margin_model(run_eagerly=True)
     fit_distributed(resumed, dataset, epochs=2, steps_per_epoch=2, verbose=0, checkpoint_dir=str(tmp_path))
     _assert_same_weights(_weights(resumed), _weights(reference))
@@ -287,9 +321,12 @@ def _run_workers(out_dir, epochs, num_workers=2):
     processes = []
     try:
         for index in range(num_workers):
-            env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker",
-                                                                                     "index": index}}),
-                       TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+            env = dict(
+                os.environ,
+                TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+                TF_CPP_MIN_LOG_LEVEL="2",
+                CUDA_VISIBLE_DEVICES="",
+            )
             log = open(os.path.join(out_dir, f"worker{index}.log"), "w")
             command = [sys.executable, os.path.abspath(__file__), "worker", out_dir, str(epochs)]
             processes.append((subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT), log))
@@ -337,8 +374,10 @@ def _worker_main(out_dir, epochs):
         model = _margin_model()
     fit_distributed(model, _margin_dataset(), epochs=epochs, checkpoint_dir=os.path.join(out_dir, "checkpoints"))
     index = strategy.cluster_resolver.task_id
-    np.savez(os.path.join(out_dir, f"worker{index}.npz"),
-             **{path.replace("/", "|"): value for path, value in _weights(model).items()})
+    np.savez(
+        os.path.join(out_dir, f"worker{index}.npz"),
+        **{path.replace("/", "|"): value for path, value in _weights(model).items()},
+    )
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:

@@ -35,8 +35,9 @@ def multi_level_model():
     h = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
     pooled = keras.layers.GlobalAveragePooling2D()(h)
     low, high = keras.layers.Dense(3)(pooled), keras.layers.Dense(5)(pooled)
-    return keras.Model(inputs, {"embedding": keras.layers.Concatenate()([low, high]),
-                                "level_L": low, "level_H": high}, name="multi")
+    return keras.Model(
+        inputs, {"embedding": keras.layers.Concatenate()([low, high]), "level_L": low, "level_H": high}, name="multi"
+    )
 
 
 def l2(x):
@@ -53,7 +54,7 @@ def served_pixels(images, size=SIZE):
     side = round(size * 256 / 224)
     resized = tf.image.resize(np.asarray(images, np.float32), (side, side)).numpy()
     top = (side - size) // 2
-    return resized[:, top:top + size, top:top + size]
+    return resized[:, top : top + size, top : top + size]
 
 
 def luma(images):
@@ -71,9 +72,13 @@ def exported(tmp_path_factory):
     base = tmp_path_factory.mktemp("exports")
     single, multi = single_output_model(), multi_level_model()
     single.compile(optimizer="adam", loss="mse")
-    p1 = E.export_saved_model(single, base, preprocess="keras.applications.resnet50.preprocess_input",
-                              training_config={"loss": "ranked_list", "margin": 0.4},
-                              metrics={"recall@1": 0.61})
+    p1 = E.export_saved_model(
+        single,
+        base,
+        preprocess="keras.applications.resnet50.preprocess_input",
+        training_config={"loss": "ranked_list", "margin": 0.4},
+        metrics={"recall@1": 0.61},
+    )
     p2 = E.export_saved_model(multi, base, preprocess="unit")
     gray = gray_model()
     p3 = E.export_saved_model(gray, base, preprocess="unit")
@@ -121,17 +126,32 @@ _FRESH_PROCESS = textwrap.dedent("""
 def fresh(exported, tmp_path_factory):
     work = tmp_path_factory.mktemp("fresh")
     rng = np.random.default_rng(0)
-    inputs = {"images": rng.integers(0, 256, (4, SIZE, SIZE, 3)).astype(np.uint8),
-              "other": rng.integers(0, 256, (3, 20, 17, 3)).astype(np.uint8),  # resized in the graph
-              "gray": rng.integers(0, 256, (2, 15, 13, 1)).astype(np.uint8),
-              "floats3": rng.normal(size=(2, SIZE, SIZE, 3)).astype(np.float32),
-              "floats1": rng.normal(size=(2, SIZE, SIZE, 1)).astype(np.float32),
-              "empty": np.zeros((0, SIZE, SIZE, 3), np.uint8),
-              "rgba": np.zeros((1, SIZE, SIZE, 4), np.uint8)}
+    inputs = {
+        "images": rng.integers(0, 256, (4, SIZE, SIZE, 3)).astype(np.uint8),
+        "other": rng.integers(0, 256, (3, 20, 17, 3)).astype(np.uint8),  # resized in the graph
+        "gray": rng.integers(0, 256, (2, 15, 13, 1)).astype(np.uint8),
+        "floats3": rng.normal(size=(2, SIZE, SIZE, 3)).astype(np.float32),
+        "floats1": rng.normal(size=(2, SIZE, SIZE, 1)).astype(np.float32),
+        "empty": np.zeros((0, SIZE, SIZE, 3), np.uint8),
+        "rgba": np.zeros((1, SIZE, SIZE, 4), np.uint8),
+    }
     np.savez(work / "inputs.npz", **inputs)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="", PYTHONPATH="")
-    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(work), exported["single"][1],
-                    exported["multi"][1], exported["gray"][1]], check=True, cwd=str(work), env=env, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _FRESH_PROCESS,
+            str(work),
+            exported["single"][1],
+            exported["multi"][1],
+            exported["gray"][1],
+        ],
+        check=True,
+        cwd=str(work),
+        env=env,
+        timeout=300,
+    )
     with np.load(work / "out.npz") as data:
         outputs = dict(data)
     errors = json.loads((work / "errors.json").read_text())
@@ -147,8 +167,12 @@ def test_layout_and_metadata(exported):
     assert meta["image_size"] == [SIZE, SIZE]
     assert meta["preprocessing"] == "keras.applications.resnet50.preprocess_input"
     assert {k: meta["input"][k] for k in ("signature", "name", "dtype", "shape", "channels")} == {
-        "signature": "serving_default", "name": "images", "dtype": "uint8", "shape": [None, None, None, 3],
-        "channels": 3}
+        "signature": "serving_default",
+        "name": "images",
+        "dtype": "uint8",
+        "shape": [None, None, None, 3],
+        "channels": 3,
+    }
     assert meta["eval_image"] == {"image_size": [SIZE, SIZE], "center_crop": True, "resize": [14, 14]}
     assert meta["training_config"] == {"loss": "ranked_list", "margin": 0.4}
     assert meta["metrics"] == {"recall@1": 0.61}
@@ -184,8 +208,9 @@ def test_fresh_process_outputs_equal_keras(exported, fresh):
 
     # A colour image sent to a grayscale model: its ITU-R 601 luma, as a grayscale decoder gives.
     model = exported["gray"][0]
-    np.testing.assert_allclose(got["2_images_embedding"], l2(model(served_pixels(luma(images)) / 255.0).numpy()),
-                               atol=2e-5)
+    np.testing.assert_allclose(
+        got["2_images_embedding"], l2(model(served_pixels(luma(images)) / 255.0).numpy()), atol=2e-5
+    )
     np.testing.assert_allclose(got["2_gray_embedding"], l2(model(served_pixels(gray) / 255.0).numpy()), atol=2e-5)
 
 
@@ -199,7 +224,7 @@ def test_serving_errors_name_the_problem(fresh):
 
 def test_saved_model_cli_lists_signatures(fresh):
     text = fresh[2]
-    serving = text[text.index("signature_def['serving_default']"):]
+    serving = text[text.index("signature_def['serving_default']") :]
     assert "inputs['images'] tensor_info:\n        dtype: DT_UINT8\n        shape: (-1, -1, -1, -1)" in serving
     for output in ("embedding", "level_L", "level_H"):
         assert f"outputs['{output}']" in serving
@@ -336,7 +361,9 @@ def test_protocol_model_and_export_index(tmp_path):
     index_dir = tmp_path / "protocol" / "1" / "assets.extra" / "tfdml_index"  # inside the version
     loaded = ScannIndex.load(index_dir)
     assert {k: loaded.metadata[k] for k in ("model_version", "model_name")} == {
-        "model_version": 1, "model_name": "protocol"}
+        "model_version": 1,
+        "model_name": "protocol",
+    }
     assert loaded.metadata["model_fingerprint"] == tf.saved_model.experimental.read_fingerprint(path).singleprint()
     embedder = E.ExportedEmbedder(tmp_path / "protocol")
     emb = embedder.embed(images)
@@ -406,8 +433,14 @@ def test_source_gallery_stores_ids_class_names_and_pixels(tmp_path):
     assert [index.class_name(p) for p in range(6)] == ["zero", "zero", "one", "one", "two", "two"]
     np.testing.assert_array_equal(index.load_array(E.GALLERY_IMAGES_FILE), images)
     assert E.load_metadata(path)["index"] == {
-        "path": E.INDEX_DIR, "size": 6, "distance": "dot_product", "mode": "exact", "ids": "indices",
-        "has_labels": True, "classes": 3}
+        "path": E.INDEX_DIR,
+        "size": 6,
+        "distance": "dot_product",
+        "mode": "exact",
+        "ids": "indices",
+        "has_labels": True,
+        "classes": 3,
+    }
 
 
 def test_grayscale_model_takes_one_channel(tmp_path):
@@ -416,8 +449,7 @@ def test_grayscale_model_takes_one_channel(tmp_path):
     assert E.load_metadata(path)["input"]["shape"] == [None, None, None, 1]
     embedder = E.ExportedEmbedder(path)
     images = np.random.default_rng(2).integers(0, 256, (2, SIZE, SIZE, 1)).astype(np.uint8)
-    np.testing.assert_allclose(embedder.embed(images), l2(model(served_pixels(images) / 255.0).numpy()),
-                               atol=2e-5)
+    np.testing.assert_allclose(embedder.embed(images), l2(model(served_pixels(images) / 255.0).numpy()), atol=2e-5)
     assert np.array(E.rest_request_body(images)["inputs"]["images"]).shape == (2, SIZE, SIZE, 1)
 
 
@@ -426,11 +458,16 @@ def test_generated_exports_are_not_tracked():
     git = shutil.which("git")
     if git is None or not os.path.exists(os.path.join(REPO, ".git")):
         pytest.skip("not a git checkout")
-    tracked = subprocess.run([git, "ls-files", "exported_models"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()
+    tracked = subprocess.run(
+        [git, "ls-files", "exported_models"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert tracked == ["exported_models/README.md"]
-    generated = ["exported_models/digits_rll/1/saved_model.pb", "exported_models/x/2/assets.extra/tfdml_index/ids.npy",
-                 "exported_models/x/.tmp-export-abc/model/saved_model.pb", "reports/digits_rll/metrics.json"]
+    generated = [
+        "exported_models/digits_rll/1/saved_model.pb",
+        "exported_models/x/2/assets.extra/tfdml_index/ids.npy",
+        "exported_models/x/.tmp-export-abc/model/saved_model.pb",
+        "reports/digits_rll/metrics.json",
+    ]
     ignored = subprocess.run([git, "check-ignore", *generated], cwd=REPO, capture_output=True, text=True).stdout
     assert ignored.split() == generated
     with open(os.path.join(REPO, "exported_models", "README.md")) as f:

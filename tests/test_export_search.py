@@ -18,7 +18,7 @@ from tfdml import export as E
 from tfdml.export.search import blocked_top_k, quantize
 from tfdml.retrieval import calibrate
 
-SIZE = 12      # the model's input size; gallery images are 10 x 10, queries 17 x 19 (resized in the graph)
+SIZE = 12  # the model's input size; gallery images are 10 x 10, queries 17 x 19 (resized in the graph)
 K = 5
 CLASSES = ["cup", "fork", "knife", "plate", "crêpe pan ¤"]  # any text: served as UTF-8
 
@@ -26,8 +26,9 @@ CLASSES = ["cup", "fork", "knife", "plate", "crêpe pan ¤"]  # any text: served
 def tiny_model():
     inputs = keras.Input((SIZE, SIZE, 3))
     h = keras.layers.Flatten()(inputs)
-    return keras.Model(inputs, keras.layers.Dense(8, kernel_initializer=keras.initializers.HeNormal(seed=2))(h),
-                       name="tiny")
+    return keras.Model(
+        inputs, keras.layers.Dense(8, kernel_initializer=keras.initializers.HeNormal(seed=2))(h), name="tiny"
+    )
 
 
 def gallery_images():
@@ -49,9 +50,19 @@ def exported(tmp_path_factory):
     paths = {}
     # Blocks of 7 rows (the last one ragged) exercise the running top-k merge of the blocked search.
     for version, dtype in enumerate(("float32", "bfloat16", "int8"), start=1):
-        paths[dtype] = E.export_saved_model(model, base, name="tiny", version=version, preprocess="symmetric",
-                                            gallery=source, top_k=K, gallery_dtype=dtype, search_block_rows=7,
-                                            match_precision=0.99, index_mode="exact")
+        paths[dtype] = E.export_saved_model(
+            model,
+            base,
+            name="tiny",
+            version=version,
+            preprocess="symmetric",
+            gallery=source,
+            top_k=K,
+            gallery_dtype=dtype,
+            search_block_rows=7,
+            match_precision=0.99,
+            index_mode="exact",
+        )
     return {"base": base, "paths": paths, "images": images, "labels": labels}
 
 
@@ -89,14 +100,15 @@ _FRESH = textwrap.dedent("""
 def fresh(exported, tmp_path_factory):
     work = tmp_path_factory.mktemp("fresh_search")
     rng = np.random.default_rng(1)
-    inputs = {"queries": rng.integers(0, 256, (6, 17, 19, 3)).astype(np.uint8),
-              "gallery": exported["images"],
-              "gray": rng.integers(0, 256, (2, 15, 13, 1)).astype(np.uint8)}
+    inputs = {
+        "queries": rng.integers(0, 256, (6, 17, 19, 3)).astype(np.uint8),
+        "gallery": exported["images"],
+        "gray": rng.integers(0, 256, (2, 15, 13, 1)).astype(np.uint8),
+    }
     np.savez(work / "inputs.npz", **inputs)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="", PYTHONPATH="")
     paths = [exported["paths"][d] for d in ("float32", "bfloat16", "int8")]
-    subprocess.run([sys.executable, "-c", _FRESH, str(work), *paths], check=True, cwd=str(work), env=env,
-                   timeout=300)
+    subprocess.run([sys.executable, "-c", _FRESH, str(work), *paths], check=True, cwd=str(work), env=env, timeout=300)
     with np.load(work / "out.npz", allow_pickle=False) as loaded:
         outputs = dict(loaded)
     return inputs, outputs, (work / "cli.txt").read_text()
@@ -122,10 +134,12 @@ def test_float32_scores_equal_brute_force_over_serving_default(exported, fresh):
         expected_scores, positions = brute_force(out[f"0_{tag}_served"], gallery, K)
         np.testing.assert_allclose(out[f"0_{tag}_scores"], expected_scores, atol=1e-5)
         assert np.all(np.diff(out[f"0_{tag}_scores"], axis=1) <= 0)  # descending
-        np.testing.assert_array_equal(strings(out[f"0_{tag}_ids"]), [[f"kitchen:{p}" for p in row]
-                                                                      for row in positions])
-        np.testing.assert_array_equal(strings(out[f"0_{tag}_labels"]),
-                                      np.asarray(CLASSES)[exported["labels"][positions]])
+        np.testing.assert_array_equal(
+            strings(out[f"0_{tag}_ids"]), [[f"kitchen:{p}" for p in row] for row in positions]
+        )
+        np.testing.assert_array_equal(
+            strings(out[f"0_{tag}_labels"]), np.asarray(CLASSES)[exported["labels"][positions]]
+        )
         np.testing.assert_allclose(out[f"0_{tag}_embedding"], out[f"0_{tag}_served"], atol=1e-6)
         np.testing.assert_array_equal(out[f"0_{tag}_match"], out[f"0_{tag}_scores"] >= np.float32(threshold))
     assert out["0_queries_scores"].shape == (6, K) and out["0_queries_embedding"].shape == (6, 8)
@@ -146,7 +160,7 @@ def test_compressed_gallery_scores_are_within_the_stated_bound(exported, fresh, 
     gallery = out[f"{n}_gallery_served"]
     queries = out[f"{n}_queries_served"]
     if dtype == "bfloat16":
-        bound = np.full((len(queries), len(gallery)), 2.0 ** -9)
+        bound = np.full((len(queries), len(gallery)), 2.0**-9)
     else:
         scales = np.abs(gallery).max(axis=1) / 127
         bound = np.abs(queries).sum(axis=1)[:, None] * scales[None, :] / 2
@@ -155,8 +169,9 @@ def test_compressed_gallery_scores_are_within_the_stated_bound(exported, fresh, 
     got = out[f"{n}_queries_scores"]
     slack = 1e-5  # float32 accumulation
     # Each returned score is its item's exact cosine within the bound ...
-    assert np.all(np.abs(got - np.take_along_axis(exact, positions, 1))
-                  <= np.take_along_axis(bound, positions, 1) + slack)
+    assert np.all(
+        np.abs(got - np.take_along_axis(exact, positions, 1)) <= np.take_along_axis(bound, positions, 1) + slack
+    )
     # ... and the returned list is the exact top-k list within the largest bound (a k-th score can move by
     # at most that much), not an arbitrary one.
     expected, _ = brute_force(queries, gallery, K)
@@ -172,11 +187,16 @@ def test_compressed_gallery_scores_are_within_the_stated_bound(exported, fresh, 
 
 def test_saved_model_cli_lists_the_search_signature(fresh):
     text = fresh[2]
-    search = text[text.index("signature_def['search']"):]
-    search = search[:search.index("Method name is")]
+    search = text[text.index("signature_def['search']") :]
+    search = search[: search.index("Method name is")]
     assert "inputs['images'] tensor_info:\n        dtype: DT_UINT8\n        shape: (-1, -1, -1, -1)" in search
-    for name, dtype, width in (("scores", "DT_FLOAT", K), ("labels", "DT_STRING", K), ("ids", "DT_STRING", K),
-                               ("match", "DT_BOOL", K), ("embedding", "DT_FLOAT", 8)):
+    for name, dtype, width in (
+        ("scores", "DT_FLOAT", K),
+        ("labels", "DT_STRING", K),
+        ("ids", "DT_STRING", K),
+        ("match", "DT_BOOL", K),
+        ("embedding", "DT_FLOAT", 8),
+    ):
         assert f"outputs['{name}'] tensor_info:\n        dtype: {dtype}\n        shape: (-1, {width})" in search, name
 
 
@@ -186,7 +206,12 @@ def test_metadata_records_the_search_and_the_calibration(exported, fresh):
     assert meta["signatures"]["search"]["outputs"]["labels"] == f"string [batch, {K}]"
     search = meta["search"]
     assert {k: search[k] for k in ("top_k", "gallery_size", "gallery_dtype", "gallery_bytes", "block_rows")} == {
-        "top_k": K, "gallery_size": 40, "gallery_dtype": "float32", "gallery_bytes": 40 * 8 * 4, "block_rows": 7}
+        "top_k": K,
+        "gallery_size": 40,
+        "gallery_dtype": "float32",
+        "gallery_bytes": 40 * 8 * 4,
+        "block_rows": 7,
+    }
     assert E.load_metadata(exported["paths"]["int8"])["search"]["gallery_bytes"] == 40 * 8 + 40 * 4
     # The threshold is the calibration of the gallery's own served embeddings (leave-one-out) at 0.99 ...
     cal = calibrate(out["0_gallery_served"], exported["labels"], target_precision=0.99)
@@ -228,9 +253,11 @@ def test_no_search_no_labels_and_bad_settings(tmp_path):
     assert found["ids"][:, 0].tolist() == ["0", "1"] and set(found["labels"].ravel()) == {""}
     meta = E.load_metadata(unlabelled)
     assert meta["search"]["match_threshold"] is None and "uncalibrated" in meta["search"]["match"]
-    for bad, message in (({"gallery_dtype": "fp8"}, "gallery_dtype must be one of float32, bfloat16, int8"),
-                         ({"top_k": 0}, "top_k must be a positive integer"),
-                         ({"match_precision": 0}, r"match_precision must be in \(0, 1\]")):
+    for bad, message in (
+        ({"gallery_dtype": "fp8"}, "gallery_dtype must be one of float32, bfloat16, int8"),
+        ({"top_k": 0}, "top_k must be a positive integer"),
+        ({"match_precision": 0}, r"match_precision must be in \(0, 1\]"),
+    ):
         with pytest.raises(ValueError, match=message):
             E.export_saved_model(model, tmp_path, name="bad", gallery=images[:3], **bad)
     assert not os.path.exists(tmp_path / "bad" / "1")
@@ -243,7 +270,7 @@ def test_blocked_top_k_equals_one_top_k(block_rows):
     gallery[10] = gallery[4]  # a tie: the lower position comes first, as in one top_k over all rows
     queries = np.concatenate([rng.normal(size=(3, 6)), gallery[4:5]]).astype(np.float32)
     for k in (1, 4, 23):
-        scores, positions = tf.function(lambda q: blocked_top_k(q, tf.constant(gallery), k, block_rows))(queries)
+        scores, positions = tf.function(lambda q, k=k: blocked_top_k(q, tf.constant(gallery), k, block_rows))(queries)
         expected, order = brute_force(queries, gallery, k)
         np.testing.assert_allclose(scores.numpy(), expected, atol=1e-5)
         np.testing.assert_array_equal(positions.numpy(), order)

@@ -34,3 +34,13 @@ def test_metric_model_builds_both_ways_without_rewriting_its_bases():
     functional = MetricModel(inputs, keras.layers.Dense(2)(inputs))
     assert isinstance(functional, keras_private.Functional)
     assert keras_private.Functional not in MetricModel.__mro__
+
+
+def test_loss_names_table_is_where_keras_losses_get_looks_strings_up():
+    table = keras_private.LOSS_NAMES_TABLE
+    assert table["MeanSquaredError"] is keras.losses.MeanSquaredError
+    table["tfdml_probe_loss"] = keras.losses.Huber
+    try:
+        assert isinstance(keras.losses.get("tfdml_probe_loss"), keras.losses.Huber)
+    finally:
+        del table["tfdml_probe_loss"]

@@ -17,10 +17,10 @@ from tfdml.losses import ContrastiveLoss, contrastive_loss
 def test_matches_numpy_reference(pos_margin, neg_margin, seed, batch_size, num_classes):
     labels, embeddings = checks.random_batch(seed, batch_size, num_classes)
     expected = ref.contrastive(labels, embeddings, pos_margin, neg_margin)
-    np.testing.assert_allclose(contrastive_loss(labels, embeddings, pos_margin, neg_margin).numpy(), expected,
-                               rtol=1e-6)
-    np.testing.assert_allclose(ContrastiveLoss(pos_margin, neg_margin)(labels, embeddings).numpy(), expected,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        contrastive_loss(labels, embeddings, pos_margin, neg_margin).numpy(), expected, rtol=1e-6
+    )
+    np.testing.assert_allclose(ContrastiveLoss(pos_margin, neg_margin)(labels, embeddings).numpy(), expected, rtol=1e-6)
 
 
 def test_each_part_averages_only_its_active_pairs():
@@ -41,8 +41,12 @@ def test_no_active_pair_gives_zero():
 @pytest.mark.parametrize("pos_margin, neg_margin", [(0.0, 1.0), (0.2, 1.5)])
 def test_gradient_matches_finite_differences(seed, pos_margin, neg_margin):
     labels, x = checks.random_batch(seed, 9, 3, dim=3)
-    checks.assert_gradient_matches(lambda y, e: contrastive_loss(y, e, pos_margin, neg_margin),
-                                   lambda e: ref.contrastive(labels, e, pos_margin, neg_margin), labels, x)
+    checks.assert_gradient_matches(
+        lambda y, e: contrastive_loss(y, e, pos_margin, neg_margin),
+        lambda e: ref.contrastive(labels, e, pos_margin, neg_margin),
+        labels,
+        x,
+    )
 
 
 @pytest.mark.parametrize("batch", sorted(checks.DEGENERATE_BATCHES))
@@ -59,8 +63,9 @@ def test_float16_and_mixed_precision():
 @settings(max_examples=15)
 @given(labels=hnp.arrays(np.int32, st.integers(1, 9), elements=st.integers(0, 3)), data=st.data())
 def test_fuzzed_batches_are_finite(labels, data):
-    embeddings = data.draw(hnp.arrays(np.float64, (labels.size, 3),
-                                      elements=st.floats(-2, 2, allow_nan=False, width=32)))
+    embeddings = data.draw(
+        hnp.arrays(np.float64, (labels.size, 3), elements=st.floats(-2, 2, allow_nan=False, width=32))
+    )
     value, _ = checks.assert_finite(ContrastiveLoss(pos_margin=0.1), labels, embeddings)
     assert value.numpy() >= 0.0
 

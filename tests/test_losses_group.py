@@ -1,7 +1,6 @@
 """Group Loss: values vs NumPy and the shared reference data, gradients vs finite differences, degenerate
 batches and temperatures, errors, XLA, config, and end-to-end training through `compile`/`fit`."""
 
-
 import hypothesis.extra.numpy as hnp
 import keras
 import numpy as np
@@ -16,7 +15,6 @@ from tests.references import shared_reference_cases
 from tests.references.numpy_losses import numerical_gradient
 from tfdml.losses import GroupLoss, group_loss
 from tfdml.losses.group import anchor_mask
-
 
 
 def _batch(seed, batch=None, dim=5, classes=4):
@@ -45,9 +43,13 @@ def test_matches_shared_reference_data(case, expected):
 def test_matches_numpy(seed):
     labels, f, z = _batch(seed)
     rng = np.random.default_rng(50 + seed)
-    params = dict(temperature=float(rng.choice([0.5, 1.0, 24.0])), num_iterations=int(rng.integers(0, 4)),
-                  num_anchors=int(rng.integers(0, 4)), ce_weight=float(rng.uniform(0, 2)),
-                  zero_diagonal=bool(seed % 2))
+    params = dict(
+        temperature=float(rng.choice([0.5, 1.0, 24.0])),
+        num_iterations=int(rng.integers(0, 4)),
+        num_anchors=int(rng.integers(0, 4)),
+        ce_weight=float(rng.uniform(0, 2)),
+        zero_diagonal=bool(seed % 2),
+    )
     value = group_loss(tf.constant(labels), f, z, **params).numpy()
     np.testing.assert_allclose(value, ref.group_loss(labels, f, z, **params), rtol=1e-6)
 
@@ -62,7 +64,7 @@ def test_anchors_are_the_first_samples_of_each_class():
 def test_gradients_match_finite_differences(zero_diagonal):
     labels, f, z = _batch(3, batch=8, dim=4, classes=3)
     params = dict(temperature=2.0, num_iterations=2, num_anchors=1, zero_diagonal=zero_diagonal)
-    graph_loss = tf.function(lambda x, l: group_loss(tf.constant(labels), x, l, **params))
+    graph_loss = tf.function(lambda x, logits: group_loss(tf.constant(labels), x, logits, **params))
     ft, zt = tf.constant(f), tf.constant(z)
     with tf.GradientTape() as tape:
         tape.watch([ft, zt])
@@ -95,8 +97,12 @@ def test_degenerate_inputs_are_finite(case, zero_diagonal):
         np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6)
 
 
-@given(labels=hnp.arrays(np.int32, st.integers(1, 10), elements=st.integers(0, 3)), data=st.data(),
-       temperature=st.sampled_from([1e-3, 1.0, 30.0, 1e3]), iterations=st.integers(0, 3))
+@given(
+    labels=hnp.arrays(np.int32, st.integers(1, 10), elements=st.integers(0, 3)),
+    data=st.data(),
+    temperature=st.sampled_from([1e-3, 1.0, 30.0, 1e3]),
+    iterations=st.integers(0, 3),
+)
 def test_fuzz_finite_with_finite_gradients(labels, data, temperature, iterations):
     y_pred = data.draw(hnp.arrays(np.float64, (len(labels), 7), elements=st.floats(-30, 30, width=32)))
     y_pred = tf.constant(y_pred)
@@ -154,8 +160,7 @@ def test_jit_compile_gives_the_same_values():
 
 
 def test_config_round_trips():
-    loss = GroupLoss(12, temperature=79.0, num_iterations=2, num_anchors=3, ce_weight=0.5, zero_diagonal=True,
-                     name="g")
+    loss = GroupLoss(12, temperature=79.0, num_iterations=2, num_anchors=3, ce_weight=0.5, zero_diagonal=True, name="g")
     clone = keras.losses.deserialize(keras.losses.serialize(loss))
     assert type(clone) is GroupLoss and clone.get_config() == loss.get_config()
 
@@ -182,8 +187,11 @@ def test_trains_through_fit_on_concatenated_output_and_saves(tmp_path):
     model.save(path)
     restored = keras.saving.load_model(path)
     assert restored.loss.get_config() == loss.get_config()
-    np.testing.assert_allclose(restored.evaluate(x, labels, batch_size=len(x), verbose=0),
-                               model.evaluate(x, labels, batch_size=len(x), verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(
+        restored.evaluate(x, labels, batch_size=len(x), verbose=0),
+        model.evaluate(x, labels, batch_size=len(x), verbose=0),
+        rtol=1e-6,
+    )
 
 
 def test_float32_matches_float64_when_the_plain_product_would_underflow():

@@ -1,7 +1,6 @@
 """Margin loss (Wu et al. 2017): values vs NumPy and the shared reference data, gradients vs finite
 differences, the distance-weighted sampler's distribution, degenerate batches, errors, XLA, config."""
 
-
 import hypothesis.extra.numpy as hnp
 import keras
 import numpy as np
@@ -15,9 +14,11 @@ from tests.references import numpy_margin_group as ref
 from tests.references import official_reference_cases, shared_reference_cases
 from tests.references.numpy_losses import numerical_gradient
 from tfdml.losses import MarginLoss, margin_loss, margin_loss_for_triplets
-from tfdml.losses.margin import (distance_weighted_log_weights, distance_weighted_probabilities,
-                                 sample_distance_weighted_triplets)
-
+from tfdml.losses.margin import (
+    distance_weighted_log_weights,
+    distance_weighted_probabilities,
+    sample_distance_weighted_triplets,
+)
 
 
 def _batch(seed, batch=None, dim=6, classes=None, normalise=True):
@@ -69,8 +70,10 @@ def test_constant_beta_is_not_regularised():
 
 # ------------------------------------------------------------------ distance-weighted sampling vs official
 
-@pytest.mark.parametrize("case", official_reference_cases("margin_sampling_probabilities"),
-                         ids=lambda case: f"dim{case['dim']}")
+
+@pytest.mark.parametrize(
+    "case", official_reference_cases("margin_sampling_probabilities"), ids=lambda case: f"dim{case['dim']}"
+)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_sampling_probabilities_match_official_sampler(case, dtype):
     """Wu et al.'s DistanceWeightedSampling (MXNet), per-anchor probabilities on fixed inputs."""
@@ -81,19 +84,22 @@ def test_sampling_probabilities_match_official_sampler(case, dtype):
     np.testing.assert_allclose(probabilities.numpy(), expected, atol=1e-6 if dtype == np.float64 else 2e-5)
 
 
-@pytest.mark.parametrize("case", official_reference_cases("margin_sampling_probabilities"),
-                         ids=lambda case: f"dim{case['dim']}")
+@pytest.mark.parametrize(
+    "case", official_reference_cases("margin_sampling_probabilities"), ids=lambda case: f"dim{case['dim']}"
+)
 def test_sampler_draws_follow_official_probabilities(case):
     """The in-graph draws (tf.random.categorical) of the sampler follow the official distribution."""
     expected = np.array(case["probabilities"])
     labels, f = np.array(case["labels"], np.int32), np.array(case["embeddings"])
     triplets, valid = sample_distance_weighted_triplets(
-        tf.constant(labels), tf.constant(ref.distances(f)), case["dim"], seed=11)
+        tf.constant(labels), tf.constant(ref.distances(f)), case["dim"], seed=11
+    )
     assert valid.numpy().all()
     anchors = triplets.numpy()[:, 0]
     draws = 400
-    logits = distance_weighted_log_weights(tf.constant(ref.distances(f)),
-                                           tf.constant(labels[:, None] != labels[None, :]), case["dim"])
+    logits = distance_weighted_log_weights(
+        tf.constant(ref.distances(f)), tf.constant(labels[:, None] != labels[None, :]), case["dim"]
+    )
     samples = tf.random.stateless_categorical(logits, draws, seed=[5, 6]).numpy()
     counts = np.stack([np.bincount(row, minlength=len(labels)) for row in samples]) / draws
     total_variation = 0.5 * np.abs(counts - expected).sum(axis=1)
@@ -187,8 +193,9 @@ def test_sampler_distribution_matches_inverse_density_weights():
 def test_sampler_falls_back_to_uniform_when_all_negatives_are_far():
     f = np.array([[1.0, 0, 0], [1.0, 0, 0], [-1.0, 0, 0], [-1.0, 0.01, 0], [-1.0, 0, 0.01]])
     labels = np.array([0, 0, 1, 2, 3], dtype=np.int32)
-    logits = distance_weighted_log_weights(tf.constant(ref.distances(f)),
-                                           tf.constant(labels[:, None] != labels[None, :]), 3)
+    logits = distance_weighted_log_weights(
+        tf.constant(ref.distances(f)), tf.constant(labels[:, None] != labels[None, :]), 3
+    )
     samples = tf.random.stateless_categorical(logits[:1], 6000, seed=[1, 2]).numpy()[0]
     counts = np.bincount(samples, minlength=5)
     assert counts[0] == counts[1] == 0
@@ -212,16 +219,13 @@ def test_gradients_match_finite_differences(seed):
         tape.watch([ft, bt])
         value = margin_loss(tf.constant(labels), ft, bt, nu=0.2, sampling="all")
     grad_f, grad_b = tape.gradient(value, [ft, bt])
-    np.testing.assert_allclose(grad_f.numpy(), numerical_gradient(lambda x: loss_np(x, beta), f),
-                               rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(grad_b.numpy(), numerical_gradient(lambda b: loss_np(f, b), beta),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad_f.numpy(), numerical_gradient(lambda x: loss_np(x, beta), f), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grad_b.numpy(), numerical_gradient(lambda b: loss_np(f, b), beta), rtol=1e-5, atol=1e-7)
 
 
 def test_gradients_for_fixed_sampled_triplets_match_finite_differences():
     labels, f = _batch(7, batch=10, dim=5)
-    triplets, valid = sample_distance_weighted_triplets(tf.constant(labels), tf.constant(ref.distances(f)), 5,
-                                                        seed=7)
+    triplets, valid = sample_distance_weighted_triplets(tf.constant(labels), tf.constant(ref.distances(f)), 5, seed=7)
 
     def loss_tf(emb):
         return margin_loss_for_triplets(tf.constant(labels), emb, triplets, 1.0, valid=valid)
@@ -232,8 +236,9 @@ def test_gradients_for_fixed_sampled_triplets_match_finite_differences():
         value = loss_tf(ft)
     grad = tape.gradient(value, ft).numpy()
     graph_loss = tf.function(loss_tf)
-    np.testing.assert_allclose(grad, numerical_gradient(lambda x: float(graph_loss(tf.constant(x)).numpy()), f),
-                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        grad, numerical_gradient(lambda x: float(graph_loss(tf.constant(x)).numpy()), f), rtol=1e-5, atol=1e-7
+    )
 
 
 @pytest.mark.parametrize("sampling", ["all", "distance_weighted"])
@@ -254,8 +259,11 @@ def test_degenerate_batches_are_finite(sampling, case):
         assert value.numpy() == 0.0
 
 
-@given(labels=hnp.arrays(np.int32, st.integers(1, 12), elements=st.integers(0, 3)),
-       data=st.data(), sampling=st.sampled_from(["all", "distance_weighted"]))
+@given(
+    labels=hnp.arrays(np.int32, st.integers(1, 12), elements=st.integers(0, 3)),
+    data=st.data(),
+    sampling=st.sampled_from(["all", "distance_weighted"]),
+)
 def test_fuzz_finite_nonnegative_with_finite_gradients(labels, data, sampling):
     f = data.draw(hnp.arrays(np.float64, (len(labels), 3), elements=st.floats(-2, 2, width=32)))
     ft = tf.constant(f)
@@ -317,8 +325,19 @@ def test_jit_compile_gives_the_same_values():
 
 
 def test_config_round_trips():
-    loss = MarginLoss(alpha=0.3, beta=1.1, nu=0.01, num_classes=7, learn_beta=False, beta_learning_rate=0.05,
-                      sampling="all", cutoff=0.4, nonzero_loss_cutoff=1.3, seed=5, name="m")
+    loss = MarginLoss(
+        alpha=0.3,
+        beta=1.1,
+        nu=0.01,
+        num_classes=7,
+        learn_beta=False,
+        beta_learning_rate=0.05,
+        sampling="all",
+        cutoff=0.4,
+        nonzero_loss_cutoff=1.3,
+        seed=5,
+        name="m",
+    )
     clone = keras.losses.deserialize(keras.losses.serialize(loss))
     assert type(clone) is MarginLoss and clone.get_config() == loss.get_config()
     labels, f = _batch(1, batch=9, classes=7)

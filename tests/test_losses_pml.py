@@ -13,15 +13,21 @@ import tensorflow as tf
 
 import tfdml.losses as losses
 from tests import loss_checks as checks
-from tests.references import numpy_losses as ref
 from tests.test_losses_triplet import _largest_tensor_in_graph
 
 REFERENCE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "pml_reference.json")))
 # float64 on both sides: what is left is summation order and libm round-off.
 VALUE_RTOL, GRAD_ATOL = 1e-10, 1e-10
 
-PAIR = ["multi_similarity_mined", "multi_similarity_all_pairs", "circle", "lifted_structure", "n_pairs", "supcon",
-        "ntxent"]
+PAIR = [
+    "multi_similarity_mined",
+    "multi_similarity_all_pairs",
+    "circle",
+    "lifted_structure",
+    "n_pairs",
+    "supcon",
+    "ntxent",
+]
 PROXY = ["proxy_anchor", "proxy_nca", "normalized_softmax", "arcface", "cosface"]
 CASES = [(name, batch) for name in PAIR + PROXY for batch in REFERENCE["batches"]]
 
@@ -36,9 +42,13 @@ def _make(name, num_classes=None, embedding_dim=None, **kwargs):
 
 
 # The pure functions take float64 proxies; the classes hold a float32 variable (tested against the functions).
-PROXY_FUNCTIONS = {"proxy_anchor": losses.proxy_anchor_loss, "proxy_nca": losses.proxy_nca_loss,
-                   "normalized_softmax": losses.normalized_softmax_loss, "arcface": losses.arcface_loss,
-                   "cosface": losses.cosface_loss}
+PROXY_FUNCTIONS = {
+    "proxy_anchor": losses.proxy_anchor_loss,
+    "proxy_nca": losses.proxy_nca_loss,
+    "normalized_softmax": losses.normalized_softmax_loss,
+    "arcface": losses.arcface_loss,
+    "cosface": losses.cosface_loss,
+}
 
 
 def _tfdml_value_and_grads(name, batch):
@@ -94,8 +104,10 @@ def test_loss_class_with_its_proxy_variable_equals_the_function(name):
 
 # ---------------------------------------------------------------- every loss: robustness, config, XLA, memory
 def _all_losses(num_classes=4, embedding_dim=4):
-    return {name: _make(name, num_classes, embedding_dim) if REFERENCE["losses"][name]["proxies"] else _make(name)
-            for name in PAIR + PROXY}
+    return {
+        name: _make(name, num_classes, embedding_dim) if REFERENCE["losses"][name]["proxies"] else _make(name)
+        for name in PAIR + PROXY
+    }
 
 
 @pytest.mark.parametrize("name", PAIR + PROXY)
@@ -110,14 +122,31 @@ def test_degenerate_batches_are_finite(name, case):
         assert np.all(np.isfinite(tape.gradient(value, loss.proxies).numpy()))
 
 
-@pytest.mark.parametrize("name", ["circle", "supcon", "ntxent", "multi_similarity_all_pairs", "arcface",
-                                  "cosface", "proxy_anchor", "normalized_softmax"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "circle",
+        "supcon",
+        "ntxent",
+        "multi_similarity_all_pairs",
+        "arcface",
+        "cosface",
+        "proxy_anchor",
+        "normalized_softmax",
+    ],
+)
 def test_extreme_scales_stay_finite(name):
     """Large scales / small temperatures (exp(1000 x)) on near-duplicate and opposite embeddings."""
-    extreme = {"circle": {"gamma": 1000.0}, "supcon": {"temperature": 1e-3}, "ntxent": {"temperature": 1e-3},
-               "multi_similarity_all_pairs": {"beta": 1000.0, "alpha": 1000.0}, "arcface": {"scale": 1000.0},
-               "cosface": {"scale": 1000.0}, "proxy_anchor": {"alpha": 1000.0},
-               "normalized_softmax": {"temperature": 1e-3}}[name]
+    extreme = {
+        "circle": {"gamma": 1000.0},
+        "supcon": {"temperature": 1e-3},
+        "ntxent": {"temperature": 1e-3},
+        "multi_similarity_all_pairs": {"beta": 1000.0, "alpha": 1000.0},
+        "arcface": {"scale": 1000.0},
+        "cosface": {"scale": 1000.0},
+        "proxy_anchor": {"alpha": 1000.0},
+        "normalized_softmax": {"temperature": 1e-3},
+    }[name]
     labels = np.array([0, 0, 1, 1, 2, 2], np.int32)
     embeddings = np.array([[1, 0, 0], [1, 1e-4, 0], [-1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 0, 1e-3]], np.float32)
     loss = _make(name, 3, 3, **extreme) if REFERENCE["losses"][name]["proxies"] else _make(name, **extreme)
@@ -150,8 +179,12 @@ def test_config_round_trips(name):
 
 
 def test_proxy_optimizer_and_initializer_round_trip_through_config():
-    loss = losses.ProxyAnchorLoss(7, 3, proxy_optimizer=keras.optimizers.AdamW(0.01),
-                                  proxy_initializer=keras.initializers.RandomUniform(-0.1, 0.1, seed=1))
+    loss = losses.ProxyAnchorLoss(
+        7,
+        3,
+        proxy_optimizer=keras.optimizers.AdamW(0.01),
+        proxy_initializer=keras.initializers.RandomUniform(-0.1, 0.1, seed=1),
+    )
     restored = checks.assert_config_roundtrip(loss)
     assert isinstance(restored.variable_optimizer, keras.optimizers.AdamW)
     assert float(restored.variable_optimizer.learning_rate) == pytest.approx(0.01)
@@ -230,8 +263,9 @@ def test_ntxent_does_not_saturate_where_pml_adds_its_tiny_constant():
     expected = (pair_01 + pair_10) / 2
     assert expected > 1000
     for dtype in (np.float32, np.float64):
-        np.testing.assert_allclose(losses.ntxent_loss(labels, x.astype(dtype), temperature=t).numpy(), expected,
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            losses.ntxent_loss(labels, x.astype(dtype), temperature=t).numpy(), expected, rtol=1e-6
+        )
 
 
 def test_n_pairs_with_plain_inner_products_follows_the_paper():
@@ -241,14 +275,24 @@ def test_n_pairs_with_plain_inner_products_follows_the_paper():
     labels = np.array([2, 0, 1, 0, 2, 1, 1, 3], np.int32)  # class 3 has a single sample: no tuple
     x = rng.normal(size=(8, 5))
     anchors, positives = [0, 1, 2], [4, 3, 5]  # first and second sample of classes 2, 0, 1
-    expected = np.mean([np.log1p(sum(np.exp(x[a] @ x[p] - x[a] @ x[positives[i]])
-                                     for p in positives if p != positives[i]))
-                        for i, a in enumerate(anchors)])
+    expected = np.mean(
+        [
+            np.log1p(sum(np.exp(x[a] @ x[p] - x[a] @ x[positives[i]]) for p in positives if p != positives[i]))
+            for i, a in enumerate(anchors)
+        ]
+    )
     np.testing.assert_allclose(losses.n_pairs_loss(labels, x, normalize=False).numpy(), expected, rtol=1e-12)
-    checks.assert_gradient_matches(lambda y, e: losses.n_pairs_loss(y, e, normalize=False),
-                                   lambda e: np.mean([np.log1p(sum(np.exp(e[a] @ e[p] - e[a] @ e[positives[i]])
-                                                                   for p in positives if p != positives[i]))
-                                                      for i, a in enumerate(anchors)]), labels, x)
+    checks.assert_gradient_matches(
+        lambda y, e: losses.n_pairs_loss(y, e, normalize=False),
+        lambda e: np.mean(
+            [
+                np.log1p(sum(np.exp(e[a] @ e[p] - e[a] @ e[positives[i]]) for p in positives if p != positives[i]))
+                for i, a in enumerate(anchors)
+            ]
+        ),
+        labels,
+        x,
+    )
 
 
 def test_arcface_gradient_is_finite_for_an_embedding_on_its_class_weight():

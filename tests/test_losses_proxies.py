@@ -9,14 +9,25 @@ import tensorflow as tf
 
 import tfdml.losses as losses
 from tests import loss_checks as checks
-from tests.test_distribute import EMB_DIM, NUM_CLASSES, _batch, _embeddings_head, _replica_gradients, \
-    _single_device_gradients
+from tests.test_distribute import (
+    EMB_DIM,
+    NUM_CLASSES,
+    _batch,
+    _embeddings_head,
+    _replica_gradients,
+    _single_device_gradients,
+)
 from tfdml import distribute
 from tfdml.models import MetricModel
 from tfdml.optimizers import learning_rate_multipliers
 
-PROXY_CLASSES = [losses.ProxyAnchorLoss, losses.ProxyNCALoss, losses.NormalizedSoftmaxLoss, losses.ArcFaceLoss,
-                 losses.CosFaceLoss]
+PROXY_CLASSES = [
+    losses.ProxyAnchorLoss,
+    losses.ProxyNCALoss,
+    losses.NormalizedSoftmaxLoss,
+    losses.ArcFaceLoss,
+    losses.CosFaceLoss,
+]
 
 
 def _embedder(seed=0, dim=4):
@@ -100,6 +111,7 @@ def test_fit_lowers_the_loss_and_moves_the_proxies(cls):
 def _seeded(cls):
     def make(**kwargs):
         return cls(NUM_CLASSES, EMB_DIM, proxy_initializer=keras.initializers.RandomNormal(seed=3), **kwargs)
+
     return make
 
 

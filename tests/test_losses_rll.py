@@ -33,8 +33,10 @@ PARAMS = [
 
 
 def _reference_cases():
-    return [(case["labels"], case["embeddings"], expected["params"], expected["value"])
-            for case, expected in shared_reference_cases("RankedListLoss")]
+    return [
+        (case["labels"], case["embeddings"], expected["params"], expected["value"])
+        for case, expected in shared_reference_cases("RankedListLoss")
+    ]
 
 
 @pytest.mark.parametrize("labels, embeddings, params, expected", _reference_cases())
@@ -46,19 +48,25 @@ def test_matches_shared_reference_file(labels, embeddings, params, expected):
 
 # ------------------------------------------------------------------ official query weighting (Caffe layer)
 
+
 def _official_case_params(case):
     return {k: case[k] for k in ("margin", "alpha", "tn", "tp", "lam")}
 
 
-@pytest.mark.parametrize("case", official_reference_cases("rll_official_gradient"),
-                         ids=lambda case: f"B{len(case['labels'])}-tn{case['tn']}-tp{case['tp']}")
+@pytest.mark.parametrize(
+    "case",
+    official_reference_cases("rll_official_gradient"),
+    ids=lambda case: f"B{len(case['labels'])}-tn{case['tn']}-tp{case['tp']}",
+)
 def test_gradient_matches_the_official_caffe_layer(case):
     """Gradient of the authors' DistanceWeightedValidPairLossV12 layer (its backward pass) on fixed float64
     inputs. (The layer adds 1e-6 to the distance in its gradient's denominator: ~1e-6 relative.)"""
     labels, embeddings = np.array(case["labels"]), tf.constant(np.array(case["embeddings"]))
     expected = np.array(case["gradient"])
-    for loss_fn in (lambda y, x: ranked_list_loss(y, x, **_official_case_params(case)),
-                    lambda y, x: RankedListLoss(**_official_case_params(case))(y, x)):  # official is the default
+    for loss_fn in (
+        lambda y, x: ranked_list_loss(y, x, **_official_case_params(case)),
+        lambda y, x: RankedListLoss(**_official_case_params(case))(y, x),
+    ):  # official is the default
         _, grad = checks.value_and_gradient(loss_fn, labels, embeddings)
         assert np.abs(grad.numpy() - expected).max() <= 1e-5 * np.abs(expected).max()
     _, _, q = ranked_list_weights(tf.constant(labels), pairwise_distance(embeddings), **_official_case_params(case))
@@ -66,7 +74,9 @@ def test_gradient_matches_the_official_caffe_layer(case):
     # The uniform weighting (eq. 14) is a different gradient.
     _, uniform = checks.value_and_gradient(
         lambda y, x: ranked_list_loss(y, x, query_weighting="uniform", **_official_case_params(case)),
-        labels, embeddings)
+        labels,
+        embeddings,
+    )
     assert np.abs(uniform.numpy() - expected).max() > 0.05 * np.abs(expected).max()
 
 
@@ -95,11 +105,10 @@ def test_official_weighting_gives_hard_queries_most_of_the_gradient():
     x = centres[labels] / np.linalg.norm(centres[labels], axis=1, keepdims=True) + 0.25 * rng.normal(size=(66, 32))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     d = np.linalg.norm(x[:, None] - x[None], axis=-1)
-    hardest = np.argsort(np.where(labels[:, None] != labels[None], d, np.inf).min(axis=1))[:66 // 4]
+    hardest = np.argsort(np.where(labels[:, None] != labels[None], d, np.inf).min(axis=1))[: 66 // 4]
     shares = {}
     for weighting in ("official", "uniform"):
-        _, grad = checks.value_and_gradient(
-            lambda y, e: ranked_list_loss(y, e, query_weighting=weighting), labels, x)  # noqa: B023
+        _, grad = checks.value_and_gradient(lambda y, e: ranked_list_loss(y, e, query_weighting=weighting), labels, x)  # noqa: B023
         norms = np.linalg.norm(grad.numpy(), axis=1)
         shares[weighting] = norms[hardest].sum() / norms.sum()
     assert shares["official"] > 0.33
@@ -112,8 +121,7 @@ def test_official_value_is_the_query_weighted_mean():
     labels = np.array([0, 0, 1, 1])
     x = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]])  # square: every query alike
     official = ranked_list_loss(labels, x).numpy()
-    np.testing.assert_allclose(official, ranked_list_loss(labels, x, query_weighting="uniform").numpy(),
-                               rtol=1e-12)
+    np.testing.assert_allclose(official, ranked_list_loss(labels, x, query_weighting="uniform").numpy(), rtol=1e-12)
     assert official > 0
     with pytest.raises(ValueError, match="query_weighting must be one of"):
         RankedListLoss(query_weighting="paper")
@@ -136,14 +144,20 @@ def test_unit_norm_embeddings_match_reference_over_many_seeds():
     for seed in range(10):
         labels, embeddings = checks.random_batch(seed, 11 + seed % 4, 3)
         embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
-        np.testing.assert_allclose(ranked_list_loss(labels, embeddings, query_weighting="uniform").numpy(),
-                                   ref.ranked_list_loss(labels, embeddings), rtol=1e-6)
+        np.testing.assert_allclose(
+            ranked_list_loss(labels, embeddings, query_weighting="uniform").numpy(),
+            ref.ranked_list_loss(labels, embeddings),
+            rtol=1e-6,
+        )
 
 
 def test_default_alpha_is_one_plus_half_margin():
     labels, embeddings = checks.random_batch(5, 10, 3)
-    np.testing.assert_allclose(ranked_list_loss(labels, embeddings, margin=0.3).numpy(),
-                               ranked_list_loss(labels, embeddings, margin=0.3, alpha=1.15).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(
+        ranked_list_loss(labels, embeddings, margin=0.3).numpy(),
+        ranked_list_loss(labels, embeddings, margin=0.3, alpha=1.15).numpy(),
+        rtol=1e-12,
+    )
 
 
 @pytest.mark.parametrize("params", [PARAMS[1], PARAMS[2], PARAMS[3]])
@@ -153,7 +167,8 @@ def test_gradient_with_gallery_stop_gradient(params, seed):
     # Reference: only the query side moves; the gallery and the (constant) weights stay at x0.
     reference = lambda q: ref.ranked_list_loss(labels, q, gallery=x0, weights_from=x0, **params)  # noqa: E731
     checks.assert_gradient_matches(
-        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=True, **UNIFORM, **params), reference, labels, x0)
+        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=True, **UNIFORM, **params), reference, labels, x0
+    )
 
 
 @pytest.mark.parametrize("params", [PARAMS[1], PARAMS[2], PARAMS[3]])
@@ -162,7 +177,8 @@ def test_gradient_through_both_ends(params, seed):
     labels, x0 = checks.random_batch(seed, 8, 3, dim=3)
     reference = lambda x: ref.ranked_list_loss(labels, x, weights_from=x0, **params)  # noqa: E731
     checks.assert_gradient_matches(
-        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=False, **UNIFORM, **params), reference, labels, x0)
+        lambda y, x: ranked_list_loss(y, x, stop_gallery_gradient=False, **UNIFORM, **params), reference, labels, x0
+    )
 
 
 def test_stop_gradient_changes_the_gradient_not_the_value():
@@ -180,16 +196,21 @@ def test_degenerate_batches_are_finite(batch, params, query_weighting):
     labels, embeddings = checks.DEGENERATE_BATCHES[batch]
     value, _ = checks.assert_finite(RankedListLoss(query_weighting=query_weighting, **params), labels, embeddings)
     if query_weighting == "uniform":
-        np.testing.assert_allclose(value.numpy(), ref.ranked_list_loss(labels, embeddings, **{
-            k: v for k, v in params.items() if k != "stop_gallery_gradient"}), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            value.numpy(),
+            ref.ranked_list_loss(
+                labels, embeddings, **{k: v for k, v in params.items() if k != "stop_gallery_gradient"}
+            ),
+            rtol=1e-6,
+            atol=1e-7,
+        )
 
 
 def test_large_temperature_does_not_overflow_in_float32():
     labels, embeddings = checks.random_batch(0, 12, 3)
     embeddings = (embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)).astype(np.float32)
     value, _ = checks.assert_finite(RankedListLoss(tn=50.0, tp=50.0, query_weighting="uniform"), labels, embeddings)
-    np.testing.assert_allclose(value.numpy(), ref.ranked_list_loss(labels, embeddings, tn=50.0, tp=50.0),
-                               rtol=1e-5)
+    np.testing.assert_allclose(value.numpy(), ref.ranked_list_loss(labels, embeddings, tn=50.0, tp=50.0), rtol=1e-5)
 
 
 def test_float16_and_mixed_precision():
@@ -199,8 +220,9 @@ def test_float16_and_mixed_precision():
 @settings(max_examples=15)
 @given(labels=hnp.arrays(np.int32, st.integers(1, 9), elements=st.integers(0, 3)), data=st.data())
 def test_fuzzed_batches_are_finite(labels, data):
-    embeddings = data.draw(hnp.arrays(np.float64, (labels.size, 3),
-                                      elements=st.floats(-2, 2, allow_nan=False, width=32)))
+    embeddings = data.draw(
+        hnp.arrays(np.float64, (labels.size, 3), elements=st.floats(-2, 2, allow_nan=False, width=32))
+    )
     for loss in (RankedListLoss(tn=50.0), RankedListLoss(stop_gallery_gradient=False)):
         value, _ = checks.assert_finite(loss, labels, embeddings)
         assert value.numpy() >= 0.0
@@ -224,6 +246,7 @@ def test_jit_compile_matches():
 
 # ------------------------------------------------------------------------------------------ temperature
 
+
 def test_linear_temperature_follows_eq_15_and_clamps():
     schedule = LinearTemperature(t1=20.0, t2=5.0, max_steps=10)
     for step in (0, 1, 4, 10, 11, 1000):
@@ -239,8 +262,9 @@ def test_bound_step_variable_drives_the_temperature():
     for value in (0, 3, 8, 20):
         step.assign(value)
         tn = ref.linear_temperature(30.0, 2.0, 8, value)
-        np.testing.assert_allclose(loss(labels, embeddings).numpy(),
-                                   ref.ranked_list_loss(labels, embeddings, tn=tn), rtol=1e-6)
+        np.testing.assert_allclose(
+            loss(labels, embeddings).numpy(), ref.ranked_list_loss(labels, embeddings, tn=tn), rtol=1e-6
+        )
 
 
 def test_unbound_schedule_warns_and_uses_t1():
@@ -261,8 +285,9 @@ def test_temperature_follows_eq_15_during_fit():
     embeddings = model.predict(x, verbose=0).astype(np.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the bound loss must not warn about a missing step counter
-        history = model.fit(x, y, batch_size=len(y), epochs=6, shuffle=False, verbose=0,
-                            callbacks=[DynamicTemperature()])
+        history = model.fit(
+            x, y, batch_size=len(y), epochs=6, shuffle=False, verbose=0, callbacks=[DynamicTemperature()]
+        )
     expected_tn = [ref.linear_temperature(t1, t2, max_steps, step) for step in range(6)]
     np.testing.assert_allclose(history.history["tn"], expected_tn, rtol=1e-6)
     expected_loss = [ref.ranked_list_loss(y, embeddings, alpha=1.8, tn=tn) for tn in expected_tn]
@@ -279,12 +304,13 @@ def test_callback_retraces_a_train_function_built_before_binding():
     embeddings = model.predict(x, verbose=0).astype(np.float64)
     with pytest.warns(UserWarning, match="no step counter"):
         model.fit(x, y, batch_size=len(y), epochs=1, verbose=0)  # traced with the step-0 temperature
-    history = model.fit(x, y, batch_size=len(y), epochs=2, shuffle=False, verbose=0,
-                        callbacks=[DynamicTemperature()])
+    history = model.fit(x, y, batch_size=len(y), epochs=2, shuffle=False, verbose=0, callbacks=[DynamicTemperature()])
     np.testing.assert_allclose(history.history["tn"], [22.0, 4.0], rtol=1e-6)
-    np.testing.assert_allclose(history.history["loss"],
-                               [ref.ranked_list_loss(y, embeddings, alpha=1.8, tn=tn) for tn in (22.0, 4.0)],
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        history.history["loss"],
+        [ref.ranked_list_loss(y, embeddings, alpha=1.8, tn=tn) for tn in (22.0, 4.0)],
+        rtol=1e-4,
+    )
 
 
 def test_callback_without_ranked_list_loss_is_an_error():
@@ -297,16 +323,26 @@ def test_callback_without_ranked_list_loss_is_an_error():
 
 # ------------------------------------------------------------------------------------------ Keras
 
+
 def test_fit_lowers_the_loss():
     checks.assert_fit_lowers_loss(RankedListLoss())
     scheduled = RankedListLoss(alpha=1.2, tn=LinearTemperature(20.0, 5.0, 100))
-    checks.assert_fit_lowers_loss(scheduled, callbacks=[DynamicTemperature()],
-                                  measure=RankedListLoss(alpha=1.2, tn=20.0))
+    checks.assert_fit_lowers_loss(
+        scheduled, callbacks=[DynamicTemperature()], measure=RankedListLoss(alpha=1.2, tn=20.0)
+    )
 
 
 def test_config_roundtrip():
-    loss = RankedListLoss(margin=0.3, alpha=1.1, tn=LinearTemperature(15.0, 3.0, 500), tp=2.0, lam=0.6,
-                          stop_gallery_gradient=False, query_weighting="uniform", name="rll")
+    loss = RankedListLoss(
+        margin=0.3,
+        alpha=1.1,
+        tn=LinearTemperature(15.0, 3.0, 500),
+        tp=2.0,
+        lam=0.6,
+        stop_gallery_gradient=False,
+        query_weighting="uniform",
+        name="rll",
+    )
     restored = checks.assert_config_roundtrip(loss)
     assert isinstance(restored.tn, LinearTemperature)
     assert (restored.tn.t1, restored.tn.t2, restored.tn.max_steps) == (15.0, 3.0, 500)

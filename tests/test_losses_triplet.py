@@ -2,7 +2,6 @@
 tensorflow-addons drop-ins): values vs. NumPy references and the shared reference file, gradients vs.
 finite differences, O(B^2) memory, degenerate input, XLA, training and serialisation."""
 
-
 import hypothesis.extra.numpy as hnp
 import keras
 import numpy as np
@@ -13,19 +12,25 @@ from hypothesis import strategies as st
 
 from tests import loss_checks as checks
 from tests.references import numpy_losses as ref
-from tests.references import shared_reference_cases
-from tests.references import tfa_triplet
-from tfdml.losses import (TripletHardLoss, TripletLoss, TripletSemiHardLoss, triplet_hard_loss, triplet_loss,
-                          triplet_semihard_loss)
-
+from tests.references import shared_reference_cases, tfa_triplet
+from tfdml.losses import (
+    TripletHardLoss,
+    TripletLoss,
+    TripletSemiHardLoss,
+    triplet_hard_loss,
+    triplet_loss,
+    triplet_semihard_loss,
+)
 
 MINING_REFERENCES = {"all": ref.triplet_all, "hard": ref.triplet_batch_hard, "semi_hard": ref.triplet_semi_hard}
 BATCHES = [(0, 7, 2), (1, 12, 3), (2, 15, 5), (3, 10, 4), (4, 16, 3)]
 
 
 def _reference_cases():
-    return [(case["labels"], case["embeddings"], expected["loss"], expected["params"], expected["value"])
-            for case, expected in shared_reference_cases("TripletLoss", "TripletSemiHardLoss")]
+    return [
+        (case["labels"], case["embeddings"], expected["loss"], expected["params"], expected["value"])
+        for case, expected in shared_reference_cases("TripletLoss", "TripletSemiHardLoss")
+    ]
 
 
 @pytest.mark.parametrize("labels, embeddings, loss_name, params, expected", _reference_cases())
@@ -34,15 +39,18 @@ def test_matches_shared_reference_file(labels, embeddings, loss_name, params, ex
     if loss_name == "TripletLoss":
         values = [triplet_loss(labels, embeddings, **params), TripletLoss(**params)(labels, embeddings)]
     else:
-        values = [triplet_semihard_loss(labels, embeddings, **params),
-                  TripletSemiHardLoss(**params)(labels, embeddings)]
+        values = [
+            triplet_semihard_loss(labels, embeddings, **params),
+            TripletSemiHardLoss(**params)(labels, embeddings),
+        ]
     for value in values:
         np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6)
 
 
 @pytest.mark.parametrize("mining", sorted(MINING_REFERENCES))
-@pytest.mark.parametrize("soft, squared, margin", [(False, False, 0.2), (False, True, 0.5), (True, False, 0.3),
-                                                   (False, False, 1.0)])
+@pytest.mark.parametrize(
+    "soft, squared, margin", [(False, False, 0.2), (False, True, 0.5), (True, False, 0.3), (False, False, 1.0)]
+)
 @pytest.mark.parametrize("seed, batch_size, num_classes", BATCHES)
 def test_triplet_loss_matches_numpy_reference(mining, soft, squared, margin, seed, batch_size, num_classes):
     labels, embeddings = checks.random_batch(seed, batch_size, num_classes)
@@ -55,21 +63,30 @@ def test_triplet_loss_matches_numpy_reference(mining, soft, squared, margin, see
 @pytest.mark.parametrize("seed, batch_size, num_classes", BATCHES)
 def test_tfa_dropins_match_numpy_reference(margin, seed, batch_size, num_classes):
     labels, embeddings = checks.random_batch(seed, batch_size, num_classes)
-    np.testing.assert_allclose(TripletSemiHardLoss(margin)(labels, embeddings).numpy(),
-                               ref.tfa_triplet_semihard(labels, embeddings, margin), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+        TripletSemiHardLoss(margin)(labels, embeddings).numpy(),
+        ref.tfa_triplet_semihard(labels, embeddings, margin),
+        rtol=1e-6,
+        atol=1e-12,
+    )
     for soft in (False, True):
-        np.testing.assert_allclose(TripletHardLoss(margin, soft=soft)(labels, embeddings).numpy(),
-                                   ref.tfa_triplet_hard(labels, embeddings, margin, soft=soft), rtol=1e-6)
+        np.testing.assert_allclose(
+            TripletHardLoss(margin, soft=soft)(labels, embeddings).numpy(),
+            ref.tfa_triplet_hard(labels, embeddings, margin, soft=soft),
+            rtol=1e-6,
+        )
 
 
 def test_tfa_semantics_on_anchors_without_negatives_or_positives():
     # Class 0 has negatives; anchor 4 (class 2) has no positive; all classes have negatives except none.
     labels = np.array([0, 0, 0, 1, 2, 1])
     embeddings = checks.random_batch(9, 6, 3)[1]
-    np.testing.assert_allclose(triplet_semihard_loss(labels, embeddings).numpy(),
-                               ref.tfa_triplet_semihard(labels, embeddings), rtol=1e-6)
-    np.testing.assert_allclose(triplet_hard_loss(labels, embeddings).numpy(),
-                               ref.tfa_triplet_hard(labels, embeddings), rtol=1e-6)
+    np.testing.assert_allclose(
+        triplet_semihard_loss(labels, embeddings).numpy(), ref.tfa_triplet_semihard(labels, embeddings), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        triplet_hard_loss(labels, embeddings).numpy(), ref.tfa_triplet_hard(labels, embeddings), rtol=1e-6
+    )
     # One class: no negatives at all. tfa: semi-hard uses d_an = 0; hard uses the row maximum -> margin.
     one_class = np.zeros(5, np.int32)
     x = embeddings[:5]
@@ -97,17 +114,26 @@ def test_triplet_gradient_matches_finite_differences(mining, soft, squared, seed
     labels, x = checks.random_batch(seed, 9, 3, dim=3)
     reference = lambda e: MINING_REFERENCES[mining](labels, e, margin=0.4, soft=soft, squared=squared)  # noqa: E731
     checks.assert_gradient_matches(
-        lambda y, e: triplet_loss(y, e, margin=0.4, mining=mining, soft=soft, squared=squared), reference, labels, x)
+        lambda y, e: triplet_loss(y, e, margin=0.4, mining=mining, soft=soft, squared=squared), reference, labels, x
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tfa_dropin_gradients_match_finite_differences(seed):
     labels, x = checks.random_batch(seed, 9, 3, dim=3)
-    checks.assert_gradient_matches(lambda y, e: triplet_semihard_loss(y, e, margin=0.5),
-                                   lambda e: ref.tfa_triplet_semihard(labels, e, 0.5), labels, x)
+    checks.assert_gradient_matches(
+        lambda y, e: triplet_semihard_loss(y, e, margin=0.5),
+        lambda e: ref.tfa_triplet_semihard(labels, e, 0.5),
+        labels,
+        x,
+    )
     for soft in (False, True):
-        checks.assert_gradient_matches(lambda y, e: triplet_hard_loss(y, e, margin=0.5, soft=soft),
-                                       lambda e: ref.tfa_triplet_hard(labels, e, 0.5, soft=soft), labels, x)
+        checks.assert_gradient_matches(
+            lambda y, e, soft=soft: triplet_hard_loss(y, e, margin=0.5, soft=soft),
+            lambda e, soft=soft: ref.tfa_triplet_hard(labels, e, 0.5, soft=soft),
+            labels,
+            x,
+        )
 
 
 # ------------------------------------------------------- tensorflow-addons' own test cases (distance metrics)
@@ -143,8 +169,9 @@ def test_tfa_semihard_test_cases(dtype, distance_metric, seed):
 def test_tfa_hard_test_cases(dtype, soft, distance_metric, seed):
     labels, embeddings = _tfa_batch(seed, 20)
     expected = tfa_triplet.hard(labels, embeddings, 1.0, tfa_triplet.DISTANCES[distance_metric], soft)
-    loss = TripletHardLoss(soft=soft, distance_metric=distance_metric)(tf.constant(labels),
-                                                                      tf.constant(embeddings, dtype))
+    loss = TripletHardLoss(soft=soft, distance_metric=distance_metric)(
+        tf.constant(labels), tf.constant(embeddings, dtype)
+    )
     assert loss.dtype == dtype
     tol = TFA_TOLERANCE[dtype]
     np.testing.assert_allclose(float(loss.numpy()), expected, rtol=tol, atol=tol)
@@ -161,11 +188,15 @@ def test_tfa_callable_distance_metric():
     numpy_metric = lambda f: 1.0 - np.asarray(f, np.float64) @ np.asarray(f, np.float64).T  # noqa: E731
     np.testing.assert_allclose(
         triplet_semihard_loss(labels, embeddings, distance_metric=one_minus_dot).numpy(),
-        tfa_triplet.semihard(labels, embeddings, 1.0, numpy_metric), rtol=1e-5)
+        tfa_triplet.semihard(labels, embeddings, 1.0, numpy_metric),
+        rtol=1e-5,
+    )
     for soft in (False, True):
         np.testing.assert_allclose(
             triplet_hard_loss(labels, embeddings, soft=soft, distance_metric=one_minus_dot).numpy(),
-            tfa_triplet.hard(labels, embeddings, 1.0, numpy_metric, soft), rtol=1e-5)
+            tfa_triplet.hard(labels, embeddings, 1.0, numpy_metric, soft),
+            rtol=1e-5,
+        )
     # Gradients flow through the callable's matrix.
     _, grad = checks.assert_finite(TripletSemiHardLoss(distance_metric=one_minus_dot), labels, embeddings)
     assert np.abs(grad.numpy()).max() > 0
@@ -185,10 +216,16 @@ def test_tfa_distance_metric_gradients_match_finite_differences(distance_metric)
     metric = tfa_triplet.DISTANCES[distance_metric]
     checks.assert_gradient_matches(
         lambda y, e: triplet_semihard_loss(y, e, margin=0.5, distance_metric=distance_metric),
-        lambda e: tfa_triplet.semihard(labels, e, 0.5, metric), labels, x)
+        lambda e: tfa_triplet.semihard(labels, e, 0.5, metric),
+        labels,
+        x,
+    )
     checks.assert_gradient_matches(
         lambda y, e: triplet_hard_loss(y, e, margin=0.5, distance_metric=distance_metric),
-        lambda e: tfa_triplet.hard(labels, e, 0.5, metric), labels, x)
+        lambda e: tfa_triplet.hard(labels, e, 0.5, metric),
+        labels,
+        x,
+    )
 
 
 def _largest_tensor_in_graph(fn, batch_size, dim=8):
@@ -219,8 +256,15 @@ def _largest_tensor_in_graph(fn, batch_size, dim=8):
     return largest, len(seen)
 
 
-@pytest.mark.parametrize("loss", [TripletLoss(mining="all"), TripletLoss(mining="semi_hard"),
-                                  TripletLoss(mining="all", soft=True), TripletSemiHardLoss()])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        TripletLoss(mining="all"),
+        TripletLoss(mining="semi_hard"),
+        TripletLoss(mining="all", soft=True),
+        TripletSemiHardLoss(),
+    ],
+)
 def test_no_cubic_tensor_is_built(loss):
     batch_size = 64
     largest, num_loop_bodies = _largest_tensor_in_graph(loss, batch_size)
@@ -252,10 +296,13 @@ def test_degenerate_batches_are_finite(batch):
     for mining in ("all", "hard", "semi_hard"):
         for soft in (False, True):
             value, _ = checks.assert_finite(TripletLoss(mining=mining, soft=soft), labels, embeddings)
-            np.testing.assert_allclose(value.numpy(), MINING_REFERENCES[mining](labels, embeddings, soft=soft),
-                                       rtol=1e-6, atol=1e-7)
-    for loss, reference in ((TripletSemiHardLoss(), ref.tfa_triplet_semihard),
-                            (TripletHardLoss(), ref.tfa_triplet_hard)):
+            np.testing.assert_allclose(
+                value.numpy(), MINING_REFERENCES[mining](labels, embeddings, soft=soft), rtol=1e-6, atol=1e-7
+            )
+    for loss, reference in (
+        (TripletSemiHardLoss(), ref.tfa_triplet_semihard),
+        (TripletHardLoss(), ref.tfa_triplet_hard),
+    ):
         value, _ = checks.assert_finite(loss, labels, embeddings)
         np.testing.assert_allclose(value.numpy(), reference(labels, embeddings), rtol=1e-6, atol=1e-7)
 
@@ -270,10 +317,16 @@ def test_float16_and_mixed_precision():
 @settings(max_examples=15)
 @given(labels=hnp.arrays(np.int32, st.integers(1, 9), elements=st.integers(0, 3)), data=st.data())
 def test_fuzzed_batches_are_finite(labels, data):
-    embeddings = data.draw(hnp.arrays(np.float64, (labels.size, 3),
-                                      elements=st.floats(-2, 2, allow_nan=False, width=32)))
-    for loss in (TripletLoss(mining="all"), TripletLoss(mining="semi_hard", soft=True), TripletLoss(mining="hard"),
-                 TripletSemiHardLoss(), TripletHardLoss(soft=True)):
+    embeddings = data.draw(
+        hnp.arrays(np.float64, (labels.size, 3), elements=st.floats(-2, 2, allow_nan=False, width=32))
+    )
+    for loss in (
+        TripletLoss(mining="all"),
+        TripletLoss(mining="semi_hard", soft=True),
+        TripletLoss(mining="hard"),
+        TripletSemiHardLoss(),
+        TripletHardLoss(soft=True),
+    ):
         value, _ = checks.assert_finite(loss, labels, embeddings)
         assert value.numpy() >= 0.0
 
@@ -291,14 +344,25 @@ def test_bad_inputs_are_rejected():
 
 def test_jit_compile_matches():
     labels, embeddings = checks.random_batch(6, 13, 4)
-    for loss in (TripletLoss(mining="all"), TripletLoss(mining="semi_hard", soft=True), TripletLoss(mining="hard"),
-                 TripletSemiHardLoss()):
+    for loss in (
+        TripletLoss(mining="all"),
+        TripletLoss(mining="semi_hard", soft=True),
+        TripletLoss(mining="hard"),
+        TripletSemiHardLoss(),
+    ):
         checks.assert_jit_matches_eager(loss, labels, embeddings)
 
 
-@pytest.mark.parametrize("loss", [TripletLoss(mining="all"), TripletLoss(mining="semi_hard", margin=0.5),
-                                  TripletSemiHardLoss(), TripletHardLoss(soft=True)],
-                         ids=["all", "semi_hard", "tfa_semihard", "tfa_hard"])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        TripletLoss(mining="all"),
+        TripletLoss(mining="semi_hard", margin=0.5),
+        TripletSemiHardLoss(),
+        TripletHardLoss(soft=True),
+    ],
+    ids=["all", "semi_hard", "tfa_semihard", "tfa_hard"],
+)
 def test_fit_lowers_the_loss(loss):
     checks.assert_fit_lowers_loss(loss)
 
@@ -311,7 +375,8 @@ def test_config_roundtrip():
     assert restored.soft is True and restored.margin == 0.4
 
 
-@pytest.mark.parametrize("loss", [TripletLoss(margin=0.3, mining="hard"), TripletSemiHardLoss(0.6),
-                                  TripletHardLoss(soft=True)])
+@pytest.mark.parametrize(
+    "loss", [TripletLoss(margin=0.3, mining="hard"), TripletSemiHardLoss(0.6), TripletHardLoss(soft=True)]
+)
 def test_keras_saving_roundtrip(loss, tmp_path):
     checks.assert_saving_roundtrip(loss, tmp_path)

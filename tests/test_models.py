@@ -1,9 +1,9 @@
 """Embedders: small-CNN multi-level and single-level models, heads, losses per level, classifier head,
 save/load, error messages. (ResNet50 / InceptionV3 shapes live in test_models_applications.py.)"""
 
+import keras
 import numpy as np
 import pytest
-import keras
 import tensorflow as tf
 
 from tfdml.callbacks import ClassificationPretraining
@@ -41,8 +41,11 @@ def grouped():
 
 def test_small_cnn_names_its_taps_and_is_small():
     model = small_cnn((32, 32, 1))
-    assert [model.get_layer(f"block{i}_out").output.shape[1:] for i in (1, 2, 3)] == \
-        [(16, 16, 8), (8, 8, 16), (4, 4, 32)]
+    assert [model.get_layer(f"block{i}_out").output.shape[1:] for i in (1, 2, 3)] == [
+        (16, 16, 8),
+        (8, 8, 16),
+        (4, 4, 32),
+    ]
     assert model.count_params() < 10_000
     assert backbones.default_taps(model) == {"L": "block1_out", "M": "block2_out", "H": "block3_out"}
 
@@ -55,8 +58,7 @@ def test_multilevel_output_is_unit_norm_concat_of_levels(multilevel):
     raw, logits = multilevel.level_outputs(images, training=False)
     assert logits == []
     # inference embedding = l2_normalize(concat of the un-normalised level outputs)
-    np.testing.assert_allclose(embedding, _normalise(np.concatenate([r.numpy() for r in raw], axis=1)),
-                               atol=1e-5)
+    np.testing.assert_allclose(embedding, _normalise(np.concatenate([r.numpy() for r in raw], axis=1)), atol=1e-5)
     # each level's slice, renormalised, is that level's own normalised embedding (RLL-L, -M, -H)
     levels = multilevel.split_levels(embedding)
     for level, r in zip("LMH", raw):
@@ -127,16 +129,16 @@ def test_caffe_average_pooling_matches_caffe(size, expected):
 
 def test_compute_loss_sums_level_losses_with_weights():
     keras.utils.set_random_seed(3)
-    model = MultiLevelEmbedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, head_filters=8, head_units=16,
-                               level_weights=(1.0, 0.5, 2.0))
+    model = MultiLevelEmbedder(
+        "small_cnn", embedding_dim=DIM, input_shape=SHAPE, head_filters=8, head_units=16, level_weights=(1.0, 0.5, 2.0)
+    )
     model.compile(keras.optimizers.SGD(0.0), loss=RankedListLoss())
     images, labels = _batch()
     prediction = model(images, training=False)
     total = model.compute_loss(x=images, y=labels, y_pred=prediction, training=False)
     raw, _ = model.level_outputs(images, training=False)
     reference = [RankedListLoss()(labels, tf.math.l2_normalize(r, axis=-1)).numpy() for r in raw]
-    np.testing.assert_allclose(total.numpy(), reference[0] + 0.5 * reference[1] + 2.0 * reference[2],
-                               rtol=1e-4)
+    np.testing.assert_allclose(total.numpy(), reference[0] + 0.5 * reference[1] + 2.0 * reference[2], rtol=1e-4)
     logged = model.evaluate(images, labels, batch_size=len(images), verbose=0, return_dict=True)
     for level, value in zip("LMH", reference):
         np.testing.assert_allclose(logged[f"loss_{level}"], value, rtol=1e-4)
@@ -169,10 +171,16 @@ def test_save_load_round_trip_keeps_outputs(multilevel, grouped, tmp_path):
 
 def test_serving_attributes(multilevel):
     assert multilevel.image_shape == SHAPE and multilevel.input_shape_hw == SHAPE[:2]
-    assert multilevel.preprocessing == "unit"  # the small CNN sees pixels / 255, as tfdml.data produces
-    assert multilevel.preprocessing_config() == {"image_size": SHAPE[:2], "channels": 1, "preprocessing": "unit"}
-    pixels = np.full((1,) + SHAPE, 255.0, "float32")
-    np.testing.assert_allclose(multilevel.preprocess(pixels), np.ones_like(pixels))
+    assert multilevel.preprocessing == "unit"  # the small CNN divides its raw input by 255 itself
+    assert multilevel.preprocessing_config() == {
+        "image_size": SHAPE[:2],
+        "channels": 1,
+        "preprocessing": "unit",
+        "applied_by_model": True,
+    }
+    pixels = np.full((1,) + SHAPE, 255, "uint8")
+    np.testing.assert_allclose(multilevel.pixel_preprocessing(pixels), np.ones(pixels.shape))
+    np.testing.assert_allclose(multilevel(pixels).numpy(), multilevel(pixels.astype("float32")).numpy())
     assert backbones.preprocessing_name("resnet50") == "keras.applications.resnet50.preprocess_input"
     assert backbones.preprocessing_name("EfficientNetV2B0") == "keras.applications.efficientnet_v2.preprocess_input"
     assert backbones.preprocessing_name(keras.Sequential(name="custom")) is None
@@ -203,8 +211,15 @@ def test_classification_pretraining_switches_loss():
     loss = GroupLoss(num_classes=4, temperature=10.0)
     model.compile(keras.optimizers.SGD(0.0), loss=loss)  # lr 0: the weights stay, only the loss changes
     images, labels = _batch()
-    history = model.fit(images, labels, batch_size=len(images), epochs=3, shuffle=False, verbose=0,
-                        callbacks=[ClassificationPretraining(epochs=2)]).history
+    history = model.fit(
+        images,
+        labels,
+        batch_size=len(images),
+        epochs=3,
+        shuffle=False,
+        verbose=0,
+        callbacks=[ClassificationPretraining(epochs=2)],
+    ).history
     assert history["pretraining"] == [1.0, 1.0, 0.0]
     output = model(images, training=True)
     cross_entropy = keras.losses.sparse_categorical_crossentropy(labels, output[:, DIM:], from_logits=True)
@@ -223,8 +238,9 @@ def test_custom_backbone_tapped_by_layer_name():
     b = keras.layers.Conv2D(6, 3, strides=2, padding="same", name="mid")(a)
     c = keras.layers.Conv2D(8, 3, strides=2, padding="same", name="high")(b)
     backbone = keras.Model(inputs, c, name="custom")
-    model = MultiLevelEmbedder(backbone, taps={"L": "low", "M": "mid", "H": "high"}, embedding_dim=4,
-                               head_filters=4, head_units=8)
+    model = MultiLevelEmbedder(
+        backbone, taps={"L": "low", "M": "mid", "H": "high"}, embedding_dim=4, head_filters=4, head_units=8
+    )
     images = np.random.RandomState(0).rand(3, 12, 12, 3).astype("float32")
     assert model(images).shape == (3, 12)
     # the config carries the custom backbone, so from_config rebuilds the same architecture
@@ -261,8 +277,10 @@ def test_imagenet_download_failure_names_cause_and_fix(monkeypatch):
     from keras.src.utils import file_utils
 
     def offline(*args, **kwargs):
-        raise Exception("URL fetch failure on https://storage.googleapis.com/...: None -- [Errno -3] "
-                        "Temporary failure in name resolution")
+        raise Exception(
+            "URL fetch failure on https://storage.googleapis.com/...: None -- [Errno -3] "
+            "Temporary failure in name resolution"
+        )
 
     monkeypatch.setattr(file_utils, "get_file", offline)
     with pytest.raises(RuntimeError) as error:
@@ -290,7 +308,8 @@ def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tm
     keras.utils.set_random_seed(5)
     model = Embedder("small_cnn", embedding_dim=None, input_shape=SHAPE, num_classes=4)
     images, labels = _batch()
-    feature_map = model.backbone(images, training=False).numpy()  # small CNN: 2x2x32
+    preprocessed = images / 255.0  # the model's first layer: the small CNN's pixels / 255
+    feature_map = model.backbone(preprocessed, training=False).numpy()  # small CNN: 2x2x32
     pooled = feature_map.mean(axis=(1, 2))
     assert model.embedding_dim == model.output_dim == 32 and model.get_layer("head_H").projection is None
     np.testing.assert_allclose(model(images, training=False).numpy(), _normalise(pooled), atol=1e-5)
@@ -298,7 +317,7 @@ def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tm
     assert classifier.kernel.shape == (32, 4)
     training_output = model(images, training=True).numpy()
     assert training_output.shape == (len(images), 32 + 4)
-    pooled_train = model.backbone(images, training=True).numpy().mean(axis=(1, 2))  # BatchNorm in training mode
+    pooled_train = model.backbone(preprocessed, training=True).numpy().mean(axis=(1, 2))  # BatchNorm in training mode
     np.testing.assert_allclose(training_output[:, :32], _normalise(pooled_train), atol=1e-5)
     np.testing.assert_allclose(training_output[:, 32:], classifier(pooled_train).numpy(), rtol=1e-4, atol=1e-5)
     # No layer between the backbone and the classifier: the heads own only the classifier's variables.
@@ -312,3 +331,14 @@ def test_unprojected_embedder_is_the_pooled_feature_with_the_classifier_on_it(tm
     np.testing.assert_array_equal(restored(images, training=False).numpy(), model(images, training=False).numpy())
     with pytest.raises(ValueError, match="embedding_dim=None .* needs the single level"):
         MultiLevelEmbedder("small_cnn", embedding_dim=None, input_shape=SHAPE)
+
+
+def test_embedder_takes_the_small_cnn_widths():
+    """`Embedder("small_cnn", widths=...)` builds the main job's CNN (16-32-64-128) without a config file."""
+    model = Embedder("small_cnn", embedding_dim=4, input_shape=SHAPE, widths=(4, 6, 10))
+    convs = [layer.filters for layer in model.backbone.layers if isinstance(layer, keras.layers.Conv2D)]
+    assert convs == [4, 6, 10] and model.get_config()["widths"] == [4, 6, 10]
+    restored = Embedder.from_config(model.get_config())
+    assert [layer.filters for layer in restored.backbone.layers if isinstance(layer, keras.layers.Conv2D)] == convs
+    with pytest.raises(ValueError, match="widths sets the small CNN's block widths; backbone 'resnet50'"):
+        Embedder("resnet50", weights=None, widths=(4, 6))

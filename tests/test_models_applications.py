@@ -1,12 +1,12 @@
 """Shapes and default taps of MultiLevelEmbedder / Embedder on ResNet50 and InceptionV3 (`weights=None`,
 small inputs, built once per module, never trained)."""
 
+import keras
 import numpy as np
 import pytest
-import keras
 
 from tfdml.models import DEFAULT_TAPS, Embedder, MultiLevelEmbedder
-from tfdml.recipes import freeze_batchnorm
+from tfdml.models.backbones import freeze_batchnorm
 
 DIM = 16
 
@@ -15,34 +15,49 @@ DIM = 16
 def resnet50():
     # The paper's 224x224 input: conv4_block1_out 14x14x1024 (stride 16, as GoogLeNet-BN's inception_3c),
     # conv5_block1_out 7x7x2048 (stride 32, as inception_4e), conv5_block3_out 7x7x2048 (inception_5b)
-    return MultiLevelEmbedder("resnet50", embedding_dim=DIM, input_shape=(224, 224, 3), weights=None,
-                              head_filters=8, head_units=16)
+    return MultiLevelEmbedder(
+        "resnet50", embedding_dim=DIM, input_shape=(224, 224, 3), weights=None, head_filters=8, head_units=16
+    )
 
 
 @pytest.fixture(scope="module")
 def inception_v3():
     # 75x75 is InceptionV3's smallest input: mixed3 3x3x768, mixed8 1x1x1280, mixed10 1x1x2048
-    return MultiLevelEmbedder("inception_v3", embedding_dim=DIM, input_shape=(75, 75, 3), weights=None,
-                              head_filters=8, head_units=16)
+    return MultiLevelEmbedder(
+        "inception_v3", embedding_dim=DIM, input_shape=(75, 75, 3), weights=None, head_filters=8, head_units=16
+    )
 
 
-@pytest.mark.parametrize("fixture, taps, shapes", [
-    ("resnet50", ("conv4_block1_out", "conv5_block1_out", "conv5_block3_out"),
-     [(14, 14, 1024), (7, 7, 2048), (7, 7, 2048)]),
-    ("inception_v3", ("mixed3", "mixed8", "mixed10"), [(3, 3, 768), (1, 1, 1280), (1, 1, 2048)]),
-])
+@pytest.mark.parametrize(
+    "fixture, taps, shapes",
+    [
+        (
+            "resnet50",
+            ("conv4_block1_out", "conv5_block1_out", "conv5_block3_out"),
+            [(14, 14, 1024), (7, 7, 2048), (7, 7, 2048)],
+        ),
+        ("inception_v3", ("mixed3", "mixed8", "mixed10"), [(3, 3, 768), (1, 1, 1280), (1, 1, 2048)]),
+    ],
+)
 def test_default_taps_and_shapes(fixture, taps, shapes, request):
     model = request.getfixturevalue(fixture)
     assert tuple(model.taps) == taps
     assert tuple(DEFAULT_TAPS[model.backbone.name].values()) == taps
     assert [tuple(o.shape[1:]) for o in model.feature_extractor.outputs] == shapes
     images = np.random.RandomState(0).uniform(0, 255, (2,) + model.image_shape).astype("float32")
-    outputs = model.export_outputs(model.preprocess(images))
+    outputs = model.export_outputs(images)  # raw pixels: the model applies preprocess_input itself
     assert outputs["embedding"].shape == (2, 3 * DIM)
     np.testing.assert_allclose(np.linalg.norm(outputs["embedding"], axis=1), 1.0, atol=1e-5)
     for level in "LMH":
         assert outputs[level].shape == (2, DIM)
     assert model.preprocessing == f"keras.applications.{fixture}.preprocess_input"
+    preprocessed = getattr(keras.applications, fixture).preprocess_input(images.copy())
+    features = model.feature_extractor(preprocessed)
+    raw = [head(f) for head, f in zip(model.level_heads, features)]
+    expected = np.concatenate([r.numpy() for r in raw], axis=1)
+    np.testing.assert_allclose(
+        outputs["embedding"], expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-5
+    )
     # new layers vs backbone: disjoint and together every trainable variable
     head, backbone = model.head_variables, model.backbone_variables
     assert {id(v) for v in head}.isdisjoint({id(v) for v in backbone})

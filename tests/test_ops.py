@@ -18,8 +18,7 @@ def test_pairwise_distance_matches_numpy(seed):
     g = rng.normal(size=(4, 5))
     np.testing.assert_allclose(ops.pairwise_distance(x).numpy(), _np_dist(x, x), atol=1e-12)
     np.testing.assert_allclose(ops.pairwise_distance(x, g).numpy(), _np_dist(x, g), atol=1e-12)
-    np.testing.assert_allclose(ops.pairwise_distance(x, squared=True).numpy(), _np_dist(x, x) ** 2,
-                               atol=1e-12)
+    np.testing.assert_allclose(ops.pairwise_distance(x, squared=True).numpy(), _np_dist(x, x) ** 2, atol=1e-12)
 
 
 def test_pairwise_distance_gradient_finite_and_exact_for_duplicates_and_zeros():

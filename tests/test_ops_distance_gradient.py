@@ -21,8 +21,7 @@ def test_values_match_pairwise_distance_and_numpy(seed):
     gallery = np.random.default_rng(seed + 10).normal(size=(4, 3))
     np.testing.assert_array_equal(pairwise_distance(x).numpy(), safe_sqrt(pairwise_squared_distance(x)).numpy())
     np.testing.assert_allclose(pairwise_distance(x).numpy(), ref.distance_matrix(x), atol=1e-7)
-    np.testing.assert_allclose(pairwise_distance(x, gallery).numpy(), ref.distance_matrix(x, gallery),
-                               atol=1e-7)
+    np.testing.assert_allclose(pairwise_distance(x, gallery).numpy(), ref.distance_matrix(x, gallery), atol=1e-7)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -39,14 +38,26 @@ def test_gradients_match_finite_differences(seed):
         symmetric = tf.reduce_sum(weights * pairwise_distance(x_t))
         cross = tf.reduce_sum(cross_weights * pairwise_distance(x_t, g_t))
         held = tf.reduce_sum(weights * pairwise_distance(x_t, tf.stop_gradient(x_t)))
-    np.testing.assert_allclose(tape.gradient(symmetric, x_t).numpy(), ref.numerical_gradient(
-        lambda e: np.sum(weights * ref.distance_matrix(e)), x), atol=1e-6)
-    np.testing.assert_allclose(tape.gradient(cross, x_t).numpy(), ref.numerical_gradient(
-        lambda e: np.sum(cross_weights * ref.distance_matrix(e, gallery)), x), atol=1e-6)
-    np.testing.assert_allclose(tape.gradient(cross, g_t).numpy(), ref.numerical_gradient(
-        lambda g: np.sum(cross_weights * ref.distance_matrix(x, g)), gallery), atol=1e-6)
-    np.testing.assert_allclose(tape.gradient(held, x_t).numpy(), ref.numerical_gradient(
-        lambda e: np.sum(weights * ref.distance_matrix(e, x)), x), atol=1e-6)
+    np.testing.assert_allclose(
+        tape.gradient(symmetric, x_t).numpy(),
+        ref.numerical_gradient(lambda e: np.sum(weights * ref.distance_matrix(e)), x),
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        tape.gradient(cross, x_t).numpy(),
+        ref.numerical_gradient(lambda e: np.sum(cross_weights * ref.distance_matrix(e, gallery)), x),
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        tape.gradient(cross, g_t).numpy(),
+        ref.numerical_gradient(lambda g: np.sum(cross_weights * ref.distance_matrix(x, g)), gallery),
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        tape.gradient(held, x_t).numpy(),
+        ref.numerical_gradient(lambda e: np.sum(weights * ref.distance_matrix(e, x)), x),
+        atol=1e-6,
+    )
 
 
 def test_gradient_equals_autodiff_and_is_zero_at_zero_distance():

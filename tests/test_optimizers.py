@@ -58,26 +58,36 @@ def test_multiplier_is_exact_for_any_learning_rate_on_equal_gradients():
 
 def test_routing_by_name_regex_layer_variables_and_callable():
     inputs = keras.Input((3,))
-    backbone = keras.Sequential([keras.layers.Dense(4, name="conv1"), keras.layers.Dense(4, name="conv2")],
-                                name="backbone")
+    backbone = keras.Sequential(
+        [keras.layers.Dense(4, name="conv1"), keras.layers.Dense(4, name="conv2")], name="backbone"
+    )
     head = keras.layers.Dense(2, name="head")
     model = keras.Model(inputs, head(backbone(inputs)))
     sgd_a, sgd_b, sgd_c, sgd_d, default = (keras.optimizers.SGD(lr) for lr in (0.1, 0.2, 0.3, 0.4, 0.5))
     optimizer = MultiOptimizer(
-        [(sgd_a, "backbone/conv1"),                        # layer path prefix
-         (sgd_b, [head.kernel]),                           # explicit variables
-         (sgd_c, is_kernel),                               # callable: the remaining kernels
-         (sgd_d, r".*bias")],                              # regex
-        default=default)
+        [
+            (sgd_a, "backbone/conv1"),  # layer path prefix
+            (sgd_b, [head.kernel]),  # explicit variables
+            (sgd_c, is_kernel),  # callable: the remaining kernels
+            (sgd_d, r".*bias"),
+        ],  # regex
+        default=default,
+    )
     optimizer.build(model.trainable_variables)
     routed = {v.path: optimizer._optimizer_map(v) for v in model.trainable_variables}
-    assert routed == {"backbone/conv1/kernel": sgd_a, "backbone/conv1/bias": sgd_a,
-                      "backbone/conv2/kernel": sgd_c, "backbone/conv2/bias": sgd_d,
-                      "head/kernel": sgd_b, "head/bias": sgd_d}
+    assert routed == {
+        "backbone/conv1/kernel": sgd_a,
+        "backbone/conv1/bias": sgd_a,
+        "backbone/conv2/kernel": sgd_c,
+        "backbone/conv2/bias": sgd_d,
+        "head/kernel": sgd_b,
+        "head/bias": sgd_d,
+    }
     layer_sgd = keras.optimizers.SGD(0.1)
     by_layer = MultiOptimizer([(layer_sgd, backbone)], default=keras.optimizers.SGD(0.2))
     assert {v.path for v in backbone.trainable_variables} == {
-        v.path for v in model.trainable_variables if by_layer._optimizer_map(v) is layer_sgd}
+        v.path for v in model.trainable_variables if by_layer._optimizer_map(v) is layer_sgd
+    }
     without_default = MultiOptimizer([(keras.optimizers.SGD(0.1), backbone)])
     with pytest.raises(ValueError, match="'head/kernel' matches no selector"):
         without_default.build(model.trainable_variables)
@@ -101,8 +111,9 @@ def test_bad_arguments_raise_clear_errors():
 
 def test_config_round_trip_keeps_routes_and_inner_configs():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.5)
-    optimizer = learning_rate_multipliers(keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True),
-                                          {"backbone": 0.1, is_kernel: 2.0})
+    optimizer = learning_rate_multipliers(
+        keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True), {"backbone": 0.1, is_kernel: 2.0}
+    )
     clone = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
     assert type(clone) is MultiOptimizer and clone.get_config() == optimizer.get_config()
     slow = clone.optimizers[0]
@@ -119,8 +130,9 @@ def _compiled_model(seed=0):
     inputs = keras.Input((3,))
     hidden = keras.layers.Dense(4, name="backbone")(inputs)
     model = keras.Model(inputs, keras.layers.Dense(2, name="head")(hidden))
-    optimizer = MultiOptimizer([(keras.optimizers.SGD(0.05, momentum=0.9), "backbone")],
-                               default=keras.optimizers.Adam(0.01))
+    optimizer = MultiOptimizer(
+        [(keras.optimizers.SGD(0.05, momentum=0.9), "backbone")], default=keras.optimizers.Adam(0.01)
+    )
     model.compile(optimizer=optimizer, loss="mse")
     return model
 

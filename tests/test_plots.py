@@ -27,8 +27,10 @@ def test_recall_curve_single_and_compared_runs(tmp_path):
 def test_retrieval_grid(tmp_path):
     rng = np.random.default_rng(0)
     queries = [rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), rng.random((10, 6))]
-    neighbours = [[rng.integers(0, 255, (8, 8, 3), dtype=np.uint8) for _ in range(3)],
-                  [rng.random((5, 5, 1)) for _ in range(3)]]
+    neighbours = [
+        [rng.integers(0, 255, (8, 8, 3), dtype=np.uint8) for _ in range(3)],
+        [rng.random((5, 5, 1)) for _ in range(3)],
+    ]
     flags = np.array([[True, False, True], [False, False, True]])
     image = read(plots.plot_retrieval_grid(queries, neighbours, flags, tmp_path / "grid.png"))
     assert image.shape[1] > image.shape[0]  # 4 columns, 2 rows
@@ -39,8 +41,13 @@ def test_retrieval_grid(tmp_path):
 
 def test_training_curves(tmp_path):
     class FakeHistory:
-        history = {"loss": [1.0, 0.6, 0.4], "val_loss": [1.1, 0.8, 0.7], "recall@1": [0.2, 0.4, 0.5],
-                   "val_recall@1": [0.1, 0.3, 0.35], "lr": [0.1, 0.1, 0.01]}
+        history = {
+            "loss": [1.0, 0.6, 0.4],
+            "val_loss": [1.1, 0.8, 0.7],
+            "recall@1": [0.2, 0.4, 0.5],
+            "val_recall@1": [0.1, 0.3, 0.35],
+            "lr": [0.1, 0.1, 0.01],
+        }
 
     read(plots.plot_training_curves(FakeHistory(), tmp_path / "h.png"))
     read(plots.plot_training_curves({"loss": [3.0, 2.0]}, tmp_path / "h2.png"))
@@ -97,12 +104,29 @@ def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
     neighbours = [[rng.integers(0, 255, (32, 32, 1), dtype=np.uint8) for _ in range(5)] for _ in range(8)]
     flags = rng.random((8, 5)) > 0.3
     titles = [[f"{5 + j} 0.9{j}" for j in range(5)] for _ in range(8)]
-    path = plots.plot_retrieval_grid(queries, neighbours, flags, tmp_path / "g.png", titles=titles,
-                                     query_titles=[f"class {5 + q % 5}" for q in range(8)])
+    path = plots.plot_retrieval_grid(
+        queries,
+        neighbours,
+        flags,
+        tmp_path / "g.png",
+        titles=titles,
+        query_titles=[f"class {5 + q % 5}" for q in range(8)],
+    )
     axes = np.asarray(figures[-1].axes).reshape(8, 6)
     assert axes[0, 0].get_title() == "query\nclass 5" and axes[2, 3].get_title() == "#3\n7 0.92"
     assert axes[0, 1].get_title(loc="center") and axes[0, 1].title.get_color() in ("tab:green", "tab:red")
     assert longest_blank_band(path) < 0.03  # the old layout left ~9 % of the height blank under the title
+
+
+def test_training_curves_draw_a_single_level_loss_once(tmp_path, figures):
+    """A single-level embedder logs `loss_H` equal to `loss`: one panel says so; distinct levels keep theirs."""
+    single = {"loss": [1.0, 0.6, 0.4], "loss_H": [1.0, 0.6, 0.4], "val_map@r": [0.1, 0.2, 0.3]}
+    plots.plot_training_curves(single, tmp_path / "single.png")
+    titles = [ax.get_title() for ax in figures[-1].axes if ax.get_visible()]
+    assert titles == ["loss = loss_H", "map@r"]
+    levels = {"loss": [3.0, 2.0], "loss_L": [1.2, 0.9], "loss_H": [1.8, 1.1]}
+    plots.plot_training_curves(levels, tmp_path / "levels.png")
+    assert [ax.get_title() for ax in figures[-1].axes if ax.get_visible()] == ["loss", "loss_L", "loss_H"]
 
 
 def test_match_calibration_marks_the_chosen_threshold(tmp_path, figures):

@@ -12,8 +12,8 @@ from tfdml.ops.neighbours import _block_size
 from tfdml.retrieval import ScannIndex, auto_settings, evaluate
 from tfdml.retrieval import metrics as M
 
-
 # ---------------------------------------------------------------- references (loops, float64, stable sort)
+
 
 def ref_neighbours(queries, gallery=None, distance="squared_l2"):
     same = gallery is None
@@ -26,7 +26,7 @@ def ref_neighbours(queries, gallery=None, distance="squared_l2"):
     if same:
         np.fill_diagonal(key, np.inf)
     order = np.argsort(key, axis=1, kind="stable")
-    return order[:, :g.shape[0] - same]
+    return order[:, : g.shape[0] - same]
 
 
 def ref_metrics(queries, q_labels, gallery=None, g_labels=None, ks=(1, 2, 4, 8)):
@@ -93,6 +93,7 @@ def clustered(n, dim, classes, seed, spread=0.6, sizes=None):
 
 # ---------------------------------------------------------------- exact search
 
+
 @pytest.mark.parametrize("distance", ["squared_l2", "dot_product"])
 @pytest.mark.parametrize("same_set", [True, False])
 def test_exact_search_matches_reference(distance, same_set):
@@ -104,8 +105,9 @@ def test_exact_search_matches_reference(distance, same_set):
     np.testing.assert_array_equal(idx, expected)
     gal = q if same_set else g
     picked = gal[idx]
-    ref_values = ((q[:, None] - picked) ** 2).sum(-1) if distance == "squared_l2" else \
-        np.einsum("qd,qkd->qk", q, picked)
+    ref_values = (
+        ((q[:, None] - picked) ** 2).sum(-1) if distance == "squared_l2" else np.einsum("qd,qkd->qk", q, picked)
+    )
     np.testing.assert_allclose(values, ref_values, rtol=1e-4, atol=1e-4)
 
 
@@ -125,7 +127,7 @@ def test_exact_search_excludes_only_own_row_and_breaks_ties_by_index():
 def test_ranking_scores_formula():
     rng = np.random.default_rng(16)
     q, g = rng.normal(size=(4, 3)), rng.normal(size=(5, 3))
-    expected = q @ g.T - 0.5 * (g ** 2).sum(1)[None, :]
+    expected = q @ g.T - 0.5 * (g**2).sum(1)[None, :]
     np.testing.assert_allclose(ranking_scores(q, g, "squared_l2").numpy(), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ranking_scores(q, g, "dot_product").numpy(), q @ g.T, rtol=1e-5, atol=1e-5)
 
@@ -168,6 +170,7 @@ def test_exact_search_errors():
 
 # ---------------------------------------------------------------- metrics
 
+
 def test_evaluate_matches_reference_unequal_classes_and_singletons():
     # Classes of sizes 1 (no positive: excluded), 2, 5, 12 and 30.
     x, y = clustered(50, 5, 5, seed=3, spread=1.5, sizes=[1, 2, 5, 12, 30])
@@ -193,8 +196,7 @@ def test_evaluate_query_gallery_mode():
     q, qy = clustered(30, 6, 6, seed=6, spread=1.2)
     q[0] = g[0]  # an exact copy of a gallery item must be retrieved, not excluded
     qy[0] = gy[0]
-    got = evaluate(g, gy, ks=(1, 5), query_embeddings=q, query_labels=qy,
-                   metrics=("recall", "map@r", "r_precision"))
+    got = evaluate(g, gy, ks=(1, 5), query_embeddings=q, query_labels=qy, metrics=("recall", "map@r", "r_precision"))
     expected = ref_metrics(q, qy, g, gy, ks=(1, 5))
     for key in expected:
         assert got[key] == pytest.approx(expected[key], abs=1e-12), key
@@ -248,6 +250,7 @@ def test_evaluate_errors():
 
 # ---------------------------------------------------------------- ScaNN index
 
+
 @pytest.mark.parametrize("distance", ["squared_l2", "dot_product"])
 def test_scann_exact_mode_matches_exact_search(distance):
     g, _ = clustered(500, 8, 10, seed=11)
@@ -298,9 +301,9 @@ def test_scann_auto_mode_switches_to_approximate_and_agrees_with_exact():
     g, _ = clustered(20000, 16, 200, seed=14, spread=0.5)
     index = ScannIndex(g, distance="squared_l2", mode="auto")
     assert index.mode == "approximate"
-    assert index.settings == auto_settings(20000, 16, "squared_l2") | {"anisotropic_quantization_threshold":
-                                                                       index.settings[
-                                                                           "anisotropic_quantization_threshold"]}
+    assert index.settings == auto_settings(20000, 16, "squared_l2") | {
+        "anisotropic_quantization_threshold": index.settings["anisotropic_quantization_threshold"]
+    }
     q = g[:300] + 0.01
     found, _ = index.search(q, k=10)
     exact, _ = exact_search(q, g, k=10)

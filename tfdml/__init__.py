@@ -8,8 +8,23 @@ import importlib
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("ops", "losses", "data", "models", "retrieval", "export", "optimizers", "callbacks",
-               "distribute", "training", "cli", "plots", "config", "pipeline", "recipes")
+_SUBMODULES = (
+    "ops",
+    "losses",
+    "data",
+    "models",
+    "retrieval",
+    "export",
+    "optimizers",
+    "callbacks",
+    "distribute",
+    "training",
+    "cli",
+    "plots",
+    "config",
+    "pipeline",
+    "recipes",
+)
 
 
 def __getattr__(name):

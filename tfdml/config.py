@@ -3,8 +3,9 @@
 A job is a `Config` of typed sections (`DataConfig`, `ModelConfig`, `LossConfig`, `ALAConfig`,
 `OptimizerConfig`, `TrainingConfig`, `EvaluationConfig`, `ExportConfig`, `ReportConfig`). `load_config` builds
 one from the embedded default job (`DEFAULT_JOB`: a small-CNN embedder trained with Ranked List Loss on half
-of the font-rendered characters of `tfdml.data.glyphs`, evaluated on the unseen half), a YAML file under `configs/` that overrides any
-subset of it, and command-line overrides (`--set optimizer.learning_rate=0.01`) that override the file.
+of the font-rendered characters of `tfdml.data.glyphs`, evaluated on the unseen half), a YAML file under
+`configs/` that overrides any subset of it, and command-line overrides (`--set optimizer.learning_rate=0.01`)
+that override the file.
 
 Every value is checked before anything is built, in two passes: first keys, types, ranges, choices and
 paths (no TensorFlow import, so that `tfdml train --set training.epoch=2` answers at once), then what only
@@ -21,42 +22,28 @@ import dataclasses
 import difflib
 import inspect
 import os
+import types
 import typing
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import yaml
+
+from tfdml.loss_names import LOSSES  # noqa: F401  (loss name -> tfdml.losses class name)
+
+# `Optional[X]` and `X | None` annotations: both mean "X or null" to the validator.
+_UNIONS = (typing.Union, types.UnionType)
 
 
 class ConfigError(ValueError):
     """A configuration value that does not fit the schema; the message is one line naming the key."""
 
 
-# Loss names of the configuration -> class names in `tfdml.losses` (one line per loss).
-LOSSES = {
-    "ranked_list": "RankedListLoss",
-    "triplet": "TripletLoss",
-    "triplet_semihard": "TripletSemiHardLoss",
-    "triplet_hard": "TripletHardLoss",
-    "margin": "MarginLoss",
-    "contrastive": "ContrastiveLoss",
-    "group": "GroupLoss",
-    "multi_similarity": "MultiSimilarityLoss",
-    "circle": "CircleLoss",
-    "lifted_structure": "LiftedStructureLoss",
-    "n_pairs": "NPairsLoss",
-    "supcon": "SupConLoss",
-    "ntxent": "NTXentLoss",
-    "proxy_anchor": "ProxyAnchorLoss",
-    "proxy_nca": "ProxyNCALoss",
-    "normalized_softmax": "NormalizedSoftmaxLoss",
-    "arcface": "ArcFaceLoss",
-    "cosface": "CosFaceLoss",
-}
 # Losses that learn from one image per class (class proxies or a classifier; Group Loss refines a
 # classifier's predictions): every other loss needs positive pairs, >= 2 images per class in a batch.
 UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface", "cosface", "group")
 # Losses DML-ALA weights per tuple (`tfdml.models.ALAModel` base losses).
 ALA_LOSSES = ("triplet", "margin", "contrastive")
+# == tfdml.optimizers.OPTIMIZER_NAMES (tested); written out so that parsing a configuration imports no TensorFlow.
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
 
 
@@ -79,8 +66,9 @@ def _augment(value, key):
     if isinstance(value, Augment):
         return value
     if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected true, false or a mapping of {_names(dataclasses.fields(Augment))}, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"{key}: expected true, false or a mapping of {_names(dataclasses.fields(Augment))}, got {value!r}"
+        )
     known = {f.name: f for f in dataclasses.fields(Augment)}
     _check_keys(value, known, key)
     fields = {}
@@ -92,7 +80,7 @@ def _augment(value, key):
                 raise ConfigError(f"{where}: expected a list of {len(default)} numbers, got {item!r}")
             fields[name] = tuple(_convert(v, float, f"{where}[{i}]") for i, v in enumerate(item))
         else:
-            fields[name] = _convert(item, bool if isinstance(default, bool) else Optional[int], where)
+            fields[name] = _convert(item, bool if isinstance(default, bool) else int | None, where)
     try:
         return Augment(**fields)
     except ValueError as error:
@@ -117,9 +105,9 @@ def _type_name(tp):
     if tp in names:
         return names[tp]
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:
+    if origin in _UNIONS:
         return " or ".join([_type_name(a) for a in args if a is not type(None)] + ["null"])
-    if origin in (list, List):
+    if origin is list:
         return f"a list of {_type_name(args[0]).replace('an ', '').replace('a ', '')}s"
     return "a mapping"
 
@@ -128,7 +116,7 @@ def _convert(value, tp, key):
     """`value` as type `tp` (int, float, bool, str, Optional/List/Dict of these, a dataclass) or a
     `ConfigError` naming `key`."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:
+    if origin in _UNIONS:
         if value is None:
             return None
         return _convert(value, next(a for a in args if a is not type(None)), key)
@@ -149,10 +137,10 @@ def _convert(value, tp, key):
                 ok = None
     elif tp is str:
         ok = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-    elif origin in (list, List):
+    elif origin is list:
         if isinstance(value, (list, tuple)):
             return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    elif origin in (dict, Dict) or tp is Any:
+    elif origin is dict or tp is Any:
         if isinstance(value, dict) or tp is Any:
             return copy.deepcopy(value)
     if ok is None:
@@ -190,9 +178,11 @@ def _build(cls, mapping, key=""):
         try:
             value = meta["convert"](value, where) if meta.get("convert") else _convert(value, hints[name], where)
         except ConfigError:
-            if meta.get("choices") and typing.get_origin(hints[name]) in (list, List):
-                raise ConfigError(f"{where}: expected a list drawn from {', '.join(meta['choices'])} "
-                                  f"(e.g. [{meta['choices'][-1]}]), got {value!r}") from None
+            if meta.get("choices") and typing.get_origin(hints[name]) is list:
+                raise ConfigError(
+                    f"{where}: expected a list drawn from {', '.join(meta['choices'])} "
+                    f"(e.g. [{meta['choices'][-1]}]), got {value!r}"
+                ) from None
             raise
         _check_value(value, meta, where)
         values[name] = value
@@ -246,12 +236,12 @@ class _Section:
 class DataConfig(_Section):
     _KEY = "data"
     source: str = _field("digits", choices=("digits", "tfds", "folder", "glyphs"))
-    name: Optional[str] = None            # tfds builder name (caltech_birds2011, cars196, stanford_online_products)
-    path: Optional[str] = None            # image folder, one sub-folder per class
-    eval_path: Optional[str] = None       # image folder of the evaluation classes (null: second half of path's)
-    data_dir: Optional[str] = None        # tfds data_dir
-    manual_dir: Optional[str] = None      # tfds manual_dir (Cars196)
-    download: bool = False                # let tfds download and prepare the dataset (needs the network)
+    name: str | None = None  # tfds builder name (caltech_birds2011, cars196, stanford_online_products)
+    path: str | None = None  # image folder, one sub-folder per class
+    eval_path: str | None = None  # image folder of the evaluation classes (null: second half of path's)
+    data_dir: str | None = None  # tfds data_dir
+    manual_dir: str | None = None  # tfds manual_dir (Cars196)
+    download: bool = False  # let tfds download and prepare the dataset (needs the network)
     train_split: str = "train"
     eval_split: str = "test"
     image_size: int = _field(224, minimum=1)
@@ -260,13 +250,15 @@ class DataConfig(_Section):
     # true: the papers' crop + flip; false: plain resize; a mapping: tfdml.data.Augment fields.
     augment: Any = _field(True, convert=_augment)
     small_class_policy: str = _field("replace", choices=("replace", "drop"))
-    images_per_class: Optional[int] = _field(None, minimum=1)  # generated data sets (glyphs)
+    images_per_class: int | None = _field(None, minimum=1)  # generated data sets (glyphs)
 
     def check(self, key):
         if self.source == "folder":
             if not self.path:
-                raise ConfigError(f"{key}.path: data.source=folder needs an image folder with one sub-folder "
-                                  "per class (tfdml train --image-dir DIR)")
+                raise ConfigError(
+                    f"{key}.path: data.source=folder needs an image folder with one sub-folder "
+                    "per class (tfdml train --image-dir DIR)"
+                )
             for name in ("path", "eval_path"):
                 folder = getattr(self, name)
                 if folder is None:
@@ -297,14 +289,18 @@ def _image_folder_problem(folder):
                 return None
         except OSError:
             continue
-    return f"none of the {len(classes)} class sub-folders of {folder} holds a file (expected " \
-           f"{folder}/<class name>/<image files>)"
+    return (
+        f"none of the {len(classes)} class sub-folders of {folder} holds a file (expected "
+        f"{folder}/<class name>/<image files>)"
+    )
 
 
 def _check_tfds_name(name, key):
     if not name:
-        raise ConfigError(f"{key}: data.source=tfds needs a tfds builder name, e.g. caltech_birds2011, cars196, "
-                          "stanford_online_products")
+        raise ConfigError(
+            f"{key}: data.source=tfds needs a tfds builder name, e.g. caltech_birds2011, cars196, "
+            "stanford_online_products"
+        )
     import tensorflow_datasets as tfds
 
     if ":" in name:  # a namespaced (community) data set: tfds resolves it when it opens it
@@ -321,23 +317,25 @@ class ModelConfig(_Section):
     _KEY = "model"
     type: str = _field("multilevel", choices=("multilevel", "single"))
     backbone: str = "small_cnn"
-    weights: Optional[str] = None         # imagenet | null | path to a weights file
-    embedding_dim: Optional[int] = _field(512, minimum=1)  # null: the pooled backbone feature
-    taps: Optional[Dict[str, str]] = None  # {L: layer, M: layer, H: layer} for backbones without defaults
-    levels: List[str] = _field(factory=lambda: ["L", "M", "H"], choices=("L", "M", "H"))
-    level_weights: Optional[List[float]] = _field(None, minimum=0.0)
+    weights: str | None = None  # imagenet | null | path to a weights file
+    embedding_dim: int | None = _field(512, minimum=1)  # null: the pooled backbone feature
+    taps: dict[str, str] | None = None  # {L: layer, M: layer, H: layer} for backbones without defaults
+    levels: list[str] = _field(factory=lambda: ["L", "M", "H"], choices=("L", "M", "H"))
+    level_weights: list[float] | None = _field(None, minimum=0.0)
     freeze_batchnorm: bool = False
-    num_classes: Optional[int] = _field(None, minimum=1)  # classifier head (Group Loss)
+    num_classes: int | None = _field(None, minimum=1)  # classifier head (Group Loss)
     head_filters: int = _field(128, minimum=1)  # auxiliary (L, M) heads: 1x1 conv width
-    head_units: int = _field(1024, minimum=1)   # auxiliary heads: hidden Dense width
-    widths: Optional[List[int]] = _field(None, minimum=1)  # small_cnn block widths (default 8, 16, 32)
+    head_units: int = _field(1024, minimum=1)  # auxiliary heads: hidden Dense width
+    widths: list[int] | None = _field(None, minimum=1)  # small_cnn block widths (default 8, 16, 32)
 
     def check(self, key):
         if not self.levels:
             raise ConfigError(f"{key}.levels: expected a non-empty list drawn from L, M, H, e.g. [H]")
         if self.level_weights is not None and len(self.level_weights) != len(self.levels):
-            raise ConfigError(f"{key}.level_weights: expected one weight per level ({len(self.levels)}), "
-                              f"got {len(self.level_weights)}")
+            raise ConfigError(
+                f"{key}.level_weights: expected one weight per level ({len(self.levels)}), "
+                f"got {len(self.level_weights)}"
+            )
 
     def check_with_library(self, key):
         from tfdml.models import backbones
@@ -346,11 +344,9 @@ class ModelConfig(_Section):
         if backbones.normalise_name(self.backbone) not in {backbones.normalise_name(n) for n in names}:
             close = difflib.get_close_matches(self.backbone.lower(), names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{key}.backbone: unknown backbone {self.backbone!r}{hint}; valid: "
-                              f"{', '.join(names)}")
+            raise ConfigError(f"{key}.backbone: unknown backbone {self.backbone!r}{hint}; valid: {', '.join(names)}")
         if backbones.is_small_cnn(self.backbone) and self.weights not in (None, "none"):
-            raise ConfigError(f"{key}.weights: the small CNN has no pretrained weights: use null, got "
-                              f"{self.weights!r}")
+            raise ConfigError(f"{key}.weights: the small CNN has no pretrained weights: use null, got {self.weights!r}")
 
 
 @dataclasses.dataclass
@@ -358,34 +354,50 @@ class TemperatureConfig(_Section):
     _KEY = "loss.dynamic_temperature"
     t1: float = _field(20.0, above=0.0)
     t2: float = _field(5.0, above=0.0)
-    max_steps: Optional[int] = _field(None, minimum=1)  # null: the whole run
+    max_steps: int | None = _field(None, minimum=1)  # null: the whole run
+
+
+@dataclasses.dataclass
+class MemoryConfig(_Section):
+    _KEY = "loss.cross_batch_memory"
+    memory_size: int = _field(1024, minimum=1)  # embeddings the queue holds (>= the batch)
+    start_step: int = _field(0, minimum=0)  # warm-up: training steps on the batch alone
 
 
 @dataclasses.dataclass
 class LossConfig(_Section):
     _KEY = "loss"
     name: str = _field("ranked_list", choices=tuple(LOSSES))
-    params: Dict[str, Any] = _field(factory=dict)  # arguments of the loss class (checked against it)
-    dynamic_temperature: Optional[TemperatureConfig] = None  # RLL eq. 15
+    params: dict[str, Any] = _field(factory=dict)  # arguments of the loss class (checked against it)
+    dynamic_temperature: TemperatureConfig | None = None  # RLL eq. 15
+    # XBM (Wang et al. 2020): tfdml.losses.CrossBatchMemory around the loss
+    cross_batch_memory: MemoryConfig | None = None
 
     def check(self, key):
         if self.dynamic_temperature is not None and self.name != "ranked_list":
-            raise ConfigError(f"{key}.dynamic_temperature: applies to loss.name=ranked_list only, "
-                              f"not {self.name}")
+            raise ConfigError(f"{key}.dynamic_temperature: applies to loss.name=ranked_list only, not {self.name}")
 
     def check_with_library(self, key):
         from tfdml import losses
 
-        _check_arguments(getattr(losses, LOSSES[self.name]), self.params, f"{key}.params",
-                         skip=("self", "name"))
+        _check_arguments(getattr(losses, LOSSES[self.name]), self.params, f"{key}.params", skip=("self", "name"))
+        if self.cross_batch_memory is not None and not getattr(losses, LOSSES[self.name]).supports_references:
+            usable = sorted(name for name, cls in LOSSES.items() if getattr(losses, cls).supports_references)
+            raise ConfigError(
+                f"{key}.cross_batch_memory: {self.name} has no pairs to a memory of past "
+                f"embeddings; a cross-batch memory works with {', '.join(usable)}"
+            )
 
 
 def _check_arguments(function, params, key, skip=()):
     """`params` against the named arguments of `function`: unknown names and values of the wrong kind
     (a number where the default is a number, true/false where it is a bool) are `ConfigError`s."""
     signature = inspect.signature(function)
-    known = {name: p for name, p in signature.parameters.items()
-             if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    known = {
+        name: p
+        for name, p in signature.parameters.items()
+        if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
     _check_keys(params, known, key)
     for name, value in params.items():
         default = known[name].default
@@ -398,18 +410,26 @@ def _check_arguments(function, params, key, skip=()):
 @dataclasses.dataclass
 class ALAParams(_Section):
     """`tfdml.models.ALAModel` arguments; null keeps the ALAModel default."""
+
     _KEY = "ala.params"
-    assessor_units: Optional[int] = _field(None, minimum=1)
-    assessor_layers: Optional[int] = _field(None, minimum=1)
-    inner_learning_rate: Optional[float] = _field(None, above=0.0)
-    assessor_learning_rate: Optional[float] = _field(None, above=0.0)
-    assessor_steps: Optional[int] = _field(None, minimum=0)
-    max_tuples: Optional[int] = _field(None, minimum=1)
-    state: Optional[str] = _field(None, choices=("per_tuple", "per_step"))
-    squared: Optional[bool] = None             # triplet base loss on squared distances (eq 4; default true)
-    learn_beta: Optional[bool] = None          # margin base loss: train beta with its own optimizer
-    beta_learning_rate: Optional[float] = _field(None, above=0.0)
-    weighting: Optional[str] = _field(None, choices=("assessor", "uniform"))  # uniform: the ablation baseline
+    variant: str | None = _field(None, choices=("default", "paper"))  # paper: Algorithm 1 literally
+    normalize_weights: bool | None = None  # weights divided by their mean (default variant: true)
+    weight_floor: float | None = _field(None, minimum=0.0)  # normalised weights mixed with uniform ones
+    normalize_over: str | None = _field(None, choices=("active", "all"))  # tuples the mean runs over
+    lookahead: str | None = _field(None, choices=("optimizer", "sgd"))
+    assessor_input: str | None = _field(None, choices=("embeddings", "embeddings+geometry", "geometry"))
+    meta_interval: int | None = _field(None, minimum=1)  # assessor updated every N steps
+    assessor_units: int | None = _field(None, minimum=1)
+    assessor_layers: int | None = _field(None, minimum=1)
+    inner_learning_rate: float | None = _field(None, above=0.0)
+    assessor_learning_rate: float | None = _field(None, above=0.0)
+    assessor_steps: int | None = _field(None, minimum=0)
+    max_tuples: int | None = _field(None, minimum=1)
+    state: str | None = _field(None, choices=("per_tuple", "per_step"))
+    squared: bool | None = None  # triplet base loss on squared distances (eq 4; default true)
+    learn_beta: bool | None = None  # margin base loss: train beta with its own optimizer
+    beta_learning_rate: float | None = _field(None, above=0.0)
+    weighting: str | None = _field(None, choices=("assessor", "uniform"))  # uniform: the ablation baseline
 
     def arguments(self):
         return {k: v for k, v in self.to_dict().items() if v is not None}
@@ -418,21 +438,24 @@ class ALAParams(_Section):
 @dataclasses.dataclass
 class EpisodeConfig(_Section):
     """`tfdml.data.episode_dataset` arguments: a training and a validation subset per step."""
+
     _KEY = "ala.episode"
     train_size: int = _field(100, minimum=1)
     val_size: int = _field(20, minimum=1)
     samples_per_class: int = _field(5, minimum=1)
-    train_classes: Optional[int] = _field(None, minimum=1)  # null: train_size // samples_per_class
-    val_classes: Optional[int] = _field(None, minimum=1)    # null: val_size // samples_per_class
-    disjoint_labels: Optional[bool] = None  # null: the episode_dataset default
+    train_classes: int | None = _field(None, minimum=1)  # null: train_size // samples_per_class
+    val_classes: int | None = _field(None, minimum=1)  # null: val_size // samples_per_class
+    disjoint_labels: bool | None = None  # null: the episode_dataset default
 
     def check(self, key):
         for subset in ("train", "val"):
             size, classes = getattr(self, f"{subset}_size"), getattr(self, f"{subset}_classes")
             classes = classes or max(1, size // self.samples_per_class)
             if size % classes:
-                raise ConfigError(f"{key}.{subset}_size: {size} images do not split evenly over {classes} "
-                                  f"classes ({key}.{subset}_classes or {subset}_size // samples_per_class)")
+                raise ConfigError(
+                    f"{key}.{subset}_size: {size} images do not split evenly over {classes} "
+                    f"classes ({key}.{subset}_classes or {subset}_size // samples_per_class)"
+                )
 
     def arguments(self):
         return {k: v for k, v in self.to_dict().items() if v is not None}
@@ -449,8 +472,10 @@ class ALAConfig(_Section):
 def _optimizer_name(value, key):
     name = _convert(value, str, key).lower()
     if name == "radam":
-        raise ConfigError(f"{key}: RAdam is not available in keras.optimizers (Keras 3); use adam (the Group "
-                          "Loss paper's optimizer) or adamw")
+        raise ConfigError(
+            f"{key}: RAdam is not available in keras.optimizers (Keras 3); use adam (the Group "
+            "Loss paper's optimizer) or adamw"
+        )
     return name
 
 
@@ -462,8 +487,8 @@ class OptimizerConfig(_Section):
     momentum: float = _field(0.9, minimum=0.0)
     weight_decay: float = _field(0.0, minimum=0.0)
     head_lr_multiplier: float = _field(1.0, above=0.0)  # new layers at this multiple of the backbone rate
-    schedule: Optional[str] = _field(None, choices=("cosine", "step", "constant", "none"))
-    boundaries: List[float] = _field(factory=lambda: [0.5], above=0.0)  # step: fractions of the run or steps
+    schedule: str | None = _field(None, choices=("cosine", "step", "constant", "none"))
+    boundaries: list[float] = _field(factory=lambda: [0.5], above=0.0)  # step: fractions of the run or steps
     factor: float = _field(0.1, above=0.0)  # step schedule: multiplier at each boundary
 
 
@@ -471,16 +496,17 @@ class OptimizerConfig(_Section):
 class TrainingConfig(_Section):
     _KEY = "training"
     epochs: int = _field(16, minimum=1)
-    steps_per_epoch: Optional[int] = _field(None, minimum=1)  # null: one pass over the training images
+    steps_per_epoch: int | None = _field(None, minimum=1)  # null: one pass over the training images
     pretrain_epochs: int = _field(0, minimum=0)  # Group Loss classification pre-training
-    checkpoint_dir: Optional[str] = None         # default: <report_dir>/checkpoints
-    eval_every: int = _field(0, minimum=0)       # epochs between retrieval evaluations (0: never)
+    checkpoint_dir: str | None = None  # default: <report_dir>/checkpoints
+    eval_every: int = _field(0, minimum=0)  # epochs between retrieval evaluations (0: never)
     distribute: str = _field("auto", choices=("auto", "none", "mirrored", "multi_worker"))
 
     def check(self, key):
         if self.pretrain_epochs > self.epochs:
-            raise ConfigError(f"{key}.pretrain_epochs: must be <= training.epochs ({self.epochs}), "
-                              f"got {self.pretrain_epochs}")
+            raise ConfigError(
+                f"{key}.pretrain_epochs: must be <= training.epochs ({self.epochs}), got {self.pretrain_epochs}"
+            )
 
 
 def _metric_names():
@@ -492,8 +518,8 @@ def _metric_names():
 @dataclasses.dataclass
 class EvaluationConfig(_Section):
     _KEY = "evaluation"
-    ks: List[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1)
-    metrics: List[str] = _field(factory=lambda: ["recall", "map@r", "r_precision", "nmi", "f1"])
+    ks: list[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1)
+    metrics: list[str] = _field(factory=lambda: ["recall", "map@r", "r_precision", "nmi", "f1"])
     exact: bool = True
     batch_size: int = _field(256, minimum=1)
 
@@ -512,8 +538,8 @@ class ExportConfig(_Section):
     _KEY = "export"
     enabled: bool = True
     base_dir: str = "exported_models"
-    name: Optional[str] = None            # default: the configuration's name
-    version: Optional[int] = _field(None, minimum=1)  # default: the next integer version
+    name: str | None = None  # default: the configuration's name
+    version: int | None = _field(None, minimum=1)  # default: the next integer version
     index: bool = True
     # The `search` signature (written whenever an index is built): top_k neighbours, the gallery stored as
     # gallery_dtype, `match` at the score threshold of match_precision on the evaluation data.
@@ -530,7 +556,7 @@ class ExportConfig(_Section):
 @dataclasses.dataclass
 class ReportConfig(_Section):
     _KEY = "report"
-    dir: Optional[str] = None             # default: reports/<name>
+    dir: str | None = None  # default: reports/<name>
     grid_queries: int = _field(8, minimum=1)
     grid_neighbours: int = _field(5, minimum=1)
 
@@ -538,10 +564,11 @@ class ReportConfig(_Section):
 @dataclasses.dataclass
 class Config(_Section):
     """A whole job. Sections are typed; `Config.from_dict` validates, `to_dict` gives plain data back."""
+
     _KEY = ""
     name: str = "job"
-    description: Optional[str] = None
-    paper_target: Optional[str] = None
+    description: str | None = None
+    paper_target: str | None = None
     seed: int = _field(0, minimum=0)
     data: DataConfig = _field(factory=DataConfig)
     model: ModelConfig = _field(factory=ModelConfig)
@@ -555,14 +582,17 @@ class Config(_Section):
 
     def check(self, key):
         if self.loss.name == "group" and self.model.num_classes is None and "num_classes" not in self.loss.params:
-            raise ConfigError("model.num_classes: the group loss needs the classifier head size (the number of "
-                              "training classes)")
+            raise ConfigError(
+                "model.num_classes: the group loss needs the classifier head size (the number of training classes)"
+            )
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name: expected a job name usable as a folder name, got {self.name!r}")
         self._check_pairs()
         # Output folders: a file in the way is found now, not after training.
-        outputs = [("report.dir", self.report.dir or os.path.join("reports", self.name)),
-                   ("training.checkpoint_dir", self.training.checkpoint_dir)]
+        outputs = [
+            ("report.dir", self.report.dir or os.path.join("reports", self.name)),
+            ("training.checkpoint_dir", self.training.checkpoint_dir),
+        ]
         if self.export.enabled:
             outputs.append(("export.base_dir", os.path.join(self.export.base_dir, self.export.name or self.name)))
         for where, path in outputs:
@@ -570,19 +600,44 @@ class Config(_Section):
             if problem:
                 raise ConfigError(f"{where}: {problem}")
         if self.ala.enabled and self.loss.name not in ALA_LOSSES:
-            raise ConfigError(f"loss.name: DML-ALA (ala.enabled) weights {', '.join(ALA_LOSSES)} tuples, "
-                              f"not {self.loss.name}")
+            raise ConfigError(
+                f"loss.name: DML-ALA (ala.enabled) weights {', '.join(ALA_LOSSES)} tuples, not {self.loss.name}"
+            )
+        if self.loss.cross_batch_memory is not None:
+            self._check_memory(self.loss.cross_batch_memory)
+
+    def _check_memory(self, memory):
+        key = "loss.cross_batch_memory"
+        if self.ala.enabled:
+            raise ConfigError(f"{key}: DML-ALA (ala.enabled) trains on its own episodes, without a memory")
+        if self.model.type == "multilevel" and len(self.model.levels) > 1:
+            raise ConfigError(
+                f"{key}: the memory holds one embedding per image; model.levels "
+                f"{self.model.levels} gives {len(self.model.levels)} (use model.levels=[H] or "
+                "model.type=single)"
+            )
+        batch = self.data.classes_per_batch * self.data.samples_per_class
+        if memory.memory_size < batch:
+            raise ConfigError(
+                f"{key}.memory_size: {memory.memory_size} is less than a batch "
+                f"(data.classes_per_batch x data.samples_per_class = {batch})"
+            )
 
     def _check_pairs(self):
         """Pair-based losses need a positive pair in every batch: at least 2 images per class."""
         if self.loss.name in UNPAIRED_LOSSES:
             return
-        key, value = (("ala.episode.samples_per_class", self.ala.episode.samples_per_class) if self.ala.enabled
-                      else ("data.samples_per_class", self.data.samples_per_class))
+        key, value = (
+            ("ala.episode.samples_per_class", self.ala.episode.samples_per_class)
+            if self.ala.enabled
+            else ("data.samples_per_class", self.data.samples_per_class)
+        )
         if value < 2:
-            raise ConfigError(f"{key}: {self.loss.name} compares images of one class, so a batch needs at least "
-                              f"2 per class (with {value} there is no positive pair and nothing to learn), got "
-                              f"{value}")
+            raise ConfigError(
+                f"{key}: {self.loss.name} compares images of one class, so a batch needs at least "
+                f"2 per class (with {value} there is no positive pair and nothing to learn), got "
+                f"{value}"
+            )
 
     def check_with_library(self, key):
         if self.ala.enabled:
@@ -601,13 +656,11 @@ DEFAULT_JOB = {
     # tfdml.data.glyphs: 301 characters (look-alikes removed), 20 images each at 32 px with random face, size,
     # rotation, position, stroke weight and blur; train on one half of the characters, retrieve the other.
     # configs/glyphs_rll.yaml writes this job out with the reasons for each setting.
-    "data": {"source": "glyphs", "image_size": 32, "classes_per_batch": 22, "samples_per_class": 3,
-             "augment": False},
+    "data": {"source": "glyphs", "image_size": 32, "classes_per_batch": 22, "samples_per_class": 3, "augment": False},
     "model": {"type": "single", "embedding_dim": 64, "widths": [16, 32, 64, 128]},
     # Eq. 14's uniform query weighting: on glyphs it beats the authors' Caffe weighting (the library default),
     # MAP@R 0.499 vs 0.436 at seed 0 on the 310-class set (README method table: tuned, over 5 seeds).
-    "loss": {"name": "ranked_list",
-             "params": {"margin": 0.4, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}},
+    "loss": {"name": "ranked_list", "params": {"margin": 0.4, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}},
     "optimizer": {"name": "adam", "learning_rate": 2e-3},
     "training": {"epochs": 10, "steps_per_epoch": 60},
     # k-means (NMI, F1) over 151 classes would take most of the job's time.
@@ -685,6 +738,7 @@ def _layers(path=None, overrides=()):
 def given_keys(path=None, overrides=()):
     """The dotted keys that the file at `path` and the `overrides` set (as `load_config` takes them), e.g. to
     tell a value the user chose from a default."""
+
     def leaves(mapping, prefix):
         for key, value in mapping.items():
             if isinstance(value, dict) and value:
@@ -706,8 +760,11 @@ def output_dir_problem(path, writable=False):
             return None
         current = parent
     if not os.path.isdir(current):
-        return (f"{current} is a file, not a folder" if current == path else
-                f"{current} is a file, so the folder {path} cannot be made")
+        return (
+            f"{current} is a file, not a folder"
+            if current == path
+            else f"{current} is a file, so the folder {path} cannot be made"
+        )
     if writable and not os.access(current, os.W_OK | os.X_OK):
         return f"no permission to write in {current}"
     return None

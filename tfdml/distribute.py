@@ -28,10 +28,18 @@ Example:
 For several machines (`MultiWorkerMirroredStrategy`) use `tfdml.training.fit_distributed`.
 """
 
+import keras
 import tensorflow as tf
 
-__all__ = ["num_replicas", "is_cross_replica_step", "gather_replicas", "scale_for_replicas",
-           "labels_for_symbolic_build", "mirrored_strategy", "synchronize_batch_normalization"]
+__all__ = [
+    "num_replicas",
+    "is_cross_replica_step",
+    "gather_replicas",
+    "scale_for_replicas",
+    "labels_for_symbolic_build",
+    "mirrored_strategy",
+    "synchronize_batch_normalization",
+]
 
 
 def _replica_context():
@@ -105,8 +113,12 @@ def labels_for_symbolic_build(labels):
     is harmless there; float labels anywhere else are returned unchanged (and rejected by validation).
     """
     labels = tf.convert_to_tensor(labels)
-    if (labels.dtype.is_floating and not tf.executing_eagerly() and tf.distribute.has_strategy()
-            and tf.distribute.in_cross_replica_context()):
+    if (
+        labels.dtype.is_floating
+        and not tf.executing_eagerly()
+        and tf.distribute.has_strategy()
+        and tf.distribute.in_cross_replica_context()
+    ):
         return tf.cast(labels, tf.int32)
     return labels
 
@@ -148,8 +160,6 @@ def synchronize_batch_normalization(model):
         ...     model = tfdml.models.MultiLevelEmbedder("resnet50", weights=None)
         ...     tfdml.distribute.synchronize_batch_normalization(model)
     """
-    import keras  # keras is only needed here; the rest of the module is plain tf.distribute
-
     changed = 0
     for layer in model._flatten_layers(include_self=True, recursive=True):
         if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:

@@ -5,6 +5,9 @@ backbone learning rate", RLL) and train auxiliary variables with their own optim
 `beta`: SGD 0.1, momentum 0.9, whatever trains the network). `MultiOptimizer` routes each variable to one
 inner optimizer; `learning_rate_multipliers` builds one from a base optimizer.
 
+`build_optimizer` / `build_schedule` construct the papers' optimizers from plain values (the configuration
+layer, `tfdml.recipes.make_optimizer`, validates a configuration section and calls them).
+
 Both build on Keras' own `keras.optimizers.MultiOptimizer` (state of every inner optimizer is part of
 `optimizer.variables`, so it is saved by `model.save`, restored by `load_model` and checkpointed; updates go
 through each inner optimizer's distribution-aware `apply`, so `MirroredStrategy` works). What this module
@@ -42,7 +45,8 @@ def _selector_to_rules(selector):
         return [("fn", selector)]
     raise TypeError(
         "A variable selector must be a string (layer name, path or regex), a Layer, a Variable, a callable "
-        f"fn(variable) -> bool, or a list of these; got {type(selector).__name__}: {selector!r}.")
+        f"fn(variable) -> bool, or a list of these; got {type(selector).__name__}: {selector!r}."
+    )
 
 
 def _path_matches(pattern, path):
@@ -80,7 +84,8 @@ class _Router:
         if self.default_optimizer is None:
             raise ValueError(
                 f"Variable {variable.path!r} matches no selector of the MultiOptimizer and no default "
-                "optimizer was given. Add a selector for it or pass default=...")
+                "optimizer was given. Add a selector for it or pass default=..."
+            )
         return self.default_optimizer
 
 
@@ -121,7 +126,8 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
             if isinstance(optimizer, (keras.optimizers.MultiOptimizer, keras.optimizers.LossScaleOptimizer)):
                 raise ValueError(
                     f"An inner optimizer cannot be a {type(optimizer).__name__}; nest plain optimizers only "
-                    "(use with_routes() to add routes to an existing MultiOptimizer).")
+                    "(use with_routes() to add routes to an existing MultiOptimizer)."
+                )
         # The routes live in the router, a plain object that no tracker follows.
         super().__init__(_Router(routes, default), loss_scale_factor=loss_scale_factor, name=name)
         # Named attributes make each inner optimizer (and its slots) a dependency of tf.train.Checkpoint;
@@ -147,8 +153,12 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
         """A new `MultiOptimizer` whose extra `(optimizer, selector)` pairs take precedence over these ones
         (same inner optimizer objects, same default)."""
         own = [(optimizer, [value for _, value in rules]) for optimizer, rules in self._routes]
-        return MultiOptimizer(list(optimizers_and_selectors) + own, default=self.default_optimizer,
-                              loss_scale_factor=self.loss_scale_factor, name=self.name)
+        return MultiOptimizer(
+            list(optimizers_and_selectors) + own,
+            default=self.default_optimizer,
+            loss_scale_factor=self.loss_scale_factor,
+            name=self.name,
+        )
 
     def get_config(self):
         def rule_config(rule):
@@ -162,7 +172,8 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
         return {
             "optimizers_and_selectors": [
                 [serialize_keras_object(optimizer), [rule_config(rule) for rule in rules]]
-                for optimizer, rules in self._routes],
+                for optimizer, rules in self._routes
+            ],
             "default": None if self.default_optimizer is None else serialize_keras_object(self.default_optimizer),
             "loss_scale_factor": self.loss_scale_factor,
             "name": self.name,
@@ -173,14 +184,15 @@ class MultiOptimizer(keras.optimizers.MultiOptimizer):
         pairs = []
         for optimizer_config, rules in config["optimizers_and_selectors"]:
             optimizer = deserialize_keras_object(optimizer_config, custom_objects=custom_objects)
-            selector = [rule["path"] if "path" in rule else
-                        deserialize_keras_object(rule["fn"], custom_objects=custom_objects) for rule in rules]
+            selector = [
+                rule["path"] if "path" in rule else deserialize_keras_object(rule["fn"], custom_objects=custom_objects)
+                for rule in rules
+            ]
             pairs.append((optimizer, selector))
         default = config.get("default")
         if default is not None:
             default = deserialize_keras_object(default, custom_objects=custom_objects)
-        return cls(pairs, default=default, loss_scale_factor=config.get("loss_scale_factor"),
-                   name=config.get("name"))
+        return cls(pairs, default=default, loss_scale_factor=config.get("loss_scale_factor"), name=config.get("name"))
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -237,3 +249,90 @@ def learning_rate_multipliers(optimizer, multipliers, default_multiplier=1.0):
         pairs.append((_scaled_clone(optimizer, multiplier, f"group{index}"), selector))
     default = _scaled_clone(optimizer, default_multiplier, "default")
     return MultiOptimizer(pairs, default=default, name=f"{optimizer.name}_multipliers")
+
+
+# The optimizers of the papers' recipes: SGD with momentum (RLL: lr 1e-2, momentum 0.9, weight decay 2e-5),
+# Adam (Group Loss: 2e-4; margin loss), AdamW, Lamb, RMSprop. Weight decay is Keras' decoupled decay
+# (`w <- w - lr * weight_decay * w`), Caffe's L2 decay for SGD without momentum.
+OPTIMIZER_BUILDERS = {
+    "sgd": lambda lr, momentum, decay: keras.optimizers.SGD(lr, momentum=momentum, weight_decay=decay or None),
+    "adam": lambda lr, momentum, decay: keras.optimizers.Adam(lr, weight_decay=decay or None),
+    "adamw": lambda lr, momentum, decay: keras.optimizers.AdamW(lr, weight_decay=decay),
+    "lamb": lambda lr, momentum, decay: keras.optimizers.Lamb(lr, weight_decay=decay or None),
+    "rmsprop": lambda lr, momentum, decay: keras.optimizers.RMSprop(lr, momentum=momentum, weight_decay=decay or None),
+}
+OPTIMIZER_NAMES = tuple(OPTIMIZER_BUILDERS)
+
+
+def build_schedule(learning_rate, schedule=None, total_steps=None, boundaries=(0.5,), factor=0.1):
+    """A learning-rate value or schedule.
+
+    Args:
+        learning_rate: the base (initial) learning rate.
+        schedule: None / "none" / "constant" (the value itself); "cosine" (`CosineDecay` to 0 over
+            `total_steps`); "step" (multiply by `factor` from each of `boundaries` on).
+        total_steps: training steps, needed by "cosine" and "step".
+        boundaries: for "step": fractions of `total_steps` when below 1, else step numbers (the step counter
+            starts at 0). The Group Loss recipe: `boundaries=[0.5], factor=0.1` (lr / 10 after 30 of 60 epochs).
+        factor: for "step": the multiplier applied at each boundary.
+    """
+    if schedule in (None, "none", "constant"):
+        return learning_rate
+    if total_steps is None:
+        raise ValueError(f"The {schedule!r} learning-rate schedule needs total_steps (epochs x steps per epoch).")
+    if schedule == "cosine":
+        return keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=int(total_steps))
+    if schedule != "step":
+        raise ValueError(f"Unknown learning-rate schedule {schedule!r}; expected cosine, step or constant.")
+    steps = sorted(int(round(b * total_steps)) if b < 1 else int(b) for b in boundaries)
+    values = [learning_rate * factor**i for i in range(len(steps) + 1)]
+    # Keras keeps values[i] up to and including boundaries[i]; ours change *at* the boundary step.
+    return keras.optimizers.schedules.PiecewiseConstantDecay([s - 1 for s in steps], values)
+
+
+def build_optimizer(
+    name="sgd",
+    learning_rate=1e-2,
+    momentum=0.9,
+    weight_decay=0.0,
+    head_lr_multiplier=1.0,
+    model=None,
+    schedule=None,
+    total_steps=None,
+    boundaries=(0.5,),
+    factor=0.1,
+):
+    """An optimizer of the papers' recipes, with the "new layers at `head_lr_multiplier` x" rule.
+
+    Args:
+        name: one of `OPTIMIZER_NAMES` ("sgd", "adam", "adamw", "lamb", "rmsprop").
+        learning_rate, schedule, total_steps, boundaries, factor: see `build_schedule`.
+        momentum: SGD's and RMSprop's momentum (ignored by the Adam family).
+        weight_decay: Keras' decoupled weight decay (0: none).
+        head_lr_multiplier: learning-rate multiple of the new layers; needs `model`, a tfdml embedder whose
+            `level_heads` / `classifiers` are the new layers (everything else, the backbone, keeps the base
+            rate). Implemented with `learning_rate_multipliers`, exact for every optimizer.
+
+    Returns:
+        a Keras optimizer, or a `MultiOptimizer` when `head_lr_multiplier != 1`.
+
+    Example (RLL, new layers at 10x):
+        >>> build_optimizer("sgd", 1e-2, momentum=0.9, weight_decay=2e-5, head_lr_multiplier=10, model=embedder)
+    """
+    if name not in OPTIMIZER_BUILDERS:
+        raise ValueError(f"Unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZER_NAMES)}.")
+    rate = build_schedule(learning_rate, schedule, total_steps, boundaries, factor)
+    optimizer = OPTIMIZER_BUILDERS[name](rate, momentum, weight_decay)
+    if head_lr_multiplier == 1.0:
+        return optimizer
+    return learning_rate_multipliers(optimizer, [(_head_layers(model), head_lr_multiplier)])
+
+
+def _head_layers(model):
+    layers = list(getattr(model, "level_heads", [])) + list(getattr(model, "classifiers", []))
+    if not layers:
+        raise ValueError(
+            "head_lr_multiplier != 1 needs a tfdml Embedder / MultiLevelEmbedder (its heads are the "
+            f"new layers); got {type(model).__name__}."
+        )
+    return layers

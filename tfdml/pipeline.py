@@ -10,7 +10,8 @@ SavedModel with the ScaNN index of the evaluation images inside its version, and
     <report_dir>/recall_at_k.png       Recall@K curves (model vs raw pixels)
     <report_dir>/training_curves.png   loss (and per-level losses) per epoch
     <report_dir>/retrieval_grid.png    query images and their nearest neighbours
-    <report_dir>/tensorboard/          TensorBoard logs
+    <report_dir>/tensorboard/          TensorBoard logs; its run `projector` holds the evaluation embeddings,
+                                       class names and image sprite for the projector (PCA, t-SNE)
     <report_dir>/checkpoints/          state of an unfinished run: started again, it resumes where it stopped
 
 The job runs in stages, each a function of the typed `Config`: `prepare_report_dir` (resume or refuse),
@@ -24,10 +25,22 @@ import os
 import shutil
 import time
 
+import keras
 import numpy as np
+import tensorflow as tf
 import yaml
 
-from tfdml.config import LOSSES, Config, ConfigError, default_config, differences, output_dir_problem
+from tfdml import callbacks as callbacks_lib
+from tfdml import data as data_lib
+from tfdml import export as export_lib
+from tfdml import losses, plots, projector, recipes, retrieval
+from tfdml.callbacks import completed_epochs
+from tfdml.config import LOSSES, Config, ConfigError, DataConfig, default_config, differences, output_dir_problem
+from tfdml.data.sources import class_halves, single_image_classes
+from tfdml.models import ALAModel
+from tfdml.models.backbones import PretrainedWeightsError
+from tfdml.ops.neighbours import exact_search
+from tfdml.training import fit_distributed
 
 logger = logging.getLogger("tfdml.pipeline")
 
@@ -36,9 +49,9 @@ _RESUMABLE_CHANGES = ("description", "paper_target", "evaluation", "export", "re
 CONFIG_SNAPSHOT = "tfdml_config.yaml"
 
 
-def build_loss(section, num_classes=None, total_steps=None):
-    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`)."""
-    from tfdml import losses
+def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
+    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), in a
+    `CrossBatchMemory` of `embedding_dim`-wide embeddings with `cross_batch_memory`."""
 
     params = dict(section.params)
     schedule = section.dynamic_temperature
@@ -48,12 +61,17 @@ def build_loss(section, num_classes=None, total_steps=None):
         params.setdefault("num_classes", num_classes)
         if params["num_classes"] is None:
             raise ConfigError("model.num_classes: the group loss needs the classifier head size")
-    return getattr(losses, LOSSES[section.name])(**params)
+    loss = getattr(losses, LOSSES[section.name])(**params)
+    memory = section.cross_batch_memory
+    if memory is not None:
+        loss = losses.CrossBatchMemory(
+            loss, memory_size=memory.memory_size, embedding_dim=embedding_dim, start_step=memory.start_step
+        )
+    return loss
 
 
 def augment_setting(augment):
     """`data.augment` (true, false, an `Augment` or a mapping of its fields) -> what `tfdml.data` takes."""
-    from tfdml.config import DataConfig
 
     return DataConfig.from_dict({"augment": augment}).augment
 
@@ -65,22 +83,31 @@ def resolve_paths(config):
     report_dir = config.report.dir or os.path.join("reports", config.name)
     data = config.data
     if data.source == "folder":
-        data = data.replace(**{key: os.path.abspath(getattr(data, key)) for key in ("path", "eval_path")
-                               if getattr(data, key) is not None})
+        data = data.replace(
+            **{
+                key: os.path.abspath(getattr(data, key))
+                for key in ("path", "eval_path")
+                if getattr(data, key) is not None
+            }
+        )
     return dataclasses.replace(
         config,
         data=data,
         report=config.report.replace(dir=report_dir),
         training=config.training.replace(
-            checkpoint_dir=config.training.checkpoint_dir or os.path.join(report_dir, "checkpoints")),
-        export=config.export.replace(name=config.export.name or config.name))
+            checkpoint_dir=config.training.checkpoint_dir or os.path.join(report_dir, "checkpoints")
+        ),
+        export=config.export.replace(name=config.export.name or config.name),
+    )
 
 
 # ---- report directory and resume ----------------------------------------------------------------------------
 
+
 def _changed_keys(old, new):
-    return [key for key in differences(old, new)
-            if not any(key == s or key.startswith(s + ".") for s in _RESUMABLE_CHANGES)]
+    return [
+        key for key in differences(old, new) if not any(key == s or key.startswith(s + ".") for s in _RESUMABLE_CHANGES)
+    ]
 
 
 def prepare_report_dir(config, restart=False, say=print):
@@ -90,29 +117,32 @@ def prepare_report_dir(config, restart=False, say=print):
     with (apart from evaluation, export and report settings); otherwise this raises a `ConfigError` naming
     the keys that differ. `restart=True` deletes that run's checkpoints first. Returns the number of epochs
     already done."""
-    from tfdml.callbacks import completed_epochs
 
     checkpoints = config.training.checkpoint_dir
     done = completed_epochs(checkpoints)
     if done and restart:
         shutil.rmtree(checkpoints)
-        say(f"--restart: removed the unfinished run's checkpoints ({done} epoch(s) done) in {checkpoints}; "
-            "training from epoch 1")
+        say(
+            f"--restart: removed the unfinished run's checkpoints ({done} epoch(s) done) in {checkpoints}; "
+            "training from epoch 1"
+        )
         done = 0
     if done:
         snapshot = os.path.join(checkpoints, CONFIG_SNAPSHOT)
         if not os.path.exists(snapshot):
-            raise ConfigError(f"{checkpoints} holds an unfinished run without a record of its configuration; "
-                              "start afresh with --restart or use another --report-dir")
+            raise ConfigError(
+                f"{checkpoints} holds an unfinished run without a record of its configuration; "
+                "start afresh with --restart or use another --report-dir"
+            )
         with open(snapshot) as f:
             changed = _changed_keys(yaml.safe_load(f), config.to_dict())
         if changed:
             raise ConfigError(
                 f"{checkpoints} holds an unfinished run ({done} epoch(s) done) with another configuration "
                 f"({', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'}); run it again unchanged "
-                "to resume, add --restart to discard it, or use another --report-dir")
-        say(f"resuming from epoch {done + 1}/{config.training.epochs} "
-            f"({done} epoch(s) restored from {checkpoints})")
+                "to resume, add --restart to discard it, or use another --report-dir"
+            )
+        say(f"resuming from epoch {done + 1}/{config.training.epochs} ({done} epoch(s) restored from {checkpoints})")
     else:
         os.makedirs(checkpoints, exist_ok=True)
         with open(os.path.join(checkpoints, CONFIG_SNAPSHOT), "w") as f:
@@ -125,10 +155,9 @@ def prepare_report_dir(config, restart=False, say=print):
 
 # ---- data ---------------------------------------------------------------------------------------------------
 
+
 def load_sources(data):
     """`(train source, evaluation source)` from a `DataConfig`."""
-    from tfdml import data as data_lib
-    from tfdml.data.sources import class_halves
 
     if data.source in data_lib.EMBEDDED_SOURCES:
         # The same path as `tfdml evaluate` / `tfdml export` take to a job's embedded data: each data set's
@@ -137,8 +166,10 @@ def load_sources(data):
         return tuple(data_lib.embedded_source(data.source, split, **options) for split in ("train", "test"))
     if data.source == "tfds":
         common = dict(data_dir=data.data_dir, manual_dir=data.manual_dir, download=data.download)
-        return (data_lib.tfds_source(data.name, data.train_split, **common),
-                data_lib.tfds_source(data.name, data.eval_split, **common))
+        return (
+            data_lib.tfds_source(data.name, data.train_split, **common),
+            data_lib.tfds_source(data.name, data.eval_split, **common),
+        )
     # An image folder without images is the user's input, so its error names the key.
     try:
         train = data_lib.image_folder(data.path)
@@ -172,8 +203,10 @@ def fit_to_data(config, train_source, fit_classes_per_batch=False, say=print):
     batches of all its classes instead, said in one line; the returned config records that number."""
     num_classes, top_label = config.model.num_classes, int(np.max(train_source.labels, initial=-1))
     if num_classes is not None and top_label >= num_classes:
-        raise ConfigError(f"model.num_classes={num_classes} but the training labels go up to {top_label}: the "
-                          "classifier head needs every class id below it")
+        raise ConfigError(
+            f"model.num_classes={num_classes} but the training labels go up to {top_label}: the "
+            "classifier head needs every class id below it"
+        )
     if config.ala.enabled:
         return config
     available, wanted = _available_classes(config, train_source), config.data.classes_per_batch
@@ -181,13 +214,17 @@ def fit_to_data(config, train_source, fit_classes_per_batch=False, say=print):
         return config
     names = train_source.name_classes(train_source.classes, limit=5)
     if fit_classes_per_batch and available >= 2:
-        say(f"data.classes_per_batch: the training data ({train_source.name}) has {available} classes, fewer "
+        say(
+            f"data.classes_per_batch: the training data ({train_source.name}) has {available} classes, fewer "
             f"than the default {wanted}: training on batches of {available} classes x "
-            f"{config.data.samples_per_class} images (set data.classes_per_batch to choose)")
+            f"{config.data.samples_per_class} images (set data.classes_per_batch to choose)"
+        )
         return config.replace(data=config.data.replace(classes_per_batch=available))
-    raise ConfigError(f"data.classes_per_batch: {wanted} classes per batch, but the training data "
-                      f"({train_source.name}) has {available} usable class(es) ({names}); a batch needs at "
-                      "least 2 classes and at most as many as the data has")
+    raise ConfigError(
+        f"data.classes_per_batch: {wanted} classes per batch, but the training data "
+        f"({train_source.name}) has {available} usable class(es) ({names}); a batch needs at "
+        "least 2 classes and at most as many as the data has"
+    )
 
 
 def steps_per_epoch(config, train_source):
@@ -202,17 +239,22 @@ def steps_per_epoch(config, train_source):
 
 @dataclasses.dataclass
 class Datasets:
-    train: object       # class-balanced batches or ALA episodes, endless
-    eval: object        # evaluation images, preprocessed for the model
-    pixels: object      # the same images as pixels in [0, 1] (baseline, index gallery, report grid)
+    train: object  # class-balanced batches or ALA episodes, endless
+    eval: object  # evaluation images: raw pixels at the model's input size
+    pixels: object  # the same batches (raw-pixel baseline, report grid)
 
 
-def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1):
-    from tfdml import data as data_lib
+def make_datasets(config, train_source, eval_source, num_replicas=1):
+    """Raw pixels, resized, cropped or augmented as the job says: the embedder applies its own pixel
+    preprocessing (its first layer), as the exported model does."""
 
     data = config.data
-    common = dict(image_size=data.image_size, augment=data.augment, preprocess=preprocess, seed=config.seed,
-                  drop_small_classes=data.small_class_policy == "drop")
+    common = dict(
+        image_size=data.image_size,
+        augment=data.augment,
+        seed=config.seed,
+        drop_small_classes=data.small_class_policy == "drop",
+    )
     # What the sampler cannot do with this data (too few classes or images) is a setting of that section.
     section = "ala.episode" if config.ala.enabled else "data"
     try:
@@ -220,25 +262,25 @@ def make_datasets(config, train_source, eval_source, preprocess, num_replicas=1)
             train = data_lib.episode_dataset(train_source, **common, **config.ala.episode.arguments())
         else:
             train = data_lib.class_balanced_dataset(
-                train_source, data.classes_per_batch, data.samples_per_class,
-                num_replicas=num_replicas if num_replicas > 1 else None, **common)
+                train_source,
+                data.classes_per_batch,
+                data.samples_per_class,
+                num_replicas=num_replicas if num_replicas > 1 else None,
+                **common,
+            )
     except ValueError as error:
         raise ConfigError(f"{section}: {error}") from None
     batch, crop = config.evaluation.batch_size, data_lib.evaluation_center_crop(data.augment)
-    return Datasets(
-        train=train,
-        eval=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop,
-                                   preprocess=preprocess),
-        # The same images as pixels in [0, 1]: the raw-pixel baseline and the report grid.
-        pixels=data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop))
+    evaluation = data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop)
+    return Datasets(train=train, eval=evaluation, pixels=evaluation)
 
 
 # ---- model --------------------------------------------------------------------------------------------------
 
+
 def _strategy(choice):
     """The strategy for `training.distribute`: auto picks multi_worker when TF_CONFIG is set, mirrored with
     several GPUs, else none."""
-    import tensorflow as tf
 
     if choice == "auto":
         if os.environ.get("TF_CONFIG"):
@@ -254,84 +296,103 @@ def _strategy(choice):
 
 def _is_chief(strategy):
     resolver = getattr(strategy, "cluster_resolver", None)
-    return resolver is None or resolver.task_type in (None, "chief") or (
-        resolver.task_type == "worker" and resolver.task_id == 0)
+    return (
+        resolver is None
+        or resolver.task_type in (None, "chief")
+        or (resolver.task_type == "worker" and resolver.task_id == 0)
+    )
 
 
 def build_model(config, input_shape, total_steps):
     """`(trainable model, embedder)`, compiled, in the current strategy scope."""
-    from tfdml import recipes
-    from tfdml.models import ALAModel
-    from tfdml.models.backbones import PretrainedWeightsError
 
     try:
         embedder = recipes.make_embedder(config.model, input_shape)
     except PretrainedWeightsError as error:
-        raise ConfigError(f"model.weights: {error.reason}; offline, train from scratch with --set "
-                          "model.weights=null, or give the path of the backbone's keras.applications 'notop' "
-                          "weights file downloaded elsewhere: --set model.weights=/path/to/file.h5") from None
+        raise ConfigError(
+            f"model.weights: {error.reason}; offline, train from scratch with --set "
+            "model.weights=null, or give the path of the backbone's keras.applications 'notop' "
+            "weights file downloaded elsewhere: --set model.weights=/path/to/file.h5"
+        ) from None
     optimizer = recipes.make_optimizer(config.optimizer, embedder, total_steps)
     if not config.ala.enabled:
-        embedder.compile(optimizer=optimizer, loss=build_loss(config.loss, config.model.num_classes, total_steps))
+        embedder.compile(
+            optimizer=optimizer,
+            loss=build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim),
+        )
         return embedder, embedder
     # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
     # reads the embedding size from the tfdml embedder.
     ala_params = config.ala.params.arguments()
-    model = ALAModel(embedder, base_loss=config.loss.name, loss_params=config.loss.params or None,
-                     seed=config.seed, **ala_params)
+    model = ALAModel(
+        embedder, base_loss=config.loss.name, loss_params=config.loss.params or None, seed=config.seed, **ala_params
+    )
     model.compile(optimizer=optimizer)
     return model, embedder
 
 
 # ---- training -----------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Training:
-    history: dict            # {metric: [value per epoch]} over every epoch, those of resumed runs included
-    seconds: float           # training time of every epoch, summed over this process and the runs it resumed
+    history: dict  # {metric: [value per epoch]} over every epoch, those of resumed runs included
+    seconds: float  # training time of every epoch, summed over this process and the runs it resumed
     seconds_this_run: float  # training time of the epochs this process trained
-    epochs_this_run: int     # how many epochs this process trained (the last ones)
+    epochs_this_run: int  # how many epochs this process trained (the last ones)
 
 
 def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
     """Fits `model`; returns a `Training` (history and training time over every epoch of the run, the
     epochs of the runs it resumed included, and this process's share)."""
-    import keras
-    import tensorflow as tf
-
-    from tfdml import callbacks as callbacks_lib
 
     training, checkpoints = config.training, config.training.checkpoint_dir
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         # Keras 3 fit fails under MultiWorkerMirroredStrategy: tfdml's strategy.run loop trains the same
         # model, checkpoints on the chief and resumes by itself (no Keras callbacks in this mode).
-        from tfdml.training import fit_distributed
 
         started, done = time.perf_counter(), callbacks_lib.completed_epochs(checkpoints)
-        history = fit_distributed(model, datasets.train, epochs=training.epochs, steps_per_epoch=steps,
-                                  checkpoint_dir=checkpoints, strategy=strategy, verbose=verbose)
+        history = fit_distributed(
+            model,
+            datasets.train,
+            epochs=training.epochs,
+            steps_per_epoch=steps,
+            checkpoint_dir=checkpoints,
+            strategy=strategy,
+            verbose=verbose,
+        )
         seconds = time.perf_counter() - started  # this process only: the loop keeps no earlier epoch times
         return Training(history, seconds, seconds, training.epochs - done)
 
     callbacks = []
     if training.eval_every:
-        callbacks.append(callbacks_lib.RetrievalEvaluation(eval_ds, every_n_epochs=training.eval_every,
-                                                           ks=config.evaluation.ks))
+        callbacks.append(
+            callbacks_lib.RetrievalEvaluation(eval_ds, every_n_epochs=training.eval_every, ks=config.evaluation.ks)
+        )
     if training.pretrain_epochs:
         callbacks.append(callbacks_lib.ClassificationPretraining(training.pretrain_epochs))
     # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen
     # (resume_stream skips what the checkpointed epochs consumed); EpochLog keeps the earlier epochs' logs.
     epoch_log = callbacks_lib.EpochLog(checkpoints)
-    callbacks += [epoch_log, keras.callbacks.BackupAndRestore(checkpoints),
-                  keras.callbacks.TensorBoard(os.path.join(config.report.dir, "tensorboard"))]
+    callbacks += [
+        epoch_log,
+        keras.callbacks.BackupAndRestore(checkpoints),
+        keras.callbacks.TensorBoard(os.path.join(config.report.dir, "tensorboard")),
+    ]
     train_ds = callbacks_lib.resume_stream(datasets.train, checkpoints, steps)
-    model.fit(train_ds, epochs=training.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose,
-              shuffle=False)  # tfdml.data batches come shuffled
-    return Training(epoch_log.history(), epoch_log.seconds(), epoch_log.seconds(this_run=True),
-                    len(epoch_log.epochs) - epoch_log.resumed_epochs)
+    model.fit(
+        train_ds, epochs=training.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose, shuffle=False
+    )  # tfdml.data batches come shuffled
+    return Training(
+        epoch_log.history(),
+        epoch_log.seconds(),
+        epoch_log.seconds(this_run=True),
+        len(epoch_log.epochs) - epoch_log.resumed_epochs,
+    )
 
 
 # ---- evaluation, export, report -----------------------------------------------------------------------------
+
 
 def _pixels(dataset):
     images, labels = [], []
@@ -348,65 +409,77 @@ def _l2_normalise(x):
 
 @dataclasses.dataclass
 class Evaluation:
-    results: dict        # the model's metrics
-    baseline: dict       # raw pixels' metrics
+    results: dict  # the model's metrics
+    baseline: dict  # raw pixels' metrics
     embeddings: np.ndarray
     labels: np.ndarray
-    pixels: np.ndarray   # evaluation images in [0, 1]
+    pixels: np.ndarray  # evaluation images in [0, 1]
     pixel_labels: np.ndarray
     calibration: object = None  # tfdml.retrieval.Calibration of the served `match` decision
 
 
 def evaluate(config, embedder, datasets):
     """Retrieval metrics of the embedder and of raw pixels on the evaluation images."""
-    from tfdml import retrieval
 
     ks, metrics = config.evaluation.ks, config.evaluation.metrics
     embeddings, labels = retrieval.embed_batches(embedder, datasets.eval)
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
     pixels, pixel_labels = _pixels(datasets.pixels)
+    pixels = pixels / np.float32(255.0)  # [0, 1] for the grid; the baseline normalises anyway
     baseline = retrieval.evaluate(_l2_normalise(pixels), pixel_labels, ks=ks, metrics=metrics, exact=True)
     # The score threshold of a correct top-1 match at the export's precision, on the held-out items.
-    calibration = retrieval.calibrate(embeddings, labels, target_precision=config.export.match_precision) \
-        if len(labels) > 1 else None
+    calibration = (
+        retrieval.calibrate(embeddings, labels, target_precision=config.export.match_precision)
+        if len(labels) > 1
+        else None
+    )
     return Evaluation(results, baseline, embeddings, labels, pixels, pixel_labels, calibration)
 
 
-def export(config, embedder, preprocess_name, evaluation, eval_source):
+def export(config, embedder, evaluation, eval_source):
     """Exports the SavedModel with the index of the evaluation items inside its version (and, with it, the
     `search` signature over the same items, `match` calibrated on them), in one atomic step; returns the
     summary entries it adds."""
-    from tfdml import data as data_lib
-    from tfdml import export as export_lib
 
     settings, size = config.export, config.data.image_size
     # The index stores the evaluation items' ids (item numbers or file paths), labels and class names,
     # embedded by the written SavedModel from the raw images.
     path = export_lib.export_saved_model(
-        embedder, base_dir=settings.base_dir, name=settings.name, version=settings.version,
-        image_size=(size, size), center_crop=data_lib.evaluation_center_crop(config.data.augment),
-        preprocess=preprocess_name,
-        training_config=config.to_dict(), metrics=evaluation.results, overwrite=settings.version is not None,
-        gallery=eval_source if settings.index else None, index_mode="exact", search=settings.search,
-        top_k=settings.top_k, gallery_dtype=settings.gallery_dtype, match_precision=settings.match_precision,
-        calibration=evaluation.calibration)
+        embedder,
+        base_dir=settings.base_dir,
+        name=settings.name,
+        version=settings.version,
+        image_size=(size, size),
+        center_crop=data_lib.evaluation_center_crop(config.data.augment),
+        training_config=config.to_dict(),
+        metrics=evaluation.results,
+        overwrite=settings.version is not None,
+        gallery=eval_source if settings.index else None,
+        index_mode="exact",
+        search=settings.search,
+        top_k=settings.top_k,
+        gallery_dtype=settings.gallery_dtype,
+        match_precision=settings.match_precision,
+        calibration=evaluation.calibration,
+    )
     added = {"export_dir": path}
     if settings.index:
         metadata = export_lib.load_metadata(path)
         added["index_size"] = int(metadata["index"]["size"])
         if "search" in metadata:
-            added["search"] = {key: metadata["search"][key] for key in (
-                "top_k", "gallery_dtype", "match_threshold", "match_precision")}
+            added["search"] = {
+                key: metadata["search"][key] for key in ("top_k", "gallery_dtype", "match_threshold", "match_precision")
+            }
     return added
 
 
 def write_report(config, summary, history, evaluation, class_names=None):
     """Plots and metrics.json in the report directory."""
-    from tfdml import plots
 
     report_dir = config.report.dir
-    plots.plot_recall_curve({"tfdml": evaluation.results, "raw pixels": evaluation.baseline},
-                            os.path.join(report_dir, "recall_at_k.png"))
+    plots.plot_recall_curve(
+        {"tfdml": evaluation.results, "raw pixels": evaluation.baseline}, os.path.join(report_dir, "recall_at_k.png")
+    )
     plots.plot_training_curves(history, os.path.join(report_dir, "training_curves.png"))
     if evaluation.calibration is not None:
         plots.plot_match_calibration(evaluation.calibration, os.path.join(report_dir, "match_calibration.png"))
@@ -415,20 +488,36 @@ def write_report(config, summary, history, evaluation, class_names=None):
         json.dump(summary, f, indent=2)
 
 
+def write_projector(config, evaluation, class_names=None):
+    """The evaluation embeddings with class names and images for TensorBoard's projector
+    (`<report_dir>/tensorboard`, run `projector`, see `tfdml.projector`)."""
+
+    # The pixels come from their own pass over the evaluation data, in the same order.
+    same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
+    return projector.write_projector(
+        os.path.join(config.report.dir, "tensorboard"),
+        evaluation.embeddings,
+        evaluation.labels,
+        class_names,
+        evaluation.pixels if same_items else None,
+    )
+
+
 def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
     """Nearest neighbours of one query per class (then more), for `plot_retrieval_grid`."""
-    from tfdml import plots
-    from tfdml.ops.neighbours import exact_search
 
     labels, images = evaluation.labels, evaluation.pixels
     first_of_class = [int(np.flatnonzero(labels == c)[0]) for c in np.unique(labels)]
     rest = [i for i in range(len(labels)) if i not in set(first_of_class)]
-    queries = (first_of_class + rest)[:report_cfg.grid_queries]
+    queries = (first_of_class + rest)[: report_cfg.grid_queries]
     k = report_cfg.grid_neighbours
-    neighbours, distances = exact_search(evaluation.embeddings[queries], evaluation.embeddings, k=k + 1,
-                                         distance="squared_l2")
-    kept = [[(j, d) for j, d in zip(row, drow) if j != q][:k]
-            for q, row, drow in zip(queries, np.asarray(neighbours), np.asarray(distances))]
+    neighbours, distances = exact_search(
+        evaluation.embeddings[queries], evaluation.embeddings, k=k + 1, distance="squared_l2"
+    )
+    kept = [
+        [(j, d) for j, d in zip(row, drow) if j != q][:k]
+        for q, row, drow in zip(queries, np.asarray(neighbours), np.asarray(distances))
+    ]
     neighbours = [[j for j, _ in row] for row in kept]
 
     def name(label):
@@ -436,13 +525,17 @@ def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
 
     # Scores as the served index reports them: dot products of the unit-norm embeddings (1 - d^2 / 2).
     plots.plot_retrieval_grid(
-        [images[q] for q in queries], [[images[j] for j in row] for row in neighbours],
-        np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]), path,
+        [images[q] for q in queries],
+        [[images[j] for j in row] for row in neighbours],
+        np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]),
+        path,
         titles=[[f"{name(labels[j])} {1.0 - d / 2.0:.2f}" for j, d in row] for row in kept],
-        query_titles=[f"class {name(labels[q])}" for q in queries])
+        query_titles=[f"class {name(labels[q])}" for q in queries],
+    )
 
 
 # ---- the job ------------------------------------------------------------------------------------------------
+
 
 class JobError(RuntimeError):
     """A failure after training (e.g. the export cannot be written); the message says what was kept."""
@@ -481,18 +574,20 @@ _IMPORTED = time.perf_counter()
 
 
 def _interrupted(stage, config):
-    from tfdml.callbacks import completed_epochs
 
     epochs = config.training.epochs
     if stage == "training":
         done = completed_epochs(config.training.checkpoint_dir)
         if done:
             return Interrupted(f"interrupted after epoch {done}/{epochs}; run the same command to resume")
-        return Interrupted(f"interrupted in epoch 1/{epochs}, before its checkpoint: run the same command to "
-                           "start again")
+        return Interrupted(
+            f"interrupted in epoch 1/{epochs}, before its checkpoint: run the same command to start again"
+        )
     if stage == "after training":
-        return Interrupted(f"interrupted after training ({epochs} epochs; its checkpoints were already "
-                           "cleared), before the report was complete: run the same command to train again")
+        return Interrupted(
+            f"interrupted after training ({epochs} epochs; its checkpoints were already "
+            "cleared), before the report was complete: run the same command to train again"
+        )
     return Interrupted("interrupted before training started: run the same command to start")
 
 
@@ -505,14 +600,13 @@ def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=
     `data.classes_per_batch` (see `fit_to_data`). Output folders are checked before anything is trained,
     and metrics.json is written before the export. Ctrl-C raises `Interrupted`, whose message says how to
     resume; a failed export raises `JobError` (metrics.json is kept)."""
-    config = resolve_paths(config if isinstance(config, Config) else
-                           Config.from_dict(config) if config is not None else default_config())
+    config = resolve_paths(
+        config if isinstance(config, Config) else Config.from_dict(config) if config is not None else default_config()
+    )
     started = time.perf_counter()
     check_outputs(config)
     stage = ["before training"]  # where a Ctrl-C stopped the job (_run moves it on)
     try:
-        import keras
-
         keras.utils.set_random_seed(config.seed)
         train_source, eval_source = load_sources(config.data)
         config = fit_to_data(config, train_source, fit_classes_per_batch, say)
@@ -533,23 +627,32 @@ def _check_weights(config, train_source):
     """ImageNet weights take RGB images: said before the backbone is built, naming the key."""
     channels = getattr(train_source, "channels", 3)
     if config.model.weights == "imagenet" and channels != 3:
-        raise ConfigError(f"model.weights: ImageNet weights take 3-channel (RGB) images, but the training data "
-                          f"({train_source.name}) has {channels} channel(s): train from scratch with --set "
-                          "model.weights=null, or use RGB images")
+        raise ConfigError(
+            f"model.weights: ImageNet weights take 3-channel (RGB) images, but the training data "
+            f"({train_source.name}) has {channels} channel(s): train from scratch with --set "
+            "model.weights=null, or use RGB images"
+        )
 
 
 def _check_evaluation_data(eval_source):
-    from tfdml.data.sources import single_image_classes
 
     single = single_image_classes(eval_source)
     if single:
-        logger.warning("%s: %d evaluation %s a single image and %s no query (nothing of %s class to find), "
-                       "only a gallery item: %s", eval_source.name, len(single),
-                       "class has" if len(single) == 1 else "classes have", "asks" if len(single) == 1 else "ask",
-                       "its" if len(single) == 1 else "their", eval_source.name_classes(single))
+        logger.warning(
+            "%s: %d evaluation %s a single image and %s no query (nothing of %s class to find), "
+            "only a gallery item: %s",
+            eval_source.name,
+            len(single),
+            "class has" if len(single) == 1 else "classes have",
+            "asks" if len(single) == 1 else "ask",
+            "its" if len(single) == 1 else "their",
+            eval_source.name_classes(single),
+        )
     if len(single) == len(eval_source.classes):
-        raise ConfigError(f"evaluation data ({eval_source.name}): every class has a single image, so no "
-                          "image has another of its class to retrieve; give at least 2 images per class")
+        raise ConfigError(
+            f"evaluation data ({eval_source.name}): every class has a single image, so no "
+            "image has another of its class to retrieve; give at least 2 images per class"
+        )
 
 
 def _write_metrics(config, summary):
@@ -558,8 +661,6 @@ def _write_metrics(config, summary):
 
 
 def _run(config, verbose, train_source, eval_source, stage):
-    from tfdml import export as export_lib
-
     steps = steps_per_epoch(config, train_source)
     input_shape = (config.data.image_size, config.data.image_size, getattr(train_source, "channels", 3))
     _check_weights(config, train_source)
@@ -567,10 +668,7 @@ def _run(config, verbose, train_source, eval_source, stage):
     strategy = _strategy(config.training.distribute)
     with strategy.scope():
         model, embedder = build_model(config, input_shape, config.training.epochs * steps)
-    # One preprocessing spec serves the input pipeline here and the exported serving graph.
-    preprocess_name = embedder.preprocessing
-    preprocess = export_lib.resolve_preprocessing(preprocess_name)[0]
-    datasets = make_datasets(config, train_source, eval_source, preprocess, strategy.num_replicas_in_sync)
+    datasets = make_datasets(config, train_source, eval_source, strategy.num_replicas_in_sync)
     stage[0] = "training"
     trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
     stage[0] = "after training"
@@ -585,24 +683,29 @@ def _run(config, verbose, train_source, eval_source, stage):
 
     evaluation = evaluate(config, embedder, datasets)
     embedder.save(os.path.join(config.report.dir, "model.keras"))
-    summary.update({
-        "report_dir": config.report.dir,
-        "paper_target": config.paper_target,
-        "model": evaluation.results,
-        "raw_pixels": evaluation.baseline,
-        "eval_items": int(len(evaluation.labels)),
-        "eval_classes": int(len(np.unique(evaluation.labels))),
-        "match_calibration": evaluation.calibration.to_dict() if evaluation.calibration else None,
-        "steps_per_epoch": int(steps),
-        "history": {k: [float(v) for v in vs] for k, vs in trained.history.items()},
-    })
+    summary.update(
+        {
+            "report_dir": config.report.dir,
+            "paper_target": config.paper_target,
+            "model": evaluation.results,
+            "raw_pixels": evaluation.baseline,
+            "eval_items": int(len(evaluation.labels)),
+            "eval_classes": int(len(np.unique(evaluation.labels))),
+            "match_calibration": evaluation.calibration.to_dict() if evaluation.calibration else None,
+            "steps_per_epoch": int(steps),
+            "history": {k: [float(v) for v in vs] for k, vs in trained.history.items()},
+        }
+    )
     # The evaluation is on disk before the export starts: a failed export loses nothing.
     write_report(config, summary, trained.history, evaluation, eval_source.class_names)
+    write_projector(config, evaluation, eval_source.class_names)
     if config.export.enabled:
         try:
-            summary.update(export(config, embedder, preprocess_name, evaluation, eval_source))
+            summary.update(export(config, embedder, evaluation, eval_source))
         except (OSError, ValueError) as error:
-            raise JobError(f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
-                           f"({error}); the evaluation is saved in "
-                           f"{os.path.join(config.report.dir, 'metrics.json')}") from None
+            raise JobError(
+                f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
+                f"({error}); the evaluation is saved in "
+                f"{os.path.join(config.report.dir, 'metrics.json')}"
+            ) from None
     return summary

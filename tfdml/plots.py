@@ -32,8 +32,7 @@ def _save(fig, path):
 
 
 def _recall_points(results):
-    points = sorted((int(m.group(1)), float(v)) for key, v in results.items()
-                    if (m := _RECALL_KEY.match(key)))
+    points = sorted((int(m.group(1)), float(v)) for key, v in results.items() if (m := _RECALL_KEY.match(key)))
     if not points:
         raise ValueError(f"no 'recall@K' entries in the results (keys: {sorted(results)}).")
     return points
@@ -66,14 +65,22 @@ def plot_recall_curve(results, path, title="Recall@K"):
     offset = (high - low) * 0.035
     for n, (label, run) in enumerate(points.items()):
         ks, values = zip(*run)
-        line, = ax.plot(ks, values, marker=_MARKERS[n % len(_MARKERS)], markersize=6, linewidth=1.8,
-                        label=label or None)
+        (line,) = ax.plot(
+            ks, values, marker=_MARKERS[n % len(_MARKERS)], markersize=6, linewidth=1.8, label=label or None
+        )
         if len(points) <= 2:  # values at the points: the higher run's above, the lower run's below
             for k, v in zip(ks, values):
                 others = [x for m, r in enumerate(points.values()) if m != n for kk, x in r if kk == k]
                 above = all(v > x or (v == x and n == 0) for x in others)
-                ax.annotate(f"{v:.3f}", (k, v), textcoords="offset points", xytext=(0, 7 if above else -13),
-                            ha="center", fontsize=7.5, color=line.get_color())
+                ax.annotate(
+                    f"{v:.3f}",
+                    (k, v),
+                    textcoords="offset points",
+                    xytext=(0, 7 if above else -13),
+                    ha="center",
+                    fontsize=7.5,
+                    color=line.get_color(),
+                )
     ax.set_xscale("log", base=2)
     all_ks = sorted({k for run in points.values() for k, _ in run})
     ax.set_xticks(all_ks)
@@ -106,8 +113,7 @@ def _as_image(image):
     return image
 
 
-def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None,
-                        query_titles=None):
+def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None):
     """One row per query: the query, then its neighbours framed green (same class) or red (other class).
 
     Args:
@@ -120,17 +126,24 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
     plt = _pyplot()
     num_queries = len(query_images)
     if num_queries == 0 or len(neighbour_images) != num_queries:
-        raise ValueError(f"need one neighbour list per query, got {num_queries} queries and "
-                         f"{len(neighbour_images)} lists.")
+        raise ValueError(
+            f"need one neighbour list per query, got {num_queries} queries and {len(neighbour_images)} lists."
+        )
     k = max(len(row) for row in neighbour_images)
     lines = 1 + (titles is not None or query_titles is not None)
     cell = 1.35
-    fig, axes = plt.subplots(num_queries, k + 1, squeeze=False, layout="constrained",
-                             figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3))
+    fig, axes = plt.subplots(
+        num_queries,
+        k + 1,
+        squeeze=False,
+        layout="constrained",
+        figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3),
+    )
     for q in range(num_queries):
         axes[q, 0].imshow(_as_image(query_images[q]), cmap="gray")
-        axes[q, 0].set_title("query" + (f"\n{query_titles[q]}" if query_titles is not None else ""),
-                             fontsize=7.5, fontweight="bold")
+        axes[q, 0].set_title(
+            "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""), fontsize=7.5, fontweight="bold"
+        )
         for j in range(k):
             ax = axes[q, j + 1]
             if j < len(neighbour_images[q]):
@@ -150,8 +163,11 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
     for q in range(num_queries):
         for spine in axes[q, 0].spines.values():
             spine.set_linewidth(2)
-    legend = ("green frame = same class, red = other class" if same_class_flags is not None
-              else "grey frames: classes unknown")
+    legend = (
+        "green frame = same class, red = other class"
+        if same_class_flags is not None
+        else "grey frames: classes unknown"
+    )
     fig.suptitle(f"Nearest neighbours ({legend})", fontsize=9)
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, hspace=0.02, wspace=0.02)
     return _save(fig, path)
@@ -173,8 +189,10 @@ def plot_match_calibration(calibration, path, title="Match calibration (leave-on
     left.axhline(calibration.target_precision, color="tab:blue", linestyle=":", linewidth=1)
     right.plot(recall, precision, color="tab:blue")
     if calibration.reached:
-        chosen = f"threshold {calibration.threshold:.3f}: precision {calibration.precision:.3f}, " \
-                 f"recall {calibration.recall:.3f}"
+        chosen = (
+            f"threshold {calibration.threshold:.3f}: precision {calibration.precision:.3f}, "
+            f"recall {calibration.recall:.3f}"
+        )
         left.axvline(calibration.threshold, color="tab:red", linestyle="--", linewidth=1.2, label=chosen)
         right.plot([calibration.recall], [calibration.precision], "o", color="tab:red", label=chosen)
     else:
@@ -192,15 +210,21 @@ def plot_match_calibration(calibration, path, title="Match calibration (leave-on
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
     correct = int(np.sum(calibration.correct))
-    fig.suptitle(f"{title}: target precision {calibration.target_precision:g}, {len(calibration.scores)} "
-                 f"queries, {correct} correct top-1", fontsize=10)
+    fig.suptitle(
+        f"{title}: target precision {calibration.target_precision:g}, {len(calibration.scores)} "
+        f"queries, {correct} correct top-1",
+        fontsize=10,
+    )
     fig.tight_layout()
     return _save(fig, path)
+
 
 def plot_training_curves(history, path, title="Training"):
     """Loss and metric curves per epoch from a Keras `History` (or its `.history` dict of lists).
 
-    Each metric gets one panel; `val_<name>` is drawn in the same panel as `<name>`.
+    Each metric gets one panel; `val_<name>` is drawn in the same panel as `<name>`. A per-level loss equal
+    to `loss` at every epoch (`loss_H` of a single-level embedder) is named in the `loss` panel's title
+    instead of getting an identical panel of its own.
     """
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
@@ -210,6 +234,15 @@ def plot_training_curves(history, path, title="Training"):
         raise ValueError("history is empty: nothing to plot.")
     names = [key for key in history if not key.startswith("val_")]
     names += [key[4:] for key in history if key.startswith("val_") and key[4:] not in names]
+    same_as_loss = [
+        key
+        for key in names
+        if key.startswith("loss_")
+        and "loss" in history
+        and _same_series(history[key], history["loss"])
+        and _same_series(history.get(f"val_{key}"), history.get("val_loss"))
+    ]
+    names = [key for key in names if key not in same_as_loss]
     columns = min(3, len(names))
     rows = math.ceil(len(names) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
@@ -218,55 +251,100 @@ def plot_training_curves(history, path, title="Training"):
             if series in history:
                 values = np.asarray(history[series], np.float64)
                 ax.plot(np.arange(1, len(values) + 1), values, style, marker=".", label=series)
-        ax.set_title(key, fontsize=10)
+        ax.set_title(" = ".join([key] + same_as_loss) if key == "loss" else key, fontsize=10)
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return _save(fig, path)
 
 
-def plot_ala_weights(history, path, title="DML-ALA assessed weights"):
-    """The panels of DML-ALA's Fig. 4 over training from `ALAModel` logs.
+def _same_series(a, b):
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and np.allclose(a, b, rtol=1e-6, atol=0.0)
+
+
+def plot_ala_weights(history, path, title="DML-ALA assessed weights", weights=None, hardness=None, groups=None):
+    """The panels of DML-ALA's Fig. 4 over training from `ALAModel` logs, and/or the weight of each tuple
+    against its hardness.
 
     Args:
       history: a Keras `History`, its `.history` dict, or a list of per-step log dicts, with the keys
-        `weight_variance`, `weight_mean` and (triplet-type tuples) `hardness`, `weighted_hardness`.
+        `weight_variance`, `weight_mean` and (triplet-type tuples) `hardness`, `weighted_hardness`; None
+        to draw only the scatter of `weights` against `hardness`.
       path: output PNG path.
+      weights, hardness: per-tuple weights (e.g. from `ALAModel.tuple_weights`) and hardness of the same
+        tuples (e.g. `tfdml.ops.tuples.triplet_hardness(embeddings, tuples)`, `d(a,p) / d(a,n)`), `[T]`
+        each: adds a panel with one point per tuple.
+      groups: optional `[T]` labels of the tuples (e.g. "clean" / "corrupted"), one colour each.
 
     Panels: (a) variance and (b) mean of the weights; (c) average weighted hardness `(1/n) sum_i w_i
     d(a,p)/d(a,n)` of the assessed weights and of uniform weights 1; (d) their ratio, divided by the mean
-    weight (> 1: the assessor weights harder tuples more than uniform weights of the same mean).
+    weight (> 1: the assessor weights harder tuples more than uniform weights of the same mean); (e) weight
+    against hardness per tuple.
     """
-    logs = getattr(history, "history", history)
-    if isinstance(logs, (list, tuple)):
-        logs = {key: [float(step[key]) for step in logs] for key in (logs[0] if logs else {})}
-    for key in ("weight_variance", "weight_mean"):
-        if key not in logs:
-            raise ValueError(f"plot_ala_weights needs ALAModel logs with {key!r}; got keys {sorted(logs)}.")
+    logs = None
+    if history is not None:
+        logs = getattr(history, "history", history)
+        if isinstance(logs, (list, tuple)):
+            logs = {key: [float(step[key]) for step in logs] for key in (logs[0] if logs else {})}
+        for key in ("weight_variance", "weight_mean"):
+            if key not in logs:
+                raise ValueError(f"plot_ala_weights needs ALAModel logs with {key!r}; got keys {sorted(logs)}.")
+    scatter = weights is not None or hardness is not None
+    if scatter:
+        if weights is None or hardness is None:
+            raise ValueError("plot_ala_weights: pass both weights and hardness (one value per tuple).")
+        weights, hardness = np.asarray(weights, float).ravel(), np.asarray(hardness, float).ravel()
+        if weights.shape != hardness.shape or (groups is not None and np.asarray(groups).shape != weights.shape):
+            raise ValueError(
+                f"plot_ala_weights: weights {weights.shape}, hardness {hardness.shape} and groups "
+                f"{None if groups is None else np.asarray(groups).shape} must have one value per tuple."
+            )
+    elif logs is None:
+        raise ValueError("plot_ala_weights: nothing to draw; pass ALAModel logs and/or weights and hardness.")
     plt = _pyplot()
-    has_hardness = "hardness" in logs and "weighted_hardness" in logs
-    fig, axes = plt.subplots(1, 4 if has_hardness else 2, figsize=(14 if has_hardness else 7, 3.2))
-    steps = np.arange(1, len(logs["weight_mean"]) + 1)
-    axes[0].plot(steps, logs["weight_variance"])
-    axes[0].set_title("(a) weight variance")
-    axes[1].plot(steps, logs["weight_mean"])
-    axes[1].set_title("(b) weight mean")
-    if has_hardness:
-        axes[2].plot(steps, logs["weighted_hardness"], label="ALA weights")
-        axes[2].plot(steps, logs["hardness"], label="uniform weights 1")
-        axes[2].set_title("(c) average weighted hardness")
-        axes[2].legend(fontsize=8)
-        ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
-            np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12)
-        axes[3].plot(steps, ratio)
-        axes[3].axhline(1.0, color="gray", linewidth=0.8)
-        axes[3].set_title("(d) AWH ratio / mean weight")
-    for ax in axes:
-        ax.set_xlabel("logged step (epoch)")
+    has_hardness = logs is not None and "hardness" in logs and "weighted_hardness" in logs
+    panels = (0 if logs is None else 4 if has_hardness else 2) + scatter
+    fig, axes = plt.subplots(1, panels, figsize=(3.5 * panels, 3.2), squeeze=False)
+    axes = list(axes[0])
+    if logs is not None:
+        steps = np.arange(1, len(logs["weight_mean"]) + 1)
+        axes[0].plot(steps, logs["weight_variance"])
+        axes[0].set_title("(a) weight variance")
+        axes[1].plot(steps, logs["weight_mean"])
+        axes[1].set_title("(b) weight mean")
+        if has_hardness:
+            axes[2].plot(steps, logs["weighted_hardness"], label="ALA weights")
+            axes[2].plot(steps, logs["hardness"], label="uniform weights 1")
+            axes[2].set_title("(c) average weighted hardness")
+            axes[2].legend(fontsize=8)
+            ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
+                np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12
+            )
+            axes[3].plot(steps, ratio)
+            axes[3].axhline(1.0, color="gray", linewidth=0.8)
+            axes[3].set_title("(d) AWH ratio / mean weight")
+        for ax in axes[: panels - scatter]:
+            ax.set_xlabel("logged step (epoch)")
+    if scatter:
+        ax = axes[-1]
+        if groups is None:
+            ax.scatter(hardness, weights, s=6, alpha=0.5)
+        else:
+            groups = np.asarray(groups)
+            for group in np.unique(groups):
+                keep = groups == group
+                ax.scatter(hardness[keep], weights[keep], s=6, alpha=0.5, label=f"{group} ({keep.sum()})")
+            ax.legend(fontsize=8)
+        ax.set_xlabel("hardness d(a,p) / d(a,n)")
+        ax.set_ylabel("weight")
+        ax.set_title(f"({'abcde'[panels - 1]}) weight vs hardness")
     fig.suptitle(title, y=1.04)
     return _save(fig, path)

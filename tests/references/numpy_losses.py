@@ -22,8 +22,10 @@ def distance_matrix(queries, gallery=None, squared=False):
 
 # ----------------------------------------------------------------------------------------- Ranked List Loss
 
-def ranked_list_loss(labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, gallery=None,
-                     weights_from=None):
+
+def ranked_list_loss(
+    labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, gallery=None, weights_from=None
+):
     """RLL, mean over all queries.
 
     `gallery`: embeddings of the other side of each pair (default: `embeddings`), to hold it fixed in
@@ -70,6 +72,7 @@ def linear_temperature(t1, t2, max_steps, step):
 
 
 # ----------------------------------------------------------------------------------------- triplets
+
 
 def _softplus(x):
     return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
@@ -162,6 +165,7 @@ def tfa_triplet_hard(labels, embeddings, margin=1.0, soft=False):
 
 # ----------------------------------------------------------------------------------------- contrastive
 
+
 def contrastive(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
     """Mean of the non-zero [d - pos_margin]+ over positive pairs + mean of the non-zero
     [neg_margin - d]+ over negative pairs (pytorch-metric-learning's AvgNonZeroReducer)."""
@@ -185,6 +189,7 @@ def contrastive(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
 
 
 # ----------------------------------------------------------------------------------------- gradients
+
 
 def numerical_gradient(fn, x, step=1e-6):
     """Central finite differences of a scalar function of an array."""

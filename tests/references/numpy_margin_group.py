@@ -66,8 +66,9 @@ def distance_weighted_probabilities(labels, embeddings, anchor, cutoff=0.5, nonz
     return w / w.sum()
 
 
-def group_loss(labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0,
-               zero_diagonal=False):
+def group_loss(
+    labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0, zero_diagonal=False
+):
     labels = np.asarray(labels)
     f = np.asarray(embeddings, dtype=np.float64)
     z = np.asarray(logits, dtype=np.float64)

@@ -67,7 +67,8 @@ class EpochLog(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - (self._started or time.perf_counter())
         self.epochs = self.epochs[:epoch] + [
-            {"epoch": epoch + 1, "seconds": seconds, "logs": {k: float(v) for k, v in (logs or {}).items()}}]
+            {"epoch": epoch + 1, "seconds": seconds, "logs": {k: float(v) for k, v in (logs or {}).items()}}
+        ]
         os.makedirs(self.backup_dir, exist_ok=True)
         with open(os.path.join(self.backup_dir, HISTORY_FILE), "w") as f:
             json.dump(self.epochs, f)
@@ -80,7 +81,7 @@ class EpochLog(keras.callbacks.Callback):
     def seconds(self, this_run=False):
         """Training time of every epoch logged so far, summed (`this_run`: only the epochs this run trained,
         not those of the runs it resumed)."""
-        return sum(entry["seconds"] for entry in self.epochs[self.resumed_epochs if this_run else 0:])
+        return sum(entry["seconds"] for entry in self.epochs[self.resumed_epochs if this_run else 0 :])
 
 
 def previous_epochs(backup_dir):
@@ -89,4 +90,4 @@ def previous_epochs(backup_dir):
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return json.load(f)[:completed_epochs(backup_dir)]
+        return json.load(f)[: completed_epochs(backup_dir)]

@@ -39,7 +39,8 @@ class ClassificationPretraining(keras.callbacks.Callback):
         if not getattr(self.model, "classifiers", None):
             raise ValueError(
                 "ClassificationPretraining needs a tfdml Embedder / MultiLevelEmbedder built with num_classes "
-                f"(a classifier head); {type(self.model).__name__} has none.")
+                f"(a classifier head); {type(self.model).__name__} has none."
+            )
 
     def on_epoch_begin(self, epoch, logs=None):
         self._set_stage(epoch < self.epochs)

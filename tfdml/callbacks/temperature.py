@@ -46,7 +46,8 @@ class DynamicTemperature(keras.callbacks.Callback):
         if not self._losses:
             raise ValueError(
                 "DynamicTemperature found no loss with a temperature (bind_step) among the model's losses; "
-                "compile the model with a RankedListLoss or pass losses=[...].")
+                "compile the model with a RankedListLoss or pass losses=[...]."
+            )
         step = self.model.optimizer.iterations
         rebound = False
         for loss in self._losses:

@@ -23,8 +23,12 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if ("default" in text or "%(default)" in text or default in (None, False, [], argparse.SUPPRESS)
-                or not action.option_strings):
+        if (
+            "default" in text
+            or "%(default)" in text
+            or default in (None, False, [], argparse.SUPPRESS)
+            or not action.option_strings
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -58,12 +62,13 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="tfdml",
         description="Deep metric learning for TensorFlow/Keras: train embedders with Ranked List Loss, "
-                    "Group Loss, DML-ALA, triplet or margin loss; evaluate retrieval with ScaNN; export "
-                    "SavedModels for TF Serving.",
+        "Group Loss, DML-ALA, triplet or margin loss; evaluate retrieval with ScaNN; export "
+        "SavedModels for TF Serving.",
         epilog="Run 'tfdml COMMAND --help' for the options of each command.",
     )
-    parser.add_argument("--version", action="version", version=f"tfdml {__version__}",
-                        help="print the tfdml version and exit.")
+    parser.add_argument(
+        "--version", action="version", version=f"tfdml {__version__}", help="print the tfdml version and exit."
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMANDS:
         importlib.import_module(f"tfdml.cli.{name}").register(subparsers)

@@ -1,9 +1,10 @@
 """`tfdml evaluate`: retrieval metrics of embeddings, or of an exported model on a dataset.
 
-    tfdml evaluate --model exported_models/glyphs_rll            # the data the job evaluated on
-    tfdml evaluate --embeddings emb.npz --ks 1 2 4 8 --json metrics.json --plot recall.png
-    tfdml evaluate --model exported_models/glyphs_rll --dataset glyphs
-    tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
+tfdml evaluate --model exported_models/glyphs_rll            # the data the job evaluated on
+tfdml evaluate --embeddings emb.npz --ks 1 2 4 8 --json metrics.json --plot recall.png
+tfdml evaluate --model exported_models/glyphs_rll --dataset glyphs
+tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
+tfdml evaluate --model exported_models/glyphs_rll --projector reports/glyphs_rll/tensorboard
 """
 
 import json
@@ -23,55 +24,99 @@ HELP = "Compute Recall@K, MAP@R, R-precision, NMI and F1 of embeddings or of an 
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "evaluate", help=HELP, description=HELP + " Prints a table of fractions (as 'tfdml train' does); "
+        "evaluate",
+        help=HELP,
+        description=HELP + " Prints a table of fractions (as 'tfdml train' does); "
         "optionally writes JSON and a Recall@K plot. Give either --embeddings or --model. An exported model "
         "embeds raw images through its serving signature (the preprocessing the job evaluated with), so "
         "evaluating a job's export on the job's evaluation data reproduces the job's metrics. Images that "
-        "cannot be decoded are skipped and named.")
+        "cannot be decoded are skipped and named.",
+    )
     source = parser.add_argument_group("what to evaluate (one of)")
-    source.add_argument("--embeddings", metavar="NPZ",
-                        help="NumPy .npz file with arrays 'embeddings' and 'labels' (and optionally "
-                             "'query_embeddings' and 'query_labels' for query/gallery evaluation).")
-    source.add_argument("--model", metavar="DIR",
-                        help="exported model: <base_dir>/<name> (latest version) or a version directory "
-                             "written by 'tfdml train' or 'tfdml export'.")
+    source.add_argument(
+        "--embeddings",
+        metavar="NPZ",
+        help="NumPy .npz file with arrays 'embeddings' and 'labels' (and optionally "
+        "'query_embeddings' and 'query_labels' for query/gallery evaluation).",
+    )
+    source.add_argument(
+        "--model",
+        metavar="DIR",
+        help="exported model: <base_dir>/<name> (latest version) or a version directory "
+        "written by 'tfdml train' or 'tfdml export'.",
+    )
     data = parser.add_argument_group(
-        "data for --model (default: the evaluation data recorded in the export by 'tfdml train')")
-    data.add_argument("--dataset", metavar="NAME",
-                      help="embedded data set (no download), its test split (the unseen classes): 'digits' "
-                           "is scikit-learn's 8x8 digits 5-9 (896 images), 'glyphs' tfdml.data.glyphs.")
-    data.add_argument("--image-dir", metavar="DIR",
-                      help="gallery images, one sub-directory per class (the sub-directory names, sorted, "
-                           "give the labels).")
-    data.add_argument("--query-image-dir", metavar="DIR",
-                      help="query images laid out like --image-dir, for query/gallery evaluation (In-shop); "
-                           "class sub-directories are matched by name.")
+        "data for --model (default: the evaluation data recorded in the export by 'tfdml train')"
+    )
+    data.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="embedded data set (no download), its test split (the unseen classes): 'digits' "
+        "is scikit-learn's 8x8 digits 5-9 (896 images), 'glyphs' tfdml.data.glyphs.",
+    )
+    data.add_argument(
+        "--image-dir",
+        metavar="DIR",
+        help="gallery images, one sub-directory per class (the sub-directory names, sorted, give the labels).",
+    )
+    data.add_argument(
+        "--query-image-dir",
+        metavar="DIR",
+        help="query images laid out like --image-dir, for query/gallery evaluation (In-shop); "
+        "class sub-directories are matched by name.",
+    )
     data.add_argument("--version", type=positive_int, help="model version to use instead of the latest.")
     data.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64).")
-    options = parser.add_argument_group("metrics")
-    options.add_argument("--ks", type=positive_int, nargs="+", default=[1, 2, 4, 8],
-                         help="the K values of Recall@K (default 1 2 4 8).")
-    options.add_argument("--metrics", nargs="+", default=["recall", "map@r", "r_precision", "nmi", "f1"],
-                         choices=["recall", "map@r", "r_precision", "nmi", "f1"],
-                         help="metrics to compute (default: all).")
-    options.add_argument("--approximate", action="store_true",
-                         help="use ScaNN approximate search instead of exact search (large galleries).")
-    options.add_argument("--distance", choices=["squared_l2", "dot_product"], default="squared_l2",
-                         help="ranking distance (equivalent for L2-normalised embeddings; default "
-                              "squared_l2, as the job).")
-    options.add_argument("--seed", type=int, default=0, help="k-means seed for NMI and F1 (default 0).")
-    out = parser.add_argument_group("outputs")
-    out.add_argument("--json", metavar="FILE", help="write the metrics as JSON to this file.")
-    out.add_argument("--plot", metavar="PNG", help="write a Recall@K plot to this PNG file.")
+    _add_metric_and_output_options(parser)
     parser.set_defaults(func=run)
     return parser
 
 
-def embed_source(embedder, source, batch_size):
-    """`(embeddings, labels)` of every loadable item of `source` through the exported model."""
+def _add_metric_and_output_options(parser):
+    options = parser.add_argument_group("metrics")
+    options.add_argument(
+        "--ks", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="the K values of Recall@K (default 1 2 4 8)."
+    )
+    options.add_argument(
+        "--metrics",
+        nargs="+",
+        default=["recall", "map@r", "r_precision", "nmi", "f1"],
+        choices=["recall", "map@r", "r_precision", "nmi", "f1"],
+        help="metrics to compute (default: all).",
+    )
+    options.add_argument(
+        "--approximate",
+        action="store_true",
+        help="use ScaNN approximate search instead of exact search (large galleries).",
+    )
+    options.add_argument(
+        "--distance",
+        choices=["squared_l2", "dot_product"],
+        default="squared_l2",
+        help="ranking distance (equivalent for L2-normalised embeddings; default squared_l2, as the job).",
+    )
+    options.add_argument("--seed", type=int, default=0, help="k-means seed for NMI and F1 (default 0).")
+    out = parser.add_argument_group("outputs")
+    out.add_argument("--json", metavar="FILE", help="write the metrics as JSON to this file.")
+    out.add_argument("--plot", metavar="PNG", help="write a Recall@K plot to this PNG file.")
+    out.add_argument(
+        "--projector",
+        metavar="LOGDIR",
+        help="write the (gallery) embeddings with their class names and a sprite of their images "
+        "for TensorBoard's projector into this log directory (run 'projector'; then "
+        "'tensorboard --logdir LOGDIR'). With --embeddings, optional arrays 'class_names' and "
+        "'images' of the .npz are used.",
+    )
+
+
+def embed_source(embedder, source, batch_size, view=None):
+    """`(embeddings, labels)` of every loadable item of `source` through the exported model; `view` (a dict),
+    when given, receives the loaded images and the class names (for the projector)."""
     from tfdml.data.sources import load_items
 
     images, kept = load_items(source)
+    if view is not None:
+        view.update(images=images, class_names=getattr(source, "class_names", None))
     return embedder.embed(images, batch_size=batch_size), source.labels[kept]
 
 
@@ -85,26 +130,33 @@ def argument_problem(args):
         return "give at most one of --dataset or --image-dir."
     if args.query_image_dir and not args.image_dir:
         return "--query-image-dir needs --image-dir (the gallery)."
-    paths = [("--embeddings", args.embeddings, os.path.isfile), ("--model", args.model, os.path.exists),
-             ("--image-dir", args.image_dir, os.path.isdir), ("--query-image-dir", args.query_image_dir, os.path.isdir)]
+    paths = [
+        ("--embeddings", args.embeddings, os.path.isfile),
+        ("--model", args.model, os.path.exists),
+        ("--image-dir", args.image_dir, os.path.isdir),
+        ("--query-image-dir", args.query_image_dir, os.path.isdir),
+    ]
     for option, path, exists in paths:
         if path and not exists(path):
             return f"{option}: no such {'file' if exists is os.path.isfile else 'folder'}: {path}"
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
             return f"{option}: cannot write the file {path} (a folder, or its folder does not exist)"
+    if args.projector and os.path.exists(args.projector) and not os.path.isdir(args.projector):
+        return f"--projector: {args.projector} is a file, not a (TensorBoard log) folder"
     return None
 
 
-def _load_inputs(args):
+def _load_inputs(args, view=None):
     if args.embeddings:
         with np.load(args.embeddings) as data:
             missing = {"embeddings", "labels"} - set(data.files)
             if missing:
                 raise ValueError(f"{args.embeddings} lacks arrays {sorted(missing)} (has {data.files}).")
             arrays = {key: data[key] for key in data.files}
-        return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"),
-                arrays.get("query_labels"))
+        if view is not None:
+            view.update(images=arrays.get("images"), class_names=arrays.get("class_names"))
+        return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"), arrays.get("query_labels"))
     from tfdml.data.sources import embedded_source, image_folder, job_evaluation_source, single_image_classes
     from tfdml.export import ExportedEmbedder
 
@@ -117,17 +169,25 @@ def _load_inputs(args):
     else:
         source = job_evaluation_source(embedder.metadata.get("training_config"), embedder.channels)
         if source is None:
-            raise ValueError(f"{embedder.path} records no evaluation data it can load (it was not exported "
-                             "by 'tfdml train' from an embedded data set or image folder): give --dataset "
-                             "or --image-dir.")
-    print(f"evaluating {embedder.name} version {embedder.version} on {source.name}: {len(source)} images, "
-          f"{len(source.classes)} classes")
+            raise ValueError(
+                f"{embedder.path} records no evaluation data it can load (it was not exported "
+                "by 'tfdml train' from an embedded data set or image folder): give --dataset "
+                "or --image-dir."
+            )
+    print(
+        f"evaluating {embedder.name} version {embedder.version} on {source.name}: {len(source)} images, "
+        f"{len(source.classes)} classes"
+    )
     single = single_image_classes(source)
     if single and not args.query_image_dir:
-        logger.warning("%d %s a single image and %s no query (only a gallery item): %s", len(single),
-                       "class has" if len(single) == 1 else "classes have", "asks" if len(single) == 1 else "ask",
-                       source.name_classes(single))
-    gallery, labels = embed_source(embedder, source, args.batch_size)
+        logger.warning(
+            "%d %s a single image and %s no query (only a gallery item): %s",
+            len(single),
+            "class has" if len(single) == 1 else "classes have",
+            "asks" if len(single) == 1 else "ask",
+            source.name_classes(single),
+        )
+    gallery, labels = embed_source(embedder, source, args.batch_size, view)
     if not args.query_image_dir:
         return gallery, labels, None, None
     queries = image_folder(args.query_image_dir, channels=embedder.channels, class_names=source.class_names)
@@ -146,7 +206,7 @@ def format_table(results):
 def run(args):
     from tfdml.cli.reporting import warnings_to_stderr
 
-    with warnings_to_stderr('evaluate'):
+    with warnings_to_stderr("evaluate"):
         return _run(args)
 
 
@@ -157,10 +217,20 @@ def _run(args):
     from tfdml.retrieval import evaluate
 
     try:
-        embeddings, labels, query_embeddings, query_labels = _load_inputs(args)
-        results = evaluate(embeddings, labels, ks=args.ks, query_embeddings=query_embeddings,
-                           query_labels=query_labels, metrics=args.metrics, exact=not args.approximate,
-                           distance=args.distance, seed=args.seed, progress=len(labels) > 20000)
+        view = {}
+        embeddings, labels, query_embeddings, query_labels = _load_inputs(args, view)
+        results = evaluate(
+            embeddings,
+            labels,
+            ks=args.ks,
+            query_embeddings=query_embeddings,
+            query_labels=query_labels,
+            metrics=args.metrics,
+            exact=not args.approximate,
+            distance=args.distance,
+            seed=args.seed,
+            progress=len(labels) > 20000,
+        )
     except (ValueError, TypeError, OSError, zipfile.BadZipFile) as error:
         return usage_error("evaluate", error)
     print(format_table(results))
@@ -176,6 +246,17 @@ def _run(args):
             print(f"Recall@K plot written to {args.plot}")
         else:
             print("no recall@K computed: --plot skipped", file=sys.stderr)
+    if args.projector:
+        from tfdml.projector import write_projector
+
+        try:
+            written = write_projector(args.projector, embeddings, labels, view.get("class_names"), view.get("images"))
+        except (ValueError, OSError) as error:
+            return usage_error("evaluate", f"--projector: {error}")
+        print(
+            f"projector: {written['points']} embeddings written to {written['run_dir']} "
+            f"(tensorboard --logdir {args.projector})"
+        )
     return 0
 
 

@@ -1,7 +1,7 @@
 """`tfdml export`: a saved Keras embedder (.keras) -> TF Serving SavedModel (+ ScaNN index, + `search` signature).
 
-    tfdml export --model reports/glyphs_rll/model.keras              # named glyphs_rll, as the job
-    tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3 --top-k 20
+tfdml export --model reports/glyphs_rll/model.keras              # named glyphs_rll, as the job
+tfdml export --model cub.keras --name cub --gallery-dir /data/cub_test --version 3 --top-k 20
 """
 
 import json
@@ -16,7 +16,8 @@ HELP = "Export a trained Keras embedder as a TF Serving SavedModel, optionally w
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "export", help=HELP,
+        "export",
+        help=HELP,
         description=HELP + " Writes <base-dir>/<name>/<version>/ atomically (serving_default takes uint8 "
         "images of any size and preprocesses them as the job's evaluation did; embed_preprocessed takes "
         "preprocessed float tensors), with tfdml_metadata.json (filled from the report's config.yaml and "
@@ -25,50 +26,97 @@ def register(subparsers):
         "the 'search' signature (images in; the --top-k nearest gallery items' scores, class names, ids and "
         "calibrated match decisions out, core TensorFlow ops only). "
         "Serve it with: tensorflow_model_server --rest_api_port=8501 --model_name=<name> "
-        "--model_base_path=$PWD/<base-dir>/<name>")
-    parser.add_argument("--model", required=True, metavar="KERAS_FILE",
-                        help="a model saved with model.save('....keras') (tfdml train writes "
-                             "<report-dir>/model.keras).")
-    parser.add_argument("--name", help="model name: the directory under --base-dir that TF Serving's "
-                                       "--model_base_path points to (default: the job's export name when the "
-                                       "model sits in a 'tfdml train' report folder).")
-    parser.add_argument("--base-dir", default="exported_models",
-                        help="TF Serving base directory (default exported_models).")
-    parser.add_argument("--version", type=positive_int, help="version number (default: next free integer); an "
-                                                             "existing version is replaced.")
-    parser.add_argument("--image-size", type=positive_int, nargs=2, metavar=("HEIGHT", "WIDTH"),
-                        help="input size of the model (default: the model's input size).")
-    parser.add_argument("--no-center-crop", action="store_true",
-                        help="resize images straight to the input size instead of resizing to 256/224 of it "
-                             "and cropping the centre (the evaluation preprocessing of tfdml.data). A model "
-                             "from a report folder whose job trained on whole images (no random crop) is "
-                             "exported without the crop anyway.")
-    parser.add_argument("--preprocess",
-                        help="pixel preprocessing in the graph: none, unit (x/255), symmetric (x/127.5-1) or "
-                             "a dotted function name (default: what the model declares, as 'tfdml train' "
-                             "used it; unit for a model outside a report that declares none).")
-    parser.add_argument("--gallery-dir", metavar="DIR",
-                        help="build the ScaNN index of these images (one sub-folder per class); files that "
-                             "cannot be decoded are skipped and named. Default: the job's evaluation data "
-                             "when the model sits in a 'tfdml train' report folder (embedded data set or "
-                             "image folder), else no index.")
-    parser.add_argument("--no-index", action="store_true", help="export the SavedModel without an index "
-                                                                "(and so without the search signature).")
-    parser.add_argument("--no-search", action="store_true",
-                        help="leave the 'search' signature out (the gallery's ScaNN index is still written).")
-    parser.add_argument("--top-k", type=int, metavar="K",
-                        help="neighbours the search signature returns per image (default: the job's "
-                             "export.top_k for a model in a report folder, else 10).")
-    parser.add_argument("--gallery-dtype", choices=("float32", "bfloat16", "int8"),
-                        help="how the search signature stores the gallery: float32 (exact), bfloat16 (half "
-                             "the memory, scores within ~0.002) or int8 with per-row scales (a quarter; see "
-                             "the README for the recall cost). Default: the job's, else float32.")
-    parser.add_argument("--match-precision", type=float, metavar="P",
-                        help="the search signature's match output is true at the score threshold where a "
-                             "top-1 match is correct with this precision on the gallery's labelled items "
-                             "(leave-one-out; default: the job's, else 0.9).")
+        "--model_base_path=$PWD/<base-dir>/<name>",
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="KERAS_FILE",
+        help="a model saved with model.save('....keras') (tfdml train writes <report-dir>/model.keras).",
+    )
+    parser.add_argument(
+        "--name",
+        help="model name: the directory under --base-dir that TF Serving's "
+        "--model_base_path points to (default: the job's export name when the "
+        "model sits in a 'tfdml train' report folder).",
+    )
+    parser.add_argument(
+        "--base-dir", default="exported_models", help="TF Serving base directory (default exported_models)."
+    )
+    parser.add_argument(
+        "--version",
+        type=positive_int,
+        help="version number (default: next free integer); an existing version is replaced.",
+    )
+    parser.add_argument(
+        "--image-size",
+        type=positive_int,
+        nargs=2,
+        metavar=("HEIGHT", "WIDTH"),
+        help="input size of the model (default: the model's input size).",
+    )
+    parser.add_argument(
+        "--no-center-crop",
+        action="store_true",
+        help="resize images straight to the input size instead of resizing to 256/224 of it "
+        "and cropping the centre (the evaluation preprocessing of tfdml.data). A model "
+        "from a report folder whose job trained on whole images (no random crop) is "
+        "exported without the crop anyway.",
+    )
+    parser.add_argument(
+        "--preprocess",
+        help="pixel preprocessing in the graph, for a Keras model that does not preprocess its "
+        "input itself: none, unit (x/255), symmetric (x/127.5-1) or a dotted function "
+        "name (default: none). tfdml embedders apply their own preprocessing to raw "
+        "pixels (their first layer), so the graph adds none.",
+    )
+    _add_gallery_options(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def _add_gallery_options(parser):
+    group = parser.add_argument_group("gallery, ScaNN index and search signature")
+    group.add_argument(
+        "--gallery-dir",
+        metavar="DIR",
+        help="build the ScaNN index of these images (one sub-folder per class); files that "
+        "cannot be decoded are skipped and named. Default: the job's evaluation data "
+        "when the model sits in a 'tfdml train' report folder (embedded data set or "
+        "image folder), else no index.",
+    )
+    group.add_argument(
+        "--no-index",
+        action="store_true",
+        help="export the SavedModel without an index (and so without the search signature).",
+    )
+    group.add_argument(
+        "--no-search",
+        action="store_true",
+        help="leave the 'search' signature out (the gallery's ScaNN index is still written).",
+    )
+    group.add_argument(
+        "--top-k",
+        type=int,
+        metavar="K",
+        help="neighbours the search signature returns per image (default: the job's "
+        "export.top_k for a model in a report folder, else 10).",
+    )
+    group.add_argument(
+        "--gallery-dtype",
+        choices=("float32", "bfloat16", "int8"),
+        help="how the search signature stores the gallery: float32 (exact), bfloat16 (half "
+        "the memory, scores within ~0.002) or int8 with per-row scales (a quarter; see "
+        "the README for the recall cost). Default: the job's, else float32.",
+    )
+    group.add_argument(
+        "--match-precision",
+        type=float,
+        metavar="P",
+        help="the search signature's match output is true at the score threshold where a "
+        "top-1 match is correct with this precision on the gallery's labelled items "
+        "(leave-one-out; default: the job's, else 0.9).",
+    )
 
 
 def report_files(model_path):
@@ -112,7 +160,7 @@ def run(args):
     problem = argument_problem(args)
     if problem:  # before TensorFlow is imported
         return usage_error("export", problem)
-    with warnings_to_stderr('export'):
+    with warnings_to_stderr("export"):
         return _run(args)
 
 
@@ -125,14 +173,14 @@ def _run(args):
 
     try:
         training_config, metrics = report_files(args.model)
-        name = args.name or ((training_config or {}).get("export") or {}).get("name") or (
-            training_config or {}).get("name")
+        name = (
+            args.name
+            or ((training_config or {}).get("export") or {}).get("name")
+            or (training_config or {}).get("name")
+        )
         if not name:
             raise ValueError("--name is needed: the model is not in a 'tfdml train' report folder that names it.")
         model = keras.saving.load_model(args.model, compile=False)
-        preprocess = args.preprocess
-        if preprocess is None and training_config is None and getattr(model, "preprocessing", "absent") is None:
-            preprocess = "unit"  # outside the job, tfdml.data feeds models without preprocessing [0, 1] pixels
         from tfdml.data.preprocessing import evaluation_center_crop
         from tfdml.data.sources import image_folder, job_evaluation_source
 
@@ -143,30 +191,51 @@ def _run(args):
         elif not args.no_index:
             gallery = job_evaluation_source(training_config, channels)
             if gallery is None:  # said, not silent: 'tfdml search' needs an index
-                print("tfdml export: note: no ScaNN index: " + (
-                    "the model is not in a 'tfdml train' report folder" if training_config is None else
-                    "the job's evaluation data is not on this machine (tfds)") + "; give --gallery-dir DIR to "
-                    "build one for 'tfdml search'", file=sys.stderr)
+                print(
+                    "tfdml export: note: no ScaNN index: "
+                    + (
+                        "the model is not in a 'tfdml train' report folder"
+                        if training_config is None
+                        else "the job's evaluation data is not on this machine (tfds)"
+                    )
+                    + "; give --gallery-dir DIR to "
+                    "build one for 'tfdml search'",
+                    file=sys.stderr,
+                )
         # A model from a report folder is served with the geometry its job evaluated with.
         center_crop = not args.no_center_crop and (
-            training_config is None or evaluation_center_crop(training_config.get("data", {}).get("augment", True)))
+            training_config is None or evaluation_center_crop(training_config.get("data", {}).get("augment", True))
+        )
         path = export_lib.export_saved_model(
-            model, base_dir=args.base_dir, name=name, version=args.version,
-            image_size=tuple(args.image_size) if args.image_size else None, preprocess=preprocess,
-            overwrite=args.version is not None, center_crop=center_crop,
-            training_config=training_config, metrics=metrics, gallery=gallery, search=not args.no_search,
-            **_search_settings(args, training_config))
+            model,
+            base_dir=args.base_dir,
+            name=name,
+            version=args.version,
+            image_size=tuple(args.image_size) if args.image_size else None,
+            preprocess=args.preprocess,
+            overwrite=args.version is not None,
+            center_crop=center_crop,
+            training_config=training_config,
+            metrics=metrics,
+            gallery=gallery,
+            search=not args.no_search,
+            **_search_settings(args, training_config),
+        )
     except (ValueError, TypeError, OSError) as error:
         return usage_error("export", error)
     print(f"exported SavedModel: {path}")
     if gallery is not None:
         summary = export_lib.load_metadata(path)["index"]
-        print(f"ScaNN index of {summary['size']} images of {gallery.name}, {summary['classes']} classes: "
-              f"{os.path.join(path, export_lib.INDEX_DIR)}")
+        print(
+            f"ScaNN index of {summary['size']} images of {gallery.name}, {summary['classes']} classes: "
+            f"{os.path.join(path, export_lib.INDEX_DIR)}"
+        )
         search = export_lib.load_metadata(path).get("search")
         if search:
-            print(f"search signature: top {search['top_k']} of {search['gallery_size']} items "
-                  f"({search['gallery_dtype']}), match: {search['match']}")
+            print(
+                f"search signature: top {search['top_k']} of {search['gallery_size']} items "
+                f"({search['gallery_dtype']}), match: {search['match']}"
+            )
     return 0
 
 

@@ -19,35 +19,61 @@ HELP = "Find the nearest gallery images of query images with an exported model a
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "search", help=HELP, description=HELP + " The index is the one exported with the model version "
+        "search",
+        help=HELP,
+        description=HELP + " The index is the one exported with the model version "
         "(<base_dir>/<name>/<version>/assets.extra/tfdml_index, written by 'tfdml train', 'tfdml export "
         "--gallery-dir' or tfdml.export.export_index); an index built with another version is refused. "
         "Prints each neighbour's id (file path, or item number of an embedded data set), class and score; "
         "optionally writes JSON and a retrieval grid PNG. Query files that cannot be decoded are skipped "
         "and named. With --exact, the version's 'search' signature answers instead (exact cosine top-k "
-        "in TensorFlow, with calibrated match decisions: what TF Serving returns; no ScaNN needed).")
-    parser.add_argument("queries", nargs="+", metavar="IMAGE",
-                        help="query image files (JPEG, PNG, BMP, GIF, WebP, TIFF).")
-    parser.add_argument("--model", required=True, metavar="DIR",
-                        help="exported model: <base_dir>/<name> (latest version) or a version directory.")
+        "in TensorFlow, with calibrated match decisions: what TF Serving returns; no ScaNN needed).",
+    )
+    parser.add_argument(
+        "queries", nargs="+", metavar="IMAGE", help="query image files (JPEG, PNG, BMP, GIF, WebP, TIFF)."
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="exported model: <base_dir>/<name> (latest version) or a version directory.",
+    )
     parser.add_argument("--version", type=positive_int, help="model version to use instead of the latest.")
-    parser.add_argument("--index", metavar="DIR",
-                        help="another ScaNN index directory (default: the one inside the model version); "
-                             "it must have been built with the same model version.")
-    parser.add_argument("-k", "--k", type=positive_int, default=5,
-                        help="number of neighbours per query (default 5; with --exact at most the top_k "
-                             "the version was exported with).")
+    parser.add_argument(
+        "--index",
+        metavar="DIR",
+        help="another ScaNN index directory (default: the one inside the model version); "
+        "it must have been built with the same model version.",
+    )
+    parser.add_argument(
+        "-k",
+        "--k",
+        type=positive_int,
+        default=5,
+        help="number of neighbours per query (default 5; with --exact at most the top_k "
+        "the version was exported with).",
+    )
     # One value per option (not nargs="+"): a list option before the images would swallow them.
-    parser.add_argument("--query-label", "--query-labels", dest="query_labels", action="append", metavar="CLASS",
-                        help="class of a query (a class name stored in the index, or a label number); give it "
-                             "once per query image, in the order of the images; neighbours are then marked "
-                             "same-class (green) or other-class (red).")
-    parser.add_argument("--exact", action="store_true",
-                        help="use the version's 'search' signature (exact, in TensorFlow, with the match "
-                             "decision) instead of the ScaNN index.")
+    parser.add_argument(
+        "--query-label",
+        "--query-labels",
+        dest="query_labels",
+        action="append",
+        metavar="CLASS",
+        help="class of a query (a class name stored in the index, or a label number); give it "
+        "once per query image, in the order of the images; neighbours are then marked "
+        "same-class (green) or other-class (red).",
+    )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="use the version's 'search' signature (exact, in TensorFlow, with the match "
+        "decision) instead of the ScaNN index.",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the neighbours as JSON to this file.")
-    parser.add_argument("--grid", metavar="PNG",
-                        help="write a retrieval grid PNG: queries and their neighbours with class and score.")
+    parser.add_argument(
+        "--grid", metavar="PNG", help="write a retrieval grid PNG: queries and their neighbours with class and score."
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -59,15 +85,17 @@ def _query_label(text, index):
         return int(text)
     except ValueError:
         names = ", ".join(index.class_names[:20]) if index.class_names else "none stored"
-        raise ValueError(f"--query-label: {text!r} is neither a class name of the index ({names}) nor a "
-                         "label number.") from None
+        raise ValueError(
+            f"--query-label: {text!r} is neither a class name of the index ({names}) nor a label number."
+        ) from None
 
 
 def _query_title(path, label, index):
     """One line under a grid's query: its class when given, else its (shortened) file name."""
     if label is not None:
-        return "class " + (index.class_names[label] if index.class_names and 0 <= label < len(index.class_names)
-                           else str(label))
+        return "class " + (
+            index.class_names[label] if index.class_names and 0 <= label < len(index.class_names) else str(label)
+        )
     name = os.path.basename(path)
     return name if len(name) <= 18 else "..." + name[-15:]
 
@@ -94,15 +122,17 @@ def neighbour_images(index, positions, ids, channels):
 def run(args):
     from tfdml.cli.reporting import warnings_to_stderr
 
-    with warnings_to_stderr('search'):
+    with warnings_to_stderr("search"):
         return _run(args)
 
 
 def argument_problem(args):
     """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
     if args.query_labels is not None and len(args.query_labels) != len(args.queries):
-        return (f"{len(args.query_labels)} --query-label for {len(args.queries)} query images: give one "
-                "--query-label CLASS per image, in the order of the images.")
+        return (
+            f"{len(args.query_labels)} --query-label for {len(args.queries)} query images: give one "
+            "--query-label CLASS per image, in the order of the images."
+        )
     if not os.path.exists(args.model):
         return f"--model: no exported model at {args.model}"
     if args.index and not os.path.isdir(args.index):
@@ -123,8 +153,9 @@ def _run(args):
     try:
         if args.exact:
             if args.index:
-                raise ValueError("--index is the ScaNN index; --exact uses the version's search signature: "
-                                 "give one of them.")
+                raise ValueError(
+                    "--index is the ScaNN index; --exact uses the version's search signature: give one of them."
+                )
             return _run_exact(args)
         embedder, index = load_index(args.model, args.version, args.index)
         images, kept = read_image_files(args.queries, embedder.channels, what="query images")
@@ -159,10 +190,18 @@ def _run(args):
             shown = f"  class {entry['class']}" if "class" in entry else ""
             print(f"  {rank:3d}. {describe_id(found)}{shown}  {value_name} {value:.4f}")
         report.append({"query": path, "neighbours": neighbours})
-    query_titles = [_query_title(path, None if query_labels is None else query_labels[q], index)
-                    for q, path in enumerate(queries)]
-    _write_outputs(args, report, images, lambda: neighbour_images(index, positions, ids, embedder.channels),
-                   flags, query_titles, value_name)
+    query_titles = [
+        _query_title(path, None if query_labels is None else query_labels[q], index) for q, path in enumerate(queries)
+    ]
+    _write_outputs(
+        args,
+        report,
+        images,
+        lambda: neighbour_images(index, positions, ids, embedder.channels),
+        flags,
+        query_titles,
+        value_name,
+    )
     return 0
 
 
@@ -175,13 +214,18 @@ def _write_outputs(args, report, images, pictures, flags, query_titles, value_na
     if args.grid:
         pictures = pictures()
         if pictures is None:
-            print("tfdml search: --grid skipped: the gallery images are neither files that exist nor stored "
-                  "with the index", file=sys.stderr)
+            print(
+                "tfdml search: --grid skipped: the gallery images are neither files that exist nor stored "
+                "with the index",
+                file=sys.stderr,
+            )
         else:
             from tfdml.plots import plot_retrieval_grid
 
-            titles = [[(f"{n['class']} " if "class" in n else "") + f"{n[value_name]:.2f}" for n in entry[
-                "neighbours"]] for entry in report]
+            titles = [
+                [(f"{n['class']} " if "class" in n else "") + f"{n[value_name]:.2f}" for n in entry["neighbours"]]
+                for entry in report
+            ]
             plot_retrieval_grid(images, pictures, flags, args.grid, titles=titles, query_titles=query_titles)
             print(f"retrieval grid written to {args.grid}")
 
@@ -229,47 +273,67 @@ def _run_exact(args):
 
     embedder = ExportedEmbedder(args.model, args.version)
     if not embedder.has_search:
-        raise ValueError(f"{embedder.path} has no 'search' signature (exported without a gallery or with "
-                         f"--no-search); search its ScaNN index without --exact, or export it again.")
+        raise ValueError(
+            f"{embedder.path} has no 'search' signature (exported without a gallery or with "
+            f"--no-search); search its ScaNN index without --exact, or export it again."
+        )
     images, kept = read_image_files(args.queries, embedder.channels, what="query images")
     queries = [args.queries[i] for i in kept]
     found = embedder.search(images)
     exported_k = found["scores"].shape[1]
     if args.k > exported_k:
-        print(f"tfdml search: warning: the search signature returns {exported_k} neighbours (exported with "
-              f"--top-k {exported_k}); showing {exported_k}", file=sys.stderr)
+        print(
+            f"tfdml search: warning: the search signature returns {exported_k} neighbours (exported with "
+            f"--top-k {exported_k}); showing {exported_k}",
+            file=sys.stderr,
+        )
     k = min(args.k, exported_k)
     class_names, stored_ids, stored = _index_files(embedder.path)
     query_classes = None
     if args.query_labels is not None:
         texts = [args.query_labels[i] for i in kept]
-        query_classes = [class_names[int(t)] if class_names and t.isdigit() and int(t) < len(class_names)
-                         else t for t in texts]
+        query_classes = [
+            class_names[int(t)] if class_names and t.isdigit() and int(t) < len(class_names) else t for t in texts
+        ]
     search = embedder.metadata.get("search", {})
-    print(f"model {embedder.name} version {embedder.version}, gallery of {search.get('gallery_size', '?')} "
-          f"images, exact search signature ({search.get('gallery_dtype', 'float32')}), match: "
-          f"{search.get('match', '?')}")
+    print(
+        f"model {embedder.name} version {embedder.version}, gallery of {search.get('gallery_size', '?')} "
+        f"images, exact search signature ({search.get('gallery_dtype', 'float32')}), match: "
+        f"{search.get('match', '?')}"
+    )
     report, flags = [], None if query_classes is None else np.zeros((len(queries), k), bool)
     for q, path in enumerate(queries):
         print(f"{path}:")
         neighbours = []
         for rank in range(1, k + 1):
-            entry = {"rank": rank, "id": found["ids"][q, rank - 1], "score": float(found["scores"][q, rank - 1]),
-                     "match": bool(found["match"][q, rank - 1])}
+            entry = {
+                "rank": rank,
+                "id": found["ids"][q, rank - 1],
+                "score": float(found["scores"][q, rank - 1]),
+                "match": bool(found["match"][q, rank - 1]),
+            }
             if found["labels"][q, rank - 1]:
                 entry["class"] = found["labels"][q, rank - 1]
             if flags is not None:
                 flags[q, rank - 1] = entry["same_class"] = entry.get("class") == query_classes[q]
             neighbours.append(entry)
             shown = f"  class {entry['class']}" if "class" in entry else ""
-            print(f"  {rank:3d}. {entry['id']}{shown}  score {entry['score']:.4f}"
-                  + ("  match" if entry["match"] else ""))
+            print(
+                f"  {rank:3d}. {entry['id']}{shown}  score {entry['score']:.4f}" + ("  match" if entry["match"] else "")
+            )
         report.append({"query": path, "neighbours": neighbours})
-    query_titles = [f"class {query_classes[q]}" if query_classes else _query_title(path, None, None)
-                    for q, path in enumerate(queries)]
-    _write_outputs(args, report, images,
-                   lambda: _exact_pictures(found["ids"][:, :k], stored_ids, stored, embedder.channels), flags,
-                   query_titles)
+    query_titles = [
+        f"class {query_classes[q]}" if query_classes else _query_title(path, None, None)
+        for q, path in enumerate(queries)
+    ]
+    _write_outputs(
+        args,
+        report,
+        images,
+        lambda: _exact_pictures(found["ids"][:, :k], stored_ids, stored, embedder.channels),
+        flags,
+        query_titles,
+    )
     return 0
 
 

@@ -1,16 +1,17 @@
 """`tfdml train`: train, evaluate, export and report from a configuration.
 
-    tfdml train                                   # the embedded default: digits, no network needed
-    tfdml train --image-dir photos/               # your own images: one sub-folder per class
-    tfdml train --config configs/rll_lmh_cub.yaml --set data.data_dir=/data/tfds
-    tfdml train --set loss.name=triplet --set loss.params.mining=semi_hard --epochs 4
+tfdml train                                   # the embedded default: glyphs, no network needed
+tfdml train --image-dir photos/               # your own images: one sub-folder per class
+tfdml train --config configs/rll_lmh_cub.yaml --set data.data_dir=/data/tfds
+tfdml train --set loss.name=triplet --set loss.params.mining=semi_hard --epochs 4
 """
 
 import json
 import os
 import sys
 
-from tfdml import pipeline  # light: TensorFlow is imported when the job runs
+import yaml
+
 from tfdml.cli.reporting import warnings_to_stderr
 from tfdml.config import ConfigError, given_keys, load_config
 
@@ -19,47 +20,82 @@ HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, exp
 
 def register(subparsers):
     parser = subparsers.add_parser(
-        "train", help=HELP,
+        "train",
+        help=HELP,
         description=HELP + " With no options it runs the embedded default job: a small-CNN embedder trained "
         "with Ranked List Loss on half of the font-rendered characters of tfdml.data.glyphs and evaluated on "
         "the unseen half, exported to exported_models/glyphs_rll/<version>/ with its ScaNN index, and a "
         "report in reports/glyphs_rll/. A killed run resumes from its checkpoints when started again with the "
-        "same report directory and configuration. Configuration errors exit with status 2.")
-    parser.add_argument("--config", metavar="YAML",
-                        help="configuration file (see configs/); its values override the built-in defaults "
-                             "printed by --print-config.")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one configuration value, e.g. --set optimizer.learning_rate=0.01 or "
-                             "--set model.levels=[H]; values are parsed as YAML; repeatable.")
-    parser.add_argument("--image-dir", metavar="DIR",
-                        help="train on your own images: DIR/<class name>/<image files>. Without "
-                             "--eval-image-dir the classes are split in halves by sorted folder name: the "
-                             "model trains on the first half and is evaluated on the unseen second half. "
-                             "The job is named after DIR.")
-    parser.add_argument("--eval-image-dir", metavar="DIR",
-                        help="evaluation images laid out like --image-dir (classes unseen in training).")
-    parser.add_argument("--epochs", type=int, metavar="N", help="shortcut for --set training.epochs=N.")
-    parser.add_argument("--steps-per-epoch", type=int, metavar="N",
-                        help="shortcut for --set training.steps_per_epoch=N.")
-    parser.add_argument("--seed", type=int, metavar="N", help="shortcut for --set seed=N (same seed, same run).")
-    parser.add_argument("--report-dir", metavar="DIR",
-                        help="where the report and checkpoints go (default: reports/<name>).")
-    parser.add_argument("--restart", action="store_true",
-                        help="discard an unfinished run's checkpoints in the report directory and train from "
-                             "epoch 1 (without it, such a run resumes, and a changed configuration is refused).")
-    parser.add_argument("--export-dir", metavar="DIR",
-                        help="TF Serving base directory of the export (default: exported_models).")
-    parser.add_argument("--export-version", type=int, metavar="N",
-                        help="version directory to write (default: the next free integer); an existing "
-                             "version is replaced.")
-    parser.add_argument("--no-export", action="store_true", help="skip the SavedModel and index export.")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved configuration as YAML and exit without training.")
-    parser.add_argument("--quiet", action="store_true",
-                        help="one line per epoch instead of progress bars (the default when the output is "
-                             "not a terminal).")
+        "same report directory and configuration. Configuration errors exit with status 2.",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="YAML",
+        help="configuration file (see configs/); its values override the built-in defaults printed by --print-config.",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one configuration value, e.g. --set optimizer.learning_rate=0.01 or "
+        "--set model.levels=[H]; values are parsed as YAML; repeatable.",
+    )
+    parser.add_argument(
+        "--image-dir",
+        metavar="DIR",
+        help="train on your own images: DIR/<class name>/<image files>. Without "
+        "--eval-image-dir the classes are split in halves by sorted folder name: the "
+        "model trains on the first half and is evaluated on the unseen second half. "
+        "The job is named after DIR.",
+    )
+    parser.add_argument(
+        "--eval-image-dir",
+        metavar="DIR",
+        help="evaluation images laid out like --image-dir (classes unseen in training).",
+    )
+    _add_run_options(parser)
     parser.set_defaults(func=run)
     return parser
+
+
+def _add_run_options(parser):
+    group = parser.add_argument_group("training run, outputs and resuming")
+    group.add_argument("--epochs", type=int, metavar="N", help="shortcut for --set training.epochs=N.")
+    group.add_argument(
+        "--steps-per-epoch", type=int, metavar="N", help="shortcut for --set training.steps_per_epoch=N."
+    )
+    group.add_argument("--seed", type=int, metavar="N", help="shortcut for --set seed=N (same seed, same run).")
+    group.add_argument(
+        "--report-dir", metavar="DIR", help="where the report and checkpoints go (default: reports/<name>)."
+    )
+    group.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard an unfinished run's checkpoints in the report directory and train from "
+        "epoch 1 (without it, such a run resumes, and a changed configuration is refused).",
+    )
+    group.add_argument(
+        "--export-dir", metavar="DIR", help="TF Serving base directory of the export (default: exported_models)."
+    )
+    group.add_argument(
+        "--export-version",
+        type=int,
+        metavar="N",
+        help="version directory to write (default: the next free integer); an existing version is replaced.",
+    )
+    group.add_argument("--no-export", action="store_true", help="skip the SavedModel and index export.")
+    group.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration as YAML and exit without training.",
+    )
+    group.add_argument(
+        "--quiet",
+        action="store_true",
+        help="one line per epoch instead of progress bars (the default when the output is not a terminal).",
+    )
 
 
 def _folder_job(args):
@@ -69,20 +105,37 @@ def _folder_job(args):
             raise ConfigError("--eval-image-dir needs --image-dir (the training images)")
         return []
     name = os.path.basename(os.path.normpath(os.path.abspath(args.image_dir))) or "images"
-    return [("data.source", "folder"), ("data.path", args.image_dir), ("data.eval_path", args.eval_image_dir),
-            ("name", name), ("description", f"images of {args.image_dir}")]
+    return [
+        ("data.source", "folder"),
+        ("data.path", args.image_dir),
+        ("data.eval_path", args.eval_image_dir),
+        ("name", name),
+        ("description", f"images of {args.image_dir}"),
+    ]
 
 
 # Options that stand for configuration keys: an error about the key names the option when it was given.
-_OPTION_OF = {"data.path": "image_dir", "data.eval_path": "eval_image_dir", "training.epochs": "epochs",
-              "training.steps_per_epoch": "steps_per_epoch", "seed": "seed", "report.dir": "report_dir",
-              "export.base_dir": "export_dir", "export.version": "export_version"}
+_OPTION_OF = {
+    "data.path": "image_dir",
+    "data.eval_path": "eval_image_dir",
+    "training.epochs": "epochs",
+    "training.steps_per_epoch": "steps_per_epoch",
+    "seed": "seed",
+    "report.dir": "report_dir",
+    "export.base_dir": "export_dir",
+    "export.version": "export_version",
+}
 
 
 def _overrides(args):
-    shortcuts = {"training.epochs": args.epochs, "training.steps_per_epoch": args.steps_per_epoch,
-                 "seed": args.seed, "report.dir": args.report_dir, "export.base_dir": args.export_dir,
-                 "export.version": args.export_version}
+    shortcuts = {
+        "training.epochs": args.epochs,
+        "training.steps_per_epoch": args.steps_per_epoch,
+        "seed": args.seed,
+        "report.dir": args.report_dir,
+        "export.base_dir": args.export_dir,
+        "export.version": args.export_version,
+    }
     overrides = _folder_job(args) + list(args.overrides)
     overrides += [(key, value) for key, value in shortcuts.items() if value is not None]
     if args.no_export:
@@ -109,12 +162,20 @@ def _print_summary(summary):
     for key in model:
         print(f"{key:<14}{model[key]:>10.4f}{raw.get(key, float('nan')):>12.4f}")
     epochs, this_run = len(summary["history"].get("loss", [])), summary["epochs_this_run"]
-    resumed = "" if this_run == epochs else (
-        f"; {summary['train_seconds_this_run']:.1f} s of it in this run, epochs {epochs - this_run + 1}-{epochs}"
-        if this_run else "; all of it in earlier runs")
+    resumed = (
+        ""
+        if this_run == epochs
+        else (
+            f"; {summary['train_seconds_this_run']:.1f} s of it in this run, epochs {epochs - this_run + 1}-{epochs}"
+            if this_run
+            else "; all of it in earlier runs"
+        )
+    )
     print(f"\ntraining: {summary['train_seconds']:.1f} s for {epochs} epoch{'s' if epochs != 1 else ''}{resumed}")
-    print(f"this process: {summary['wall_seconds']:.1f} s since it started (Python and TensorFlow imports "
-          f"included), {summary['job_seconds']:.1f} s of it in the job (from the configuration to the report)")
+    print(
+        f"this process: {summary['wall_seconds']:.1f} s since it started (Python and TensorFlow imports "
+        f"included), {summary['job_seconds']:.1f} s of it in the job (from the configuration to the report)"
+    )
     if "export_dir" in summary:
         print(f"exported SavedModel: {summary['export_dir']}")
     print(f"report: {os.path.join(summary['report_dir'], 'metrics.json')}")
@@ -122,10 +183,15 @@ def _print_summary(summary):
 
 
 def run(args):
-    import yaml
-
     try:
         config = resolve(args)
+    except ConfigError as error:  # the keys, types and paths are checked before TensorFlow is imported
+        print(f"tfdml train: error: {_with_option(str(error), args)}", file=sys.stderr)
+        return 2
+    # Imported once the configuration is valid: the job's modules import TensorFlow (seconds).
+    from tfdml import pipeline
+
+    try:
         if args.print_config:
             print(yaml.safe_dump(pipeline.resolve_paths(config).to_dict(), sort_keys=False), end="")
             return 0

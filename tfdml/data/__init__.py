@@ -6,8 +6,15 @@ from tfdml.data.evaluation import eval_dataset
 from tfdml.data.glyphs import glyphs
 from tfdml.data.preprocessing import Augment, eval_image, evaluation_center_crop, train_image
 from tfdml.data.sampling import class_balanced_dataset, episode_dataset, steps_per_epoch
-from tfdml.data.sources import (EMBEDDED_SOURCES, Source, array_source, digits, embedded_source, image_folder,
-                                tfds_source)
+from tfdml.data.sources import (
+    EMBEDDED_SOURCES,
+    Source,
+    array_source,
+    digits,
+    embedded_source,
+    image_folder,
+    tfds_source,
+)
 
 EMBEDDED_SOURCES["glyphs"] = glyphs
 

@@ -7,8 +7,9 @@ import tensorflow as tf
 from tfdml.data.preprocessing import eval_image
 
 
-def eval_dataset(source, batch_size, image_size=None, center_crop=True, resize=None, preprocess=None,
-                 with_index=False, prefetch=True):
+def eval_dataset(
+    source, batch_size, image_size=None, center_crop=True, resize=None, preprocess=None, with_index=False, prefetch=True
+):
     """Batches of `(images, labels)` over all items of `source` in index order.
 
     Args:
@@ -16,7 +17,8 @@ def eval_dataset(source, batch_size, image_size=None, center_crop=True, resize=N
       batch_size: items per batch (the last batch may be smaller).
       image_size: output size; images are resized to `resize` (default `image_size * 256 / 224`, i.e.
         256 for 224) and centre-cropped to `image_size` (`center_crop=False`: plain resize).
-      preprocess: `None` for float32 pixels in `[0, 1]`, or a function of float32 images in `[0, 255]`.
+      preprocess: `None` (default) for raw float32 pixels in `[0, 255]`, what tfdml embedders take (they
+        apply their own preprocessing); or a function of float32 images in `[0, 255]`.
       with_index: also yield each item's index in the source, `(images, labels, indices)`, so that
         embeddings can be matched back to items (e.g. file paths) even when a corrupt item was skipped.
 
@@ -40,11 +42,14 @@ def eval_dataset(source, batch_size, image_size=None, center_crop=True, resize=N
     ds = tf.data.Dataset.range(n).map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     spec = ds.element_spec[0]
     if not spec.shape.is_fully_defined():
-        raise ValueError(f"{source.name}: images have no fixed size (got shape {spec.shape}); pass "
-                         "image_size=... so that they can be batched.")
+        raise ValueError(
+            f"{source.name}: images have no fixed size (got shape {spec.shape}); pass "
+            "image_size=... so that they can be batched."
+        )
     # A sentinel after the last item lets the gap scan below also see trailing corrupt items.
     sentinel = tf.data.Dataset.from_tensors(
-        (tf.zeros(spec.shape, spec.dtype), tf.constant(-1, tf.int64), tf.constant(n, tf.int64)))
+        (tf.zeros(spec.shape, spec.dtype), tf.constant(-1, tf.int64), tf.constant(n, tf.int64))
+    )
     ds = ds.ignore_errors().concatenate(sentinel)
 
     def record(missing):

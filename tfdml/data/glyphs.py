@@ -32,15 +32,32 @@ import hashlib
 import os
 import warnings
 
+import matplotlib
 import numpy as np
+from fontTools.ttLib import TTFont
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+from scipy import ndimage
+
+from tfdml.data.sources import array_source
 
 # Faces with Unicode character maps (each drawn in the four weights/slants the files provide).
 UNICODE_FACES = (
-    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
-    "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf", "DejaVuSansMono-Oblique.ttf",
+    "DejaVuSans.ttf",
+    "DejaVuSans-Bold.ttf",
+    "DejaVuSans-Oblique.ttf",
+    "DejaVuSans-BoldOblique.ttf",
+    "DejaVuSansMono.ttf",
+    "DejaVuSansMono-Bold.ttf",
+    "DejaVuSansMono-Oblique.ttf",
     "DejaVuSansMono-BoldOblique.ttf",
-    "DejaVuSerif.ttf", "DejaVuSerif-Bold.ttf", "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf",
-    "STIXGeneral.ttf", "STIXGeneralBol.ttf", "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf",
+    "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf",
+    "DejaVuSerif-Italic.ttf",
+    "DejaVuSerif-BoldItalic.ttf",
+    "STIXGeneral.ttf",
+    "STIXGeneralBol.ttf",
+    "STIXGeneralItalic.ttf",
+    "STIXGeneralBolIta.ttf",
 )
 # Computer Modern maps ASCII codes to TeX's font positions: only letters and digits are the characters
 # their code says, so these faces draw those and nothing else.
@@ -54,8 +71,10 @@ CANDIDATE_BLOCKS = (
     ("latin_lower", "abcdefghijklmnopqrstuvwxyz"),
     ("ascii_symbols", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"),
     ("latin1_symbols", "¡¢£¤¥¦§©«¬®°±µ¶¿×÷ßÞþÐðÆæØøŒœŁłƒ"),
-    ("greek", "".join(chr(c) for c in range(0x391, 0x3AA) if c != 0x3A2)
-     + "".join(chr(c) for c in range(0x3B1, 0x3CA))),
+    (
+        "greek",
+        "".join(chr(c) for c in range(0x391, 0x3AA) if c != 0x3A2) + "".join(chr(c) for c in range(0x3B1, 0x3CA)),
+    ),
     ("cyrillic", "".join(chr(c) for c in range(0x410, 0x450))),
     ("armenian", "".join(chr(c) for c in range(0x531, 0x557)) + "".join(chr(c) for c in range(0x561, 0x587))),
     ("georgian", "".join(chr(c) for c in range(0x10D0, 0x10FB))),
@@ -65,28 +84,26 @@ CANDIDATE_BLOCKS = (
     ("shapes", "■□▲△▶▷▼▽◀◁◆◇○◎●◐◑★☆☀☁☂☎☐☑☒☛☺☹♀♂♠♡♣♦♪♫✓✗✚✱❄"),
 )
 
-MIN_FACES = 4                 # a class needs this many faces that draw it
-RENDER_SIZE = 64              # font size of the master renderings (pixels)
-NORMAL_SIDE = 24              # look-alike check: the glyph's longer side after normalisation
+MIN_FACES = 4  # a class needs this many faces that draw it
+RENDER_SIZE = 64  # font size of the master renderings (pixels)
+NORMAL_SIDE = 24  # look-alike check: the glyph's longer side after normalisation
 # Look-alike thresholds, in pixels of mean ink displacement at NORMAL_SIDE (see `face_distances`). Set so
 # that every case pair that differs only in size (o/O, c/C, s/S, v/V, w/W, x/X, z/Z, Cyrillic ш/Ш, л/Л ...:
 # medians 0.26-0.37) is one class while P/F (0.40), O/D (0.40), n/u (0.47) stay two.
-LOOKALIKE_SIMILAR = 0.38      # median over the common faces below this: look-alikes
-LOOKALIKE_SAME = 0.12         # ... or below this in at least a quarter of them: the same shape there
+LOOKALIKE_SIMILAR = 0.38  # median over the common faces below this: look-alikes
+LOOKALIKE_SAME = 0.12  # ... or below this in at least a quarter of them: the same shape there
 # Image check (`confusions`): two classes are look-alikes when, over CONFUSION_SEEDS data sets of 20 images
 # per class at 32 px (the job's), this fraction of one class's images (both ways, summed) have their nearest
 # neighbour in the other. Exact homoglyphs score 0.5-1.0 and M / м, K / κ, r / Γ, Σ / ∑, Д / д 0.47-0.55,
 # while distinct but close shapes (d / ժ, u / ∪, T / τ, Ш / Щ, u / и) stay at 0.20-0.27; 0 / O reads 0.295.
 CONFUSION_LIMIT = 0.3
 CONFUSION_SEEDS = tuple(range(10))
-DEFAULT_ROTATION = 12.0       # images are rotated by up to +-this many degrees
+DEFAULT_ROTATION = 12.0  # images are rotated by up to +-this many degrees
 CACHE_VERSION = 1
 
 
 def font_dir():
     """The folder of TrueType files that ships inside matplotlib."""
-    import matplotlib
-
     return os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "fonts", "ttf")
 
 
@@ -98,8 +115,6 @@ _FONTS = {}
 
 
 def _font(face, size=RENDER_SIZE):
-    from PIL import ImageFont
-
     key = (face, size)
     if key not in _FONTS:
         _FONTS[key] = ImageFont.truetype(_font_path(face), size)
@@ -111,8 +126,6 @@ _CMAPS = {}
 
 def _cmap(face):
     if face not in _CMAPS:
-        from fontTools.ttLib import TTFont
-
         with TTFont(_font_path(face), lazy=True) as font:
             _CMAPS[face] = frozenset(font.getBestCmap() or ())
     return _CMAPS[face]
@@ -121,8 +134,6 @@ def _cmap(face):
 def render_glyph(char, face, rotation=0.0, size=RENDER_SIZE):
     """`char` drawn white on black in `face`, rotated by `rotation` degrees (counter-clockwise) and cropped
     to its ink: a `uint8` array, or `None` when the face draws nothing there."""
-    from PIL import Image, ImageDraw
-
     canvas = Image.new("L", (3 * size, 3 * size), 0)
     ImageDraw.Draw(canvas).text((1.5 * size, 1.5 * size), char, font=_font(face, size), fill=255, anchor="mm")
     if rotation:
@@ -133,7 +144,7 @@ def render_glyph(char, face, rotation=0.0, size=RENDER_SIZE):
     return np.asarray(canvas.crop(box))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def faces_for(char):
     """The faces that map `char` in their character table and draw ink for it (no blank glyph)."""
     faces = list(UNICODE_FACES) + (list(TEX_FACES) if char in TEX_CHARS else [])
@@ -154,8 +165,6 @@ def candidates(min_faces=MIN_FACES):
 def normalise(glyph, side=NORMAL_SIDE, blur=0.0):
     """A cropped glyph -> float32 `[side + 4, side + 4]` in [0, 1]: longer side scaled to `side`, centred,
     optionally blurred."""
-    from PIL import Image, ImageFilter
-
     height, width = glyph.shape
     scale = side / max(height, width)
     new = (max(1, round(width * scale)), max(1, round(height * scale)))
@@ -177,8 +186,6 @@ def face_distances(chars_faces, max_rotation=DEFAULT_ROTATION):
     is rotated by up to `max_rotation`). It ignores stroke weight (a thin stroke lies inside a thick one)
     and counts every misplaced stroke, however thin.
     """
-    from scipy import ndimage
-
     chars = list(chars_faces)
     index = {c: i for i, c in enumerate(chars)}
     faces = sorted({f for fs in chars_faces.values() for f in fs})
@@ -187,18 +194,17 @@ def face_distances(chars_faces, max_rotation=DEFAULT_ROTATION):
     for face in faces:
         members = [c for c in chars if face in chars_faces[c]]
         ink = np.stack([normalise(render_glyph(c, face)).ravel() > 0.5 for c in members])
-        turned = np.stack([[normalise(render_glyph(c, face, r)) > 0.5 for r in rotations]
-                           for c in members])
+        turned = np.stack([[normalise(render_glyph(c, face, r)) > 0.5 for r in rotations] for c in members])
         # distance from every pixel to the nearest ink of each turned rendering: [m, rotations, pixels]
         nearest = np.stack([[ndimage.distance_transform_edt(~mask).ravel() for mask in row] for row in turned])
         turned_ink = turned.reshape(len(members), len(rotations), -1)
-        upright_nearest = np.stack([ndimage.distance_transform_edt(~m.reshape(turned.shape[2:])).ravel()
-                                    for m in ink])
+        upright_nearest = np.stack([ndimage.distance_transform_edt(~m.reshape(turned.shape[2:])).ravel() for m in ink])
         counts = ink.sum(1).astype(np.float32)
         # mean distance of a's ink to turned b, and of turned b's ink to a: [m, m, rotations]
         a_to_b = np.einsum("ip,jrp->ijr", ink.astype(np.float32), nearest) / counts[:, None, None]
-        b_to_a = (np.einsum("jrp,ip->ijr", turned_ink.astype(np.float32), upright_nearest)
-                  / turned_ink.sum(2)[None].astype(np.float32))
+        b_to_a = np.einsum("jrp,ip->ijr", turned_ink.astype(np.float32), upright_nearest) / turned_ink.sum(2)[
+            None
+        ].astype(np.float32)
         mhd = np.maximum(a_to_b, b_to_a).min(axis=2)
         mhd = np.minimum(mhd, mhd.T)
         ids = np.array([index[c] for c in members])
@@ -222,13 +228,10 @@ def lookalikes(distances, similar=LOOKALIKE_SIMILAR, same=LOOKALIKE_SAME):
 def _undo_size_and_position(image, side=20):
     """An image -> float32 `[(side + 2) ** 2]`, zero mean and unit norm: cropped to its ink (above 30 % of
     its brightest pixel: the blur's halo is not ink), longer side scaled to `side`, centred."""
-    from PIL import Image
-
     rows, cols = np.nonzero(image > 0.3 * image.max())
-    crop = Image.fromarray(image[rows.min():rows.max() + 1, cols.min():cols.max() + 1])
+    crop = Image.fromarray(image[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1])
     scale = side / max(crop.size)
-    crop = crop.resize((max(1, round(crop.size[0] * scale)), max(1, round(crop.size[1] * scale))),
-                       Image.BILINEAR)
+    crop = crop.resize((max(1, round(crop.size[0] * scale)), max(1, round(crop.size[1] * scale))), Image.BILINEAR)
     canvas = Image.new("L", (side + 2, side + 2), 0)
     canvas.paste(crop, ((side + 2 - crop.size[0]) // 2, (side + 2 - crop.size[1]) // 2))
     vector = np.asarray(canvas, np.float32).ravel()
@@ -251,17 +254,22 @@ def confusions(classes, seeds=CONFUSION_SEEDS, images_per_class=20, image_size=3
         images, labels = render_images(classes, image_size, images_per_class, seed)
         vectors = np.stack([_undo_size_and_position(image) for image in images])
         for start in range(0, len(vectors), 2048):
-            similarity = vectors[start:start + 2048] @ vectors.T
+            similarity = vectors[start : start + 2048] @ vectors.T
             similarity[np.arange(len(similarity)), np.arange(start, start + len(similarity))] = -np.inf
-            np.add.at(count, (labels[start:start + 2048], labels[np.argmax(similarity, axis=1)]), 1)
+            np.add.at(count, (labels[start : start + 2048], labels[np.argmax(similarity, axis=1)]), 1)
     rate = count / (images_per_class * len(seeds))
     rate = rate + rate.T
     np.fill_diagonal(rate, 0.0)
     return rate
 
 
-def select_classes(min_faces=MIN_FACES, similar=LOOKALIKE_SIMILAR, same=LOOKALIKE_SAME,
-                   max_rotation=DEFAULT_ROTATION, confusion_limit=CONFUSION_LIMIT):
+def select_classes(
+    min_faces=MIN_FACES,
+    similar=LOOKALIKE_SIMILAR,
+    same=LOOKALIKE_SAME,
+    max_rotation=DEFAULT_ROTATION,
+    confusion_limit=CONFUSION_LIMIT,
+):
     """`(classes, dropped, confused)`: the candidates (`candidates`, in priority order) that look like no
     earlier kept one, as a string; `{dropped_char: (kept_char, median_distance)}` naming the closest
     look-alike by shape distance of each candidate dropped in the first pass; and `{char: (kept_char,
@@ -297,6 +305,7 @@ def select_classes(min_faces=MIN_FACES, similar=LOOKALIKE_SIMILAR, same=LOOKALIK
 
 
 def _classes():
+    # Imported when needed: scripts/make_glyph_classes.py uses this module to write glyph_classes.py.
     from tfdml.data.glyph_classes import CLASSES
 
     return CLASSES
@@ -318,8 +327,6 @@ def class_split(classes, split):
 
 def _draw(glyph, image_size, params):
     """One image from a master rendering and its random parameters."""
-    from PIL import Image, ImageFilter
-
     image = Image.fromarray(glyph)
     if params["weight"] > 0:
         image = image.filter(ImageFilter.MaxFilter(2 * params["weight"] + 1))
@@ -343,8 +350,9 @@ def _draw(glyph, image_size, params):
     return np.asarray(canvas)
 
 
-def render_images(classes, image_size=32, images_per_class=20, seed=0, max_rotation=DEFAULT_ROTATION,
-                  scale=(0.55, 0.95), max_blur=0.8):
+def render_images(
+    classes, image_size=32, images_per_class=20, seed=0, max_rotation=DEFAULT_ROTATION, scale=(0.55, 0.95), max_blur=0.8
+):
     """`uint8 [len(classes) * images_per_class, image_size, image_size]` images and their class indices.
 
     Each class's images depend only on `seed` and its character (not on the other classes): per image a
@@ -378,7 +386,8 @@ def render_images(classes, image_size=32, images_per_class=20, seed=0, max_rotat
 
 def cache_dir():
     root = os.environ.get("TFDML_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfdml")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfdml"
+    )
     return os.path.join(root, "glyphs")
 
 
@@ -388,13 +397,26 @@ def _cache_key(classes, settings):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
 
 
-def load_images(classes=None, image_size=32, images_per_class=20, seed=0, max_rotation=DEFAULT_ROTATION,
-                scale=(0.55, 0.95), max_blur=0.8, cache=True):
+def load_images(
+    classes=None,
+    image_size=32,
+    images_per_class=20,
+    seed=0,
+    max_rotation=DEFAULT_ROTATION,
+    scale=(0.55, 0.95),
+    max_blur=0.8,
+    cache=True,
+):
     """`render_images` of every class, read from the on-disk cache when it was generated before."""
     classes = _classes() if classes is None else classes
-    settings = dict(image_size=int(image_size), images_per_class=int(images_per_class), seed=int(seed),
-                    max_rotation=float(max_rotation), scale=tuple(float(s) for s in scale),
-                    max_blur=float(max_blur))
+    settings = dict(
+        image_size=int(image_size),
+        images_per_class=int(images_per_class),
+        seed=int(seed),
+        max_rotation=float(max_rotation),
+        scale=tuple(float(s) for s in scale),
+        max_blur=float(max_blur),
+    )
     path = os.path.join(cache_dir(), f"glyphs-{_cache_key(classes, settings)}.npz") if cache else None
     if path and os.path.exists(path):
         try:
@@ -411,8 +433,17 @@ def load_images(classes=None, image_size=32, images_per_class=20, seed=0, max_ro
     return images, labels
 
 
-def glyph_arrays(split="train", image_size=32, images_per_class=20, seed=0, max_rotation=DEFAULT_ROTATION,
-                 scale=(0.55, 0.95), max_blur=0.8, classes=None, cache=True):
+def glyph_arrays(
+    split="train",
+    image_size=32,
+    images_per_class=20,
+    seed=0,
+    max_rotation=DEFAULT_ROTATION,
+    scale=(0.55, 0.95),
+    max_blur=0.8,
+    classes=None,
+    cache=True,
+):
     """`(images uint8 [n, image_size, image_size, 1], labels [n], classes)` of one split; arguments as in
     `glyphs`."""
     classes = _classes() if classes is None else str(classes)
@@ -423,14 +454,22 @@ def glyph_arrays(split="train", image_size=32, images_per_class=20, seed=0, max_
     if int(images_per_class) < 1:
         raise ValueError(f"glyphs: images_per_class must be positive, got {images_per_class}.")
     keep = class_split(classes, split)
-    images, labels = load_images(classes, image_size, images_per_class, seed, max_rotation, scale, max_blur,
-                                 cache)
+    images, labels = load_images(classes, image_size, images_per_class, seed, max_rotation, scale, max_blur, cache)
     mask = np.isin(labels, keep)
     return images[mask][..., None], labels[mask], classes
 
 
-def glyphs(split="train", image_size=32, images_per_class=20, seed=0, max_rotation=DEFAULT_ROTATION,
-           scale=(0.55, 0.95), max_blur=0.8, classes=None, cache=True):
+def glyphs(
+    split="train",
+    image_size=32,
+    images_per_class=20,
+    seed=0,
+    max_rotation=DEFAULT_ROTATION,
+    scale=(0.55, 0.95),
+    max_blur=0.8,
+    classes=None,
+    cache=True,
+):
     """Rendered characters as a source of `uint8 [image_size, image_size, 1]` images (white ink on black).
 
     Args:
@@ -453,11 +492,14 @@ def glyphs(split="train", image_size=32, images_per_class=20, seed=0, max_rotati
       >>> train, test = tfdml.data.glyphs("train"), tfdml.data.glyphs("test")
       >>> ds = tfdml.data.class_balanced_dataset(train, 22, 3, image_size=32)
     """
-    from tfdml.data.sources import array_source
-
-    images, labels, classes = glyph_arrays(split, image_size, images_per_class, seed, max_rotation, scale,
-                                           max_blur, classes, cache)
-    source = array_source(images, labels, num_classes=len(classes),
-                          name=f"glyphs({split}: {len(np.unique(labels))} of {len(classes)} characters)")
+    images, labels, classes = glyph_arrays(
+        split, image_size, images_per_class, seed, max_rotation, scale, max_blur, classes, cache
+    )
+    source = array_source(
+        images,
+        labels,
+        num_classes=len(classes),
+        name=f"glyphs({split}: {len(np.unique(labels))} of {len(classes)} characters)",
+    )
     source.class_names = list(classes)
     return source

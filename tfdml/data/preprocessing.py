@@ -8,8 +8,11 @@ The random crop is `tf.image.stateless_sample_distorted_bounding_box`, the same 
 `RandomCropAndResize`, but driven by an explicit per-image seed so that a pipeline is bit-for-bit
 reproducible for a given seed (keras-cv layers draw from their own stateful generator).
 
-Output pixels are float32 in `[0, 1]`, or whatever `preprocess` returns when given float32 images in
-`[0, 255]` (e.g. `keras.applications.resnet.preprocess_input` for a ResNet backbone).
+Output pixels are float32 in `[0, 255]`, resized, cropped and augmented but with their values left alone:
+every tfdml embedder applies its own pixel preprocessing as its first layer
+(`tfdml.models.preprocessing`), so the same raw pixels go to training, evaluation and the served model.
+For a model that does not preprocess itself, `preprocess` is applied to the float32 `[0, 255]` images
+(e.g. `lambda x: x / 255`, or `keras.applications.resnet.preprocess_input` for a bare ResNet).
 """
 
 import dataclasses
@@ -77,14 +80,16 @@ def _resize_side(size, resize):
     if resize is None:
         return tuple(int(round(s * RESIZE_RATIO)) for s in size)
     if int(resize) < max(size):
-        raise ValueError(f"resize={resize} is smaller than the crop image_size={size}; it must be at least "
-                         "as large (the papers resize to 256 and crop 224).")
+        raise ValueError(
+            f"resize={resize} is smaller than the crop image_size={size}; it must be at least "
+            "as large (the papers resize to 256 and crop 224)."
+        )
     return (int(resize), int(resize))
 
 
 def _finish(image, preprocess):
     if preprocess is None:
-        return image / 255.0
+        return image  # raw pixels: tfdml embedders preprocess them themselves
     return tf.cast(preprocess(image), tf.float32)
 
 
@@ -99,7 +104,8 @@ def _center_crop(image, size):
 
 
 def train_image(image, seed, image_size=None, augment=None, preprocess=None):
-    """One training image (`[H, W, C]`, uint8 or [0, 255]) -> float32 `[h, w, C]`.
+    """One training image (`[H, W, C]`, uint8 or [0, 255]) -> float32 `[h, w, C]` (in [0, 255] without
+    `preprocess`).
 
     `seed` is a stateless seed (int tensor `[2]`); `augment` an `Augment` or `None` (plain resize to
     `image_size`, or nothing when `image_size` is `None`).
@@ -117,9 +123,15 @@ def train_image(image, seed, image_size=None, augment=None, preprocess=None):
     image = tf.image.resize(image, _resize_side(size, augment.resize))
     if augment.random_crop:
         begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-            tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=crop_seed,
-            min_object_covered=0.0, aspect_ratio_range=augment.aspect_ratio, area_range=augment.scale,
-            max_attempts=10, use_image_if_no_bounding_boxes=True)
+            tf.shape(image),
+            bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+            seed=crop_seed,
+            min_object_covered=0.0,
+            aspect_ratio_range=augment.aspect_ratio,
+            area_range=augment.scale,
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
         image = tf.image.resize(tf.slice(image, begin, crop), size)
     else:
         image = _center_crop(image, size)
@@ -132,7 +144,7 @@ def train_image(image, seed, image_size=None, augment=None, preprocess=None):
 def eval_image(image, image_size=None, center_crop=True, resize=None, preprocess=None):
     """An evaluation image `[H, W, C]` (or a batch `[N, H, W, C]`) -> float32: resize to `resize` (default
     `image_size * 256 / 224`), centre crop `image_size`; with `center_crop=False` a plain resize to
-    `image_size`. Deterministic.
+    `image_size`. Deterministic. Values stay in [0, 255] without `preprocess`.
 
     This is THE inference preprocessing: `tfdml.data.eval_dataset` applies it to every evaluated image and
     `tfdml.export` puts the same function in the serving graph, so a job's metrics describe the model that
@@ -152,8 +164,11 @@ def eval_image(image, image_size=None, center_crop=True, resize=None, preprocess
 def eval_settings(image_size, center_crop=True, resize=None):
     """JSON description of `eval_image`'s geometry (recorded in export metadata)."""
     size = as_size(image_size)
-    return {"image_size": list(size), "center_crop": bool(center_crop),
-            "resize": list(_resize_side(size, resize)) if center_crop else list(size)}
+    return {
+        "image_size": list(size),
+        "center_crop": bool(center_crop),
+        "resize": list(_resize_side(size, resize)) if center_crop else list(size),
+    }
 
 
 def evaluation_center_crop(augment):

@@ -63,10 +63,17 @@ def usable_classes(source, samples_per_class, drop_small_classes=False):
         shown = ", ".join(f"{source.class_name(c)} ({n})" for c, n in list(sorted(small.items()))[:10])
         more = "" if len(small) <= 10 else f", ... ({len(small) - 10} more)"
         action = "dropped" if drop_small_classes else "sampled with replacement"
-        logger.warning("%s: %d %s fewer than samples_per_class=%d images and %s %s (images per class in "
-                       "brackets): %s%s", source.name, len(small),
-                       "class has" if len(small) == 1 else "classes have", samples_per_class,
-                       "is" if len(small) == 1 else "are", action, shown, more)
+        logger.warning(
+            "%s: %d %s fewer than samples_per_class=%d images and %s %s (images per class in brackets): %s%s",
+            source.name,
+            len(small),
+            "class has" if len(small) == 1 else "classes have",
+            samples_per_class,
+            "is" if len(small) == 1 else "are",
+            action,
+            shown,
+            more,
+        )
     classes = [c for c in sorted(counts) if not (drop_small_classes and c in small)]
     return np.asarray(classes, dtype=np.int64)
 
@@ -91,7 +98,7 @@ def _slot_schedule(num_classes, group, seed, epochs):
         perm = tf.random.experimental.stateless_shuffle(tf.range(num_classes, dtype=tf.int64), order_seed)
         if fill:
             # The last group holds perm[-remainder:]; complete it with classes not among them.
-            extra = tf.random.experimental.stateless_shuffle(perm[:num_classes - remainder], fill_seed)
+            extra = tf.random.experimental.stateless_shuffle(perm[: num_classes - remainder], fill_seed)
             perm = tf.concat([perm, extra[:fill]], axis=0)
         slot_ids = epoch * per_epoch + tf.range(per_epoch, dtype=tf.int64)
         return tf.data.Dataset.from_tensor_slices((perm, slot_ids))
@@ -150,17 +157,16 @@ class _BatchSampler:
         self.image_spec = self._image_spec()
 
     def _image(self, index, image_seed):
-        return train_image(self.source.load(index), image_seed, self.image_size, self.augment,
-                           self.preprocess)
+        return train_image(self.source.load(index), image_seed, self.image_size, self.augment, self.preprocess)
 
     def _image_spec(self):
-        probe = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(
-            lambda i: self._image(i, tf.stack([i, i])))
+        probe = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(lambda i: self._image(i, tf.stack([i, i])))
         spec = probe.element_spec
         if not spec.shape.is_fully_defined():
             raise ValueError(
                 f"{self.source.name}: images have no fixed size (got shape {spec.shape}); pass "
-                "image_size=... so that they can be batched.")
+                "image_size=... so that they can be batched."
+            )
         return spec
 
     def items(self, class_positions, slot_ids):
@@ -176,27 +182,34 @@ class _BatchSampler:
         seeds = _fold(self.augment_seed, slot_ids[0])
         labels = tf.gather(tf.gather(self.class_ids, class_positions), self.slot_of)
         spec = self.image_spec
-        loaded = (tf.data.Dataset.from_tensor_slices((items, tf.range(self.total, dtype=tf.int64)))
-                  .map(lambda i, p: (self._image(i, _fold(seeds, p)), p))
-                  .ignore_errors()
-                  .batch(self.total))
+        loaded = (
+            tf.data.Dataset.from_tensor_slices((items, tf.range(self.total, dtype=tf.int64)))
+            .map(lambda i, p: (self._image(i, _fold(seeds, p)), p))
+            .ignore_errors()
+            .batch(self.total)
+        )
         # When every item fails, `loaded` is empty: the empty sentinel still yields one (incomplete) batch.
         sentinel = tf.data.Dataset.from_tensors(
-            (tf.zeros([0] + spec.shape.as_list(), spec.dtype), tf.zeros([0], tf.int64)))
-        return loaded.concatenate(sentinel).take(1).map(
-            lambda images, positions: self._repair(images, positions, items, labels))
+            (tf.zeros([0] + spec.shape.as_list(), spec.dtype), tf.zeros([0], tf.int64))
+        )
+        return (
+            loaded.concatenate(sentinel)
+            .take(1)
+            .map(lambda images, positions: self._repair(images, positions, items, labels))
+        )
 
     def _repair(self, images, positions, items, labels):
         total = self.total
         present = tf.scatter_nd(positions[:, None], tf.ones_like(positions, tf.bool), [total])
         missing = tf.boolean_mask(items, tf.logical_not(present))
-        tf.cond(tf.size(missing) > 0,
-                lambda: tf.numpy_function(self._record, [missing], tf.int32, stateful=True),
-                lambda: tf.constant(0))
+        tf.cond(
+            tf.size(missing) > 0,
+            lambda: tf.numpy_function(self._record, [missing], tf.int32, stateful=True),
+            lambda: tf.constant(0),
+        )
         flat = tf.range(total, dtype=tf.int64)
         # Each missing item is replaced by the first loaded item of its slot.
-        first_loaded = tf.math.unsorted_segment_min(
-            tf.where(present, flat, total), self.slot_of, len(self.ks))
+        first_loaded = tf.math.unsorted_segment_min(tf.where(present, flat, total), self.slot_of, len(self.ks))
         complete = tf.reduce_all(first_loaded < total)
         replacement = tf.gather(tf.minimum(first_loaded, total - 1), self.slot_of)
         source_position = tf.where(present, flat, replacement)
@@ -206,9 +219,10 @@ class _BatchSampler:
         everything_loaded = tf.equal(tf.size(positions), total)
         # Copy the batch only when something has to be replaced (a copy costs as much as a decode).
         images = tf.cond(
-            everything_loaded, lambda: images,
-            lambda: tf.cond(complete, lambda: tf.gather(images, rows),
-                            lambda: tf.zeros(shape, self.image_spec.dtype)))
+            everything_loaded,
+            lambda: images,
+            lambda: tf.cond(complete, lambda: tf.gather(images, rows), lambda: tf.zeros(shape, self.image_spec.dtype)),
+        )
         images = tf.ensure_shape(images, shape)
         return images, tf.ensure_shape(labels, [total]), complete
 
@@ -229,8 +243,8 @@ def _batches(sampler, schedule, group, parallel_batches):
         parallel_batches = _default_parallel_batches()
     _check_positive("parallel_batches", parallel_batches)
     ds = schedule.batch(group, drop_remainder=True).interleave(
-        sampler.batch, cycle_length=parallel_batches, num_parallel_calls=parallel_batches,
-        deterministic=True)
+        sampler.batch, cycle_length=parallel_batches, num_parallel_calls=parallel_batches, deterministic=True
+    )
 
     def keep(images, labels, complete):
         def warn():
@@ -243,8 +257,7 @@ def _batches(sampler, schedule, group, parallel_batches):
 
 
 def _warn_dropped(labels):
-    logger.warning("dropped a batch: one of its classes %s has no loadable image left",
-                   sorted(set(labels.tolist())))
+    logger.warning("dropped a batch: one of its classes %s has no loadable image left", sorted(set(labels.tolist())))
     return np.int32(0)
 
 
@@ -258,15 +271,27 @@ class _UniformOrderBatchSampler(_BatchSampler):
 
     def items(self, class_positions, slot_ids):
         items = super().items(class_positions, slot_ids)
-        keys = tf.random.stateless_uniform([self.total], _fold(_fold(self.sample_seed, slot_ids[0]), 1),
-                                           dtype=tf.float64)
+        keys = tf.random.stateless_uniform(
+            [self.total], _fold(_fold(self.sample_seed, slot_ids[0]), 1), dtype=tf.float64
+        )
         # slot + key (key in [0, 1)) sorts by slot first, then in random order within each slot.
         return tf.gather(items, tf.argsort(tf.cast(self.slot_of, tf.float64) + keys))
 
 
-def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_size=None, augment=False,
-                           preprocess=None, seed=None, epochs=None, drop_small_classes=False,
-                           num_replicas=None, parallel_batches=None, prefetch=True):
+def class_balanced_dataset(
+    source,
+    classes_per_batch,
+    samples_per_class,
+    image_size=None,
+    augment=False,
+    preprocess=None,
+    seed=None,
+    epochs=None,
+    drop_small_classes=False,
+    num_replicas=None,
+    parallel_batches=None,
+    prefetch=True,
+):
     """Batches of exactly `classes_per_batch` distinct classes x `samples_per_class` images each.
 
     Args:
@@ -278,8 +303,9 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_s
       image_size: output size (int or `(height, width)`); required unless all images share one size.
       augment: `False` (resize only), `True` (paper augmentation: resize 256, random crop of 50-100 % area
         and aspect 3/4-4/3 to `image_size`, horizontal flip) or a `tfdml.data.Augment`.
-      preprocess: `None` for float32 pixels in `[0, 1]`, or a function of float32 images in `[0, 255]`
-        (backbone-specific, e.g. `keras.applications.resnet.preprocess_input`).
+      preprocess: `None` (default) for raw float32 pixels in `[0, 255]`, what tfdml embedders take (they
+        apply their own preprocessing); or a function of float32 images in `[0, 255]` for a model that does
+        not preprocess itself (e.g. `lambda x: x / 255`).
       seed: int; the same seed gives the same batches (classes, images and augmentation).
       epochs: number of class epochs (`steps_per_epoch(source, C)` batches each); `None` repeats forever.
       num_replicas: when set, checks that `C` divides evenly so each replica's contiguous share of a batch
@@ -309,25 +335,41 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, image_s
         if classes_per_batch % num_replicas:
             raise ValueError(
                 f"classes_per_batch={classes_per_batch} is not divisible by num_replicas={num_replicas}: "
-                "each replica's share of the batch would split a class.")
+                "each replica's share of the batch would split a class."
+            )
     classes = usable_classes(source, samples_per_class, drop_small_classes)
     if len(classes) < classes_per_batch:
         raise ValueError(
             f"{source.name} has {len(classes)} usable classes, fewer than classes_per_batch="
-            f"{classes_per_batch}" + (" after dropping small classes" if drop_small_classes else "") + ".")
+            f"{classes_per_batch}" + (" after dropping small classes" if drop_small_classes else "") + "."
+        )
     seed = _base_seed(seed)
     schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    sampler = _UniformOrderBatchSampler(source, classes, [samples_per_class] * classes_per_batch, sample_seed,
-                                        image_size, augment, preprocess)
+    sampler = _UniformOrderBatchSampler(
+        source, classes, [samples_per_class] * classes_per_batch, sample_seed, image_size, augment, preprocess
+    )
     schedule = _slot_schedule(len(classes), classes_per_batch, schedule_seed, epochs)
     ds = _batches(sampler, schedule, classes_per_batch, parallel_batches)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
 
 
-def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, train_classes=None,
-                    val_classes=None, image_size=None, augment=False, preprocess=None, seed=None,
-                    epochs=None, drop_small_classes=False, parallel_batches=None,
-                    prefetch=True, disjoint_labels=True):
+def episode_dataset(
+    source,
+    train_size=100,
+    val_size=20,
+    samples_per_class=5,
+    train_classes=None,
+    val_classes=None,
+    image_size=None,
+    augment=False,
+    preprocess=None,
+    seed=None,
+    epochs=None,
+    drop_small_classes=False,
+    parallel_batches=None,
+    prefetch=True,
+    disjoint_labels=True,
+):
     """DML-ALA episodes: per step a training subset and a validation subset with disjoint label sets.
 
     Each step draws `train_classes + val_classes` distinct classes (from the same epoch schedule as
@@ -350,37 +392,34 @@ def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, tr
       ...                                 train_classes=3, val_classes=1, image_size=16, seed=0)
       >>> train_x, train_y, val_x, val_y = next(iter(ds))
     """
-    for name, value in (("train_size", train_size), ("val_size", val_size),
-                        ("samples_per_class", samples_per_class)):
-        _check_positive(name, value)
-    train_classes = train_classes or max(1, train_size // samples_per_class)
-    val_classes = val_classes or max(1, val_size // samples_per_class)
-    _check_positive("train_classes", train_classes)
-    _check_positive("val_classes", val_classes)
-    for subset, size, n in (("train", train_size, train_classes), ("val", val_size, val_classes)):
-        if size % n:
-            raise ValueError(f"{subset}_size={size} is not divisible by {subset}_classes={n}; pick sizes "
-                             "that split evenly over the classes.")
+    train_classes, val_classes = _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes)
     k_train, k_val = train_size // train_classes, val_size // val_classes
     group = train_classes + val_classes
     classes = usable_classes(source, max(k_train, k_val), drop_small_classes)
     needed = group if disjoint_labels else max(train_classes, val_classes)
     if len(classes) < needed:
         raise ValueError(
-            f"{source.name} has {len(classes)} usable classes, fewer than " + (
+            f"{source.name} has {len(classes)} usable classes, fewer than "
+            + (
                 f"train_classes + val_classes = {train_classes} + {val_classes}: the two subsets need "
-                "disjoint label sets." if disjoint_labels else f"the {needed} classes of one subset."))
+                "disjoint label sets."
+                if disjoint_labels
+                else f"the {needed} classes of one subset."
+            )
+        )
     seed = _base_seed(seed)
     schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     if not disjoint_labels:
         subsets = []
         for index, (n, k) in enumerate(((train_classes, k_train), (val_classes, k_val))):
-            sampler = _BatchSampler(source, classes, [k] * n, _fold(sample_seed, index), image_size, augment,
-                                    preprocess)
+            sampler = _BatchSampler(
+                source, classes, [k] * n, _fold(sample_seed, index), image_size, augment, preprocess
+            )
             schedule = _slot_schedule(len(classes), n, _fold(schedule_seed, index), epochs)
             subsets.append(_batches(sampler, schedule, n, parallel_batches))
         ds = tf.data.Dataset.zip(tuple(subsets)).map(lambda train, val: (*train, *val))
         return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+    # One batch of both subsets' classes (distinct by construction), split after the training images.
     ks = [k_train] * train_classes + [k_val] * val_classes
     sampler = _BatchSampler(source, classes, ks, sample_seed, image_size, augment, preprocess)
     schedule = _slot_schedule(len(classes), group, schedule_seed, epochs)
@@ -390,3 +429,20 @@ def episode_dataset(source, train_size=100, val_size=20, samples_per_class=5, tr
 
     ds = _batches(sampler, schedule, group, parallel_batches).map(split)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes):
+    """The checked `(train_classes, val_classes)` of an episode (defaults: size // samples_per_class)."""
+    for name, value in (("train_size", train_size), ("val_size", val_size), ("samples_per_class", samples_per_class)):
+        _check_positive(name, value)
+    train_classes = train_classes or max(1, train_size // samples_per_class)
+    val_classes = val_classes or max(1, val_size // samples_per_class)
+    _check_positive("train_classes", train_classes)
+    _check_positive("val_classes", val_classes)
+    for subset, size, n in (("train", train_size, train_classes), ("val", val_size, val_classes)):
+        if size % n:
+            raise ValueError(
+                f"{subset}_size={size} is not divisible by {subset}_classes={n}; pick sizes "
+                "that split evenly over the classes."
+            )
+    return train_classes, val_classes

@@ -18,12 +18,16 @@ Sources:
 """
 
 import collections
+import inspect
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tensorflow as tf
+from PIL import Image, UnidentifiedImageError
+from sklearn.datasets import load_digits
 
 logger = logging.getLogger("tfdml.data")
 
@@ -60,8 +64,7 @@ class Source:
       skipped_count: how many load failures were skipped so far (a corrupt item met twice counts twice).
     """
 
-    def __init__(self, labels, load, channels, image_shape=None, num_classes=None, describe=None,
-                 name="source"):
+    def __init__(self, labels, load, channels, image_shape=None, num_classes=None, describe=None, name="source"):
         labels = np.asarray(labels)
         if labels.ndim != 1:
             raise ValueError(f"{name}: labels must be a 1-D array of class ids, got shape {labels.shape}.")
@@ -77,7 +80,8 @@ class Source:
         elif labels.size and labels.max() >= num_classes:
             raise ValueError(
                 f"{name}: labels out of range: found class id {int(labels.max())} but num_classes="
-                f"{num_classes} (ids must be in [0, {num_classes})).")
+                f"{num_classes} (ids must be in [0, {num_classes}))."
+            )
         self.labels = labels
         self.load = load
         self.channels = int(channels)
@@ -95,8 +99,10 @@ class Source:
         return int(self.labels.size)
 
     def __repr__(self):
-        return (f"<tfdml.data.Source {self.name}: {len(self)} items, {len(self.classes)} classes, "
-                f"image_shape={self.image_shape}>")
+        return (
+            f"<tfdml.data.Source {self.name}: {len(self)} items, {len(self.classes)} classes, "
+            f"image_shape={self.image_shape}>"
+        )
 
     @property
     def classes(self):
@@ -141,8 +147,7 @@ class Source:
             self._skipped += len(indices)
             total = self._skipped
         for i in new:
-            logger.warning("%s: skipped undecodable image %s (%d skipped so far)", self.name,
-                           self.describe(i), total)
+            logger.warning("%s: skipped undecodable image %s (%d skipped so far)", self.name, self.describe(i), total)
 
     def subset(self, indices, name=None):
         """A source over `indices` of this one (same loader, label space and class names; its own skip
@@ -154,8 +159,15 @@ class Source:
         def load(i):
             return parent.load(tf.gather(table, i))
 
-        subset = Source(self.labels[indices], load, self.channels, self.image_shape, self.num_classes,
-                        describe=lambda i: parent.describe(indices[i]), name=name or self.name)
+        subset = Source(
+            self.labels[indices],
+            load,
+            self.channels,
+            self.image_shape,
+            self.num_classes,
+            describe=lambda i: parent.describe(indices[i]),
+            name=name or self.name,
+        )
         subset.class_names = self.class_names  # the same label space
         paths = getattr(self, "paths", None)
         if paths is not None:
@@ -174,8 +186,6 @@ def check_image_file(path):
     truncated files are caught); other formats are checked with Pillow's `verify` (structure and PNG
     checksums, no decoding).
     """
-    from PIL import Image, UnidentifiedImageError
-
     try:
         if os.path.getsize(path) == 0:
             return None, "empty file"
@@ -198,8 +208,6 @@ def check_image_file(path):
 
 
 def _pil_pixels(path, channels):
-    from PIL import Image
-
     with Image.open(path) as image:
         image = image.convert("L" if channels == 1 else "RGB")  # L: ITU-R 601 luma, as TF's decoders
         pixels = np.asarray(image, np.uint8)
@@ -227,8 +235,7 @@ def report_skipped(what, problems, total):
         return
     named = "; ".join(f"{name} ({reason})" for name, reason in problems[:MAX_NAMED])
     more = f"; and {len(problems) - MAX_NAMED} more" if len(problems) > MAX_NAMED else ""
-    logger.warning("%s: skipped %d of %d images that cannot be decoded: %s%s", what, len(problems), total,
-                   named, more)
+    logger.warning("%s: skipped %d of %d images that cannot be decoded: %s%s", what, len(problems), total, named, more)
 
 
 def read_image_files(paths, channels=3, what="images"):
@@ -240,10 +247,12 @@ def read_image_files(paths, channels=3, what="images"):
             images.append(decode_image_file(path, channels))
             kept.append(position)
         except ImageReadError as error:
-            problems.append((os.fspath(path), str(error)[len(os.fspath(path)) + 2:]))
+            problems.append((os.fspath(path), str(error)[len(os.fspath(path)) + 2 :]))
     if not images:  # one error line instead of a warning and an error
-        raise ValueError(f"{what}: none of the {len(paths)} image files can be decoded: "
-                         + "; ".join(f"{name} ({reason})" for name, reason in problems[:MAX_NAMED]))
+        raise ValueError(
+            f"{what}: none of the {len(paths)} image files can be decoded: "
+            + "; ".join(f"{name} ({reason})" for name, reason in problems[:MAX_NAMED])
+        )
     report_skipped(what, problems, len(paths))
     return images, np.asarray(kept, np.int64)
 
@@ -251,6 +260,7 @@ def read_image_files(paths, channels=3, what="images"):
 def load_items(source):
     """`(images, kept)`: every item of `source` as a uint8 array (loaded eagerly, in order) and the indices
     that loaded; items that fail are skipped, recorded on the source and named in one warning."""
+
     def as_uint8(image):
         image = np.asarray(image)
         return image if image.dtype == np.uint8 else np.clip(np.round(image), 0, 255).astype(np.uint8)
@@ -312,16 +322,13 @@ def list_class_folders(path, class_names=None, extensions=IMAGE_EXTENSIONS):
                 paths.append(os.path.join(folder, file))
                 labels.append(label)
     if not paths:
-        raise ValueError(f"image folder {path!r}: no image files ({', '.join(extensions)}) in its class "
-                         "sub-folders.")
+        raise ValueError(f"image folder {path!r}: no image files ({', '.join(extensions)}) in its class sub-folders.")
     return paths, np.asarray(labels, np.int64), list(class_names)
 
 
 def scan_image_files(paths):
     """`(formats, problems)`: the image format of each file (None when it cannot be decoded) and the
     `(path, reason)` of the undecodable ones (see `check_image_file`)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     # Pillow releases the GIL while it decodes: threads scale the JPEG check over the cores.
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         checked = list(pool.map(check_image_file, paths, chunksize=64))
@@ -336,7 +343,8 @@ def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS, class_names=None
 
     Only the file list and labels are held in memory; images are read and decoded lazily (TensorFlow's
     decoders; Pillow for TIFF). With `validate=True` every file is checked once here (measured: 0.55 ms
-    of CPU per 500 x 375 JPEG, half a full decode; 0.06 ms per PNG; see `check_image_file`): undecodable files (empty, truncated, not an image) are left out and
+    of CPU per 500 x 375 JPEG, half a full decode; 0.06 ms per PNG; see `check_image_file`): undecodable
+    files (empty, truncated, not an image) are left out and
     named in one warning, and listed in `source.skipped_files` as `(path, reason)`. The class names are
     in `source.class_names`, the files in `source.paths`.
     """
@@ -348,8 +356,10 @@ def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS, class_names=None
         report_skipped(f"image_folder({path})", skipped, len(paths))
         keep = [i for i, f in enumerate(formats) if f is not None]
         if not keep:
-            raise ValueError(f"image folder {path!r}: none of its {len(paths)} image files can be decoded: "
-                             + "; ".join(f"{p} ({r})" for p, r in skipped[:MAX_NAMED]))
+            raise ValueError(
+                f"image folder {path!r}: none of its {len(paths)} image files can be decoded: "
+                + "; ".join(f"{p} ({r})" for p, r in skipped[:MAX_NAMED])
+            )
         uses_pil = [formats[i] not in TF_FORMATS for i in keep]
         paths, labels = [paths[i] for i in keep], labels[keep]
     _report_empty_classes(path, class_names, labels, skipped)
@@ -360,11 +370,13 @@ def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS, class_names=None
         file = tf.gather(table, i)
         if not any(uses_pil):
             return _decode_file(file, channels)
-        return tf.cond(tf.gather(pil_table, i), lambda: _pil_decode(file, channels),
-                       lambda: _decode_file(file, channels))
+        return tf.cond(
+            tf.gather(pil_table, i), lambda: _pil_decode(file, channels), lambda: _decode_file(file, channels)
+        )
 
-    source = Source(labels, load, channels, num_classes=len(class_names),
-                    describe=lambda i: paths[i], name=f"image_folder({path})")
+    source = Source(
+        labels, load, channels, num_classes=len(class_names), describe=lambda i: paths[i], name=f"image_folder({path})"
+    )
     source.class_names = class_names
     source.paths = paths
     source.skipped_files = skipped
@@ -377,13 +389,22 @@ def _report_empty_classes(path, class_names, labels, skipped):
     unreadable = collections.Counter(os.path.basename(os.path.dirname(file)) for file, _ in skipped)
     empty = [name for label, name in enumerate(class_names) if label not in present]
     if empty:
-        why = [f"{name} ({unreadable[name]} file{'s' if unreadable[name] > 1 else ''}, none decodable)"
-               if name in unreadable else
-               f"{name} (no image files)" for name in empty]
-        logger.warning("image_folder(%s): %d of %d class folders %s no readable image and %s left out: %s%s",
-                       path, len(empty), len(class_names), "has" if len(empty) == 1 else "have",
-                       "is" if len(empty) == 1 else "are", ", ".join(why[:MAX_NAMED]),
-                       f", ... ({len(why) - MAX_NAMED} more)" if len(why) > MAX_NAMED else "")
+        why = [
+            f"{name} ({unreadable[name]} file{'s' if unreadable[name] > 1 else ''}, none decodable)"
+            if name in unreadable
+            else f"{name} (no image files)"
+            for name in empty
+        ]
+        logger.warning(
+            "image_folder(%s): %d of %d class folders %s no readable image and %s left out: %s%s",
+            path,
+            len(empty),
+            len(class_names),
+            "has" if len(empty) == 1 else "have",
+            "is" if len(empty) == 1 else "are",
+            ", ".join(why[:MAX_NAMED]),
+            f", ... ({len(why) - MAX_NAMED} more)" if len(why) > MAX_NAMED else "",
+        )
 
 
 def class_halves(source):
@@ -392,11 +413,15 @@ def class_halves(source):
     unseen other half. `ValueError` for fewer than 2 classes."""
     classes = source.classes
     if len(classes) < 2:
-        raise ValueError(f"{source.name} has {len(classes)} class(es) with images; the split into a training "
-                         "and an evaluation half of the classes needs at least 2")
+        raise ValueError(
+            f"{source.name} has {len(classes)} class(es) with images; the split into a training "
+            "and an evaluation half of the classes needs at least 2"
+        )
     cut = classes[len(classes) // 2]
-    return tuple(source.subset(np.flatnonzero(keep), name=f"{source.name}, {part} half of the classes")
-                 for keep, part in ((source.labels < cut, "first"), (source.labels >= cut, "second")))
+    return tuple(
+        source.subset(np.flatnonzero(keep), name=f"{source.name}, {part} half of the classes")
+        for keep, part in ((source.labels < cut, "first"), (source.labels >= cut, "second"))
+    )
 
 
 def single_image_classes(source):
@@ -417,8 +442,9 @@ def array_source(images, labels, num_classes=None, name="array_source"):
     if images.ndim != 4:
         raise ValueError(f"{name}: images must have shape [n, H, W] or [n, H, W, C], got {images.shape}.")
     if labels.shape != (images.shape[0],):
-        raise ValueError(f"{name}: {images.shape[0]} images but labels has shape {labels.shape}; "
-                         "expected one label per image.")
+        raise ValueError(
+            f"{name}: {images.shape[0]} images but labels has shape {labels.shape}; expected one label per image."
+        )
     if not (images.dtype == np.uint8 or np.issubdtype(images.dtype, np.floating)):
         raise TypeError(f"{name}: images must be uint8 or float, got {images.dtype}.")
     table = tf.constant(images)
@@ -437,8 +463,6 @@ def digits(split="train"):
     Split by class: `"train"` holds digits 0-4, `"test"` digits 5-9 (labels keep their digit value),
     `"all"` every digit. Pass `image_size=32` (or any size) to the dataset functions to upscale.
     """
-    from sklearn.datasets import load_digits
-
     data = load_digits()
     images = np.round(data.images * (255.0 / 16.0)).astype(np.uint8)
     labels = data.target.astype(np.int64)
@@ -456,24 +480,20 @@ def digits(split="train"):
 
 
 # Data sets that ship with tfdml (no network): `name -> function(split) -> Source` with "train" / "test"
-# splits. Other modules add theirs (e.g. `EMBEDDED_SOURCES["glyphs"] = glyphs`).
+# splits. Other modules add theirs (`tfdml.data` adds `EMBEDDED_SOURCES["glyphs"] = glyphs`; a user's own
+# function can be added the same way).
 EMBEDDED_SOURCES = {"digits": digits}
 
 
 def embedded_source(name, split="test", **options):
-    """The `split` of the embedded data set `name` (see `EMBEDDED_SOURCES`; a `tfdml.data.<name>(split)`
-    function returning a `Source` also counts). `options` (e.g. `image_size` for data sets rendered at a
-    size) are passed on to the functions that take them and ignored by the others."""
-    import inspect
+    """The `split` of the embedded data set `name` (see `EMBEDDED_SOURCES`). `options` (e.g. `image_size`
+    for data sets rendered at a size) are passed on to the functions that take them and ignored by the others."""
 
     function = EMBEDDED_SOURCES.get(name)
     if function is None:
-        import tfdml.data
-
-        function = getattr(tfdml.data, name, None) if not name.startswith("_") else None
-        if not callable(function) or name in ("image_folder", "array_source", "tfds_source"):
-            raise ValueError(f"unknown embedded data set {name!r}; embedded data sets: "
-                             f"{', '.join(sorted(EMBEDDED_SOURCES))}.")
+        raise ValueError(
+            f"unknown embedded data set {name!r}; embedded data sets: {', '.join(sorted(EMBEDDED_SOURCES))}."
+        )
     accepted = inspect.signature(function).parameters
     source = function(split, **{k: v for k, v in options.items() if k in accepted and v is not None})
     if not isinstance(source, Source):
@@ -487,12 +507,15 @@ def _class_split(num_classes, split):
         return 0, half
     if split == "test":
         return half, num_classes
-    raise ValueError(f"split must be 'train' (first {half} classes) or 'test' (last {num_classes - half}) "
-                     f"for a class-split dataset, got {split!r}.")
+    raise ValueError(
+        f"split must be 'train' (first {half} classes) or 'test' (last {num_classes - half}) "
+        f"for a class-split dataset, got {split!r}."
+    )
 
 
-def tfds_source(name, split, data_dir=None, manual_dir=None, download=False, label_key=None,
-                image_key="image", class_split=None):
+def tfds_source(
+    name, split, data_dir=None, manual_dir=None, download=False, label_key=None, image_key="image", class_split=None
+):
     """A source over a TensorFlow Datasets split, read by random access (tfds `data_source`).
 
     `caltech_birds2011` and `cars196` follow the metric-learning protocol: `split="train"` is the first
@@ -504,7 +527,7 @@ def tfds_source(name, split, data_dir=None, manual_dir=None, download=False, lab
     that way under `data_dir`; Cars196's upstream URL is dead, so put its archives in `manual_dir`.
     Only the labels are read up front (one pass, images not decoded); images load lazily.
     """
-    import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds  # only for tfds data sets: its import takes seconds
 
     label_key = label_key or LABEL_KEYS.get(name, "label")
     if class_split is None:
@@ -516,26 +539,40 @@ def tfds_source(name, split, data_dir=None, manual_dir=None, download=False, lab
 
     def open_source(decoders=None):
         try:
-            return tfds.data_source(name, split=tfds_split, data_dir=data_dir, download=download,
-                                    decoders=decoders, builder_kwargs={"file_format": "array_record"},
-                                    download_and_prepare_kwargs=prepare_kwargs or None)
+            return tfds.data_source(
+                name,
+                split=tfds_split,
+                data_dir=data_dir,
+                download=download,
+                decoders=decoders,
+                builder_kwargs={"file_format": "array_record"},
+                download_and_prepare_kwargs=prepare_kwargs or None,
+            )
         except Exception as err:  # tfds raises several types; all mean "not readable by random access"
             raise RuntimeError(
                 f"tfds_source: cannot open {name!r} split {tfds_split!r} for random access ({err}). "
                 f"Prepare it in ArrayRecord format, e.g. tfds_source({name!r}, {split!r}, download=True"
                 + (", manual_dir=<folder with the archives>" if name == "cars196" else "")
-                + "), or `tfds build --file_format=array_record`.") from err
+                + "), or `tfds build --file_format=array_record`."
+            ) from err
 
     label_reader = open_source(tfds.decode.PartialDecoding({label_key: True}))
-    labels = np.fromiter((int(label_reader[i][label_key]) for i in range(len(label_reader))),
-                         dtype=np.int64, count=len(label_reader))
+    labels = np.fromiter(
+        (int(label_reader[i][label_key]) for i in range(len(label_reader))), dtype=np.int64, count=len(label_reader)
+    )
     builder = tfds.builder(name, data_dir=data_dir)
     num_classes = builder.info.features[label_key].num_classes
     reader = open_source()
     channels = builder.info.features[image_key].shape[-1]
     describe = lambda i: f"{name}[{tfds_split}] record {i}"  # noqa: E731
-    source = Source(labels, _tfds_loader(reader, image_key, channels), channels,
-                    num_classes=num_classes, describe=describe, name=f"tfds({name}, {split})")
+    source = Source(
+        labels,
+        _tfds_loader(reader, image_key, channels),
+        channels,
+        num_classes=num_classes,
+        describe=describe,
+        name=f"tfds({name}, {split})",
+    )
     if class_split:
         low, high = _class_split(num_classes, split)
         keep = np.flatnonzero((labels >= low) & (labels < high))

@@ -21,20 +21,27 @@ Signatures of the SavedModel:
   preprocessing the job evaluated with: resize to `resize`, centre crop `image_size`, pixel
   preprocessing) -> outputs `embedding` (L2-normalised) plus any other named outputs of the model (e.g.
   `L`, `M`, `H`).
-- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, channels]` already preprocessed ->
-  the same outputs.
+- `embed_preprocessed`: input `preprocessed`, float32 `[batch, H, W, channels]` as the model takes it (for
+  a tfdml embedder, which preprocesses itself: 0-255 pixels at its input size; for other models, already
+  preprocessed) -> the same outputs.
 
 Model protocol (any Keras model works; tfdml embedders implement the optional parts):
 
 - outputs: `model.export_outputs(x)` -> dict of named tensors containing `"embedding"` if defined, else
-  `model(x, training=False)`: a tensor (becomes `embedding`) or a dict containing `"embedding"`;
+  `model(x, training=False)`: a tensor (becomes `embedding`) or a dict containing `"embedding"`; the
+  embedding is L2-normalised in the graph unless `model.embedding_normalized` says it is already;
 - channels: `model.preprocessing_config()["channels"]`, else a static `model.input_shape[-1]`, else 3;
 - input size: `image_size=` argument, else `model.preprocessing_config()["image_size"]`, else a static
   `model.input_shape[1:3]`;
-- preprocessing: `preprocess=` argument, else `model.preprocessing_config()["preprocessing"]`. A spec is
-  `None` / `"none"` (pixels 0-255 as floats), `"unit"` (pixels / 255), `"symmetric"` (pixels / 127.5 - 1),
-  a dotted function name such as `"keras.applications.resnet50.preprocess_input"` (applied to 0-255
-  floats), or a callable (recorded by its qualified name).
+- preprocessing: a model whose `preprocessing_config()` says `"applied_by_model": True` (every tfdml
+  embedder: its first layer, `tfdml.models.preprocessing.PixelPreprocessing`) takes raw 0-255 pixels and
+  preprocesses them itself, so the graph only converts channels, resizes and crops (`preprocess=` may only
+  repeat the model's own spec). For other models the graph applies `preprocess=`, else
+  `model.preprocessing_config()["preprocessing"]`. A spec (`tfdml.models.preprocessing`) is `None` /
+  `"none"` (pixels 0-255 as floats), `"unit"` (pixels / 255), `"symmetric"` (pixels / 127.5 - 1), a dotted
+  function name such as `"keras.applications.resnet50.preprocess_input"` (applied to 0-255 floats), or a
+  callable (recorded by its qualified name). Either way the metadata's `preprocessing` names the pixel
+  preprocessing of the served function and `preprocessing_in_model` says where it happens.
 
 The export is atomic: the SavedModel, its metadata and (with `gallery=`) its index are written to a hidden
 temporary directory under `<base_dir>/<name>/` (TF Serving only loads numeric version directories) and
@@ -61,8 +68,27 @@ from tfdml.export.savedmodel import export_saved_model, input_channels, resolve_
 from tfdml.export.search import DEFAULT_TOP_K, GALLERY_DTYPES
 
 __all__ = [
-    "DEFAULT_TOP_K", "GALLERY_DTYPES", "SEARCH_SIGNATURE", "EMBEDDING_OUTPUT", "GALLERY_IMAGES_FILE", "IMAGE_INPUT", "INDEX_DIR", "MAX_STORED_GALLERY_BYTES",
-    "METADATA_FILE", "PREPROCESSED_INPUT", "PREPROCESSED_SIGNATURE", "SERVING_SIGNATURE", "ExportedEmbedder",
-    "IndexMismatchError", "export_index", "export_saved_model", "input_channels", "load_index", "load_metadata",
-    "read_image", "resolve_export_dir", "resolve_preprocessing", "rest_request_body",
+    "DEFAULT_TOP_K",
+    "GALLERY_DTYPES",
+    "SEARCH_SIGNATURE",
+    "EMBEDDING_OUTPUT",
+    "GALLERY_IMAGES_FILE",
+    "IMAGE_INPUT",
+    "INDEX_DIR",
+    "MAX_STORED_GALLERY_BYTES",
+    "METADATA_FILE",
+    "PREPROCESSED_INPUT",
+    "PREPROCESSED_SIGNATURE",
+    "SERVING_SIGNATURE",
+    "ExportedEmbedder",
+    "IndexMismatchError",
+    "export_index",
+    "export_saved_model",
+    "input_channels",
+    "load_index",
+    "load_metadata",
+    "read_image",
+    "resolve_export_dir",
+    "resolve_preprocessing",
+    "rest_request_body",
 ]

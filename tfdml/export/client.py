@@ -4,6 +4,7 @@ image files to pixels."""
 import numpy as np
 import tensorflow as tf
 
+from tfdml.data.sources import decode_image_file
 from tfdml.export.layout import (
     EMBEDDING_OUTPUT,
     IMAGE_INPUT,
@@ -45,12 +46,16 @@ class ExportedEmbedder:
         """Runs the version's `search` signature on uint8 images (as `embed` takes them): a dict of arrays,
         `scores` / `labels` / `ids` / `match` `[N, k]` (labels and ids as str) and `embedding` `[N, D]`."""
         if not self.has_search:
-            raise ValueError(f"{self.path} (model {self.name!r} version {self.version}) has no "
-                             f"{SEARCH_SIGNATURE!r} signature: it was exported without a gallery or with "
-                             f"--no-search. Export it again with a gallery (tfdml export --gallery-dir DIR).")
+            raise ValueError(
+                f"{self.path} (model {self.name!r} version {self.version}) has no "
+                f"{SEARCH_SIGNATURE!r} signature: it was exported without a gallery or with "
+                f"--no-search. Export it again with a gallery (tfdml export --gallery-dir DIR)."
+            )
         signature = self._loaded.signatures[SEARCH_SIGNATURE]
-        parts = [{key: value.numpy() for key, value in signature(**{IMAGE_INPUT: tf.constant(batch)}).items()}
-                 for batch in uint8_batches(images, batch_size)]
+        parts = [
+            {key: value.numpy() for key, value in signature(**{IMAGE_INPUT: tf.constant(batch)}).items()}
+            for batch in uint8_batches(images, batch_size)
+        ]
         if not parts:
             raise ValueError("no images to search with.")
         found = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
@@ -63,7 +68,7 @@ def uint8_batches(images, batch_size=64):
     """uint8 batches `[n, H, W, C]` of an array `[N, H, W, C]` or a list of `[H, W, C]` / `[H, W]` arrays of
     any sizes (consecutive images of one size go in one batch)."""
     if isinstance(images, np.ndarray) and images.ndim == 4:
-        batches = [images[i:i + batch_size] for i in range(0, len(images), batch_size)]
+        batches = [images[i : i + batch_size] for i in range(0, len(images), batch_size)]
     else:
         batches = []
         for image in images:
@@ -84,8 +89,9 @@ def uint8_batches(images, batch_size=64):
 def embed_uint8(signature, images, batch_size=64, output=EMBEDDING_OUTPUT):
     """`signature(images=batch)[output]` over `uint8_batches(images)`, concatenated: `[N, D]`. `signature`
     is `serving_default` of a loaded SavedModel, or the function that becomes it."""
-    parts = [signature(**{IMAGE_INPUT: tf.constant(batch)})[output].numpy()
-             for batch in uint8_batches(images, batch_size)]
+    parts = [
+        signature(**{IMAGE_INPUT: tf.constant(batch)})[output].numpy() for batch in uint8_batches(images, batch_size)
+    ]
     if not parts:
         raise ValueError("no images to embed.")
     return np.concatenate(parts, axis=0)
@@ -100,15 +106,12 @@ def rest_request_body(images, signature_name=SERVING_SIGNATURE):
     """
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
-        raise ValueError(f"images must be uint8 [batch, height, width, 3 or 1], got {images.dtype} "
-                         f"{images.shape}.")
+        raise ValueError(f"images must be uint8 [batch, height, width, 3 or 1], got {images.dtype} {images.shape}.")
     return {"signature_name": signature_name, "inputs": {IMAGE_INPUT: images.tolist()}}
 
 
 def read_image(path, channels=3):
     """Decodes an image file (JPEG, PNG, BMP, GIF, WebP; TIFF through Pillow) to uint8 `[H, W, channels]`;
     `tfdml.data.ImageReadError` (a `ValueError` naming the file) when it cannot."""
-    from tfdml.data.sources import decode_image_file
 
     return decode_image_file(path, channels)
-

@@ -6,6 +6,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfdml.data.sources import Source, load_items, read_image_files
 from tfdml.export.client import ExportedEmbedder
 from tfdml.export.layout import (
     GALLERY_IMAGES_FILE,
@@ -14,6 +15,7 @@ from tfdml.export.layout import (
     _fingerprint,
     resolve_export_dir,
 )
+from tfdml.retrieval import ScannIndex
 
 
 class _Gallery:
@@ -26,21 +28,24 @@ class _Gallery:
 
 
 def _source_gallery(source):
-    from tfdml.data.sources import load_items
 
     images, kept = load_items(source)
     paths = getattr(source, "paths", None)
     ids = np.asarray([os.path.abspath(paths[i]) for i in kept]) if paths is not None else kept
     stored = None
-    if paths is None and images and sum(image.nbytes for image in images) <= MAX_STORED_GALLERY_BYTES \
-            and len({image.shape for image in images}) == 1:
+    if (
+        paths is None
+        and images
+        and sum(image.nbytes for image in images) <= MAX_STORED_GALLERY_BYTES
+        and len({image.shape for image in images}) == 1
+    ):
         stored = np.stack(images)
-    return _Gallery([images], ids, source.labels[kept], getattr(source, "class_names", None), stored,
-                    source=source.name, kept=kept)
+    return _Gallery(
+        [images], ids, source.labels[kept], getattr(source, "class_names", None), stored, source=source.name, kept=kept
+    )
 
 
 def _path_gallery(paths, channels):
-    from tfdml.data.sources import read_image_files
 
     images, kept = read_image_files(paths, channels, what="gallery")
     return _Gallery([images], np.asarray([os.path.abspath(os.fspath(paths[i])) for i in kept]), kept=kept)
@@ -62,7 +67,6 @@ def _dataset_gallery(dataset):
 
 
 def _gallery(gallery, channels):
-    from tfdml.data.sources import Source
 
     if isinstance(gallery, Source):
         return _source_gallery(gallery)
@@ -102,8 +106,7 @@ def embed_gallery(embed, channels, gallery, ids=None, labels=None, class_names=N
         ids = None if ids is None else np.asarray(ids)[found.kept]
         labels = None if labels is None else np.asarray(labels)[found.kept]
     if labels is None:
-        labels = found.labels if found.labels is not None else (
-            np.concatenate(found_labels) if found_labels else None)
+        labels = found.labels if found.labels is not None else (np.concatenate(found_labels) if found_labels else None)
     if ids is None:
         ids = found.ids
     class_names = class_names if class_names is not None else found.class_names
@@ -113,20 +116,29 @@ def embed_gallery(embed, channels, gallery, ids=None, labels=None, class_names=N
 def save_index(version_dir, embedded, model_name, model_version, mode, settings, distance="dot_product"):
     """Builds the `ScannIndex` of an `EmbeddedGallery` and saves it inside the (written) version directory,
     recording the model name, version and SavedModel fingerprint it belongs to."""
-    from tfdml.retrieval import ScannIndex
 
-    metadata = {"model_name": model_name, "model_version": model_version,
-                "model_fingerprint": _fingerprint(version_dir), "gallery": embedded.source}
-    index = ScannIndex(embedded.embeddings, ids=embedded.ids, labels=embedded.labels, distance=distance,
-                       mode=mode, class_names=embedded.class_names,
-                       metadata={k: v for k, v in metadata.items() if v is not None}, **settings)
+    metadata = {
+        "model_name": model_name,
+        "model_version": model_version,
+        "model_fingerprint": _fingerprint(version_dir),
+        "gallery": embedded.source,
+    }
+    index = ScannIndex(
+        embedded.embeddings,
+        ids=embedded.ids,
+        labels=embedded.labels,
+        distance=distance,
+        mode=mode,
+        class_names=embedded.class_names,
+        metadata={k: v for k, v in metadata.items() if v is not None},
+        **settings,
+    )
     arrays = {GALLERY_IMAGES_FILE: embedded.images} if embedded.images is not None else None
     index.save(os.path.join(version_dir, INDEX_DIR), arrays=arrays)
     return index
 
 
-def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, settings,
-                 distance="dot_product"):
+def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, settings, distance="dot_product"):
     """Embeds `gallery` with the SavedModel in `version_dir` and saves the index inside it."""
     embedder = ExportedEmbedder(version_dir)
     embedded = embed_gallery(embedder.embed, embedder.channels, gallery, ids, labels, class_names, batch_size)
@@ -134,14 +146,29 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
 
 
 def _index_summary(index):
-    return {"path": INDEX_DIR, "size": int(index.size), "distance": index.distance, "mode": index.mode,
-            "ids": "none" if index.ids is None else ("paths" if index.ids.dtype.kind == "U" else "indices"),
-            "has_labels": index.labels is not None,
-            "classes": 0 if index.labels is None else int(len(np.unique(index.labels)))}
+    return {
+        "path": INDEX_DIR,
+        "size": int(index.size),
+        "distance": index.distance,
+        "mode": index.mode,
+        "ids": "none" if index.ids is None else ("paths" if index.ids.dtype.kind == "U" else "indices"),
+        "has_labels": index.labels is not None,
+        "classes": 0 if index.labels is None else int(len(np.unique(index.labels))),
+    }
 
 
-def export_index(gallery, base_dir="exported_models", name=None, version=None, ids=None, labels=None,
-                 class_names=None, mode="auto", batch_size=64, **index_settings):
+def export_index(
+    gallery,
+    base_dir="exported_models",
+    name=None,
+    version=None,
+    ids=None,
+    labels=None,
+    class_names=None,
+    mode="auto",
+    batch_size=64,
+    **index_settings,
+):
     """Embeds a gallery with an exported version and writes its `ScannIndex` inside that version
     (`<base_dir>/<name>/<version>/assets.extra/tfdml_index/`, replacing any index there atomically).
 
@@ -171,18 +198,24 @@ class IndexMismatchError(ValueError):
 def load_index(model_path, version=None, index_dir=None):
     """`(ExportedEmbedder, ScannIndex)` of an exported version and its gallery index, checked to belong
     together (model name, version and SavedModel fingerprint recorded in the index)."""
-    from tfdml.retrieval import ScannIndex
 
     embedder = ExportedEmbedder(model_path, version)
     directory = index_dir or os.path.join(embedder.path, INDEX_DIR)
     if not os.path.isdir(directory):
         shared = os.path.join(os.path.dirname(os.path.abspath(embedder.path)), "index")
-        hint = (f" (the index at {shared} is of the old layout, shared by every version and possibly built "
-                f"with another one: it is not used)") if os.path.isdir(shared) else ""
+        hint = (
+            (
+                f" (the index at {shared} is of the old layout, shared by every version and possibly built "
+                f"with another one: it is not used)"
+            )
+            if os.path.isdir(shared)
+            else ""
+        )
         raise FileNotFoundError(
             f"{embedder.path} (model {embedder.name!r} version {embedder.version}) has no gallery index{hint}: "
             f"build one with 'tfdml export --model MODEL.keras --name {embedder.name} --version "
-            f"{embedder.version} --gallery-dir DIR' or tfdml.export.export_index(...).")
+            f"{embedder.version} --gallery-dir DIR' or tfdml.export.export_index(...)."
+        )
     index = ScannIndex.load(directory)
     built = index.metadata
     fingerprint = _fingerprint(embedder.path)
@@ -197,5 +230,6 @@ def load_index(model_path, version=None, index_dir=None):
         raise IndexMismatchError(
             f"the index at {directory} was built with {'; '.join(problems)} at {embedder.path}: its "
             f"neighbours would be wrong. Rebuild it for this version (tfdml export --gallery-dir, or "
-            f"export_index) or use the version it belongs to.")
+            f"export_index) or use the version it belongs to."
+        )
     return embedder, index

@@ -40,21 +40,26 @@ def resolve_export_dir(path, version=None):
     path = os.fspath(path)
     if os.path.exists(os.path.join(path, "saved_model.pb")):
         if version is not None and os.path.basename(os.path.normpath(path)) != str(version):
-            raise ValueError(f"{path!r} is a version directory; --version {version} asks for another one "
-                             f"(pass <base>/<name> with --version, or the version directory alone).")
+            raise ValueError(
+                f"{path!r} is a version directory; --version {version} asks for another one "
+                f"(pass <base>/<name> with --version, or the version directory alone)."
+            )
         return path
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no exported model at {path!r} (not a directory).")
-    versions = sorted(int(v) for v in os.listdir(path) if v.isdigit()
-                      and os.path.exists(os.path.join(path, v, "saved_model.pb")))
+    versions = sorted(
+        int(v) for v in os.listdir(path) if v.isdigit() and os.path.exists(os.path.join(path, v, "saved_model.pb"))
+    )
     if version is not None:
         if int(version) not in versions:
-            raise FileNotFoundError(f"no exported version {version} in {path!r} (versions: "
-                                    f"{', '.join(map(str, versions)) or 'none'}).")
+            raise FileNotFoundError(
+                f"no exported version {version} in {path!r} (versions: {', '.join(map(str, versions)) or 'none'})."
+            )
         return os.path.join(path, str(int(version)))
     if not versions:
-        raise FileNotFoundError(f"{path!r} holds no exported model (no saved_model.pb and no numeric "
-                                f"version directory).")
+        raise FileNotFoundError(
+            f"{path!r} holds no exported model (no saved_model.pb and no numeric version directory)."
+        )
     return os.path.join(path, str(versions[-1]))
 
 
@@ -62,4 +67,3 @@ def load_metadata(path, version=None):
     """The metadata dict written beside an exported model."""
     with open(os.path.join(resolve_export_dir(path, version), METADATA_FILE)) as f:
         return json.load(f)
-

@@ -2,13 +2,13 @@
 
 import dataclasses
 import datetime
-import importlib
 import json
 import math
 import os
 import shutil
 import tempfile
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -33,32 +33,8 @@ from tfdml.export.search import (
     item_strings,
     search_signature_info,
 )
+from tfdml.models.preprocessing import resolve_preprocessing
 from tfdml.retrieval.calibration import calibrate
-
-_NAMED_PREPROCESSING = {
-    "none": lambda x: x,
-    "unit": lambda x: x / 255.0,
-    "symmetric": lambda x: x / 127.5 - 1.0,
-}
-
-
-def resolve_preprocessing(spec):
-    """`(function, json_name)` for a preprocessing spec (see the module docstring)."""
-    if spec is None:
-        spec = "none"
-    if callable(spec):
-        return spec, f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
-    if not isinstance(spec, str):
-        raise TypeError(f"preprocess must be None, a string or a callable, got {type(spec).__name__}.")
-    if spec in _NAMED_PREPROCESSING:
-        return _NAMED_PREPROCESSING[spec], spec
-    module_name, _, function_name = spec.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), function_name), spec
-    except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(f"unknown preprocessing {spec!r}: use one of {sorted(_NAMED_PREPROCESSING)}, a "
-                         f"dotted function name such as 'keras.applications.resnet50.preprocess_input', "
-                         f"or a callable.") from error
 
 
 def _model_preprocessing_config(model):
@@ -75,8 +51,10 @@ def _resolve_image_size(model, image_size, config):
         if isinstance(shape, tuple) and len(shape) == 4 and shape[1] and shape[2]:
             size = shape[1:3]
     if size is None:
-        raise ValueError(f"cannot tell the input size of model {model.name!r}: pass image_size=(height, "
-                         f"width) or give the model a preprocessing_config() with 'image_size'.")
+        raise ValueError(
+            f"cannot tell the input size of model {model.name!r}: pass image_size=(height, "
+            f"width) or give the model a preprocessing_config() with 'image_size'."
+        )
     if isinstance(size, int):
         size = (size, size)
     size = tuple(int(s) for s in size)
@@ -106,22 +84,25 @@ def _named_outputs(model, images):
         outputs = model(images, training=False)
     if isinstance(outputs, dict):
         if EMBEDDING_OUTPUT not in outputs:
-            raise ValueError(f"the model's dict output must contain {EMBEDDING_OUTPUT!r}, got keys "
-                             f"{sorted(outputs)}.")
+            raise ValueError(f"the model's dict output must contain {EMBEDDING_OUTPUT!r}, got keys {sorted(outputs)}.")
         outputs = dict(outputs)
     elif isinstance(outputs, (list, tuple)):
-        raise ValueError("the model returns a list of outputs; return a dict with an 'embedding' key (or "
-                         "define export_outputs(x)) so each output gets a name.")
+        raise ValueError(
+            "the model returns a list of outputs; return a dict with an 'embedding' key (or "
+            "define export_outputs(x)) so each output gets a name."
+        )
     else:
         outputs = {EMBEDDING_OUTPUT: outputs}
     outputs = {key: tf.cast(value, tf.float32) for key, value in outputs.items()}
-    outputs[EMBEDDING_OUTPUT] = tf.math.l2_normalize(outputs[EMBEDDING_OUTPUT], axis=-1)
+    if not getattr(model, "embedding_normalized", False):
+        # Normalising a unit vector again moves it by an ulp, enough to swap near-tied neighbours: a model
+        # whose embedding is unit-norm already (tfdml embedders) is served exactly as Keras computes it.
+        outputs[EMBEDDING_OUTPUT] = tf.math.l2_normalize(outputs[EMBEDDING_OUTPUT], axis=-1)
     return outputs
 
 
 def _next_version(model_dir):
-    versions = [int(entry) for entry in os.listdir(model_dir) if entry.isdigit()] \
-        if os.path.isdir(model_dir) else []
+    versions = [int(entry) for entry in os.listdir(model_dir) if entry.isdigit()] if os.path.isdir(model_dir) else []
     return max(versions, default=0) + 1
 
 
@@ -129,8 +110,16 @@ def _json_safe(value):
     """JSON-compatible copy (dataclasses, e.g. a typed job configuration, become dicts; arrays lists)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
-    return json.loads(json.dumps(value, default=lambda v: v.tolist() if hasattr(v, "tolist") else (
-        dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v))))
+    return json.loads(
+        json.dumps(
+            value,
+            default=lambda v: (
+                v.tolist()
+                if hasattr(v, "tolist")
+                else (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else str(v))
+            ),
+        )
+    )
 
 
 def _compile_info(model):
@@ -148,28 +137,53 @@ def _serving_images(images, channels):
     checks = [
         tf.debugging.assert_positive(shape[0], message="empty batch: send at least one image"),
         tf.debugging.assert_positive(shape[1] * shape[2], message="an image has height or width 0"),
-        tf.debugging.Assert(tf.logical_or(tf.equal(given, 1), tf.equal(given, 3)), [
-            f"images must have 1 (grayscale) or 3 (RGB) channels; this {channels}-channel model converts "
-            "between the two. Got channels:", given]),
+        tf.debugging.Assert(
+            tf.logical_or(tf.equal(given, 1), tf.equal(given, 3)),
+            [
+                f"images must have 1 (grayscale) or 3 (RGB) channels; this {channels}-channel model converts "
+                "between the two. Got channels:",
+                given,
+            ],
+        ),
     ]
     with tf.control_dependencies(checks):
         pixels = tf.cast(images, tf.float32)
     if channels == 1:
         luma = tf.constant([[0.299], [0.587], [0.114]], tf.float32)
-        pixels = tf.cond(tf.equal(given, 3), lambda: tf.tensordot(pixels, luma, axes=[[3], [0]]),
-                         lambda: pixels[..., :1])
+        pixels = tf.cond(
+            tf.equal(given, 3), lambda: tf.tensordot(pixels, luma, axes=[[3], [0]]), lambda: pixels[..., :1]
+        )
     else:
-        pixels = tf.cond(tf.equal(given, 1), lambda: tf.tile(pixels[..., :1], [1, 1, 1, 3]),
-                         lambda: pixels[..., :3])
+        pixels = tf.cond(tf.equal(given, 1), lambda: tf.tile(pixels[..., :1], [1, 1, 1, 3]), lambda: pixels[..., :3])
     return tf.ensure_shape(pixels, [None, None, None, channels])
 
 
-def export_saved_model(model, base_dir="exported_models", name=None, version=None, image_size=None,
-                       preprocess=None, training_config=None, metrics=None, overwrite=False,
-                       center_crop=True, resize=None, gallery=None, gallery_ids=None, gallery_labels=None,
-                       class_names=None, index_mode="auto", batch_size=64, index_settings=None, search=True,
-                       top_k=DEFAULT_TOP_K, gallery_dtype="float32", match_precision=0.9, calibration=None,
-                       search_block_rows=DEFAULT_BLOCK_ROWS):
+def export_saved_model(
+    model,
+    base_dir="exported_models",
+    name=None,
+    version=None,
+    image_size=None,
+    preprocess=None,
+    training_config=None,
+    metrics=None,
+    overwrite=False,
+    center_crop=True,
+    resize=None,
+    gallery=None,
+    gallery_ids=None,
+    gallery_labels=None,
+    class_names=None,
+    index_mode="auto",
+    batch_size=64,
+    index_settings=None,
+    search=True,
+    top_k=DEFAULT_TOP_K,
+    gallery_dtype="float32",
+    match_precision=0.9,
+    calibration=None,
+    search_block_rows=DEFAULT_BLOCK_ROWS,
+):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
 
     Args:
@@ -178,7 +192,9 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
       name: model name (the TF Serving `model_name`); default `model.name`.
       version: positive integer version; default one more than the largest existing version.
       image_size: `(height, width)` the model takes; default from the model.
-      preprocess: pixel preprocessing spec; default from `model.preprocessing_config()`, else `"none"`.
+      preprocess: pixel preprocessing spec of the graph, for a model that does not preprocess its raw input
+        itself; default from `model.preprocessing_config()`, else `"none"`. A tfdml embedder applies its own
+        (a different spec here is refused rather than applied twice).
       training_config, metrics: JSON-serialisable dicts copied into the metadata file (loss and training
         settings, evaluation results); omitted from the metadata when not given.
       overwrite: replace an existing version directory instead of raising `FileExistsError`.
@@ -204,66 +220,80 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
       ...                           gallery=tfdml.data.image_folder("cub/test"))
       >>> # tensorflow_model_server --rest_api_port=8501 --model_name=cub --model_base_path=$PWD/exported_models/cub
     """
-    import keras
-
     name = name or model.name
     if not name or os.sep in name or name in (".", ".."):
         raise ValueError(f"name must be a plain directory name, got {name!r}.")
     config = _model_preprocessing_config(model)
     height, width = _resolve_image_size(model, image_size, config)
-    preprocess_fn, preprocess_name = resolve_preprocessing(
-        preprocess if preprocess is not None else config.get("preprocessing"))
+    preprocess_fn, preprocess_name, in_model = _graph_preprocessing(model, config, preprocess)
     channels = _resolve_channels(model, config)
-    geometry = eval_settings((height, width), center_crop, resize)
     if search and gallery is not None:
         _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows)
+    model_dir, version, target = _version_path(base_dir, name, version, overwrite)
+
+    archive, serve, embed_images, outputs = _embedding_archive(
+        model,
+        (height, width),
+        channels,
+        lambda pixels: eval_image(pixels, (height, width), center_crop, resize, preprocess_fn),
+    )
+    embedded = searcher = None
+    if gallery is not None:
+        # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
+        embed = lambda images, batch_size: embed_uint8(serve, images, batch_size)  # noqa: E731
+        embedded = embed_gallery(embed, channels, gallery, gallery_ids, gallery_labels, class_names, batch_size)
+    if search and embedded is not None:
+        if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
+            calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
+        searcher = _add_search_signature(
+            archive, embed_images, embedded, calibration, top_k, gallery_dtype, search_block_rows
+        )
+    inputs = _input_metadata(
+        channels,
+        (height, width),
+        eval_settings((height, width), center_crop, resize),
+        preprocess_name,
+        in_model,
+        outputs,
+    )
+    metadata = _metadata(
+        model, name, version, outputs, inputs, searcher, calibration, embedded, training_config, metrics
+    )
+    _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings)
+    return target
+
+
+def _image_spec():
+    return tf.TensorSpec([None, None, None, None], tf.uint8, name=IMAGE_INPUT)
+
+
+def _embedding_archive(model, image_size, channels, evaluation_image):
+    """An `ExportArchive` of `model` with its two embedding signatures: `serving_default` (uint8 images of
+    any size -> channels converted -> `evaluation_image` -> the model) and `embed_preprocessed` (the
+    model's input as it takes it). Returns `(archive, serving function, its Python function, output
+    widths)`."""
 
     def embed_preprocessed(preprocessed):
         return _named_outputs(model, preprocessed)
 
     def embed_images(images):
-        pixels = _serving_images(images, channels)
-        return _named_outputs(model, eval_image(pixels, (height, width), center_crop, resize, preprocess_fn))
+        return _named_outputs(model, evaluation_image(_serving_images(images, channels)))
 
-    image_spec = tf.TensorSpec([None, None, None, None], tf.uint8, name=IMAGE_INPUT)
-    float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name=PREPROCESSED_INPUT)
+    float_spec = tf.TensorSpec([None, *image_size, channels], tf.float32, name=PREPROCESSED_INPUT)
     archive = keras.export.ExportArchive()
     archive.track(model)
     # The argument names (`images`, `preprocessed`) become the signatures' input names.
-    serve = tf.function(embed_images, input_signature=[image_spec])
+    serve = tf.function(embed_images, input_signature=[_image_spec()])
     archive.add_endpoint(SERVING_SIGNATURE, serve)
     archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
-    output_shapes = serve.get_concrete_function().structured_outputs
-    outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None
-               for key, value in output_shapes.items()}
-    embedded = searcher = None
-    if gallery is not None:
-        # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
-        embedded = embed_gallery(lambda images, batch_size: embed_uint8(serve, images, batch_size), channels,
-                                 gallery, gallery_ids, gallery_labels, class_names, batch_size)
-    if search and embedded is not None:
-        if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
-            calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
-        ids, labels = item_strings(embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings),
-                                   embedded.source)
-        searcher = GallerySearch(embedded.embeddings, ids, labels, top_k, gallery_dtype,
-                                 calibration.threshold if calibration is not None else math.inf, search_block_rows)
+    shapes = serve.get_concrete_function().structured_outputs
+    outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None for key, value in shapes.items()}
+    return archive, serve, embed_images, outputs
 
-        def search_images(images):
-            embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
-            return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
 
-        archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec]))
-
-    model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
-    os.makedirs(model_dir, exist_ok=True)
-    version = _next_version(model_dir) if version is None else int(version)
-    if version < 1:
-        raise ValueError(f"version must be a positive integer, got {version}.")
-    target = os.path.join(model_dir, str(version))
-    if os.path.exists(target) and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
-
+def _metadata(model, name, version, outputs, inputs, searcher, calibration, embedded, training_config, metrics):
+    """`tfdml_metadata.json` of a version (the index summary is added when the index is written); a field
+    that is not known is left out."""
     metadata = {
         "format": "tfdml.export/2",
         "name": name,
@@ -273,20 +303,7 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "outputs": outputs,
         "embedding_normalized": True,
         "distance": "dot_product",
-        "input": {"signature": SERVING_SIGNATURE, "name": IMAGE_INPUT, "dtype": "uint8",
-                  "shape": [None, None, None, channels], "channels": channels,
-                  "channel_conversion": "1 <-> 3 channels converted in the graph (RGB -> luma "
-                                        "0.299 R + 0.587 G + 0.114 B; gray -> repeated)"},
-        "image_size": [height, width],
-        "eval_image": geometry,  # tfdml.data.eval_image(image_size, center_crop, resize)
-        "preprocessing": preprocess_name,
-        "signatures": {
-            SERVING_SIGNATURE: {"inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
-                                "outputs": sorted(outputs)},
-            PREPROCESSED_SIGNATURE: {
-                "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
-                "outputs": sorted(outputs)},
-        },
+        **inputs,
         "search": None if searcher is None else _search_info(searcher, calibration, embedded),
         "calibration": None if searcher is None or calibration is None else calibration.to_dict(),
         "model": {"class": type(model).__name__, "name": model.name},
@@ -295,16 +312,110 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         "metrics": _json_safe(metrics) if metrics else None,
         "versions": {"tensorflow": tf.__version__, "keras": keras.__version__},
     }
-    metadata = {key: value for key, value in metadata.items() if value is not None}  # unknown: left out
+    metadata = {key: value for key, value in metadata.items() if value is not None}
     if searcher is not None:
         metadata["signatures"][SEARCH_SIGNATURE] = search_signature_info(searcher.k, outputs[EMBEDDING_OUTPUT])
+    return metadata
+
+
+def _graph_preprocessing(model, config, preprocess):
+    """`(function, spec name, applied by the model)` of the pixel preprocessing the serving graph applies:
+    none for a model that preprocesses its raw input itself (a different `preprocess` is refused)."""
+    preprocess_fn, preprocess_name = resolve_preprocessing(
+        preprocess if preprocess is not None else config.get("preprocessing")
+    )
+    in_model = bool(config.get("applied_by_model"))
+    if in_model:
+        own = resolve_preprocessing(config.get("preprocessing"))[1]
+        if preprocess_name != own:
+            raise ValueError(
+                f"model {model.name!r} applies its own pixel preprocessing ({own!r}) to raw 0-255 "
+                f"pixels; preprocess={preprocess_name!r} would preprocess them a second time. "
+                "Leave preprocess unset."
+            )
+        preprocess_fn = resolve_preprocessing(None)[0]
+    return preprocess_fn, preprocess_name, in_model
+
+
+def _version_path(base_dir, name, version, overwrite):
+    """`(model folder, version, version folder)`, checked before anything is built or written."""
+    model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
+    version = _next_version(model_dir) if version is None else int(version)
+    if version < 1:
+        raise ValueError(f"version must be a positive integer, got {version}.")
+    target = os.path.join(model_dir, str(version))
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
+    return model_dir, version, target
+
+
+def _add_search_signature(archive, embed_images, embedded, calibration, top_k, gallery_dtype, block_rows):
+    """Adds the `search` endpoint over the embedded gallery to `archive`; returns its `GallerySearch`."""
+    ids, labels = item_strings(
+        embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings), embedded.source
+    )
+    searcher = GallerySearch(
+        embedded.embeddings,
+        ids,
+        labels,
+        top_k,
+        gallery_dtype,
+        calibration.threshold if calibration is not None else math.inf,
+        block_rows,
+    )
+
+    def search_images(images):
+        embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
+        return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
+
+    archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[_image_spec()]))
+    return searcher
+
+
+def _input_metadata(channels, image_size, geometry, preprocess_name, in_model, outputs):
+    """The metadata of what the version takes: input, geometry, preprocessing and the two embedding
+    signatures."""
+    height, width = image_size
+    return {
+        "input": {
+            "signature": SERVING_SIGNATURE,
+            "name": IMAGE_INPUT,
+            "dtype": "uint8",
+            "shape": [None, None, None, channels],
+            "channels": channels,
+            "channel_conversion": "1 <-> 3 channels converted in the graph (RGB -> luma "
+            "0.299 R + 0.587 G + 0.114 B; gray -> repeated)",
+        },
+        "image_size": [height, width],
+        "eval_image": geometry,  # tfdml.data.eval_image(image_size, center_crop, resize)
+        "preprocessing": preprocess_name,
+        "preprocessing_in_model": in_model,  # else applied by the serving graph before the model
+        "signatures": {
+            SERVING_SIGNATURE: {
+                "inputs": {IMAGE_INPUT: "uint8 [batch, height, width, 1 or 3]"},
+                "outputs": sorted(outputs),
+            },
+            PREPROCESSED_SIGNATURE: {
+                "inputs": {PREPROCESSED_INPUT: f"float32 [batch, {height}, {width}, {channels}]"},
+                "outputs": sorted(outputs),
+            },
+        },
+    }
+
+
+def _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings):
+    """Writes the SavedModel, its metadata and index in a temporary folder, then renames it into place, so
+    that a version never exists half-written or without the index it was exported with."""
+    os.makedirs(model_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
     try:
         written = os.path.join(staging, "model")
         archive.write_out(written, verbose=False)
         _write_json(os.path.join(written, METADATA_FILE), metadata)
         if embedded is not None:
-            index = save_index(written, embedded, name, version, index_mode, index_settings or {})
+            index = save_index(
+                written, embedded, metadata["name"], metadata["version"], index_mode, index_settings or {}
+            )
             metadata["index"] = _index_summary(index)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
         if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
@@ -312,7 +423,6 @@ def export_saved_model(model, base_dir="exported_models", name=None, version=Non
         os.rename(written, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):
@@ -331,15 +441,28 @@ def _search_info(searcher, calibration, embedded):
     if calibration is None:
         match = "uncalibrated: the gallery has no labels, so match is always false"
     elif not calibration.reached:
-        match = (f"precision {calibration.target_precision:g} is not reached on the calibration data: match "
-                 f"is always false")
+        match = (
+            f"precision {calibration.target_precision:g} is not reached on the calibration data: match is always false"
+        )
     else:
-        match = (f"score >= {calibration.threshold:.6g} (precision {calibration.precision:.3f}, recall "
-                 f"{calibration.recall:.3f} of top-1 matches on the calibration data)")
-    return {"signature": SEARCH_SIGNATURE, "top_k": searcher.k, "gallery_size": searcher.size,
-            "gallery_dtype": searcher.gallery_dtype, "gallery_bytes": searcher.memory_bytes(),
-            "block_rows": searcher.block_rows, "score": "cosine similarity, descending",
-            "match_threshold": calibration.threshold if calibration is not None and calibration.reached
-            else None, "match_precision": None if calibration is None else calibration.target_precision,
-            "match": match, "ids": "file paths" if embedded.ids is not None and np.asarray(embedded.ids).dtype.kind
-            in "UO" else "<source>:<item number>" if embedded.source else "item numbers"}
+        match = (
+            f"score >= {calibration.threshold:.6g} (precision {calibration.precision:.3f}, recall "
+            f"{calibration.recall:.3f} of top-1 matches on the calibration data)"
+        )
+    return {
+        "signature": SEARCH_SIGNATURE,
+        "top_k": searcher.k,
+        "gallery_size": searcher.size,
+        "gallery_dtype": searcher.gallery_dtype,
+        "gallery_bytes": searcher.memory_bytes(),
+        "block_rows": searcher.block_rows,
+        "score": "cosine similarity, descending",
+        "match_threshold": calibration.threshold if calibration is not None and calibration.reached else None,
+        "match_precision": None if calibration is None else calibration.target_precision,
+        "match": match,
+        "ids": "file paths"
+        if embedded.ids is not None and np.asarray(embedded.ids).dtype.kind in "UO"
+        else "<source>:<item number>"
+        if embedded.source
+        else "item numbers",
+    }

@@ -83,11 +83,11 @@ def blocked_top_k(queries, gallery, k, block_rows, scales=None):
         best_scores, chosen = tf.math.top_k(merged_scores, k)
         return block + 1, best_scores, tf.gather(merged_positions, chosen, batch_dims=1)
 
-    initial = (tf.constant(0), tf.fill([batch, k], tf.constant(-np.inf, tf.float32)),
-               tf.zeros([batch, k], tf.int32))
+    initial = (tf.constant(0), tf.fill([batch, k], tf.constant(-np.inf, tf.float32)), tf.zeros([batch, k], tf.int32))
     # One block at a time (parallel_iterations=1): that is what bounds the memory.
-    _, scores, positions = tf.while_loop(lambda block, *_: block < num_blocks, body, initial,
-                                         parallel_iterations=1, maximum_iterations=num_blocks)
+    _, scores, positions = tf.while_loop(
+        lambda block, *_: block < num_blocks, body, initial, parallel_iterations=1, maximum_iterations=num_blocks
+    )
     return tf.ensure_shape(scores, [None, k]), tf.ensure_shape(positions, [None, k])
 
 
@@ -111,8 +111,16 @@ class GallerySearch(tf.Module):
     Calling it on `[N, D]` query embeddings returns `{"scores", "labels", "ids", "match"}`, each `[N, k]`.
     """
 
-    def __init__(self, embeddings, ids, labels, k=DEFAULT_TOP_K, gallery_dtype="float32",
-                 threshold=math.inf, block_rows=DEFAULT_BLOCK_ROWS):
+    def __init__(
+        self,
+        embeddings,
+        ids,
+        labels,
+        k=DEFAULT_TOP_K,
+        gallery_dtype="float32",
+        threshold=math.inf,
+        block_rows=DEFAULT_BLOCK_ROWS,
+    ):
         super().__init__(name="gallery_search")
         embeddings = np.asarray(embeddings, np.float32)
         if embeddings.ndim != 2 or not len(embeddings):
@@ -138,13 +146,18 @@ class GallerySearch(tf.Module):
 
     def __call__(self, embedding):
         scores, positions = blocked_top_k(embedding, self.gallery, self.k, self.block_rows, self.scales)
-        return {"scores": scores, "labels": tf.gather(self.labels, positions),
-                "ids": tf.gather(self.ids, positions), "match": scores >= self.threshold}
+        return {
+            "scores": scores,
+            "labels": tf.gather(self.labels, positions),
+            "ids": tf.gather(self.ids, positions),
+            "match": scores >= self.threshold,
+        }
 
     def memory_bytes(self):
         """Bytes of the stored gallery embeddings (and scales)."""
-        return int(self.gallery.shape.num_elements() * self.gallery.dtype.size
-                   + (0 if self.scales is None else 4 * self.size))
+        return int(
+            self.gallery.shape.num_elements() * self.gallery.dtype.size + (0 if self.scales is None else 4 * self.size)
+        )
 
 
 def item_strings(ids, labels, class_names, size, source=None):
@@ -152,19 +165,28 @@ def item_strings(ids, labels, class_names, size, source=None):
     numbers as `<source>:<n>` (`<n>` alone without a source name); labels are class names where known."""
     if ids is None:
         ids = np.arange(size)
-    ids = [str(i) if isinstance(i, str) or source is None else f"{source}:{i}"
-           for i in np.asarray(ids).tolist()]
+    ids = [str(i) if isinstance(i, str) or source is None else f"{source}:{i}" for i in np.asarray(ids).tolist()]
     if labels is None:
         names = [""] * size
     else:
-        names = [class_names[label] if class_names is not None and isinstance(label, int)
-                 and 0 <= label < len(class_names) else str(label) for label in np.asarray(labels).tolist()]
+        names = [
+            class_names[label]
+            if class_names is not None and isinstance(label, int) and 0 <= label < len(class_names)
+            else str(label)
+            for label in np.asarray(labels).tolist()
+        ]
     return ids, names
 
 
 def search_signature_info(k, dim):
     """The `search` signature as the metadata file describes it."""
-    return {"inputs": {"images": "uint8 [batch, height, width, 1 or 3]"},
-            "outputs": {"scores": f"float32 [batch, {k}]", "labels": f"string [batch, {k}]",
-                        "ids": f"string [batch, {k}]", "match": f"bool [batch, {k}]",
-                        "embedding": f"float32 [batch, {dim}]"}}
+    return {
+        "inputs": {"images": "uint8 [batch, height, width, 1 or 3]"},
+        "outputs": {
+            "scores": f"float32 [batch, {k}]",
+            "labels": f"string [batch, {k}]",
+            "ids": f"string [batch, {k}]",
+            "match": f"bool [batch, {k}]",
+            "embedding": f"float32 [batch, {dim}]",
+        },
+    }

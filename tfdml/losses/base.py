@@ -12,8 +12,12 @@ by `1 / num_replicas`, so training on N replicas matches one device on the same 
 `tfdml.distribute`). `cross_replica=False` keeps per-replica losses instead.
 
 Losses that own variables (for example a learnable margin `beta`) list them in `trainable_variables`
-and may name the optimizer that must train them in `variable_optimizer`; `tfdml.models.MetricModel`
-tracks, trains and checkpoints them.
+and may name the optimizer that must train them in `variable_optimizer`; state that is not trained (the
+queue of `CrossBatchMemory`) goes in `non_trainable_variables`. `tfdml.models.MetricModel` tracks, trains
+and checkpoints both.
+
+Losses whose pairs may have their far end in a separate reference set (`tfdml.ops.References`, for
+`CrossBatchMemory`) set `supports_references = True` and take `compute(labels, embeddings, references=None)`.
 """
 
 import keras
@@ -37,6 +41,9 @@ class MetricLoss(keras.losses.Loss):
             depends on the number of replicas). Ignored outside `strategy.run`.
     """
 
+    # True for losses whose compute() takes `references` (a `tfdml.ops.References`): the pairs' far end.
+    supports_references = False
+
     def __init__(self, name=None, reduction="sum_over_batch_size", dtype=None, cross_replica=True):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self.cross_replica = bool(cross_replica)
@@ -46,7 +53,8 @@ class MetricLoss(keras.losses.Loss):
         if sample_weight is not None:
             raise ValueError(
                 f"{type(self).__name__} is a batch-level metric-learning loss and does not accept "
-                f"sample_weight (got one). Weight classes through the sampler instead.")
+                f"sample_weight (got one). Weight classes through the sampler instead."
+            )
         with tf.name_scope(self.name or type(self).__name__):
             dtype = None if self.dtype in (None, "float32") else self.dtype
             y_true = labels_for_symbolic_build(y_true)
@@ -71,6 +79,10 @@ class MetricLoss(keras.losses.Loss):
     @property
     def variable_optimizer(self):
         return None
+
+    @property
+    def non_trainable_variables(self):
+        return []
 
     def get_config(self):
         return {"name": self.name, "cross_replica": self.cross_replica}

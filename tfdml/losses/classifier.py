@@ -47,8 +47,11 @@ def _arcface_loss(labels, embeddings, proxies, margin, scale):
     cos_m, sin_m = as_scalar(math.cos(margin), dtype), as_scalar(math.sin(margin), dtype)
     sin_theta = safe_sqrt(1.0 - tf.square(target_cos))
     # theta <= pi - m  <=>  cos(theta) >= cos(pi - m) = -cos(m); beyond it the logit keeps decreasing linearly.
-    modified = tf.where(target_cos >= -cos_m, target_cos * cos_m - sin_theta * sin_m,
-                        target_cos - as_scalar(margin * math.sin(margin), dtype))
+    modified = tf.where(
+        target_cos >= -cos_m,
+        target_cos * cos_m - sin_theta * sin_m,
+        target_cos - as_scalar(margin * math.sin(margin), dtype),
+    )
     logits = cos + target * (modified - target_cos)[:, None]
     return _cross_entropy(labels, as_scalar(scale, dtype) * logits)
 

@@ -19,16 +19,16 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import as_scalar, mean_of_positive, negative_mask, pairwise_distance, positive_mask, \
-    validate_inputs
+from tfdml.ops import as_scalar, mean_of_positive, pair_masks, pairwise_distance, reference_embeddings, validate_inputs
 
 
-def _contrastive_loss(labels, embeddings, pos_margin, neg_margin):
-    dist = pairwise_distance(embeddings)
+def _contrastive_loss(labels, embeddings, pos_margin, neg_margin, references=None):
+    dist = pairwise_distance(embeddings, reference_embeddings(references))
     dtype = dist.dtype
     zeros = tf.zeros_like(dist)
-    pos_terms = tf.where(positive_mask(labels), tf.nn.relu(dist - as_scalar(pos_margin, dtype)), zeros)
-    neg_terms = tf.where(negative_mask(labels), tf.nn.relu(as_scalar(neg_margin, dtype) - dist), zeros)
+    positives, negatives = pair_masks(labels, references)
+    pos_terms = tf.where(positives, tf.nn.relu(dist - as_scalar(pos_margin, dtype)), zeros)
+    neg_terms = tf.where(negatives, tf.nn.relu(as_scalar(neg_margin, dtype) - dist), zeros)
     return mean_of_positive(pos_terms) + mean_of_positive(neg_terms)
 
 
@@ -73,8 +73,10 @@ class ContrastiveLoss(MetricLoss):
         self.pos_margin = float(pos_margin)
         self.neg_margin = float(neg_margin)
 
-    def compute(self, labels, embeddings):
-        return _contrastive_loss(labels, embeddings, self.pos_margin, self.neg_margin)
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
+        return _contrastive_loss(labels, embeddings, self.pos_margin, self.neg_margin, references)
 
     def get_config(self):
         config = super().get_config()

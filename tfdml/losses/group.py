@@ -87,8 +87,9 @@ def _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anc
     return propagation + ce_weight * cross_entropy
 
 
-def group_loss(labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0,
-               zero_diagonal=False):
+def group_loss(
+    labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0, zero_diagonal=False
+):
     """Group Loss of `labels [B]` int, `embeddings [B, D]` and classifier `logits [B, m]`.
 
     Inputs are validated as by every tfdml loss (integer labels, rank-2 float embeddings and logits with the
@@ -112,15 +113,19 @@ def group_loss(labels, embeddings, logits, temperature, num_iterations=1, num_an
     labels, embeddings = validate_inputs(labels, embeddings)
     logits = validate_embeddings(logits, name="logits", dtype=embeddings.dtype)
     if labels.shape[0] is not None and logits.shape[0] is not None and labels.shape[0] != logits.shape[0]:
-        raise ValueError(f"labels has {labels.shape[0]} entries but logits has {logits.shape[0]} rows; "
-                         "they must match.")
-    tf.debugging.assert_equal(tf.shape(logits)[0], tf.shape(labels)[0],
-                              message="labels and logits must have the same batch size")
-    tf.debugging.assert_less(labels, tf.shape(logits, out_type=labels.dtype)[1],
-                             message="group_loss: labels must be < the number of logits columns")
+        raise ValueError(
+            f"labels has {labels.shape[0]} entries but logits has {logits.shape[0]} rows; they must match."
+        )
+    tf.debugging.assert_equal(
+        tf.shape(logits)[0], tf.shape(labels)[0], message="labels and logits must have the same batch size"
+    )
+    tf.debugging.assert_less(
+        labels,
+        tf.shape(logits, out_type=labels.dtype)[1],
+        message="group_loss: labels must be < the number of logits columns",
+    )
     tf.debugging.assert_non_negative(labels, message="group_loss: labels must be >= 0")
-    return _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anchors, ce_weight,
-                       zero_diagonal)
+    return _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anchors, ce_weight, zero_diagonal)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -154,8 +159,17 @@ class GroupLoss(MetricLoss):
         >>> model.compile(keras.optimizers.Adam(2e-4), loss=GroupLoss(num_classes, temperature=24.0))
     """
 
-    def __init__(self, num_classes, temperature=24.0, num_iterations=1, num_anchors=2, ce_weight=1.0,
-                 zero_diagonal=False, name="group_loss", **kwargs):
+    def __init__(
+        self,
+        num_classes,
+        temperature=24.0,
+        num_iterations=1,
+        num_anchors=2,
+        ce_weight=1.0,
+        zero_diagonal=False,
+        name="group_loss",
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
         if int(num_classes) < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes}.")
@@ -173,20 +187,35 @@ class GroupLoss(MetricLoss):
         if width is not None and width <= self.num_classes:
             raise ValueError(
                 f"{self.name}: y_pred must be concat([embeddings, logits]) of width D + num_classes with D >= 1 "
-                f"(the last num_classes={self.num_classes} columns are the logits); got width {width}.")
-        return y_pred[:, :-self.num_classes], y_pred[:, -self.num_classes:]
+                f"(the last num_classes={self.num_classes} columns are the logits); got width {width}."
+            )
+        return y_pred[:, : -self.num_classes], y_pred[:, -self.num_classes :]
 
     def compute(self, labels, embeddings):
         embeddings, logits = self.split(embeddings)
-        tf.debugging.assert_less(labels, self.num_classes, message=(
-            f"{self.name}: labels must be < num_classes={self.num_classes}"))
+        tf.debugging.assert_less(
+            labels, self.num_classes, message=(f"{self.name}: labels must be < num_classes={self.num_classes}")
+        )
         tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
-        return _group_loss(labels, embeddings, logits, self.temperature, self.num_iterations, self.num_anchors,
-                           self.ce_weight, self.zero_diagonal)
+        return _group_loss(
+            labels,
+            embeddings,
+            logits,
+            self.temperature,
+            self.num_iterations,
+            self.num_anchors,
+            self.ce_weight,
+            self.zero_diagonal,
+        )
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_classes=self.num_classes, temperature=self.temperature,
-                      num_iterations=self.num_iterations, num_anchors=self.num_anchors,
-                      ce_weight=self.ce_weight, zero_diagonal=self.zero_diagonal)
+        config.update(
+            num_classes=self.num_classes,
+            temperature=self.temperature,
+            num_iterations=self.num_iterations,
+            num_anchors=self.num_anchors,
+            ce_weight=self.ce_weight,
+            zero_diagonal=self.zero_diagonal,
+        )
         return config

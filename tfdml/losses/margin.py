@@ -31,8 +31,16 @@ import numpy as np
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (negative_mask, pair_indices, pairwise_distance, positive_mask, safe_divide,
-                       triplet_distances, validate_inputs)
+from tfdml.ops import (
+    negative_mask,
+    pair_indices,
+    pair_masks,
+    pairwise_distance,
+    reference_embeddings,
+    safe_divide,
+    triplet_distances,
+    validate_inputs,
+)
 
 SAMPLING_MODES = ("distance_weighted", "all")
 
@@ -117,21 +125,27 @@ def distance_weighted_probabilities(labels, embeddings, cutoff=0.5, nonzero_loss
         >>> p = distance_weighted_probabilities(labels, tf.math.l2_normalize(f, axis=1))
     """
     labels, embeddings = validate_inputs(labels, embeddings)
-    logits = distance_weighted_log_weights(pairwise_distance(embeddings), negative_mask(labels),
-                                           tf.shape(embeddings)[1], cutoff, nonzero_loss_cutoff)
+    logits = distance_weighted_log_weights(
+        pairwise_distance(embeddings), negative_mask(labels), tf.shape(embeddings)[1], cutoff, nonzero_loss_cutoff
+    )
     return tf.nn.softmax(logits, axis=1)
 
 
-def sample_distance_weighted_triplets(labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None):
+def sample_distance_weighted_triplets(
+    labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None, references=None
+):
     """One distance-weighted negative per ordered anchor-positive pair.
+
+    With `references` (a `tfdml.ops.References`; `distances` then `[B, G]`) positives and negatives are
+    references and the triplets' second and third columns index them.
 
     Returns:
         `(triplets, valid)`: `[P, 3]` int32 `(anchor, positive, negative)` rows for the `P` ordered positive
         pairs, and a `[P]` bool mask that is false where the anchor has no negative at all.
         With an integer `seed` the draw is stateless (same batch, same triplets).
     """
-    negatives = negative_mask(labels)
-    pairs = pair_indices(positive_mask(labels))
+    positives, negatives = pair_masks(labels, references)
+    pairs = pair_indices(positives)
     logits = distance_weighted_log_weights(distances, negatives, dim, cutoff, nonzero_loss_cutoff)
     pair_logits = tf.gather(logits, pairs[:, 0])
     # categorical needs float32/64 logits
@@ -165,12 +179,12 @@ def margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha=0.2, nu=0
     return loss + _regulariser(beta, tf.reduce_sum(beta_a * keep), tf.reduce_sum(keep), active, nu, dtype)
 
 
-def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu):
+def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references=None):
     """Every (a, p, n) triplet in O(B^2): pos_ap is repeated once per negative of a, neg_an once per positive."""
     dtype = embeddings.dtype
-    distances = pairwise_distance(embeddings)
-    positives = tf.cast(positive_mask(labels), dtype)
-    negatives = tf.cast(negative_mask(labels), dtype)
+    distances = pairwise_distance(embeddings, reference_embeddings(references))
+    positives, negatives = pair_masks(labels, references)
+    positives, negatives = tf.cast(positives, dtype), tf.cast(negatives, dtype)
     num_pos = tf.reduce_sum(positives, axis=1, keepdims=True)  # [B, 1] positives per anchor
     num_neg = tf.reduce_sum(negatives, axis=1, keepdims=True)
     beta_a = _beta_per_anchor(beta, labels, dtype)
@@ -191,23 +205,34 @@ def _check_sampling(sampling, cutoff, nonzero_loss_cutoff):
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}.")
     if not 0.0 <= cutoff < nonzero_loss_cutoff:
-        raise ValueError(f"Need 0 <= cutoff < nonzero_loss_cutoff, got cutoff={cutoff}, "
-                         f"nonzero_loss_cutoff={nonzero_loss_cutoff}.")
+        raise ValueError(
+            f"Need 0 <= cutoff < nonzero_loss_cutoff, got cutoff={cutoff}, nonzero_loss_cutoff={nonzero_loss_cutoff}."
+        )
 
 
-def _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed):
+def _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed, references=None):
     """Margin loss on validated inputs (int32 labels, float embeddings); see `margin_loss`."""
     if sampling == "all":
-        return _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu)
-    distances = pairwise_distance(embeddings)
+        return _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references)
+    distances = pairwise_distance(embeddings, reference_embeddings(references))
     dim = tf.shape(embeddings)[1]
-    triplets, valid = sample_distance_weighted_triplets(labels, distances, dim, cutoff,
-                                                        nonzero_loss_cutoff, seed)
+    triplets, valid = sample_distance_weighted_triplets(
+        labels, distances, dim, cutoff, nonzero_loss_cutoff, seed, references
+    )
     return margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha, nu, valid, distances)
 
 
-def margin_loss(labels, embeddings, beta, alpha=0.2, nu=0.0, sampling="distance_weighted", cutoff=0.5,
-                nonzero_loss_cutoff=1.4, seed=None):
+def margin_loss(
+    labels,
+    embeddings,
+    beta,
+    alpha=0.2,
+    nu=0.0,
+    sampling="distance_weighted",
+    cutoff=0.5,
+    nonzero_loss_cutoff=1.4,
+    seed=None,
+):
     """Margin loss of Wu et al. 2017 on `labels [B]` int and `embeddings [B, D]`.
 
     Args:
@@ -271,9 +296,21 @@ class MarginLoss(MetricLoss):
         >>> model.fit(class_balanced_dataset)   # trains beta with SGD(0.1, momentum 0.9)
     """
 
-    def __init__(self, alpha=0.2, beta=1.2, nu=0.0, num_classes=None, learn_beta=True, beta_learning_rate=0.1,
-                 sampling="distance_weighted", cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None,
-                 name="margin_loss", **kwargs):
+    def __init__(
+        self,
+        alpha=0.2,
+        beta=1.2,
+        nu=0.0,
+        num_classes=None,
+        learn_beta=True,
+        beta_learning_rate=0.1,
+        sampling="distance_weighted",
+        cutoff=0.5,
+        nonzero_loss_cutoff=1.4,
+        seed=None,
+        name="margin_loss",
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
         _check_sampling(sampling, cutoff, nonzero_loss_cutoff)
         if num_classes is not None and int(num_classes) < 1:
@@ -303,8 +340,9 @@ class MarginLoss(MetricLoss):
             shape = () if self.num_classes is None else (self.num_classes,)
             value = np.full(shape, self.initial_beta, dtype="float64")
             if self.learn_beta:
-                self._beta = keras.Variable(value.astype("float32"), trainable=True, dtype="float32",
-                                            name="margin_beta")
+                self._beta = keras.Variable(
+                    value.astype("float32"), trainable=True, dtype="float32", name="margin_beta"
+                )
             else:
                 self._beta = value  # cast to the embedding dtype at use
         return self._beta
@@ -318,26 +356,48 @@ class MarginLoss(MetricLoss):
         if not self.learn_beta:
             return None
         if self._optimizer is None:
-            self._optimizer = keras.optimizers.SGD(self.beta_learning_rate, momentum=0.9,
-                                                   name="margin_beta_sgd")
+            self._optimizer = keras.optimizers.SGD(self.beta_learning_rate, momentum=0.9, name="margin_beta_sgd")
         return self._optimizer
 
-    def compute(self, labels, embeddings):
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
         beta = self.beta
         beta = beta.value if isinstance(beta, keras.Variable) else beta
         if self.num_classes is not None:
-            tf.debugging.assert_less(labels, self.num_classes, message=(
-                f"{self.name}: labels must be < num_classes={self.num_classes} (one beta per class)"))
+            tf.debugging.assert_less(
+                labels,
+                self.num_classes,
+                message=(f"{self.name}: labels must be < num_classes={self.num_classes} (one beta per class)"),
+            )
             tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
         # The official code (and pytorch-metric-learning) regularises beta only when it is learned.
         nu = self.nu if self.learn_beta else 0.0
-        return _margin_loss(labels, embeddings, beta, self.alpha, nu, self.sampling, self.cutoff,
-                            self.nonzero_loss_cutoff, self.seed)
+        return _margin_loss(
+            labels,
+            embeddings,
+            beta,
+            self.alpha,
+            nu,
+            self.sampling,
+            self.cutoff,
+            self.nonzero_loss_cutoff,
+            self.seed,
+            references,
+        )
 
     def get_config(self):
         config = super().get_config()
-        config.update(alpha=self.alpha, beta=self.initial_beta, nu=self.nu, num_classes=self.num_classes,
-                      learn_beta=self.learn_beta, beta_learning_rate=self.beta_learning_rate,
-                      sampling=self.sampling, cutoff=self.cutoff, nonzero_loss_cutoff=self.nonzero_loss_cutoff,
-                      seed=self.seed)
+        config.update(
+            alpha=self.alpha,
+            beta=self.initial_beta,
+            nu=self.nu,
+            num_classes=self.num_classes,
+            learn_beta=self.learn_beta,
+            beta_learning_rate=self.beta_learning_rate,
+            sampling=self.sampling,
+            cutoff=self.cutoff,
+            nonzero_loss_cutoff=self.nonzero_loss_cutoff,
+            seed=self.seed,
+        )
         return config

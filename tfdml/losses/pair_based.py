@@ -22,9 +22,21 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, masked_max, masked_min, mean_of_positive,
-                       negative_mask, pairwise_cosine_similarity, pairwise_distance, positive_mask,
-                       validate_inputs)
+from tfdml.ops import (
+    as_scalar,
+    l2_normalize,
+    masked_logsumexp,
+    masked_max,
+    masked_min,
+    mean_of_positive,
+    negative_mask,
+    pair_masks,
+    pairwise_cosine_similarity,
+    pairwise_distance,
+    positive_mask,
+    reference_embeddings,
+    validate_inputs,
+)
 
 
 def multi_similarity_mining(similarity, positives, negatives, epsilon=0.1):
@@ -45,12 +57,19 @@ def multi_similarity_mining(similarity, positives, negatives, epsilon=0.1):
     return mined_pos, mined_neg
 
 
-def _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon):
-    sim = pairwise_cosine_similarity(embeddings)
+def _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon, references=None):
+    sim = pairwise_cosine_similarity(embeddings, reference_embeddings(references))
     dtype = sim.dtype
-    positives, negatives = positive_mask(labels), negative_mask(labels)
+    positives, negatives = pair_masks(labels, references)
     if mining_epsilon is not None:
-        positives, negatives = multi_similarity_mining(sim, positives, negatives, mining_epsilon)
+        if references is None:
+            positives, negatives = multi_similarity_mining(sim, positives, negatives, mining_epsilon)
+        else:
+            # As pytorch-metric-learning's CrossBatchMemory: the miner sees each query's own stored copy as
+            # a positive (similarity ~1); that pair is dropped after mining.
+            with_self, _ = pair_masks(labels, references, include_self=True)
+            mined_pos, negatives = multi_similarity_mining(sim, with_self, negatives, mining_epsilon)
+            positives = mined_pos & positives
     alpha, beta, base = (as_scalar(v, dtype) for v in (alpha, beta, base))
     pos_term = masked_logsumexp(-alpha * (sim - base), positives, axis=1, add_one=True) / alpha
     neg_term = masked_logsumexp(beta * (sim - base), negatives, axis=1, add_one=True) / beta
@@ -75,17 +94,18 @@ def multi_similarity_loss(labels, embeddings, alpha=2.0, beta=50.0, base=0.5, mi
     return _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon)
 
 
-def _circle_loss(labels, embeddings, m, gamma):
-    sim = pairwise_cosine_similarity(embeddings)
+def _circle_loss(labels, embeddings, m, gamma, references=None):
+    sim = pairwise_cosine_similarity(embeddings, reference_embeddings(references))
     dtype = sim.dtype
-    positives, negatives = positive_mask(labels), negative_mask(labels)
+    positives, negatives = pair_masks(labels, references)
     m, gamma = as_scalar(m, dtype), as_scalar(gamma, dtype)
     const = tf.stop_gradient(sim)
     # Self-paced weights a_ij are constants (the paper and PML detach them).
     pos_logits = -gamma * tf.nn.relu(1.0 + m - const) * (sim - (1.0 - m))
     neg_logits = gamma * tf.nn.relu(const + m) * (sim - m)
-    per_anchor = tf.nn.softplus(masked_logsumexp(pos_logits, positives, axis=1)
-                                + masked_logsumexp(neg_logits, negatives, axis=1))
+    per_anchor = tf.nn.softplus(
+        masked_logsumexp(pos_logits, positives, axis=1) + masked_logsumexp(neg_logits, negatives, axis=1)
+    )
     complete = tf.reduce_any(positives, axis=1) & tf.reduce_any(negatives, axis=1)
     # PML's AvgNonZeroReducer: the mean over the anchors whose loss is > 0.
     return mean_of_positive(tf.where(complete, per_anchor, tf.zeros_like(per_anchor)))
@@ -168,8 +188,7 @@ class MultiSimilarityLoss(MetricLoss):
         >>> model.compile(optimizer="adam", loss=MultiSimilarityLoss())
     """
 
-    def __init__(self, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1, name="multi_similarity_loss",
-                 **kwargs):
+    def __init__(self, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1, name="multi_similarity_loss", **kwargs):
         super().__init__(name=name, **kwargs)
         if alpha <= 0 or beta <= 0:
             raise ValueError(f"alpha and beta must be > 0, got {alpha} and {beta}.")
@@ -180,8 +199,12 @@ class MultiSimilarityLoss(MetricLoss):
         self.base = float(base)
         self.mining_epsilon = None if mining_epsilon is None else float(mining_epsilon)
 
-    def compute(self, labels, embeddings):
-        return _multi_similarity_loss(labels, embeddings, self.alpha, self.beta, self.base, self.mining_epsilon)
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
+        return _multi_similarity_loss(
+            labels, embeddings, self.alpha, self.beta, self.base, self.mining_epsilon, references
+        )
 
     def get_config(self):
         config = super().get_config()
@@ -210,8 +233,10 @@ class CircleLoss(MetricLoss):
         self.m = float(m)
         self.gamma = float(gamma)
 
-    def compute(self, labels, embeddings):
-        return _circle_loss(labels, embeddings, self.m, self.gamma)
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
+        return _circle_loss(labels, embeddings, self.m, self.gamma, references)
 
     def get_config(self):
         config = super().get_config()

@@ -28,8 +28,15 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, pairwise_cosine_similarity,
-                       pairwise_squared_distance, safe_divide, validate_inputs)
+from tfdml.ops import (
+    as_scalar,
+    l2_normalize,
+    masked_logsumexp,
+    pairwise_cosine_similarity,
+    pairwise_squared_distance,
+    safe_divide,
+    validate_inputs,
+)
 
 
 def _class_mask(labels, num_classes):
@@ -45,8 +52,7 @@ def _proxy_anchor_loss(labels, embeddings, proxies, margin, alpha):
     pos_term = masked_logsumexp(-alpha * (cos - margin), positives, axis=0, add_one=True)  # [C]
     neg_term = masked_logsumexp(alpha * (cos + margin), ~positives, axis=0, add_one=True)
     classes_present = tf.reduce_sum(tf.cast(tf.reduce_any(positives, axis=0), dtype))
-    return safe_divide(tf.reduce_sum(pos_term), classes_present) + tf.reduce_sum(neg_term) / tf.cast(
-        num_classes, dtype)
+    return safe_divide(tf.reduce_sum(pos_term), classes_present) + tf.reduce_sum(neg_term) / tf.cast(num_classes, dtype)
 
 
 def proxy_anchor_loss(labels, embeddings, proxies, margin=0.1, alpha=32.0):
@@ -110,19 +116,20 @@ class ProxyLoss(MetricLoss):
     `default_initializer()`.
     """
 
-    def __init__(self, num_classes, embedding_dim, proxy_optimizer=None, proxy_initializer=None, name=None,
-                 **kwargs):
+    def __init__(self, num_classes, embedding_dim, proxy_optimizer=None, proxy_initializer=None, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         if int(num_classes) < 1 or int(embedding_dim) < 1:
-            raise ValueError(f"num_classes and embedding_dim must be positive integers, got {num_classes} and "
-                             f"{embedding_dim}.")
+            raise ValueError(
+                f"num_classes and embedding_dim must be positive integers, got {num_classes} and {embedding_dim}."
+            )
         self.num_classes = int(num_classes)
         self.embedding_dim = int(embedding_dim)
         # Instances from here on: their serialisation is then the same before and after a round trip. Keras'
         # deserialisation edits a config dict in place, hence the copies.
         self.proxy_optimizer = None if proxy_optimizer is None else keras.optimizers.get(_copied(proxy_optimizer))
-        self.proxy_initializer = (None if proxy_initializer is None
-                                  else keras.initializers.get(_copied(proxy_initializer)))
+        self.proxy_initializer = (
+            None if proxy_initializer is None else keras.initializers.get(_copied(proxy_initializer))
+        )
         self._proxies = None
 
     def default_initializer(self):
@@ -134,8 +141,13 @@ class ProxyLoss(MetricLoss):
         inside a `tf.distribute` scope gets a mirrored variable)."""
         if self._proxies is None:
             initializer = self.proxy_initializer or self.default_initializer()
-            self._proxies = keras.Variable(initializer, shape=(self.num_classes, self.embedding_dim),
-                                           dtype="float32", trainable=True, name=f"{self.name}_proxies")
+            self._proxies = keras.Variable(
+                initializer,
+                shape=(self.num_classes, self.embedding_dim),
+                dtype="float32",
+                trainable=True,
+                name=f"{self.name}_proxies",
+            )
         return self._proxies
 
     @property
@@ -152,12 +164,16 @@ class ProxyLoss(MetricLoss):
     def compute(self, labels, embeddings):
         dim = embeddings.shape[-1]
         if dim is not None and dim != self.embedding_dim:
-            raise ValueError(f"{self.name}: embeddings have dimension {dim} but the proxies have "
-                             f"embedding_dim={self.embedding_dim}.")
+            raise ValueError(
+                f"{self.name}: embeddings have dimension {dim} but the proxies have embedding_dim={self.embedding_dim}."
+            )
         checks = [
             tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0"),
-            tf.debugging.assert_less(labels, self.num_classes, message=(
-                f"{self.name}: labels must be < num_classes={self.num_classes} (one proxy per class)")),
+            tf.debugging.assert_less(
+                labels,
+                self.num_classes,
+                message=(f"{self.name}: labels must be < num_classes={self.num_classes} (one proxy per class)"),
+            ),
         ]
         with tf.control_dependencies(checks):
             labels = tf.identity(labels)
@@ -167,10 +183,16 @@ class ProxyLoss(MetricLoss):
     def get_config(self):
         config = super().get_config()
         optimizer = None if self.proxy_optimizer is None else keras.saving.serialize_keras_object(self.proxy_optimizer)
-        initializer = (None if self.proxy_initializer is None
-                       else keras.saving.serialize_keras_object(self.proxy_initializer))
-        config.update(num_classes=self.num_classes, embedding_dim=self.embedding_dim, proxy_optimizer=optimizer,
-                      proxy_initializer=initializer, **self.hyper_parameters())
+        initializer = (
+            None if self.proxy_initializer is None else keras.saving.serialize_keras_object(self.proxy_initializer)
+        )
+        config.update(
+            num_classes=self.num_classes,
+            embedding_dim=self.embedding_dim,
+            proxy_optimizer=optimizer,
+            proxy_initializer=initializer,
+            **self.hyper_parameters(),
+        )
         return config
 
 

@@ -32,8 +32,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, negative_mask, pairwise_distance, positive_mask, safe_divide,
-                       validate_inputs)
+from tfdml.ops import as_scalar, pair_masks, pairwise_distance, reference_embeddings, safe_divide, validate_inputs
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -97,13 +96,17 @@ def _masked_exp_and_log_sum(logits, mask):
     exp = tf.where(mask, tf.exp(tf.where(mask, logits - row_max, tf.zeros_like(logits))), tf.zeros_like(logits))
     total = tf.reduce_sum(exp, axis=1, keepdims=True)
     has_any = total > 0
-    log_sum = tf.where(has_any, row_max + tf.math.log(tf.where(has_any, total, tf.ones_like(total))),
-                       tf.fill(tf.shape(total), tf.constant(-float("inf"), dtype)))
+    log_sum = tf.where(
+        has_any,
+        row_max + tf.math.log(tf.where(has_any, total, tf.ones_like(total))),
+        tf.fill(tf.shape(total), tf.constant(-float("inf"), dtype)),
+    )
     return exp, total, log_sum
 
 
-def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5,
-                        query_weighting="official"):
+def ranked_list_weights(
+    labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, query_weighting="official", references=None
+):
     """Constant per-pair coefficients `(c_pos, c_neg)` of RLL: the loss is
     `sum_ij c_pos_ij (d_ij - (alpha - m)) + c_neg_ij (alpha - d_ij)` with `c` held constant.
 
@@ -116,7 +119,8 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
 
     Args:
         labels: int32 `[B]`.
-        distances: `[B, B]` (or `[B, G]` with the same labels) distances; only their values are used.
+        distances: `[B, B]` distances, or `[B, G]` to the `references` (a `tfdml.ops.References`, whose
+            rows form every query's gallery); only their values are used.
 
     Returns:
         `(c_pos, c_neg, q)`: `[B, B]`, `[B, B]` and `[B]`, all without gradient.
@@ -127,17 +131,17 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
     alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     lam = as_scalar(lam, dtype)
-    # positive_mask excludes j == i, which also matters with a separate gallery (its diagonal is not 0).
-    mined_pos = tf.logical_and(positive_mask(labels), dist > pos_boundary)
-    mined_neg = tf.logical_and(negative_mask(labels), dist < alpha)
+    # The pair masks exclude j == i (the query's own copy among references), whose distance is not exactly 0.
+    positives, negatives = pair_masks(labels, references)
+    mined_pos = tf.logical_and(positives, dist > pos_boundary)
+    mined_neg = tf.logical_and(negatives, dist < alpha)
     if isinstance(tp, (int, float)) and tp == 0:
         # The default tp = 0 weighs every mined positive 1: S_P is their count (cheaper than the softmax).
         pos_exp = tf.cast(mined_pos, dtype)
         pos_sum = tf.reduce_sum(pos_exp, axis=1, keepdims=True)
         log_s_pos = tf.math.log(pos_sum)  # -inf without mined positive
     else:
-        pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary),
-                                                              mined_pos)
+        pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary), mined_pos)
     neg_exp, neg_sum, log_s_neg = _masked_exp_and_log_sum(as_scalar(tn, dtype) * (alpha - dist), mined_neg)
     w_pos = safe_divide(pos_exp, pos_sum)
     w_neg = safe_divide(neg_exp, neg_sum)
@@ -153,23 +157,37 @@ def ranked_list_weights(labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0
     return (1.0 - lam) * q[:, None] * w_pos, lam * q[:, None] * w_neg, q
 
 
-def _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting):
+def _ranked_list_loss(
+    labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting, references=None
+):
     """RLL on validated inputs (int32 labels, float embeddings); see the module docstring."""
     dtype = embeddings.dtype
-    if stop_gallery_gradient:
+    if references is not None:
+        # Each query's ranked list is the reference set (constants, whatever stop_gallery_gradient says).
+        dist = pairwise_distance(embeddings, tf.stop_gradient(reference_embeddings(references)))
+    elif stop_gallery_gradient:
         # Sec. 3.2: "in the ranked list of x_i we regard the features of other examples as constants".
         dist = pairwise_distance(embeddings, tf.stop_gradient(embeddings))
     else:
         dist = pairwise_distance(embeddings)
-    c_pos, c_neg, _ = ranked_list_weights(labels, dist, margin, alpha, tn, tp, lam, query_weighting)
+    c_pos, c_neg, _ = ranked_list_weights(labels, dist, margin, alpha, tn, tp, lam, query_weighting, references)
     alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     # Weights are constants (official code), so the loss is linear in the distances.
     return tf.reduce_sum(c_pos * (dist - pos_boundary) + c_neg * (alpha - dist))
 
 
-def ranked_list_loss(labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5,
-                     stop_gallery_gradient=True, query_weighting="official"):
+def ranked_list_loss(
+    labels,
+    embeddings,
+    margin=0.4,
+    alpha=None,
+    tn=10.0,
+    tp=0.0,
+    lam=0.5,
+    stop_gallery_gradient=True,
+    query_weighting="official",
+):
     """Ranked List Loss of a batch (see the module docstring for the formula).
 
     Args:
@@ -192,8 +210,7 @@ def ranked_list_loss(labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0
     """
     _check_query_weighting(query_weighting)
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient,
-                             query_weighting)
+    return _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -225,8 +242,18 @@ class RankedListLoss(MetricLoss):
         >>> model.fit(x, y, callbacks=[tfdml.callbacks.DynamicTemperature()])
     """
 
-    def __init__(self, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, stop_gallery_gradient=True,
-                 query_weighting="official", name="ranked_list_loss", **kwargs):
+    def __init__(
+        self,
+        margin=0.4,
+        alpha=None,
+        tn=10.0,
+        tp=0.0,
+        lam=0.5,
+        stop_gallery_gradient=True,
+        query_weighting="official",
+        name="ranked_list_loss",
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
         _check_query_weighting(query_weighting)
         if isinstance(tn, dict):
@@ -275,20 +302,41 @@ class RankedListLoss(MetricLoss):
                 warnings.warn(
                     "RankedListLoss has a temperature schedule but no step counter: using its step-0 "
                     "temperature. Use tfdml.models.MetricModel or the DynamicTemperature callback, or "
-                    "call loss.bind_step(optimizer.iterations).", stacklevel=2)
+                    "call loss.bind_step(optimizer.iterations).",
+                    stacklevel=2,
+                )
                 step = 0
             else:
                 step = self._step
         return self.tn(tf.convert_to_tensor(step), dtype=dtype)
 
-    def compute(self, labels, embeddings):
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
         tn = self.temperature(dtype=embeddings.dtype)
-        return _ranked_list_loss(labels, embeddings, self.margin, self.alpha, tn, self.tp, self.lam,
-                                 self.stop_gallery_gradient, self.query_weighting)
+        return _ranked_list_loss(
+            labels,
+            embeddings,
+            self.margin,
+            self.alpha,
+            tn,
+            self.tp,
+            self.lam,
+            self.stop_gallery_gradient,
+            self.query_weighting,
+            references,
+        )
 
     def get_config(self):
         config = super().get_config()
         tn = keras.saving.serialize_keras_object(self.tn) if self.has_schedule else self.tn
-        config.update(margin=self.margin, alpha=self.alpha, tn=tn, tp=self.tp, lam=self.lam,
-                      stop_gallery_gradient=self.stop_gallery_gradient, query_weighting=self.query_weighting)
+        config.update(
+            margin=self.margin,
+            alpha=self.alpha,
+            tn=tn,
+            tp=self.tp,
+            lam=self.lam,
+            stop_gallery_gradient=self.stop_gallery_gradient,
+            query_weighting=self.query_weighting,
+        )
         return config

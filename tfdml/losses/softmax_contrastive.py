@@ -18,8 +18,18 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, l2_normalize, masked_logsumexp, mean_of_positive, negative_mask, pairwise_cosine_similarity,
-                       positive_mask, safe_divide, same_label_mask, validate_inputs)
+from tfdml.ops import (
+    as_scalar,
+    l2_normalize,
+    masked_logsumexp,
+    mean_of_positive,
+    pair_masks,
+    pairwise_cosine_similarity,
+    reference_embeddings,
+    safe_divide,
+    same_label_mask,
+    validate_inputs,
+)
 
 
 def n_pairs_indices(labels):
@@ -78,9 +88,11 @@ def n_pairs_loss(labels, embeddings, normalize=True):
     return _n_pairs_loss(labels, embeddings, normalize)
 
 
-def _supcon_loss(labels, embeddings, temperature):
-    logits = pairwise_cosine_similarity(embeddings) / as_scalar(temperature, embeddings.dtype)
-    positives, negatives = positive_mask(labels), negative_mask(labels)
+def _supcon_loss(labels, embeddings, temperature, references=None):
+    logits = pairwise_cosine_similarity(embeddings, reference_embeddings(references)) / as_scalar(
+        temperature, embeddings.dtype
+    )
+    positives, negatives = pair_masks(labels, references)
     log_prob = logits - masked_logsumexp(logits, positives | negatives, axis=1, keepdims=True)
     positives_f = tf.cast(positives, logits.dtype)
     per_anchor = -safe_divide(tf.reduce_sum(log_prob * positives_f, axis=1), tf.reduce_sum(positives_f, axis=1))
@@ -99,9 +111,11 @@ def supcon_loss(labels, embeddings, temperature=0.1):
     return _supcon_loss(labels, embeddings, temperature)
 
 
-def _ntxent_loss(labels, embeddings, temperature):
-    logits = pairwise_cosine_similarity(embeddings) / as_scalar(temperature, embeddings.dtype)
-    positives, negatives = positive_mask(labels), negative_mask(labels)
+def _ntxent_loss(labels, embeddings, temperature, references=None):
+    logits = pairwise_cosine_similarity(embeddings, reference_embeddings(references)) / as_scalar(
+        temperature, embeddings.dtype
+    )
+    positives, negatives = pair_masks(labels, references)
     has_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
     negative_lse = masked_logsumexp(logits, negatives, axis=1, keepdims=True)
     # -log(e^s / (e^s + e^r)) = softplus(r - s), with r the logsumexp of the anchor's negatives.
@@ -129,8 +143,10 @@ class _TemperatureLoss(MetricLoss):
             raise ValueError(f"temperature must be > 0, got {temperature}.")
         self.temperature = float(temperature)
 
-    def compute(self, labels, embeddings):
-        return type(self).loss_fn(labels, embeddings, self.temperature)
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
+        return type(self).loss_fn(labels, embeddings, self.temperature, references)
 
     def get_config(self):
         config = super().get_config()

@@ -17,8 +17,20 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import (as_scalar, masked_max, masked_mean, masked_min, negative_mask, pairwise_angular_distance,
-                       pairwise_distance, positive_mask, safe_divide, validate_inputs)
+from tfdml.ops import (
+    as_scalar,
+    masked_max,
+    masked_mean,
+    masked_min,
+    negative_mask,
+    pair_masks,
+    pairwise_angular_distance,
+    pairwise_distance,
+    positive_mask,
+    reference_embeddings,
+    safe_divide,
+    validate_inputs,
+)
 
 MINING_STRATEGIES = ("all", "hard", "semi_hard")
 
@@ -79,8 +91,8 @@ def _triplet_sums(dist, pos, neg, margin, semi_hard, soft):
             return k + 1, total + tf.reduce_sum(terms), count + tf.reduce_sum(active), grad
 
         _, total, count, grad_dist = tf.while_loop(
-            lambda k, *_: k < num_slots, slot_step,
-            (tf.constant(0, tf.int32), zero, zero, tf.zeros_like(dist)))
+            lambda k, *_: k < num_slots, slot_step, (tf.constant(0, tf.int32), zero, zero, tf.zeros_like(dist))
+        )
 
         def grad(d_total, d_count):
             del d_count  # a count: piecewise constant
@@ -91,19 +103,14 @@ def _triplet_sums(dist, pos, neg, margin, semi_hard, soft):
     return sums(dist)
 
 
-def _distances(embeddings, squared):
-    return pairwise_distance(embeddings, squared=squared)
-
-
 def _check_mining(mining):
     if mining not in MINING_STRATEGIES:
         raise ValueError(f"mining must be one of {MINING_STRATEGIES}, got {mining!r}.")
 
 
-def _triplet_loss(labels, embeddings, margin, mining, soft, squared):
-    dist = _distances(embeddings, squared)
-    pos = positive_mask(labels)
-    neg = negative_mask(labels)
+def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=None):
+    dist = pairwise_distance(embeddings, reference_embeddings(references), squared=squared)
+    pos, neg = pair_masks(labels, references)
     if mining == "hard":
         hardest_pos = masked_max(dist, pos, axis=1)
         hardest_neg = masked_min(dist, neg, axis=1)
@@ -169,8 +176,10 @@ class TripletLoss(MetricLoss):
         self.soft = bool(soft)
         self.squared = bool(squared)
 
-    def compute(self, labels, embeddings):
-        return _triplet_loss(labels, embeddings, self.margin, self.mining, self.soft, self.squared)
+    supports_references = True
+
+    def compute(self, labels, embeddings, references=None):
+        return _triplet_loss(labels, embeddings, self.margin, self.mining, self.soft, self.squared, references)
 
     def get_config(self):
         config = super().get_config()
@@ -185,8 +194,10 @@ TFA_DISTANCE_METRICS = ("L2", "squared-L2", "angular")
 
 def _check_distance_metric(distance_metric):
     if not (callable(distance_metric) or distance_metric in TFA_DISTANCE_METRICS):
-        raise ValueError(f"distance_metric must be one of {TFA_DISTANCE_METRICS} or a callable returning a "
-                         f"[B, B] distance matrix, got {distance_metric!r}.")
+        raise ValueError(
+            f"distance_metric must be one of {TFA_DISTANCE_METRICS} or a callable returning a "
+            f"[B, B] distance matrix, got {distance_metric!r}."
+        )
 
 
 def _tfa_distances(embeddings, distance_metric):
@@ -222,8 +233,9 @@ def _split_ties(mask, dist, value):
 
 def _row_min_where_empty(masked_value, mask, dist):
     """tensorflow-addons' masked max/min of a row with no entry in `mask` is the row's minimum of `dist`."""
-    return tf.where(tf.reduce_any(mask, axis=1, keepdims=True), masked_value,
-                    tf.reduce_min(dist, axis=1, keepdims=True))
+    return tf.where(
+        tf.reduce_any(mask, axis=1, keepdims=True), masked_value, tf.reduce_min(dist, axis=1, keepdims=True)
+    )
 
 
 def _semihard_negative_sums(dist, pos, neg, margin):
@@ -250,14 +262,16 @@ def _semihard_negative_sums(dist, pos, neg, margin):
             has_farther = tf.reduce_any(farther, axis=1, keepdims=True)
             nearest_farther = masked_min(dist, farther, axis=1, keepdims=True)
             neg_dist = tf.where(has_farther, nearest_farther, farthest)
-            chosen = tf.where(has_farther, _split_ties(farther, dist, nearest_farther),
-                              _split_ties(fallback, dist, farthest))
+            chosen = tf.where(
+                has_farther, _split_ties(farther, dist, nearest_farther), _split_ties(fallback, dist, farthest)
+            )
             active = tf.cast(margin + anchor_pos - neg_dist > 0, dtype) * has_slot
             total = total + tf.reduce_sum(active * (margin + anchor_pos - neg_dist))
             return k + 1, total, grad + active * (slot - chosen)
 
-        _, total, grad_dist = tf.while_loop(lambda k, *_: k < num_slots, slot_step,
-                                            (tf.constant(0, tf.int32), zero, tf.zeros_like(dist)))
+        _, total, grad_dist = tf.while_loop(
+            lambda k, *_: k < num_slots, slot_step, (tf.constant(0, tf.int32), zero, tf.zeros_like(dist))
+        )
         return total, lambda d_total: d_total * grad_dist
 
     return total_of(dist)
@@ -296,8 +310,7 @@ def _triplet_hard_loss(labels, embeddings, margin, soft, distance_metric="L2"):
     neg = negative_mask(labels)
     # As tfa: an anchor without positive uses its row minimum (0 for "L2"), one without negative its row maximum.
     hardest_pos = _row_min_where_empty(masked_max(dist, pos, axis=1, keepdims=True), pos, dist)[:, 0]
-    hardest_neg = tf.where(tf.reduce_any(neg, axis=1), masked_min(dist, neg, axis=1),
-                           tf.reduce_max(dist, axis=1))
+    hardest_neg = tf.where(tf.reduce_any(neg, axis=1), masked_min(dist, neg, axis=1), tf.reduce_max(dist, axis=1))
     gap = hardest_pos - hardest_neg
     terms = tf.nn.softplus(gap) if soft else tf.nn.relu(gap + as_scalar(margin, dist.dtype))
     return _no_positive_pair_gives_zero(tf.reduce_mean(terms), pos)
@@ -319,8 +332,7 @@ def triplet_hard_loss(labels, embeddings, margin=1.0, soft=False, distance_metri
     """
     _check_distance_metric(distance_metric)
     validated_labels, validated = validate_inputs(labels, embeddings)
-    return _as_input_dtype(_triplet_hard_loss(validated_labels, validated, margin, soft, distance_metric),
-                           embeddings)
+    return _as_input_dtype(_triplet_hard_loss(validated_labels, validated, margin, soft, distance_metric), embeddings)
 
 
 class _TfaDropIn(MetricLoss):
@@ -339,8 +351,9 @@ class _TfaDropIn(MetricLoss):
     def get_config(self):
         config = super().get_config()
         metric = self.distance_metric
-        config.update(distance_metric=metric if isinstance(metric, str) else
-                      keras.saving.serialize_keras_object(metric))
+        config.update(
+            distance_metric=metric if isinstance(metric, str) else keras.saving.serialize_keras_object(metric)
+        )
         return config
 
 

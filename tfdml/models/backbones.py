@@ -22,10 +22,10 @@ counterparts of `inception_3c` and `inception_4e`.
 
 Any other functional backbone is tapped by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
 
-`preprocessing_name(backbone)` is the pixel preprocessing the backbone expects, as a `tfdml.export` spec
-applied to RGB pixels in [0, 255]: the dotted name of the `keras.applications` function (for example
-`keras.applications.resnet50.preprocess_input`), "unit" (pixels / 255) for the small CNN, None for
-custom backbones (pixels used as they come).
+`preprocessing_name(backbone)` is the pixel preprocessing the backbone expects, as a
+`tfdml.models.preprocessing` spec applied to RGB pixels in [0, 255] by the embedder's first layer: the
+dotted name of the `keras.applications` function (for example `keras.applications.resnet50.preprocess_input`),
+"unit" (pixels / 255) for the small CNN, None for custom backbones (pixels used as they come).
 """
 
 import keras
@@ -111,17 +111,21 @@ class PretrainedWeightsError(RuntimeError):
 
 def _imagenet_error(name, cause):
     first_line = (str(cause).strip().splitlines() or [""])[0][:200]
-    reason = (f"cannot load the ImageNet weights of backbone {name!r} ({type(cause).__name__}: {first_line}); "
-              "keras.applications downloads them on first use, which needs network access")
+    reason = (
+        f"cannot load the ImageNet weights of backbone {name!r} ({type(cause).__name__}: {first_line}); "
+        "keras.applications downloads them on first use, which needs network access"
+    )
     return PretrainedWeightsError(
         f"Could not load the ImageNet weights of backbone {name!r}: {type(cause).__name__}: {cause}. "
         "keras.applications downloads them on first use, which needs network access (they are then "
         "cached in ~/.keras/models). Offline, download the weights file elsewhere and pass its path, "
         "e.g. weights='/path/to/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5' (a `notop` file), "
-        "or pass weights=None for a randomly initialised backbone.", reason)
+        "or pass weights=None for a randomly initialised backbone.",
+        reason,
+    )
 
 
-def get_backbone(backbone, input_shape=None, weights="imagenet"):
+def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
     """Resolves `backbone` to a functional Keras model without a classification top.
 
     Args:
@@ -132,6 +136,7 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
         (32, 32, 1) for the small CNN. Ignored for a Keras model.
       weights: "imagenet" (downloaded by Keras), None (random initialisation) or a path to a weights file.
         Must be None for "small_cnn". Ignored for a Keras model.
+      widths: the small CNN's block widths (default (8, 16, 32)); only for "small_cnn".
     """
     if isinstance(backbone, keras.Model):
         try:
@@ -142,7 +147,8 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
             raise ValueError(
                 f"Backbone {backbone.name!r} has no symbolic inputs (a subclassed or unbuilt model): its "
                 "layers cannot be tapped. Pass a functional or built sequential model, or a "
-                "keras.applications name.")
+                "keras.applications name."
+            )
         return backbone
     if not isinstance(backbone, str):
         raise TypeError(f"backbone must be a keras.applications name or a keras.Model, got {backbone!r}.")
@@ -150,15 +156,20 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
     if is_small_cnn(backbone):
         if weights not in (None, "none"):
             raise ValueError(f"The small CNN has no pretrained weights; pass weights=None (got {weights!r}).")
-        return small_cnn(input_shape or SMALL_CNN_INPUT_SHAPE)
+        return small_cnn(input_shape or SMALL_CNN_INPUT_SHAPE, **({} if widths is None else {"widths": widths}))
+    if widths is not None:
+        raise ValueError(f"widths sets the small CNN's block widths; backbone {backbone!r} does not take it.")
     if key not in _APPLICATIONS:
-        raise ValueError(f"Unknown backbone {backbone!r}. Known names: {', '.join(backbone_names())}; "
-                         "or pass a Keras model.")
+        raise ValueError(
+            f"Unknown backbone {backbone!r}. Known names: {', '.join(backbone_names())}; or pass a Keras model."
+        )
     constructor = getattr(keras.applications, _APPLICATIONS[key][0])
     input_shape = tuple(input_shape or DEFAULT_INPUT_SHAPE)
     if weights == "imagenet" and input_shape[-1] != 3:  # keras' own error would read as a failed download
-        raise ValueError(f"ImageNet weights of {backbone!r} take 3-channel (RGB) images, got input_shape "
-                         f"{input_shape}; pass weights=None or RGB images.")
+        raise ValueError(
+            f"ImageNet weights of {backbone!r} take 3-channel (RGB) images, got input_shape "
+            f"{input_shape}; pass weights=None or RGB images."
+        )
     try:
         return constructor(include_top=False, weights=weights, input_shape=input_shape)
     except Exception as cause:  # keras raises bare Exception / URLError / OSError on a failed fetch
@@ -168,10 +179,10 @@ def get_backbone(backbone, input_shape=None, weights="imagenet"):
 
 
 def preprocessing_name(backbone):
-    """Preprocessing spec of the backbone (as understood by `tfdml.export`), applied to 0-255 pixels.
+    """Preprocessing spec of the backbone (`tfdml.models.preprocessing`), applied to 0-255 pixels.
 
-    A dotted function name for `keras.applications` backbones, "unit" (pixels / 255, the `tfdml.data`
-    default) for the small CNN, None (pixels used as they come) for other models.
+    A dotted function name for `keras.applications` backbones, "unit" (pixels / 255) for the small CNN,
+    None (pixels used as they come) for other models.
     """
     name = backbone if isinstance(backbone, str) else getattr(backbone, "name", "")
     key = normalise_name(name)
@@ -185,3 +196,24 @@ def preprocessing_name(backbone):
 def default_taps(backbone):
     """`{"L": layer, "M": layer, "H": layer}` for backbones with known taps, else None."""
     return dict(DEFAULT_TAPS[backbone.name]) if backbone.name in DEFAULT_TAPS else None
+
+
+def _all_layers(layer):
+    for sub in getattr(layer, "layers", None) or getattr(layer, "_layers", []):
+        yield sub
+        yield from _all_layers(sub)
+
+
+def freeze_batchnorm(model):
+    """Freezes every BatchNormalization layer in `model` (recursively) and returns their number.
+
+    A frozen Keras BatchNormalization runs in inference mode (moving statistics, which are not updated) and
+    its scale and offset are not trained, Caffe's `use_global_stats` plus zero learning rate (the RLL
+    paper's frozen BatchNorm on CUB and Cars). Recompile the model afterwards if it was already compiled.
+    """
+    count = 0
+    for layer in _all_layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.trainable = False
+            count += 1
+    return count

@@ -8,7 +8,12 @@ support are untouched:
   `train_step` and are saved by `model.save` / checkpoints. When the loss names a `variable_optimizer`, those
   variables are trained by it (through `tfdml.optimizers.MultiOptimizer`), not by the model's optimizer;
 - losses with a `bind_step(step)` method (e.g. `RankedListLoss` with a temperature schedule) are bound to
-  `optimizer.iterations`.
+  `optimizer.iterations`;
+- losses with state that only training steps update (the queue of `CrossBatchMemory`) have their
+  `non_trainable_variables` tracked (saved, checkpointed) and are told through `loss.training` whether a
+  step trains, so `evaluate` leaves that state alone.
+- tfdml losses given by their short name (`loss="ranked_list"`, the configuration's names) are built first
+  (`tfdml.losses.get`), so that the two points above apply to them too.
 
 `get_compile_config` stores the optimizer the user passed, so `keras.saving.load_model` recompiles the same
 way (and restores the losses' variables and every inner optimizer's state).
@@ -17,7 +22,16 @@ way (and restores the losses' variables and every inner optimizer's state).
 import keras
 
 from tfdml.keras_private import Functional, Trainer, functional_init_arguments
+from tfdml.loss_names import LOSSES
+from tfdml.losses.aliases import get as get_loss
 from tfdml.optimizers import MultiOptimizer
+
+
+def _resolve_names(loss):
+    """Builds the tfdml losses named by string in `loss` (a loss or a structure of losses)."""
+    return keras.tree.map_structure(
+        lambda item: get_loss(item) if isinstance(item, str) and item in LOSSES else item, loss
+    )
 
 
 def _flat_losses(loss):
@@ -48,11 +62,13 @@ class MetricModel(keras.Model):
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         optimizer = keras.optimizers.get(optimizer)
+        loss = _resolve_names(loss)
         losses = _flat_losses(loss)
         routes, loss_variables = [], []
         for item in losses:
             variables = list(getattr(item, "trainable_variables", None) or [])
             loss_variables.extend(variables)
+            loss_variables.extend(getattr(item, "non_trainable_variables", None) or [])
             variable_optimizer = getattr(item, "variable_optimizer", None)
             if variables and variable_optimizer is not None:
                 routes.append((variable_optimizer, variables))
@@ -69,6 +85,17 @@ class MetricModel(keras.Model):
         for item in losses:
             if hasattr(item, "bind_step"):
                 item.bind_step(self.optimizer.iterations)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        self._tell_losses_whether_training(training)
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+    def _tell_losses_whether_training(self, training):
+        """Sets `loss.training` on the losses that have it; read while the train / test function is traced,
+        so that a test step does not update the losses' state (the cross-batch memory's queue)."""
+        for item in _flat_losses(getattr(self, "loss", None)):
+            if hasattr(item, "training"):
+                item.training = bool(training)
 
     def compile_from_config(self, config):
         # keras skips compile_from_config for models that override compile; ours is safe to replay.

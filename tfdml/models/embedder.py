@@ -30,6 +30,14 @@ class Embedder(MultiLevelEmbedder):
         embedding only. Combine with `tfdml.callbacks.ClassificationPretraining` for the paper's
         cross-entropy pre-training stage.
       freeze_batchnorm: freeze the backbone's BatchNorm layers.
+      widths: the small CNN's block widths (default (8, 16, 32); `tfdml train`'s main job uses
+        (16, 32, 64, 128)); only with `backbone="small_cnn"`.
+      preprocessing: the pixel preprocessing the model applies to its raw input (default "auto": what the
+        backbone expects, e.g. `keras.applications.resnet50.preprocess_input`, pixels / 255 for the small
+        CNN; see `MultiLevelEmbedder`).
+
+    The model takes raw pixels (uint8 or floats in [0, 255]) and applies its own preprocessing, so
+    `model.predict(images)` equals what the exported SavedModel returns for the same pixels.
 
     Serving attributes: `preprocessing_config()` (`image_size`, `channels`, `preprocessing` spec, see
     `MultiLevelEmbedder`), `image_shape`, `input_shape_hw`, `export_outputs(x)` -> `{"embedding": ...}`.
@@ -38,15 +46,38 @@ class Embedder(MultiLevelEmbedder):
       >>> model = Embedder("resnet50", embedding_dim=512, weights=None)
       >>> model.compile(optimizer=keras.optimizers.Adam(1e-5), loss=tfdml.losses.MarginLoss())
       >>> model.fit(dataset, epochs=20)
-      >>> embeddings = model.predict(images)        # [N, 512], unit norm
+      >>> embeddings = model.predict(images)        # uint8 images -> [N, 512], unit norm
+      >>> cnn = Embedder("small_cnn", embedding_dim=64, input_shape=(32, 32, 1), widths=(16, 32, 64, 128))
       >>> official = Embedder("inception_v3", embedding_dim=None, num_classes=100)  # Group Loss layout
     """
 
-    def __init__(self, backbone, embedding_dim=512, input_shape=None, weights="imagenet", num_classes=None,
-                 freeze_batchnorm=False, name=None, **kwargs):
-        super().__init__(backbone, taps=[None], embedding_dim=embedding_dim, levels=(GLOBAL_HEAD_LEVEL,),
-                         input_shape=input_shape, weights=weights, num_classes=num_classes,
-                         freeze_batchnorm=freeze_batchnorm, name=name, **kwargs)
+    def __init__(
+        self,
+        backbone,
+        embedding_dim=512,
+        input_shape=None,
+        weights="imagenet",
+        num_classes=None,
+        freeze_batchnorm=False,
+        widths=None,
+        preprocessing="auto",
+        name=None,
+        **kwargs,
+    ):
+        super().__init__(
+            backbone,
+            taps=[None],
+            embedding_dim=embedding_dim,
+            levels=(GLOBAL_HEAD_LEVEL,),
+            input_shape=input_shape,
+            weights=weights,
+            num_classes=num_classes,
+            freeze_batchnorm=freeze_batchnorm,
+            widths=widths,
+            preprocessing=preprocessing,
+            name=name,
+            **kwargs,
+        )
 
     def get_config(self):
         config = super().get_config()

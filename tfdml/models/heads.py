@@ -60,8 +60,11 @@ class GlobalEmbeddingHead(keras.layers.Layer):
         self.embedding_dim = None if embedding_dim is None else int(embedding_dim)
         self.use_bias = bool(use_bias)
         self.pool = keras.layers.GlobalAveragePooling2D(name="pool")
-        self.projection = None if self.embedding_dim is None else keras.layers.Dense(
-            self.embedding_dim, use_bias=self.use_bias, name="projection")
+        self.projection = (
+            None
+            if self.embedding_dim is None
+            else keras.layers.Dense(self.embedding_dim, use_bias=self.use_bias, name="projection")
+        )
 
     def build(self, input_shape):
         if self.projection is None:
@@ -192,5 +195,11 @@ class AuxiliaryEmbeddingHead(keras.layers.Layer):
         return (input_shape[0], self.embedding_dim)
 
     def get_config(self):
-        return {**super().get_config(), "embedding_dim": self.embedding_dim, "filters": self.filters,
-                "units": self.units, "pool_size": self.pool_size, "pool_strides": self.pool_strides}
+        return {
+            **super().get_config(),
+            "embedding_dim": self.embedding_dim,
+            "filters": self.filters,
+            "units": self.units,
+            "pool_size": self.pool_size,
+            "pool_strides": self.pool_strides,
+        }

@@ -22,10 +22,12 @@ normalised embedding) is why one output tensor serves training, evaluation and e
 import keras
 import tensorflow as tf
 
-from tfdml.models import backbones as backbones_lib
 from tfdml.distribute import scale_for_replicas, unscale_for_replicas
+from tfdml.losses import CrossBatchMemory
+from tfdml.models import backbones as backbones_lib
 from tfdml.models.base import MetricModel
 from tfdml.models.heads import AuxiliaryEmbeddingHead, GlobalEmbeddingHead, L2Normalize
+from tfdml.models.preprocessing import PixelPreprocessing, preprocessing_spec
 
 LEVELS = ("L", "M", "H")
 GLOBAL_HEAD_LEVEL = "H"
@@ -39,7 +41,8 @@ def _resolve_taps(backbone, levels, taps):
                 return [None]  # the backbone's own output
             raise ValueError(
                 f"Backbone {backbone.name!r} has no default taps; pass taps={{level: layer_name}} for the levels "
-                f"{list(levels)} (known defaults: {sorted(backbones_lib.DEFAULT_TAPS)}).")
+                f"{list(levels)} (known defaults: {sorted(backbones_lib.DEFAULT_TAPS)})."
+            )
         taps = defaults
     if isinstance(taps, dict):
         missing = [level for level in levels if level not in taps]
@@ -90,14 +93,21 @@ class MultiLevelEmbedder(MetricModel):
         columns are logits); `model(x, training=False)` returns the embedding only.
       freeze_batchnorm: freeze the backbone's BatchNorm layers (moving statistics and affine parameters), as
         the RLL paper does on CUB and Cars.
+      widths: the small CNN's block widths (default (8, 16, 32); the main job's is (16, 32, 64, 128)); only
+        with `backbone="small_cnn"`.
+      preprocessing: the pixel preprocessing the model applies to its raw 0-255 input, its first layer
+        (`tfdml.models.preprocessing`): "auto" (default) is what the backbone expects (the dotted name of
+        the `keras.applications` function, "unit" = pixels / 255 for the small CNN, None = as is for other
+        models), or any spec ("unit", "symmetric", None, a dotted function name).
 
-    Attributes used by export and serving: `preprocessing_config()` -> `{"image_size": (h, w), "channels": c,
-    "preprocessing": spec}` where spec is the pixel preprocessing the backbone expects on 0-255 pixels (the
-    dotted name of the `keras.applications` function, "unit" = pixels / 255 for the small CNN, None = as is;
-    also `model.preprocessing`, applied by `model.preprocess(pixels)`); `image_shape`, `input_shape_hw`;
+    The model takes raw pixels (uint8 or 0-255 floats) and preprocesses them itself, so `model(images)`,
+    `model.predict(images)` and the exported serving graph give the same embedding for the same pixels;
+    `tfdml.data` pipelines feed raw pixels (resized, cropped, augmented). Attributes used by export and
+    serving: `preprocessing` (the spec), `preprocessing_config()` -> `{"image_size": (h, w), "channels": c,
+    "preprocessing": spec, "applied_by_model": True}`; `image_shape`, `input_shape_hw`;
     `export_outputs(x)` -> `{"embedding": ..., "L": ..., "M": ..., "H": ...}`.
     `backbone_variables` and `head_variables` (new layers) split the trainable variables for the 10x
-    learning-rate recipe (`tfdml.recipes.make_optimizer`).
+    learning-rate recipe (`tfdml.optimizers.build_optimizer`).
 
     Example:
       >>> model = MultiLevelEmbedder("resnet50", embedding_dim=512, weights=None)
@@ -106,16 +116,41 @@ class MultiLevelEmbedder(MetricModel):
       >>> outputs = model.export_outputs(images)   # "embedding" (1536-d), "L", "M", "H" (512-d each)
     """
 
-    def __init__(self, backbone, taps=None, embedding_dim=512, levels=LEVELS, level_weights=None,
-                 input_shape=None, weights="imagenet", head_filters=128, head_units=1024, num_classes=None,
-                 freeze_batchnorm=False, name=None, **kwargs):
+    embedding_normalized = True  # the output is unit-norm: export serves it as is
+
+    def __init__(
+        self,
+        backbone,
+        taps=None,
+        embedding_dim=512,
+        levels=LEVELS,
+        level_weights=None,
+        input_shape=None,
+        weights="imagenet",
+        head_filters=128,
+        head_units=1024,
+        num_classes=None,
+        freeze_batchnorm=False,
+        widths=None,
+        preprocessing="auto",
+        name=None,
+        **kwargs,
+    ):
         super().__init__(name=name, **kwargs)
         if isinstance(backbone, dict):  # a custom backbone, as stored by get_config
             backbone = keras.saving.deserialize_keras_object(backbone)
         if backbones_lib.is_small_cnn(backbone):
             weights = None  # it has no pretrained weights; the "imagenet" default does not apply
+        elif widths is not None:
+            raise ValueError(f"widths sets the small CNN's block widths; backbone {backbone!r} does not take it.")
+        self.widths = None if widths is None else tuple(int(w) for w in widths)
         self.backbone_name = backbone if isinstance(backbone, str) else None
-        self.backbone = backbones_lib.get_backbone(backbone, input_shape, weights)
+        # The first layer: raw pixels in, what the backbone expects out (listed first by summary()).
+        self.preprocessing = preprocessing_spec(
+            backbones_lib.preprocessing_name(backbone) if preprocessing == "auto" else preprocessing
+        )
+        self.pixel_preprocessing = PixelPreprocessing(self.preprocessing, name="pixel_preprocessing")
+        self.backbone = backbones_lib.get_backbone(backbone, input_shape, weights, widths=self.widths)
         self.levels = tuple(levels)
         if not self.levels or len(set(self.levels)) != len(self.levels):
             raise ValueError(f"levels must be distinct names, got {levels!r}.")
@@ -127,8 +162,10 @@ class MultiLevelEmbedder(MetricModel):
             raise ValueError(f"Got {len(self.level_weights)} level_weights for levels {self.levels}.")
         self.taps = _resolve_taps(self.backbone, self.levels, taps)
         if embedding_dim is None and self.levels != (GLOBAL_HEAD_LEVEL,):
-            raise ValueError("embedding_dim=None (the pooled backbone feature is the embedding) needs the single "
-                             f"level ('H',); got levels {self.levels}. Pass an integer embedding_dim.")
+            raise ValueError(
+                "embedding_dim=None (the pooled backbone feature is the embedding) needs the single "
+                f"level ('H',); got levels {self.levels}. Pass an integer embedding_dim."
+            )
         self.projected = embedding_dim is not None
         self.head_filters = int(head_filters)
         self.head_units = int(head_units)
@@ -136,32 +173,39 @@ class MultiLevelEmbedder(MetricModel):
         self.freeze_batchnorm = bool(freeze_batchnorm)
         self.image_shape = tuple(int(d) if d is not None else None for d in self.backbone.input_shape[1:])
         self.input_shape_hw = self.image_shape[:2]
-        self.preprocessing = backbones_lib.preprocessing_name(self.backbone_name or self.backbone)
         self.classification_pretraining = False  # toggled by tfdml.callbacks.ClassificationPretraining
 
-        tap_outputs = [self.backbone.output if tap is None else self.backbone.get_layer(tap).output
-                       for tap in self.taps]
+        tap_outputs = [
+            self.backbone.output if tap is None else self.backbone.get_layer(tap).output for tap in self.taps
+        ]
         inputs = self.backbone.inputs[0] if len(self.backbone.inputs) == 1 else self.backbone.inputs
-        self.feature_extractor = keras.Model(inputs, tap_outputs, name="taps")
+        # The backbone's own layers, read at the taps: not tracked again (the model's layers, summary and
+        # variables list the backbone once).
+        object.__setattr__(self, "feature_extractor", keras.Model(inputs, tap_outputs, name="taps"))
         # No projection: the embedding is the pooled feature, as wide as the tapped map has channels.
         self.embedding_dim = int(embedding_dim) if self.projected else int(tap_outputs[0].shape[-1])
         self.level_heads = [
             GlobalEmbeddingHead(self.embedding_dim if self.projected else None, name=f"head_{level}")
-            if level == GLOBAL_HEAD_LEVEL else
-            AuxiliaryEmbeddingHead(self.embedding_dim, filters=self.head_filters, units=self.head_units,
-                                   name=f"head_{level}")
-            for level in self.levels]
-        self.classifiers = [keras.layers.Dense(self.num_classes, name=f"classifier_{level}")
-                            for level in self.levels] if self.num_classes else []
+            if level == GLOBAL_HEAD_LEVEL
+            else AuxiliaryEmbeddingHead(
+                self.embedding_dim, filters=self.head_filters, units=self.head_units, name=f"head_{level}"
+            )
+            for level in self.levels
+        ]
+        self.classifiers = (
+            [keras.layers.Dense(self.num_classes, name=f"classifier_{level}") for level in self.levels]
+            if self.num_classes
+            else []
+        )
         self.normalize = L2Normalize(name="l2_normalize")
         self.level_loss_trackers = [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels]
         if self.freeze_batchnorm:
-            from tfdml.recipes import freeze_batchnorm
-            freeze_batchnorm(self.backbone)
+            backbones_lib.freeze_batchnorm(self.backbone)
         self.build((None,) + self.image_shape)
 
     # --- structure -----------------------------------------------------------------------------------------
     def build(self, input_shape):
+        self.pixel_preprocessing.build(tuple(input_shape))
         shapes = self.feature_extractor.compute_output_shape(tuple(input_shape))
         if len(self.levels) == 1 and not isinstance(shapes, list):
             shapes = [shapes]
@@ -169,6 +213,7 @@ class MultiLevelEmbedder(MetricModel):
             head.build(shape)
         for classifier in self.classifiers:
             classifier.build((None, self.embedding_dim))
+        self.normalize.build((None, self.output_dim))
         self.built = True
 
     @property
@@ -189,8 +234,9 @@ class MultiLevelEmbedder(MetricModel):
 
     # --- forward -------------------------------------------------------------------------------------------
     def level_outputs(self, inputs, training=None):
-        """`(un-normalised level outputs, per-level logits)`; logits is [] without a classifier head."""
-        features = self.feature_extractor(inputs, training=training)
+        """`(un-normalised level outputs, per-level logits)` of raw pixels; logits is [] without a classifier
+        head."""
+        features = self.feature_extractor(self.pixel_preprocessing(inputs), training=training)
         if not isinstance(features, (list, tuple)):
             features = [features]
         raw = [head(f, training=training) for head, f in zip(self.level_heads, features)]
@@ -207,8 +253,7 @@ class MultiLevelEmbedder(MetricModel):
     def split_levels(self, outputs):
         """`{level: unit-norm level embedding}` from the model output (training or inference layout)."""
         d = self.embedding_dim
-        return {level: self.normalize(outputs[:, i * d:(i + 1) * d])
-                for i, level in enumerate(self.levels)}
+        return {level: self.normalize(outputs[:, i * d : (i + 1) * d]) for i, level in enumerate(self.levels)}
 
     def export_outputs(self, inputs):
         """Named inference outputs: `embedding` (the model output) and, with several levels, each level's."""
@@ -218,16 +263,15 @@ class MultiLevelEmbedder(MetricModel):
             outputs.update(self.split_levels(embedding))
         return outputs
 
-    def preprocess(self, images):
-        """Applies the backbone's pixel preprocessing (see `preprocessing`) to 0-255 pixels."""
-        from tfdml.export import resolve_preprocessing  # the one place that interprets preprocessing specs
-
-        return resolve_preprocessing(self.preprocessing)[0](images)
-
     def preprocessing_config(self):
-        """What serving needs to feed raw pixels: `image_size` (h, w), `channels`, `preprocessing` spec."""
-        return {"image_size": tuple(self.input_shape_hw), "channels": self.image_shape[-1],
-                "preprocessing": self.preprocessing}
+        """What serving needs to feed raw pixels: `image_size` (h, w), `channels`, the `preprocessing` spec
+        and `applied_by_model` (True: the model preprocesses its raw input itself, serving must not)."""
+        return {
+            "image_size": tuple(self.input_shape_hw),
+            "channels": self.image_shape[-1],
+            "preprocessing": self.preprocessing,
+            "applied_by_model": True,
+        }
 
     # --- loss ----------------------------------------------------------------------------------------------
     def _level_predictions(self, x, y_pred):
@@ -240,7 +284,7 @@ class MultiLevelEmbedder(MetricModel):
             _, logits = self.level_outputs(x, training=False)
         else:
             c = self.num_classes
-            logits = [y_pred[:, width + i * c:width + (i + 1) * c] for i in range(len(self.levels))]
+            logits = [y_pred[:, width + i * c : width + (i + 1) * c] for i in range(len(self.levels))]
         return [tf.concat([embeddings[level], lg], axis=-1) for level, lg in zip(self.levels, logits)], logits
 
     def _compiled_loss(self):
@@ -250,8 +294,17 @@ class MultiLevelEmbedder(MetricModel):
         if isinstance(loss, (list, tuple, dict)):
             raise ValueError(
                 f"{type(self).__name__} applies one loss to every level; got {type(loss).__name__} {loss!r}. "
-                "Pass a single loss (weight levels with level_weights).")
-        return keras.losses.get(loss)
+                "Pass a single loss (weight levels with level_weights)."
+            )
+        loss = keras.losses.get(loss)
+        if isinstance(loss, CrossBatchMemory) and len(self.levels) > 1:
+            # One queue cannot hold the embeddings of every level (and would enqueue each batch once per level).
+            raise ValueError(
+                f"{type(self).__name__} applies its loss to each of its {len(self.levels)} levels; a "
+                f"cross-batch memory ({type(loss).__name__}) holds one embedding per sample. Use it "
+                "with a single-level embedder (tfdml.models.Embedder)."
+            )
+        return loss
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """Sum over levels of `level_weight * loss(y, level prediction)`, plus regularisation losses.
@@ -259,6 +312,7 @@ class MultiLevelEmbedder(MetricModel):
         During classification pre-training (`tfdml.callbacks.ClassificationPretraining`) the per-level loss
         is the sparse softmax cross-entropy of the level's logits instead of the compiled loss.
         """
+        self._tell_losses_whether_training(training)
         level_predictions, logits = self._level_predictions(x, y_pred)
         if self.classification_pretraining:
             cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -277,8 +331,9 @@ class MultiLevelEmbedder(MetricModel):
 
     # --- config --------------------------------------------------------------------------------------------
     def get_config(self):
-        backbone = self.backbone_name if self.backbone_name is not None else \
-            keras.saving.serialize_keras_object(self.backbone)
+        backbone = (
+            self.backbone_name if self.backbone_name is not None else keras.saving.serialize_keras_object(self.backbone)
+        )
         return {
             "name": self.name,
             "backbone": backbone,
@@ -292,11 +347,7 @@ class MultiLevelEmbedder(MetricModel):
             "head_units": self.head_units,
             "num_classes": self.num_classes,
             "freeze_batchnorm": self.freeze_batchnorm,
-            "preprocessing": self.preprocessing,  # informational (export reads it); derived on load
+            "widths": None if self.widths is None else list(self.widths),
+            # Files written before the model applied it stored the same derived spec here: they load with it.
+            "preprocessing": self.preprocessing,
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config.pop("preprocessing", None)
-        return cls(**config)

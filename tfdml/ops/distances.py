@@ -62,6 +62,7 @@ def pairwise_distance(embeddings, gallery=None, squared=False):
         return pairwise_squared_distance(embeddings, gallery)
     embeddings = tf.convert_to_tensor(embeddings)
     if gallery is None:
+
         @tf.custom_gradient
         def symmetric(f):
             dist = safe_sqrt(pairwise_squared_distance(f))
@@ -70,7 +71,9 @@ def pairwise_distance(embeddings, gallery=None, squared=False):
                 weights = _weights_over_distance(upstream, dist)
                 weights = weights + tf.transpose(weights)
                 return f * tf.reduce_sum(weights, axis=1, keepdims=True) - tf.matmul(weights, f)
+
             return dist, grad
+
         return symmetric(embeddings)
 
     gallery = tf.convert_to_tensor(gallery, dtype=embeddings.dtype)
@@ -83,9 +86,12 @@ def pairwise_distance(embeddings, gallery=None, squared=False):
             weights = _weights_over_distance(upstream, dist)
             grad_f = f * tf.reduce_sum(weights, axis=1, keepdims=True) - tf.matmul(weights, g)
             grad_g = g * tf.transpose(tf.reduce_sum(weights, axis=0, keepdims=True)) - tf.matmul(
-                weights, f, transpose_a=True)
+                weights, f, transpose_a=True
+            )
             return grad_f, grad_g
+
         return dist, grad
+
     return query_gallery(embeddings, gallery)
 
 

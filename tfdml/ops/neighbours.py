@@ -14,6 +14,7 @@ On large galleries the top-k runs only on the column blocks with the largest max
 Ties are broken by the lower gallery index (`tf.math.top_k` is stable), like a stable sort of the distances.
 """
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -113,8 +114,16 @@ def drop_own_rows(found, first_row, *aligned):
     return tuple(a[keep].reshape(rows, width - 1) for a in (found, *aligned))
 
 
-def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=None,
-                 memory_budget=DEFAULT_MEMORY_BUDGET, progress=False, block_size=None):
+def exact_search(
+    queries,
+    gallery=None,
+    k=10,
+    distance="squared_l2",
+    chunk_size=None,
+    memory_budget=DEFAULT_MEMORY_BUDGET,
+    progress=False,
+    block_size=None,
+):
     """Exact top-`k` neighbours of each query row among the gallery rows.
 
     Args:
@@ -139,47 +148,21 @@ def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=
     same_set = gallery is None
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     gallery = queries if same_set else np.ascontiguousarray(gallery, dtype=np.float32)
-    if queries.ndim != 2 or gallery.ndim != 2:
-        raise ValueError(f"queries and gallery must be 2-D [rows, dim], got shapes {queries.shape} and "
-                         f"{gallery.shape}.")
-    if queries.shape[1] != gallery.shape[1]:
-        raise ValueError(f"queries have dimension {queries.shape[1]} but the gallery has {gallery.shape[1]}.")
-    available = gallery.shape[0] - (1 if same_set else 0)
-    if not 1 <= k <= available:
-        raise ValueError(f"k must be between 1 and {available} (gallery size"
-                         f"{' minus the query itself' if same_set else ''}), got {k}.")
-    if not (np.isfinite(queries).all() and np.isfinite(gallery).all()):
-        raise ValueError("embeddings contain NaN or Inf values.")
+    _check_search_arguments(queries, gallery, k, same_set)
     num_queries = queries.shape[0]
     chunk = chunk_size or _chunk_rows(gallery.shape[0], k, memory_budget)
     query_ops, gallery_ops = ranking_operands(queries, gallery, distance)
-    width = k + 1 if same_set else k
+    width = k + 1 if same_set else k  # same set: one more, the query's own row is dropped
     block = _block_size(gallery.shape[0], width) if block_size is None else block_size
     if block:
         query_ops, gallery_ops = _pad_for_blocks(query_ops, gallery_ops, block, distance == "squared_l2")
     gallery_t = tf.constant(gallery_ops)
     out_idx = np.empty((num_queries, k), np.int64)
     out_val = np.empty((num_queries, k), np.float32)
-    bar = None
-    if progress:
-        import keras
-        bar = keras.utils.Progbar(num_queries, unit_name="query")
+    bar = keras.utils.Progbar(num_queries, unit_name="query") if progress else None
     for start in range(0, num_queries, chunk):
         stop = min(start + chunk, num_queries)
-        chunk_queries = tf.constant(query_ops[start:stop])
-        if block:
-            scores, indices, ties = _blocked_search_chunk(chunk_queries, gallery_t, tf.constant(width),
-                                                          tf.constant(block))
-            scores, indices, ties = scores.numpy(), indices.numpy(), ties.numpy()
-            if ties.any():  # a tie at the k-th value may sit outside the selected blocks
-                redo = np.flatnonzero(ties)
-                plain_scores, plain_indices = _search_chunk(tf.gather(chunk_queries, redo), gallery_t,
-                                                            tf.constant(width))
-                scores[redo], indices[redo] = plain_scores.numpy(), plain_indices.numpy()
-        else:
-            scores, indices = _search_chunk(chunk_queries, gallery_t, tf.constant(width))
-            indices, scores = indices.numpy(), scores.numpy()
-        indices = indices.astype(np.int64)
+        scores, indices = _top_scores(tf.constant(query_ops[start:stop]), gallery_t, width, block)
         if same_set:
             indices, scores = drop_own_rows(indices, start, scores)
         out_idx[start:stop], out_val[start:stop] = indices, scores
@@ -188,3 +171,35 @@ def exact_search(queries, gallery=None, k=10, distance="squared_l2", chunk_size=
     if distance == "squared_l2":
         out_val = np.maximum(np.einsum("ij,ij->i", queries, queries)[:, None] - 2.0 * out_val, 0.0)
     return out_idx, out_val
+
+
+def _check_search_arguments(queries, gallery, k, same_set):
+    if queries.ndim != 2 or gallery.ndim != 2:
+        raise ValueError(
+            f"queries and gallery must be 2-D [rows, dim], got shapes {queries.shape} and {gallery.shape}."
+        )
+    if queries.shape[1] != gallery.shape[1]:
+        raise ValueError(f"queries have dimension {queries.shape[1]} but the gallery has {gallery.shape[1]}.")
+    available = gallery.shape[0] - (1 if same_set else 0)
+    if not 1 <= k <= available:
+        raise ValueError(
+            f"k must be between 1 and {available} (gallery size"
+            f"{' minus the query itself' if same_set else ''}), got {k}."
+        )
+    if not (np.isfinite(queries).all() and np.isfinite(gallery).all()):
+        raise ValueError("embeddings contain NaN or Inf values.")
+
+
+def _top_scores(chunk_queries, gallery_t, width, block):
+    """NumPy `(scores, int64 indices)` of the `width` best gallery columns of each query row: blocked when
+    `block`, with the rows whose k-th value is tied redone by a plain top-k."""
+    if not block:
+        scores, indices = _search_chunk(chunk_queries, gallery_t, tf.constant(width))
+        return scores.numpy(), indices.numpy().astype(np.int64)
+    scores, indices, ties = _blocked_search_chunk(chunk_queries, gallery_t, tf.constant(width), tf.constant(block))
+    scores, indices, ties = scores.numpy(), indices.numpy(), ties.numpy()
+    if ties.any():  # a tie at the k-th value may sit outside the selected blocks
+        redo = np.flatnonzero(ties)
+        plain_scores, plain_indices = _search_chunk(tf.gather(chunk_queries, redo), gallery_t, tf.constant(width))
+        scores[redo], indices[redo] = plain_scores.numpy(), plain_indices.numpy()
+    return scores, indices.astype(np.int64)

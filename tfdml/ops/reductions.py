@@ -8,8 +8,9 @@ def safe_divide(numerator, denominator):
     numerator = tf.convert_to_tensor(numerator)
     denominator = tf.cast(denominator, numerator.dtype)
     nonzero = tf.not_equal(denominator, 0)
-    return tf.where(nonzero, numerator / tf.where(nonzero, denominator, tf.ones_like(denominator)),
-                    tf.zeros_like(numerator))
+    return tf.where(
+        nonzero, numerator / tf.where(nonzero, denominator, tf.ones_like(denominator)), tf.zeros_like(numerator)
+    )
 
 
 def masked_softmax(logits, mask, axis=-1):
@@ -24,8 +25,7 @@ def masked_softmax(logits, mask, axis=-1):
     masked_logits = tf.where(mask, logits, very_negative)
     row_max = tf.stop_gradient(tf.reduce_max(masked_logits, axis=axis, keepdims=True))
     row_max = tf.where(tf.reduce_any(mask, axis=axis, keepdims=True), row_max, tf.zeros_like(row_max))
-    exp = tf.where(mask, tf.exp(tf.where(mask, logits - row_max, tf.zeros_like(logits))),
-                   tf.zeros_like(logits))
+    exp = tf.where(mask, tf.exp(tf.where(mask, logits - row_max, tf.zeros_like(logits))), tf.zeros_like(logits))
     return safe_divide(exp, tf.reduce_sum(exp, axis=axis, keepdims=True))
 
 
@@ -74,6 +74,7 @@ def masked_logsumexp(values, mask, axis=-1, add_one=False, keepdims=False):
     total = tf.reduce_sum(exp, axis=axis, keepdims=True)
     if add_one:
         total = total + tf.exp(-shift)
-    result = tf.where(any_entry, shift + tf.math.log(tf.where(any_entry, total, tf.ones_like(total))),
-                      tf.zeros_like(total))
+    result = tf.where(
+        any_entry, shift + tf.math.log(tf.where(any_entry, total, tf.ones_like(total))), tf.zeros_like(total)
+    )
     return result if keepdims else tf.squeeze(result, axis=axis)

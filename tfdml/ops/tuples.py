@@ -51,9 +51,9 @@ def triplet_indices(labels, max_tuples=None, seed=None):
         int32 `[T, 3]`, ordered by anchor, then positive, then negative (a capped subset keeps that order).
     """
     labels = tf.convert_to_tensor(labels)
-    positives = pair_indices(positive_mask(labels))                   # [P, 2] (a, p)
+    positives = pair_indices(positive_mask(labels))  # [P, 2] (a, p)
     negatives_of_pair = tf.gather(negative_mask(labels), positives[:, 0])  # [P, B]
-    pair_and_negative = pair_indices(negatives_of_pair)              # [T, 2] (pair id, n)
+    pair_and_negative = pair_indices(negatives_of_pair)  # [T, 2] (pair id, n)
     triplets = tf.concat([tf.gather(positives, pair_and_negative[:, 0]), pair_and_negative[:, 1:]], axis=1)
     return _cap(tf.reshape(triplets, [-1, 3]), max_tuples, seed)
 
@@ -105,5 +105,6 @@ def contrastive_tuple_losses(embeddings, pairs, is_positive, pos_margin=0.0, neg
     """`[d - pos_margin]+` for positive pairs, `[neg_margin - d]+` for negative pairs: float `[P]`."""
     dist = pairwise_distance(embeddings)
     d = tf.gather_nd(dist, pairs)
-    return tf.where(is_positive, tf.nn.relu(d - as_scalar(pos_margin, d.dtype)),
-                    tf.nn.relu(as_scalar(neg_margin, d.dtype) - d))
+    return tf.where(
+        is_positive, tf.nn.relu(d - as_scalar(pos_margin, d.dtype)), tf.nn.relu(as_scalar(neg_margin, d.dtype) - d)
+    )

@@ -39,7 +39,8 @@ def validate_embeddings(embeddings, name="embeddings", dtype=None):
         raise ValueError(f"{name} must have shape [batch, dim], got shape {embeddings.shape}.")
     embeddings = tf.cast(embeddings, dtype or compute_dtype_for(embeddings.dtype))
     return tf.debugging.check_numerics(
-        embeddings, f"{name} contain NaN or Inf values (check the model output and learning rate)")
+        embeddings, f"{name} contain NaN or Inf values (check the model output and learning rate)"
+    )
 
 
 def validate_inputs(labels, embeddings, dtype=None):
@@ -52,6 +53,6 @@ def validate_inputs(labels, embeddings, dtype=None):
             raise ValueError(f"labels has {lb} entries but embeddings has {eb} rows; they must match.")
     else:
         tf.debugging.assert_equal(
-            tf.shape(labels)[0], tf.shape(embeddings)[0],
-            message="labels and embeddings must have the same batch size")
+            tf.shape(labels)[0], tf.shape(embeddings)[0], message="labels and embeddings must have the same batch size"
+        )
     return labels, embeddings

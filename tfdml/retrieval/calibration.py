@@ -53,11 +53,16 @@ class Calibration:
 
     def to_dict(self):
         """JSON-compatible summary (no per-query arrays); `threshold` is `None` when not reached."""
-        return {"target_precision": self.target_precision,
-                "threshold": self.threshold if self.reached else None,
-                "precision": self.precision, "recall": self.recall, "queries": int(len(self.scores)),
-                "correct_top1": int(self.correct.sum()), "method": "leave-one-out top-1 cosine",
-                "thresholds": self.table}
+        return {
+            "target_precision": self.target_precision,
+            "threshold": self.threshold if self.reached else None,
+            "precision": self.precision,
+            "recall": self.recall,
+            "queries": int(len(self.scores)),
+            "correct_top1": int(self.correct.sum()),
+            "method": "leave-one-out top-1 cosine",
+            "thresholds": self.table,
+        }
 
 
 def top1_neighbours(embeddings, labels):
@@ -66,8 +71,7 @@ def top1_neighbours(embeddings, labels):
     x = np.asarray(embeddings, np.float32)
     labels = np.asarray(labels).reshape(-1)
     if x.ndim != 2 or len(x) != len(labels):
-        raise ValueError(f"embeddings must be [N, D] with one label per row, got shapes {x.shape} and "
-                         f"{labels.shape}.")
+        raise ValueError(f"embeddings must be [N, D] with one label per row, got shapes {x.shape} and {labels.shape}.")
     if len(x) < 2:
         raise ValueError(f"calibration needs at least 2 labelled items, got {len(x)}.")
     if not np.isfinite(x).all():
@@ -75,11 +79,11 @@ def top1_neighbours(embeddings, labels):
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
     scores, best = np.empty(len(x), np.float32), np.empty(len(x), np.int64)
     for start in range(0, len(x), _QUERY_BLOCK):
-        block = x[start:start + _QUERY_BLOCK] @ x.T
+        block = x[start : start + _QUERY_BLOCK] @ x.T
         rows = np.arange(len(block))
         block[rows, start + rows] = -np.inf  # not itself
-        best[start:start + len(block)] = np.argmax(block, axis=1)
-        scores[start:start + len(block)] = block[rows, best[start:start + len(block)]]
+        best[start : start + len(block)] = np.argmax(block, axis=1)
+        scores[start : start + len(block)] = block[rows, best[start : start + len(block)]]
     return scores, labels[best] == labels
 
 
@@ -123,12 +127,21 @@ def calibrate(embeddings, labels, target_precision=0.9, precisions=DEFAULT_PRECI
             raise ValueError(f"precision targets must be in (0, 1], got {value}.")
     scores, correct = top1_neighbours(embeddings, labels)
     thresholds, precision, recall = _curve(scores, correct)
-    threshold, reached_precision, reached_recall, reached = _choose(thresholds, precision, recall,
-                                                                    target_precision)
+    threshold, reached_precision, reached_recall, reached = _choose(thresholds, precision, recall, target_precision)
     table = []
     for target in sorted({float(p) for p in (*precisions, target_precision)}):
         t, p, r, ok = _choose(thresholds, precision, recall, target)
-        table.append({"target_precision": target, "threshold": t if ok else None, "precision": p,
-                      "recall": r})
-    return Calibration(float(target_precision), threshold, reached_precision, reached_recall, reached, scores,
-                       correct, thresholds, precision, recall, table)
+        table.append({"target_precision": target, "threshold": t if ok else None, "precision": p, "recall": r})
+    return Calibration(
+        float(target_precision),
+        threshold,
+        reached_precision,
+        reached_recall,
+        reached,
+        scores,
+        correct,
+        thresholds,
+        precision,
+        recall,
+        table,
+    )

@@ -44,13 +44,15 @@ def _embeddings(x, name):
 
 
 def _approximate_search(queries, gallery, k, distance, same_set, index_kwargs):
-    unit_norm = np.allclose(np.einsum("ij,ij->i", gallery, gallery), 1.0, atol=1e-3) and \
-        np.allclose(np.einsum("ij,ij->i", queries, queries), 1.0, atol=1e-3)
+    unit_norm = np.allclose(np.einsum("ij,ij->i", gallery, gallery), 1.0, atol=1e-3) and np.allclose(
+        np.einsum("ij,ij->i", queries, queries), 1.0, atol=1e-3
+    )
     if unit_norm:
         # Same ranking as squared L2 on the unit sphere, and ScaNN's anisotropic AH is built for it.
         distance = "dot_product"
-    index = ScannIndex(gallery, distance=distance, mode="approximate", num_neighbors=k + same_set,
-                       **(index_kwargs or {}))
+    index = ScannIndex(
+        gallery, distance=distance, mode="approximate", num_neighbors=k + same_set, **(index_kwargs or {})
+    )
     found, _ = index.search(queries, k + same_set)
     return drop_own_rows(found, 0)[0] if same_set else found
 
@@ -65,9 +67,20 @@ def embed_batches(model, batches):
     return np.concatenate(embeddings), np.concatenate(labels)
 
 
-def evaluate(embeddings, labels, ks=(1, 2, 4, 8), query_embeddings=None, query_labels=None,
-             metrics=METRICS, exact=True, distance="squared_l2", chunk_size=None, index_kwargs=None,
-             seed=0, progress=False):
+def evaluate(
+    embeddings,
+    labels,
+    ks=(1, 2, 4, 8),
+    query_embeddings=None,
+    query_labels=None,
+    metrics=METRICS,
+    exact=True,
+    distance="squared_l2",
+    chunk_size=None,
+    index_kwargs=None,
+    seed=0,
+    progress=False,
+):
     """Retrieval and clustering metrics of embeddings.
 
     Args:
@@ -92,6 +105,37 @@ def evaluate(embeddings, labels, ks=(1, 2, 4, 8), query_embeddings=None, query_l
       {'recall@1': 0.93, 'recall@10': 0.99, 'map@r': 0.71, 'r_precision': 0.74, 'nmi': 0.85, 'f1': 0.69}
     """
     validate_distance(distance)
+    metrics, ks = _check_metrics(metrics, ks)
+    gallery = _embeddings(embeddings, "embeddings")
+    gallery_labels = _labels(labels, gallery.shape[0], "labels")
+    queries, q_labels = _query_set(gallery, gallery_labels, query_embeddings, query_labels)
+    same_set = query_embeddings is None
+    results = {}
+    if any(m in metrics for m in ("recall", "map@r", "r_precision")):
+
+        def search(needed):
+            if exact:
+                return exact_search(
+                    queries,
+                    None if same_set else gallery,
+                    k=needed,
+                    distance=distance,
+                    chunk_size=chunk_size,
+                    progress=progress,
+                )[0]
+            return _approximate_search(queries, gallery, needed, distance, same_set, index_kwargs)
+
+        results.update(_retrieval_metrics(search, q_labels, gallery_labels, same_set, metrics, ks))
+    if "nmi" in metrics or "f1" in metrics:
+        clusters = M.cluster_embeddings(queries, len(np.unique(q_labels)), seed=seed)
+        if "nmi" in metrics:
+            results["nmi"] = M.nmi(clusters, q_labels)
+        if "f1" in metrics:
+            results["f1"] = M.clustering_f1(clusters, q_labels)
+    return results
+
+
+def _check_metrics(metrics, ks):
     metrics = tuple(metrics)
     unknown = set(metrics) - set(METRICS)
     if unknown:
@@ -99,50 +143,40 @@ def evaluate(embeddings, labels, ks=(1, 2, 4, 8), query_embeddings=None, query_l
     ks = tuple(int(k) for k in ks)
     if "recall" in metrics and (not ks or min(ks) < 1):
         raise ValueError(f"ks must be positive integers, got {ks}.")
-    gallery = _embeddings(embeddings, "embeddings")
-    gallery_labels = _labels(labels, gallery.shape[0], "labels")
-    same_set = query_embeddings is None
-    if same_set != (query_labels is None):
-        raise ValueError("query_embeddings and query_labels must be given together.")
-    if same_set:
-        queries, q_labels = gallery, gallery_labels
-    else:
-        queries = _embeddings(query_embeddings, "query_embeddings")
-        q_labels = _labels(query_labels, queries.shape[0], "query_labels")
-        if queries.shape[1] != gallery.shape[1]:
-            raise ValueError(f"query_embeddings have dimension {queries.shape[1]}, embeddings have "
-                             f"{gallery.shape[1]}.")
+    return metrics, ks
 
+
+def _query_set(gallery, gallery_labels, query_embeddings, query_labels):
+    """`(queries, query labels)`: the gallery itself (same-set mode) or the checked query set."""
+    if (query_embeddings is None) != (query_labels is None):
+        raise ValueError("query_embeddings and query_labels must be given together.")
+    if query_embeddings is None:
+        return gallery, gallery_labels
+    queries = _embeddings(query_embeddings, "query_embeddings")
+    if queries.shape[1] != gallery.shape[1]:
+        raise ValueError(f"query_embeddings have dimension {queries.shape[1]}, embeddings have {gallery.shape[1]}.")
+    return queries, _labels(query_labels, queries.shape[0], "query_labels")
+
+
+def _retrieval_metrics(search, q_labels, gallery_labels, same_set, metrics, ks):
+    """Recall@K, MAP@R and R-precision over the queries that have a same-class gallery item; `search(k)`
+    returns the `[Q, k]` gallery indices of each query's nearest neighbours."""
+    r = M.positives_per_query(q_labels, gallery_labels, same_set)
+    valid = r > 0
+    if not valid.any():
+        raise ValueError("no query has a same-class item in the gallery; retrieval metrics are undefined.")
+    needed = max(ks) if "recall" in metrics else 1
+    if "map@r" in metrics or "r_precision" in metrics:
+        needed = max(needed, int(r.max()))
+    available = gallery_labels.shape[0] - same_set
+    if needed > available:
+        raise ValueError(f"max(ks)={needed} exceeds the {available} gallery items each query can see.")
+    hits = M.neighbour_hits(search(needed)[valid], q_labels[valid], gallery_labels)
     results = {}
-    retrieval = [m for m in metrics if m in ("recall", "map@r", "r_precision")]
-    if retrieval:
-        r = M.positives_per_query(q_labels, gallery_labels, same_set)
-        valid = r > 0
-        if not valid.any():
-            raise ValueError("no query has a same-class item in the gallery; retrieval metrics are undefined.")
-        needed = max(ks) if "recall" in metrics else 1
-        if "map@r" in metrics or "r_precision" in metrics:
-            needed = max(needed, int(r.max()))
-        available = gallery.shape[0] - same_set
-        if needed > available:
-            raise ValueError(f"max(ks)={needed} exceeds the {available} gallery items each query can see.")
-        if exact:
-            found, _ = exact_search(queries, None if same_set else gallery, k=needed, distance=distance,
-                                    chunk_size=chunk_size, progress=progress)
-        else:
-            found = _approximate_search(queries, gallery, needed, distance, same_set, index_kwargs)
-        hits = M.neighbour_hits(found[valid], q_labels[valid], gallery_labels)
-        if "recall" in metrics:
-            for k, value in M.recall_at_k(hits, ks).items():
-                results[f"recall@{k}"] = value
-        if "map@r" in metrics:
-            results["map@r"] = M.map_at_r(hits, r[valid])
-        if "r_precision" in metrics:
-            results["r_precision"] = M.r_precision(hits, r[valid])
-    if "nmi" in metrics or "f1" in metrics:
-        clusters = M.cluster_embeddings(queries, len(np.unique(q_labels)), seed=seed)
-        if "nmi" in metrics:
-            results["nmi"] = M.nmi(clusters, q_labels)
-        if "f1" in metrics:
-            results["f1"] = M.clustering_f1(clusters, q_labels)
+    if "recall" in metrics:
+        results.update({f"recall@{k}": value for k, value in M.recall_at_k(hits, ks).items()})
+    if "map@r" in metrics:
+        results["map@r"] = M.map_at_r(hits, r[valid])
+    if "r_precision" in metrics:
+        results["r_precision"] = M.r_precision(hits, r[valid])
     return results

@@ -89,8 +89,18 @@ class ScannIndex:
       >>> index.save("exported_models/cub/index"); ScannIndex.load("exported_models/cub/index")
     """
 
-    def __init__(self, embeddings, ids=None, labels=None, distance="dot_product", mode="auto",
-                 num_neighbors=10, metadata=None, class_names=None, **settings):
+    def __init__(
+        self,
+        embeddings,
+        ids=None,
+        labels=None,
+        distance="dot_product",
+        mode="auto",
+        num_neighbors=10,
+        metadata=None,
+        class_names=None,
+        **settings,
+    ):
         validate_distance(distance)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
@@ -110,14 +120,12 @@ class ScannIndex:
         self.size, self.dim = embeddings.shape
         unknown = set(settings) - set(auto_settings(1, 1))
         if unknown:
-            raise TypeError(f"unknown ScannIndex settings {sorted(unknown)}; "
-                            f"valid: {sorted(auto_settings(1, 1))}.")
+            raise TypeError(f"unknown ScannIndex settings {sorted(unknown)}; valid: {sorted(auto_settings(1, 1))}.")
         self.settings = {}
         if self.mode == "approximate":
             self.settings = {**auto_settings(num_points, self.dim, distance), **settings}
             self.settings["num_leaves"] = int(min(self.settings["num_leaves"], num_points))
-            self.settings["leaves_to_search"] = int(
-                min(self.settings["leaves_to_search"], self.settings["num_leaves"]))
+            self.settings["leaves_to_search"] = int(min(self.settings["leaves_to_search"], self.settings["num_leaves"]))
         self._searcher = self._build(embeddings)
 
     @staticmethod
@@ -126,8 +134,7 @@ class ScannIndex:
             return None
         values = np.asarray(values)
         if values.shape != (num_points,):
-            raise ValueError(f"{name} must have one entry per embedding ({num_points}), got shape "
-                             f"{values.shape}.")
+            raise ValueError(f"{name} must have one entry per embedding ({num_points}), got shape {values.shape}.")
         return values
 
     @staticmethod
@@ -135,10 +142,16 @@ class ScannIndex:
         if class_names is None:
             return None
         class_names = [str(name) for name in class_names]
-        if labels is not None and labels.size and np.issubdtype(labels.dtype, np.integer) and (
-                labels.min() < 0 or labels.max() >= len(class_names)):
-            raise ValueError(f"class_names has {len(class_names)} names but the labels go from "
-                             f"{labels.min()} to {labels.max()}: class_names[label] must name every label.")
+        if (
+            labels is not None
+            and labels.size
+            and np.issubdtype(labels.dtype, np.integer)
+            and (labels.min() < 0 or labels.max() >= len(class_names))
+        ):
+            raise ValueError(
+                f"class_names has {len(class_names)} names but the labels go from "
+                f"{labels.min()} to {labels.max()}: class_names[label] must name every label."
+            )
         return class_names
 
     def class_name(self, position):
@@ -149,20 +162,23 @@ class ScannIndex:
         return self.class_names[int(label)] if self.class_names is not None else str(label)
 
     def _build(self, embeddings):
-        import scann
+        import scann  # loaded when an index is built or loaded: its custom ops are not needed before
 
         builder = scann.scann_ops_pybind.builder(embeddings, self.num_neighbors, self.distance)
         if self.mode == "exact":
             return builder.score_brute_force().build()
         s = self.settings
         builder = builder.tree(
-            num_leaves=s["num_leaves"], num_leaves_to_search=s["leaves_to_search"],
+            num_leaves=s["num_leaves"],
+            num_leaves_to_search=s["leaves_to_search"],
             training_sample_size=s["training_sample_size"],
-            min_partition_size=max(1, min(50, self.size // (4 * s["num_leaves"]))))
+            min_partition_size=max(1, min(50, self.size // (4 * s["num_leaves"]))),
+        )
         builder = builder.score_ah(
             s["dimensions_per_block"],
             anisotropic_quantization_threshold=s["anisotropic_quantization_threshold"],
-            training_sample_size=s["training_sample_size"])
+            training_sample_size=s["training_sample_size"],
+        )
         return builder.reorder(max(s["reorder"], self.num_neighbors)).build()
 
     def search(self, queries, k=None, leaves_to_search=None, reorder=None):
@@ -178,8 +194,7 @@ class ScannIndex:
         single = queries.ndim == 1
         queries = _as_float_matrix(queries[None] if single else queries, "queries")
         if queries.shape[1] != self.dim:
-            raise ValueError(f"queries have dimension {queries.shape[1]} but the index holds {self.dim}-d "
-                             f"embeddings.")
+            raise ValueError(f"queries have dimension {queries.shape[1]} but the index holds {self.dim}-d embeddings.")
         kwargs = {}
         if self.mode == "approximate":
             factor = self.settings.get("reorder_factor", 2)
@@ -189,8 +204,10 @@ class ScannIndex:
         indices, values = self._searcher.search_batched_parallel(queries, final_num_neighbors=k, **kwargs)
         indices = np.asarray(indices, np.int64)
         if indices.shape[1] < k:  # ScaNN pads nothing when fewer candidates exist; make it an error
-            raise RuntimeError(f"ScaNN returned only {indices.shape[1]} neighbours for k={k}; search more "
-                               f"leaves (leaves_to_search) or use mode='exact'.")
+            raise RuntimeError(
+                f"ScaNN returned only {indices.shape[1]} neighbours for k={k}; search more "
+                f"leaves (leaves_to_search) or use mode='exact'."
+            )
         ids = indices if self.ids is None else self.ids[indices]
         values = np.asarray(values, np.float32)
         return (ids[0], values[0]) if single else (ids, values)
@@ -204,11 +221,20 @@ class ScannIndex:
 
     def config(self):
         """JSON-serialisable description of the index (saved next to the ScaNN artifacts)."""
-        return {"format": "tfdml.ScannIndex/1", "distance": self.distance, "mode": self.mode,
-                "requested_mode": self.requested_mode, "num_neighbors": self.num_neighbors,
-                "size": int(self.size), "dim": int(self.dim), "settings": self.settings,
-                "has_ids": self.ids is not None, "has_labels": self.labels is not None,
-                "class_names": self.class_names, "metadata": self.metadata}
+        return {
+            "format": "tfdml.ScannIndex/1",
+            "distance": self.distance,
+            "mode": self.mode,
+            "requested_mode": self.requested_mode,
+            "num_neighbors": self.num_neighbors,
+            "size": int(self.size),
+            "dim": int(self.dim),
+            "settings": self.settings,
+            "has_ids": self.ids is not None,
+            "has_labels": self.labels is not None,
+            "class_names": self.class_names,
+            "metadata": self.metadata,
+        }
 
     def save(self, directory, arrays=None):
         """Writes the index to `directory` (replaced atomically if it exists); returns the path.
@@ -240,7 +266,7 @@ class ScannIndex:
     @classmethod
     def load(cls, directory):
         """Loads an index written by `save` (from wherever the directory now lives)."""
-        import scann
+        import scann  # loaded when an index is built or loaded: its custom ops are not needed before
 
         directory = os.fspath(directory)
         meta_path = os.path.join(directory, _META_FILE)

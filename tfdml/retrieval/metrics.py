@@ -16,6 +16,8 @@ average over the other queries (as pytorch-metric-learning's AccuracyCalculator 
 """
 
 import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.metrics import normalized_mutual_info_score
 
 
 def positives_per_query(query_labels, gallery_labels, same_set):
@@ -60,17 +62,14 @@ def map_at_r(hits, r):
 
 def cluster_embeddings(embeddings, num_clusters, seed=0):
     """k-means cluster ids (scikit-learn `KMeans`, k-means++ init, `n_init=1` above 20k points for speed)."""
-    from sklearn.cluster import KMeans
-
     n_init = 3 if len(embeddings) <= 20000 else 1
     return KMeans(n_clusters=num_clusters, n_init=n_init, random_state=seed).fit_predict(
-        np.asarray(embeddings, np.float64))
+        np.asarray(embeddings, np.float64)
+    )
 
 
 def nmi(cluster_ids, labels):
     """Normalised mutual information between clusters and classes (arithmetic normalisation)."""
-    from sklearn.metrics import normalized_mutual_info_score
-
     return float(normalized_mutual_info_score(labels, cluster_ids))
 
 

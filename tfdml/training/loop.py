@@ -41,6 +41,7 @@ def replica_slice(batch, replica_id, num_replicas):
     The split `experimental_distribute_dataset` makes of a global batch on one machine; shares differ by at
     most one row when `B` is not a multiple of `num_replicas`.
     """
+
     def take(tensor):
         size = tf.shape(tensor)[0]
         start = size * replica_id // num_replicas
@@ -93,14 +94,17 @@ class _Progress:
 
 def _check_model(model, strategy):
     if getattr(model, "optimizer", None) is None:
-        raise ValueError("fit_distributed needs a compiled model: call model.compile(optimizer=..., loss=...) "
-                         "inside strategy.scope() first.")
+        raise ValueError(
+            "fit_distributed needs a compiled model: call model.compile(optimizer=..., loss=...) "
+            "inside strategy.scope() first."
+        )
     model_strategy = model.distribute_strategy
     if model_strategy is not strategy:
         raise ValueError(
             f"The model was created under {type(model_strategy).__name__} but fit_distributed got "
             f"{type(strategy).__name__}: create and compile the model inside `strategy.scope()` of the "
-            f"strategy you train with.")
+            f"strategy you train with."
+        )
 
 
 def _build(model, strategy, batch_spec):
@@ -113,8 +117,34 @@ def _build(model, strategy, batch_spec):
             model.optimizer.build(model.trainable_variables)
 
 
-def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_dir=None, strategy=None,
-                    max_checkpoints=3, data_position="auto", verbose=1):
+def _resume(checkpoint, checkpoint_dir, cursor, progress, epoch_counter):
+    """Restores the newest checkpoint in `checkpoint_dir`, if any, and puts the data cursor back in place."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest is not None:
+        _restore(checkpoint, latest)
+        progress.message(f"Resumed from {latest} after epoch {int(epoch_counter.numpy())}.")
+        cursor.resume()
+
+
+def _save(manager, epochs_done, chief):
+    if manager is None:
+        return
+    manager.save(checkpoint_number=epochs_done)
+    if not chief:  # a worker's copy only makes the collective save possible; the chief's is the checkpoint
+        shutil.rmtree(manager.directory, ignore_errors=True)
+
+
+def fit_distributed(
+    model,
+    dataset,
+    epochs=1,
+    steps_per_epoch=None,
+    checkpoint_dir=None,
+    strategy=None,
+    max_checkpoints=3,
+    data_position="auto",
+    verbose=1,
+):
     """Trains a compiled Keras model with `strategy.run`, checkpointing and resuming; returns the history.
 
     Works with `tf.distribute.MirroredStrategy`, `MultiWorkerMirroredStrategy` (N processes, one per
@@ -166,11 +196,7 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
     manager = None
     if checkpoint_dir is not None:
         manager = _checkpoint_manager(checkpoint, checkpoint_dir, chief, task_type, task_id, max_checkpoints)
-        latest = tf.train.latest_checkpoint(checkpoint_dir)
-        if latest is not None:
-            _restore(checkpoint, latest)
-            progress.message(f"Resumed from {latest} after epoch {int(epoch_counter.numpy())}.")
-            cursor.resume()
+        _resume(checkpoint, checkpoint_dir, cursor, progress, epoch_counter)
 
     train_step = _distributed_train_step(model, strategy)
     history = {}
@@ -183,15 +209,14 @@ def fit_distributed(model, dataset, epochs=1, steps_per_epoch=None, checkpoint_d
             for name, value in logs.items():
                 history.setdefault(name, []).append(value)
             progress.epoch(epoch, step, time.time() - start, logs)
-            if manager is not None:
-                manager.save(checkpoint_number=epoch + 1)
-                if not chief:
-                    shutil.rmtree(manager.directory, ignore_errors=True)
+            _save(manager, epoch + 1, chief)
         if out_of_data:
             warnings.warn(
                 f"The dataset ran out of data after {step} steps of epoch {epoch + 1} (steps_per_epoch="
                 f"{steps_per_epoch}): the epoch ends early and the next one starts the dataset again, as in "
-                "`fit`. Repeat the dataset (`.repeat()`) or lower steps_per_epoch.", stacklevel=2)
+                "`fit`. Repeat the dataset (`.repeat()`) or lower steps_per_epoch.",
+                stacklevel=2,
+            )
     return history
 
 
@@ -252,8 +277,11 @@ class _DataCursor:
 def _checkpoint_manager(checkpoint, checkpoint_dir, chief, task_type, task_id, max_checkpoints):
     # MultiWorkerMirroredStrategy needs every worker to save: the others write to a temporary directory
     # that is deleted right after each save.
-    write_dir = checkpoint_dir if chief else os.path.join(
-        tempfile.gettempdir(), f"tfdml_worker_{task_type}_{task_id}_{os.getpid()}")
+    write_dir = (
+        checkpoint_dir
+        if chief
+        else os.path.join(tempfile.gettempdir(), f"tfdml_worker_{task_type}_{task_id}_{os.getpid()}")
+    )
     return tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=max_checkpoints if chief else 1)
 
 
@@ -265,6 +293,7 @@ def _distributed_train_step(model, strategy):
     def split(batch):
         def value_fn(context):
             return replica_slice(batch, context.replica_id_in_sync_group, num_replicas)
+
         return strategy.experimental_distribute_values_from_function(value_fn)
 
     def replicated_step(per_replica_batch):
@@ -301,11 +330,14 @@ def _training_state(model):
     variables explicitly: the model's (weights, loss variables such as `beta`, carried states, seeds)
     and the optimizer's (iterations, slots, inner optimizers). The same model code gives the same order.
     """
+
     def tf_variables(variables):
         return [variable.value if isinstance(variable, keras.Variable) else variable for variable in variables]
 
-    return {"model_variables": tf_variables(model.variables),
-            "optimizer_variables": tf_variables(model.optimizer.variables)}
+    return {
+        "model_variables": tf_variables(model.variables),
+        "optimizer_variables": tf_variables(model.optimizer.variables),
+    }
 
 
 def _is_checkpointable(iterator):

@@ -1,0 +1,59 @@
+"""DML-ALA configurations on the glyph method table's protocol, one seed at a time (a pilot for choosing defaults).
+
+    nice python scripts/ala_glyph_pilot.py --base-loss triplet --seed 0 --tag floor0.5 --ala '{"weight_floor": 0.5}'
+
+Trains `ALAModel` with the given arguments on the batches of `scripts/benchmark_methods.py` (its `CONFIG`,
+its seed's index batches, ALA's training/validation halves) and appends one JSON line (Recall@1, MAP@R on the
+unseen characters) to `benchmarks/ala_pilot/results.jsonl`. The uniform twins are the table's
+`*_ala_uniform` rows of the same seed.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import benchmark_methods as bm  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-loss", default="triplet", choices=("triplet", "margin"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tag", required=True)
+    parser.add_argument("--ala", default="{}", help="JSON object of ALAModel arguments")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "ala_pilot", "results.jsonl"))
+    args = parser.parse_args()
+    config = dict(bm.CONFIG)
+    data = bm.load_data(config)
+    batches = bm.index_batches(
+        data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], args.seed
+    )
+    name = f"{args.base_loss}_ala"
+    spec = json.loads(json.dumps(bm.METHODS[name][1]))
+    spec["ala_params"].update(json.loads(args.ala))
+    start, cpu = time.time(), time.process_time()
+    embeddings, _ = bm.train_tfdml(spec, data, batches, config, args.seed)
+    record = {
+        "method": name,
+        "tag": args.tag,
+        "ala": json.loads(args.ala),
+        "seed": args.seed,
+        **bm.evaluate(embeddings, data["test_y"]),
+        "train_wall_s": round(time.time() - start, 1),
+        "train_cpu_s": round(time.process_time() - cpu, 1),
+        "config": config,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()

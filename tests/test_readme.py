@@ -1,0 +1,77 @@
+"""The README's code stays true: its Concepts example runs as written (with fewer steps) and builds the main
+job it says it mirrors (`tfdml train`: the same model, loss, optimizer, batches and evaluation data)."""
+
+import contextlib
+import io
+import os
+import re
+
+import numpy as np
+import pytest
+
+from tfdml import config as config_lib
+from tfdml import pipeline, recipes
+from tfdml.data import glyphs
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def python_blocks(section):
+    """The ```python blocks of a `## section` of the README."""
+    with open(README) as f:
+        text = f.read()
+    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, flags=re.S | re.M)
+    assert match, f"README has no section {section!r}"
+    return re.findall(r"```python\n(.*?)```", match.group(1), flags=re.S)
+
+
+@pytest.fixture(scope="module")
+def concepts():
+    """Runs the Concepts example with 2 steps instead of 600 (the only change) and returns its names and
+    what it printed."""
+    (code,) = python_blocks("Concepts")
+    short, count = re.subn(r"epochs=10, steps_per_epoch=60", "epochs=1, steps_per_epoch=2", code)
+    assert count == 1, "the example no longer trains with epochs=10, steps_per_epoch=60"
+    names, printed = {}, io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(short, "README.md (Concepts)", "exec"), names)
+    return names, printed.getvalue()
+
+
+def test_concepts_example_runs_and_prints_the_metrics(concepts):
+    _, printed = concepts
+    assert re.search(r"'recall@1': [0-9.]+", printed) and "'map@r'" in printed and "'r_precision'" in printed
+
+
+def test_concepts_example_is_the_main_job(concepts):
+    names, _ = concepts
+    job = config_lib.default_config()
+    assert (job.data.source, job.training.epochs, job.training.steps_per_epoch) == ("glyphs", 10, 60)
+    expected = recipes.make_embedder(job.model, (job.data.image_size,) * 2 + (1,))
+    model = names["model"]
+    config, job_config = model.get_config(), expected.get_config()
+    config.pop("name"), job_config.pop("name")  # auto-numbered
+    assert config == job_config
+    assert model.count_params() == expected.count_params()
+    assert model.loss.get_config() == pipeline.build_loss(job.loss, total_steps=600).get_config()
+    optimizer = recipes.make_optimizer(job.optimizer, model, 600)
+    assert type(model.optimizer) is type(optimizer)
+    assert float(model.optimizer.learning_rate) == pytest.approx(float(optimizer.learning_rate))
+    images, labels = next(iter(names["train"]))
+    assert images.shape == (job.data.classes_per_batch * job.data.samples_per_class, 32, 32, 1)
+    assert len(np.unique(labels)) == job.data.classes_per_batch
+    assert len(names["labels"]) == len(glyphs("test").labels) and not job.data.augment  # unseen half, whole images
+
+
+def test_model_summary_lists_each_layer_once(concepts):
+    model = concepts[0]["model"]
+    text = io.StringIO()
+    model.summary(print_fn=lambda line, **kwargs: text.write(line + "\n"))
+    summary = text.getvalue()
+    assert [layer.name for layer in model.layers] == ["pixel_preprocessing", "small_cnn", "head_H", "l2_normalize"]
+    assert "unbuilt" not in summary and summary.count("small_cnn") == 1 and "taps" not in summary
+    # The backbone counted once (the optimizer's variables are listed on a line of their own).
+    trainable = sum(int(np.prod(v.shape)) for v in model.trainable_weights)
+    frozen = sum(int(np.prod(v.shape)) for v in model.non_trainable_weights)
+    assert f"Trainable params: {trainable:,} " in summary and f"Non-trainable params: {frozen:,} " in summary
+    assert trainable == sum(int(np.prod(v.shape)) for layer in model.layers for v in layer.trainable_weights)

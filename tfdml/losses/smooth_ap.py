@@ -1,0 +1,89 @@
+"""Smooth-AP (Brown et al., ECCV 2020): average precision with the ranking's indicator replaced by a sigmoid.
+
+For anchor `a` of the batch, its positives `P_a` (the samples of its class, `a` itself included, as in the
+authors' code and pytorch-metric-learning's `SmoothAPLoss`), cosine similarities `s` and a temperature `t`:
+
+    R(a, x)     = 1 + sum_{y != x}         sigmoid((s_ay - s_ax) / t)     smoothed rank of x among all
+    R_P(a, x)   = 1 + sum_{y != x, y in P_a} sigmoid((s_ay - s_ax) / t)   smoothed rank among the positives
+    AP_a        = 1 / |P_a| sum_{x in P_a} R_P(a, x) / R(a, x)
+    L           = mean_a (1 - AP_a)
+
+(`y` runs over the whole batch, the anchor included.) The pairwise rank differences make it O(B^3) in time
+and memory (`[B, B, B]`), like the reference implementations.
+
+pytorch-metric-learning 2.9 computes the same for batches whose labels come in consecutive blocks of equal
+size with as many classes as samples per class (`[A, A, A, B, B, B, C, C, C]`); it refuses classes of unequal
+sizes, and for other block layouts (e.g. 4 classes x 2) its grouping of the batch (it reshapes the batch into
+`[samples per class, classes]` blocks) does not follow the labels. This loss reads the positives from the
+labels, for any batch; `tests/test_losses_smooth_ap.py` checks it against PML where PML applies.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdml.losses.base import MetricLoss
+from tfdml.ops import (
+    as_scalar,
+    pairwise_cosine_similarity,
+    same_label_mask,
+    validate_inputs,
+)
+
+
+def _smooth_ap_loss(labels, embeddings, temperature):
+    sim = pairwise_cosine_similarity(embeddings)  # [B, B]: s_ay
+    dtype = sim.dtype
+    size = tf.shape(sim)[0]
+    same = tf.cast(same_label_mask(labels), dtype)  # P_a, the anchor included
+    # steps[a, x, y] = sigmoid((s_ay - s_ax) / t), without the y == x term.
+    steps = tf.sigmoid((sim[:, None, :] - sim[:, :, None]) / as_scalar(temperature, dtype))
+    steps = steps * (1.0 - tf.eye(size, dtype=dtype))[None, :, :]
+    rank_all = 1.0 + tf.reduce_sum(steps, axis=2)
+    rank_pos = 1.0 + tf.reduce_sum(steps * same[:, None, :], axis=2)
+    ap = tf.reduce_sum(same * rank_pos / rank_all, axis=1) / tf.reduce_sum(same, axis=1)
+    return tf.reduce_mean(1.0 - ap)
+
+
+def smooth_ap_loss(labels, embeddings, temperature=0.01):
+    """Smooth-AP loss of a batch, `mean_a (1 - AP_a)` with sigmoid-smoothed ranks (see the module docstring).
+
+    Args:
+        labels: integer class ids `[B]` (any class sizes and order).
+        embeddings: float `[B, D]` (compared by cosine similarity).
+        temperature: sigmoid temperature `t` (0.01, the paper's and PML's default).
+
+    Returns:
+        Scalar loss in `[0, 1)`.
+    """
+    labels, embeddings = validate_inputs(labels, embeddings)
+    return _smooth_ap_loss(labels, embeddings, temperature)
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class SmoothAPLoss(MetricLoss):
+    """Smooth-AP (Brown et al. 2020), as pytorch-metric-learning's `SmoothAPLoss(temperature)`.
+
+    `L = mean_a (1 - AP_a)`, `AP_a = 1/|P_a| sum_{x in P_a} R_P(a, x) / R(a, x)` with the ranks smoothed by
+    `sigmoid((s_ay - s_ax) / t)` over cosine similarities (see `tfdml.losses.smooth_ap`). O(B^3) memory.
+
+    Args:
+        temperature: sigmoid temperature (0.01).
+        name: loss name.
+
+    Example:
+        >>> model.compile(optimizer="adam", loss=SmoothAPLoss(temperature=0.01))
+    """
+
+    def __init__(self, temperature=0.01, name="smooth_ap_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}.")
+        self.temperature = float(temperature)
+
+    def compute(self, labels, embeddings):
+        return _smooth_ap_loss(labels, embeddings, self.temperature)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(temperature=self.temperature)
+        return config
