@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchmark_methods as bm  # (after the path insert) data, batches and CNN of the method table)
+import benchmark_methods as bm  # noqa: E402  (after the path insert) data, batches and CNN of the method table)
 
 
 def parse_setting(text):
