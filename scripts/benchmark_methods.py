@@ -64,11 +64,17 @@ def load_data(config):
     _, train_y = np.unique(train_y, return_inverse=True)
     classes = [len(np.unique(train_y)), len(np.unique(test_y))]
     if classes != list(config["glyph_classes"]):
-        raise SystemExit(f"The glyph set has {classes} training/test classes, the protocol says "
-                         f"{config['glyph_classes']}: update CONFIG['glyph_classes'] (a new protocol).")
-    return {"train_x": train_x.astype(np.float32) / 255.0, "train_y": train_y.astype(np.int64),
-            "test_x": test_x.astype(np.float32) / 255.0, "test_y": test_y.astype(np.int64),
-            "num_classes": int(train_y.max()) + 1}
+        raise SystemExit(
+            f"The glyph set has {classes} training/test classes, the protocol says "
+            f"{config['glyph_classes']}: update CONFIG['glyph_classes'] (a new protocol)."
+        )
+    return {
+        "train_x": train_x.astype(np.float32) / 255.0,
+        "train_y": train_y.astype(np.int64),
+        "test_x": test_x.astype(np.float32) / 255.0,
+        "test_y": test_y.astype(np.int64),
+        "num_classes": int(train_y.max()) + 1,
+    }
 
 
 def index_batches(labels, classes_per_batch, samples_per_class, steps, seed):
@@ -86,10 +92,14 @@ def index_batches(labels, classes_per_batch, samples_per_class, steps, seed):
 def evaluate(embeddings, labels):
     from tfdml import retrieval
 
-    result = retrieval.evaluate(np.asarray(embeddings, np.float32), labels, ks=[1],
-                                metrics=["recall", "map@r", "r_precision"])
-    return {"recall@1": float(result["recall@1"]), "map@r": float(result["map@r"]),
-            "r_precision": float(result["r_precision"])}
+    result = retrieval.evaluate(
+        np.asarray(embeddings, np.float32), labels, ks=[1], metrics=["recall", "map@r", "r_precision"]
+    )
+    return {
+        "recall@1": float(result["recall@1"]),
+        "map@r": float(result["map@r"]),
+        "r_precision": float(result["r_precision"]),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ tfdml
@@ -101,14 +111,24 @@ def tfdml_embedder(config, num_classes=None, levels=None, seed=0):
     keras.utils.set_random_seed(seed)
     size = config["image_size"]
     # The arrays are in [0, 1] already (the torch copy takes them too): no pixel preprocessing in the model.
-    common = dict(embedding_dim=config["embedding_dim"], input_shape=(size, size, 1), weights=None,
-                  num_classes=num_classes, widths=tuple(config["widths"]), preprocessing=None)
+    common = dict(
+        embedding_dim=config["embedding_dim"],
+        input_shape=(size, size, 1),
+        weights=None,
+        num_classes=num_classes,
+        widths=tuple(config["widths"]),
+        preprocessing=None,
+    )
     if levels:
         blocks = len(config["widths"])  # the last three blocks are the L, M, H levels
         return MultiLevelEmbedder(
-            "small_cnn", levels=tuple(levels), head_filters=32, head_units=128,
+            "small_cnn",
+            levels=tuple(levels),
+            head_filters=32,
+            head_units=128,
             taps={"L": f"block{blocks - 2}_out", "M": f"block{blocks - 1}_out", "H": f"block{blocks}_out"},
-            **common)
+            **common,
+        )
     return Embedder("small_cnn", **common)
 
 
@@ -123,8 +143,9 @@ class SoftmaxCrossEntropy:
         class _Loss(keras.losses.Loss):
             def call(self, y_true, y_pred):
                 logits = y_pred[:, -num_classes:]
-                return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(tf.reshape(y_true, [-1]), tf.int32),
-                                                                      logits)
+                return tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    tf.cast(tf.reshape(y_true, [-1]), tf.int32), logits
+                )
 
         return _Loss(name="softmax_cross_entropy")
 
@@ -145,7 +166,8 @@ def transfer_weights(source, target, classifiers=False):
     heads = {head.name: head for head in layers}
     for head in list(target.level_heads) + (list(getattr(target, "classifiers", [])) if classifiers else []):
         if head.name in heads and [w.shape for w in head.get_weights()] == [
-                w.shape for w in heads[head.name].get_weights()]:
+            w.shape for w in heads[head.name].get_weights()
+        ]:
             head.set_weights(heads[head.name].get_weights())
 
 
@@ -156,8 +178,9 @@ def train_tfdml(spec, data, batches, config, seed, warm_start=None, keep_classif
     import tensorflow as tf
 
     num_classes = data["num_classes"]
-    model = tfdml_embedder(config, num_classes=num_classes if spec.get("classifier") else None,
-                           levels=spec.get("levels"), seed=seed)
+    model = tfdml_embedder(
+        config, num_classes=num_classes if spec.get("classifier") else None, levels=spec.get("levels"), seed=seed
+    )
     if warm_start is not None:
         transfer_weights(warm_start, model, classifiers=keep_classifier)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
@@ -166,20 +189,28 @@ def train_tfdml(spec, data, batches, config, seed, warm_start=None, keep_classif
         from tfdml.models import ALAModel
 
         half = (config["classes_per_batch"] // 2) * config["samples_per_class"]
-        dataset = tf.data.Dataset.from_tensor_slices(batches).map(lambda idx: (
-            tf.gather(images, idx[:half]), tf.gather(labels, idx[:half]),
-            tf.gather(images, idx[half:]), tf.gather(labels, idx[half:])))
-        trainer = ALAModel(model, base_loss=spec["ala"], seed=seed, embedding_dim=config["embedding_dim"],
-                           **spec.get("ala_params", {}))
+        dataset = tf.data.Dataset.from_tensor_slices(batches).map(
+            lambda idx: (
+                tf.gather(images, idx[:half]),
+                tf.gather(labels, idx[:half]),
+                tf.gather(images, idx[half:]),
+                tf.gather(labels, idx[half:]),
+            )
+        )
+        trainer = ALAModel(
+            model, base_loss=spec["ala"], seed=seed, embedding_dim=config["embedding_dim"], **spec.get("ala_params", {})
+        )
         trainer.compile(optimizer=optimizer)
     else:
         dataset = tf.data.Dataset.from_tensor_slices(batches).map(
-            lambda idx: (tf.gather(images, idx), tf.gather(labels, idx)))
+            lambda idx: (tf.gather(images, idx), tf.gather(labels, idx))
+        )
         trainer = model
         trainer.compile(optimizer=optimizer, loss=spec["loss"](num_classes))
     trainer.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
-    embeddings = np.concatenate([np.asarray(model(data["test_x"][i:i + 512], training=False))
-                                 for i in range(0, len(data["test_x"]), 512)])
+    embeddings = np.concatenate(
+        [np.asarray(model(data["test_x"][i : i + 512], training=False)) for i in range(0, len(data["test_x"]), 512)]
+    )
     return embeddings, model
 
 
@@ -242,8 +273,9 @@ def train_pml(spec, data, batches, config, seed):
     probe = data["train_x"][:16]
     model.eval()
     with torch.no_grad():
-        difference = float(np.abs(model(torch.from_numpy(probe)).numpy()
-                                  - np.asarray(keras_model(probe, training=False))).max())
+        difference = float(
+            np.abs(model(torch.from_numpy(probe)).numpy() - np.asarray(keras_model(probe, training=False))).max()
+        )
     if difference > 1e-4:
         raise RuntimeError(f"the torch copy differs from the tfdml model by {difference:.2e}")
     loss, miner, loss_optimizer = spec["pml"]()
@@ -264,8 +296,9 @@ def train_pml(spec, data, batches, config, seed):
             loss_optimizer.step()
     model.eval()
     with torch.no_grad():
-        embeddings = np.concatenate([model(torch.from_numpy(data["test_x"][i:i + 512])).numpy()
-                                     for i in range(0, len(data["test_x"]), 512)])
+        embeddings = np.concatenate(
+            [model(torch.from_numpy(data["test_x"][i : i + 512])).numpy() for i in range(0, len(data["test_x"]), 512)]
+        )
     return embeddings, model
 
 
@@ -330,60 +363,119 @@ METHODS = {
     "triplet_all": ("triplet, all", {"loss": _loss("TripletLoss", margin=0.2, mining="all")}),
     "triplet_semihard": ("triplet, semi-hard", {"loss": _loss("TripletSemiHardLoss", margin=0.2)}),
     "triplet_hard": ("triplet, hard", {"loss": _loss("TripletHardLoss", margin=0.2)}),
-    "margin_dw": ("margin, distance-weighted", {"loss": _loss("MarginLoss", alpha=0.2, beta=1.2,
-                                                              sampling="distance_weighted")}),
+    "margin_dw": (
+        "margin, distance-weighted",
+        {"loss": _loss("MarginLoss", alpha=0.2, beta=1.2, sampling="distance_weighted")},
+    ),
     "margin_all": ("margin, all triplets", {"loss": _loss("MarginLoss", alpha=0.2, beta=1.2, sampling="all")}),
-    "rll_uniform": ("RLL, uniform query weighting", {"loss": _loss("RankedListLoss", query_weighting="uniform",
-                                                                   **RLL)}),
-    "rll_official": ("RLL, official query weighting", {"loss": _loss("RankedListLoss", query_weighting="official",
-                                                                     **RLL)}),
+    "rll_uniform": (
+        "RLL, uniform query weighting",
+        {"loss": _loss("RankedListLoss", query_weighting="uniform", **RLL)},
+    ),
+    "rll_official": (
+        "RLL, official query weighting",
+        {"loss": _loss("RankedListLoss", query_weighting="official", **RLL)},
+    ),
     "rll_h": ("RLL-H (default RankedListLoss)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["H"]}),
     "rll_lmh": ("RLL-(L,M,H)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["L", "M", "H"]}),
     "group": ("Group Loss", {"loss": _loss_with_classes("GroupLoss"), "classifier": True}),
-    "triplet_ala": ("triplet + ALA (library defaults)", {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2},
-                                                                        "max_tuples": 2000}}),
-    "margin_ala": ("margin + ALA (library defaults)", {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2},
-                                                                     "max_tuples": 2000}}),
+    "triplet_ala": (
+        "triplet + ALA (library defaults)",
+        {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000}},
+    ),
+    "margin_ala": (
+        "margin + ALA (library defaults)",
+        {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000}},
+    ),
     # The look-ahead (eq 10) at the paper's CNN rate (1e-4) instead of the rate of the real step (Adam 2e-3,
     # taken as an SGD rate over the sum of up to 2,000 tuples).
-    "triplet_ala_inner_1e-4": ("triplet + ALA, look-ahead rate 1e-4", {
-        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
-                                         "inner_learning_rate": 1e-4}}),
+    "triplet_ala_inner_1e-4": (
+        "triplet + ALA, look-ahead rate 1e-4",
+        {
+            "ala": "triplet",
+            "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "inner_learning_rate": 1e-4},
+        },
+    ),
     # ALA's defaults but the weights normalised over the active tuples (loss > 0) with a floor of 0.5.
-    "triplet_ala_active_f0.5": ("triplet + ALA, normalised over active tuples, floor 0.5", {
-        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
-                                         "normalize_over": "active", "weight_floor": 0.5}}),
-    "margin_ala_active_f0.5": ("margin + ALA, normalised over active tuples, floor 0.5", {
-        "ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000,
-                                        "normalize_over": "active", "weight_floor": 0.5}}),
+    "triplet_ala_active_f0.5": (
+        "triplet + ALA, normalised over active tuples, floor 0.5",
+        {
+            "ala": "triplet",
+            "ala_params": {
+                "loss_params": {"margin": 0.2},
+                "max_tuples": 2000,
+                "normalize_over": "active",
+                "weight_floor": 0.5,
+            },
+        },
+    ),
+    "margin_ala_active_f0.5": (
+        "margin + ALA, normalised over active tuples, floor 0.5",
+        {
+            "ala": "margin",
+            "ala_params": {
+                "loss_params": {"alpha": 0.2, "beta": 1.2},
+                "max_tuples": 2000,
+                "normalize_over": "active",
+                "weight_floor": 0.5,
+            },
+        },
+    ),
     # Algorithm 1 literally (raw sigmoid weights, embeddings input, SGD 4e-4 assessor).
-    "triplet_ala_paper": ("triplet + ALA, variant='paper'", {
-        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "variant": "paper"}}),
+    "triplet_ala_paper": (
+        "triplet + ALA, variant='paper'",
+        {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "variant": "paper"}},
+    ),
     # The same episodes, tuples and sums as the ALA rows with every weight 1 (no assessor): ALA's
     # baseline without confound.
-    "triplet_ala_uniform": ("triplet, ALA's tuples, uniform weights", {
-        "ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000,
-                                         "weighting": "uniform"}}),
-    "margin_ala_uniform": ("margin, ALA's tuples, uniform weights", {
-        "ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000,
-                                        "weighting": "uniform"}}),
-    "multi_similarity": ("MultiSimilarity", {"loss": _loss("MultiSimilarityLoss", alpha=2.0, beta=50.0,
-                                                           base=0.5)}),
+    "triplet_ala_uniform": (
+        "triplet, ALA's tuples, uniform weights",
+        {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "weighting": "uniform"}},
+    ),
+    "margin_ala_uniform": (
+        "margin, ALA's tuples, uniform weights",
+        {
+            "ala": "margin",
+            "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000, "weighting": "uniform"},
+        },
+    ),
+    "multi_similarity": ("MultiSimilarity", {"loss": _loss("MultiSimilarityLoss", alpha=2.0, beta=50.0, base=0.5)}),
     "proxy_anchor": ("ProxyAnchor", {"loss": _proxy_loss("ProxyAnchorLoss", margin=0.1, alpha=32.0)}),
     "normsoftmax": ("NormSoftmax", {"loss": _proxy_loss("NormalizedSoftmaxLoss", temperature=0.05)}),
     "arcface": ("ArcFace", {"loss": _proxy_loss("ArcFaceLoss", margin=28.6, scale=64.0)}),
     "pml_rll": ("PML RankedListLoss", {"pml": _pml("RankedListLoss", margin=0.4, alpha=1.2, Tn=10.0)}),
     "pml_triplet_all": ("PML triplet, all", {"pml": _pml("TripletMarginLoss", margin=0.2)}),
-    "pml_triplet_semihard": ("PML triplet, semi-hard", {"pml": _pml(
-        "TripletMarginLoss", miner=("TripletMarginMiner", {"margin": 0.2, "type_of_triplets": "semihard"}),
-        margin=0.2)}),
-    "pml_triplet_hard": ("PML triplet, hard", {"pml": _pml("TripletMarginLoss", miner=("BatchHardMiner", {}),
-                                                           margin=0.2)}),
-    "pml_margin_dw": ("PML margin, distance-weighted", {"pml": _pml(
-        "MarginLoss", miner=("DistanceWeightedMiner", {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4}),
-        beta_optimizer=True, margin=0.2, beta=1.2, learn_beta=True)}),
-    "pml_margin_all": ("PML margin, all triplets", {"pml": _pml("MarginLoss", beta_optimizer=True, margin=0.2,
-                                                                beta=1.2, learn_beta=True)}),
+    "pml_triplet_semihard": (
+        "PML triplet, semi-hard",
+        {
+            "pml": _pml(
+                "TripletMarginLoss",
+                miner=("TripletMarginMiner", {"margin": 0.2, "type_of_triplets": "semihard"}),
+                margin=0.2,
+            )
+        },
+    ),
+    "pml_triplet_hard": (
+        "PML triplet, hard",
+        {"pml": _pml("TripletMarginLoss", miner=("BatchHardMiner", {}), margin=0.2)},
+    ),
+    "pml_margin_dw": (
+        "PML margin, distance-weighted",
+        {
+            "pml": _pml(
+                "MarginLoss",
+                miner=("DistanceWeightedMiner", {"cutoff": 0.5, "nonzero_loss_cutoff": 1.4}),
+                beta_optimizer=True,
+                margin=0.2,
+                beta=1.2,
+                learn_beta=True,
+            )
+        },
+    ),
+    "pml_margin_all": (
+        "PML margin, all triplets",
+        {"pml": _pml("MarginLoss", beta_optimizer=True, margin=0.2, beta=1.2, learn_beta=True)},
+    ),
 }
 
 
@@ -434,9 +526,17 @@ def run_one(name, data, batches, config, seed):
         framework = "tfdml"
     seconds, cpu_seconds = time.time() - started, time.process_time() - cpu
     metrics = evaluate(embeddings, data["test_y"])
-    return {"method": name, "label": METHODS[name][0], "framework": framework, "seed": int(seed),
-            **metrics, "train_wall_s": round(seconds, 2), "train_cpu_s": round(cpu_seconds, 2),
-            "config": config, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "method": name,
+        "label": METHODS[name][0],
+        "framework": framework,
+        "seed": int(seed),
+        **metrics,
+        "train_wall_s": round(seconds, 2),
+        "train_cpu_s": round(cpu_seconds, 2),
+        "config": config,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def read_lines(path, config):
@@ -463,16 +563,31 @@ def summarise(records):
             continue
         r1 = np.array([r["recall@1"] for r in mine])
         mapr = np.array([r["map@r"] for r in mine])
-        rows.append((name, label, mine[0]["framework"], len(mine), r1.mean(), r1.std(), mapr.mean(), mapr.std(),
-                     float(np.mean([r["train_cpu_s"] for r in mine]))))
+        rows.append(
+            (
+                name,
+                label,
+                mine[0]["framework"],
+                len(mine),
+                r1.mean(),
+                r1.std(),
+                mapr.mean(),
+                mapr.std(),
+                float(np.mean([r["train_cpu_s"] for r in mine])),
+            )
+        )
     return rows
 
 
 # ALA rows and the uniform-weight twin each is compared with (same episodes, tuples and sums).
-ALA_TWINS = {"triplet_ala": "triplet_ala_uniform", "margin_ala": "margin_ala_uniform",
-             "triplet_ala_active_f0.5": "triplet_ala_uniform", "margin_ala_active_f0.5": "margin_ala_uniform",
-             "triplet_ala_paper": "triplet_ala_uniform",
-             "triplet_ala_inner_1e-4": "triplet_ala_uniform"}
+ALA_TWINS = {
+    "triplet_ala": "triplet_ala_uniform",
+    "margin_ala": "margin_ala_uniform",
+    "triplet_ala_active_f0.5": "triplet_ala_uniform",
+    "margin_ala_active_f0.5": "margin_ala_uniform",
+    "triplet_ala_paper": "triplet_ala_uniform",
+    "triplet_ala_inner_1e-4": "triplet_ala_uniform",
+}
 
 
 def paired_differences(records):
@@ -484,11 +599,22 @@ def paired_differences(records):
         seeds = sorted(seed for method, seed in by_key if method == ala and (twin, seed) in by_key)
         if not seeds:
             continue
-        diffs = {metric: np.array([by_key[ala, s][metric] - by_key[twin, s][metric] for s in seeds])
-                 for metric in ("recall@1", "map@r")}
+        diffs = {
+            metric: np.array([by_key[ala, s][metric] - by_key[twin, s][metric] for s in seeds])
+            for metric in ("recall@1", "map@r")
+        }
         se = {m: float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan") for m, d in diffs.items()}
-        rows.append((ala, twin, len(seeds), float(diffs["recall@1"].mean()), se["recall@1"],
-                     float(diffs["map@r"].mean()), se["map@r"]))
+        rows.append(
+            (
+                ala,
+                twin,
+                len(seeds),
+                float(diffs["recall@1"].mean()),
+                se["recall@1"],
+                float(diffs["map@r"].mean()),
+                se["map@r"],
+            )
+        )
     return rows
 
 
@@ -505,18 +631,27 @@ def markdown_table(rows, config, missing=(), paired=()):
         "| method | framework | Recall@1 (%) | MAP@R (%) | n | train CPU s |",
         "|---|---|---|---|---|---|",
     ]
-    for name, label, framework, n, r1, r1s, mapr, maprs, cpu in rows:
-        lines.append(f"| {label} | {framework} | {100 * r1:.1f} +- {100 * r1s:.1f} | "
-                     f"{100 * mapr:.1f} +- {100 * maprs:.1f} | {n} | {cpu:.1f} |")
+    for _name, label, framework, n, r1, r1s, mapr, maprs, cpu in rows:
+        lines.append(
+            f"| {label} | {framework} | {100 * r1:.1f} +- {100 * r1s:.1f} | "
+            f"{100 * mapr:.1f} +- {100 * maprs:.1f} | {n} | {cpu:.1f} |"
+        )
     for name in missing:
         lines.append(f"| {METHODS[name][0]} | - | not run yet | not run yet | 0 | - |")
     if paired:
-        lines += ["", "DML-ALA minus its uniform-weight twin (the same episodes, tuples and sums, every weight 1), "
-                  "paired by seed: mean difference +- its standard error (n seeds), percentage points.", "",
-                  "| ALA row | twin | Delta Recall@1 | Delta MAP@R | n |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "DML-ALA minus its uniform-weight twin (the same episodes, tuples and sums, every weight 1), "
+            "paired by seed: mean difference +- its standard error (n seeds), percentage points.",
+            "",
+            "| ALA row | twin | Delta Recall@1 | Delta MAP@R | n |",
+            "|---|---|---|---|---|",
+        ]
         for ala, twin, n, r1, r1se, mapr, maprse in paired:
-            lines.append(f"| {METHODS[ala][0]} | {METHODS[twin][0]} | {100 * r1:+.1f} +- {100 * r1se:.1f} | "
-                         f"{100 * mapr:+.1f} +- {100 * maprse:.1f} | {n} |")
+            lines.append(
+                f"| {METHODS[ala][0]} | {METHODS[twin][0]} | {100 * r1:+.1f} +- {100 * r1se:.1f} | "
+                f"{100 * mapr:+.1f} +- {100 * maprse:.1f} | {n} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -530,8 +665,10 @@ def plot(rows, path):
     y = np.arange(len(rows))
     figure, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(rows) + 1.5), sharey=True)
     for axis, (mean_at, std_at, title) in zip(axes, ((4, 5, "Recall@1"), (6, 7, "MAP@R"))):
-        colours = ["tab:orange" if row[2] == "pytorch-metric-learning" else "tab:grey" if row[2] == "none"
-                   else "tab:blue" for row in rows]
+        colours = [
+            "tab:orange" if row[2] == "pytorch-metric-learning" else "tab:grey" if row[2] == "none" else "tab:blue"
+            for row in rows
+        ]
         axis.barh(y, [row[mean_at] for row in rows], xerr=[row[std_at] for row in rows], color=colours)
         axis.set_title(f"{title} on unseen glyph classes")
         axis.set_xlim(0, 1)
@@ -545,19 +682,25 @@ def plot(rows, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--methods", nargs="+", default=["all"], help="method names (see --list) or 'all'")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=CONFIG["steps"], help="training steps per run")
     parser.add_argument("--out-dir", default=OUT_DIR, help="results.jsonl, table.md and methods.png go here")
     parser.add_argument("--table-only", action="store_true", help="only rebuild the table and plot")
     parser.add_argument("--list", action="store_true", help="list the methods and whether they can run")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="TensorFlow CPU threads (0: TensorFlow's default); torch uses this many, or 1 by "
-                             "default (its OpenMP threads spin when the cores are shared: 10x the CPU time)")
-    parser.add_argument("--rerun", action="store_true",
-                        help="run (method, seed) pairs that already have a line for this protocol again")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="TensorFlow CPU threads (0: TensorFlow's default); torch uses this many, or 1 by "
+        "default (its OpenMP threads spin when the cores are shared: 10x the CPU time)",
+    )
+    parser.add_argument(
+        "--rerun", action="store_true", help="run (method, seed) pairs that already have a line for this protocol again"
+    )
     args = parser.parse_args(argv)
     config = dict(CONFIG, steps=int(args.steps))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -594,8 +737,9 @@ def main(argv=None):
                 print(f"skipping {name}: not available in this checkout ({reason})", flush=True)
         data = load_data(config)
         for seed in args.seeds:
-            batches = index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"],
-                                    config["steps"], seed)
+            batches = index_batches(
+                data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
+            )
             for name in runnable:
                 if (name, seed) in done:
                     continue
@@ -606,13 +750,17 @@ def main(argv=None):
                     continue
                 with open(jsonl, "a") as f:
                     f.write(json.dumps(record) + "\n")
-                print(f"{name:22s} seed {seed}: R@1 {record['recall@1']:.3f}  MAP@R {record['map@r']:.3f}  "
-                      f"({record['train_wall_s']:.1f} s wall, {record['train_cpu_s']:.1f} s CPU)", flush=True)
+                print(
+                    f"{name:22s} seed {seed}: R@1 {record['recall@1']:.3f}  MAP@R {record['map@r']:.3f}  "
+                    f"({record['train_wall_s']:.1f} s wall, {record['train_cpu_s']:.1f} s CPU)",
+                    flush=True,
+                )
     records = read_lines(jsonl, config)
     rows = summarise(records)
     done = {row[0] for row in rows}
-    table = markdown_table(rows, config, missing=[n for n in METHODS if n not in done],
-                           paired=paired_differences(records))
+    table = markdown_table(
+        rows, config, missing=[n for n in METHODS if n not in done], paired=paired_differences(records)
+    )
     with open(os.path.join(args.out_dir, "table.md"), "w") as f:
         f.write(table)
     if rows:

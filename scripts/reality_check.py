@@ -57,12 +57,12 @@ REGIMES = ("scratch", "pretrained")
 # The budget. On the 2 shared CPU cores of the first run (20-60 s wall per 300-step run) every method got 5
 # settings per regime, so that the search of both regimes fits in one session (Musgrave et al. search far
 # longer); the final runs use 5 seeds. `--trials` and `--seeds` raise them; runs already done are kept.
-TRIALS = 5                    # settings tried per method and regime (trial 0: the default)
-VALIDATION_FRACTION = 1 / 3   # of the training characters, by class
-SPLIT_SEED = 2020             # the training / validation split of the training characters
-SEARCH_SEED = 23              # the random search's draws
+TRIALS = 5  # settings tried per method and regime (trial 0: the default)
+VALIDATION_FRACTION = 1 / 3  # of the training characters, by class
+SPLIT_SEED = 2020  # the training / validation split of the training characters
+SEARCH_SEED = 23  # the random search's draws
 FINAL_SEEDS = (0, 1, 2, 3, 4)
-PRETRAIN_STEPS = 300          # softmax steps before the method's own, in the "pretrained" regime
+PRETRAIN_STEPS = 300  # softmax steps before the method's own, in the "pretrained" regime
 
 # name -> {parameter: (kind, ...)}: "log" (log-uniform between two bounds), "uniform", "choice". Every method
 # also searches "learning_rate" (Adam's). The method's parameters are those of its loss in
@@ -75,20 +75,38 @@ SEARCH_SPACE = {
     "triplet_all": {"margin": ("log", 0.02, 1.0)},
     "margin_dw": {"alpha": ("uniform", 0.05, 0.5), "beta": ("uniform", 0.6, 1.5)},
     "multi_similarity": {"alpha": ("log", 0.5, 20.0), "beta": ("log", 5.0, 100.0), "base": ("uniform", 0.1, 0.9)},
-    "proxy_anchor": {"margin": ("uniform", 0.0, 0.5), "alpha": ("log", 4.0, 64.0),
-                     "proxy_lr_factor": ("log", 1.0, 100.0)},
+    "proxy_anchor": {
+        "margin": ("uniform", 0.0, 0.5),
+        "alpha": ("log", 4.0, 64.0),
+        "proxy_lr_factor": ("log", 1.0, 100.0),
+    },
     "normsoftmax": {"temperature": ("log", 0.01, 0.3), "proxy_lr_factor": ("log", 1.0, 100.0)},
     # RLL: alpha is the negative boundary, margin the gap to the positive boundary alpha - margin (>= 0).
     "rll_official": {"margin": ("uniform", 0.05, 1.0), "alpha": ("uniform", 0.4, 1.6), "tn": ("uniform", 0.0, 30.0)},
     "rll_uniform": {"margin": ("uniform", 0.05, 1.0), "alpha": ("uniform", 0.4, 1.6), "tn": ("uniform", 0.0, 30.0)},
-    "rll_lmh": {"margin": ("uniform", 0.05, 1.0), "alpha": ("uniform", 0.4, 1.6), "tn": ("uniform", 0.0, 30.0),
-                "query_weighting": ("choice", "official", "uniform")},
-    "group": {"temperature": ("log", 2.0, 60.0), "num_iterations": ("choice", 1, 2, 3),
-              "num_anchors": ("choice", 1, 2), "ce_weight": ("log", 0.1, 3.0)},
-    "triplet_ala": {"margin": ("log", 0.02, 1.0), "inner_learning_rate": ("log", 1e-5, 1e-2),
-                    "assessor_learning_rate": ("log", 1e-4, 3e-3)},
-    "margin_ala": {"alpha": ("uniform", 0.05, 0.5), "beta": ("uniform", 0.6, 1.5),
-                   "inner_learning_rate": ("log", 1e-5, 1e-2), "assessor_learning_rate": ("log", 1e-4, 3e-3)},
+    "rll_lmh": {
+        "margin": ("uniform", 0.05, 1.0),
+        "alpha": ("uniform", 0.4, 1.6),
+        "tn": ("uniform", 0.0, 30.0),
+        "query_weighting": ("choice", "official", "uniform"),
+    },
+    "group": {
+        "temperature": ("log", 2.0, 60.0),
+        "num_iterations": ("choice", 1, 2, 3),
+        "num_anchors": ("choice", 1, 2),
+        "ce_weight": ("log", 0.1, 3.0),
+    },
+    "triplet_ala": {
+        "margin": ("log", 0.02, 1.0),
+        "inner_learning_rate": ("log", 1e-5, 1e-2),
+        "assessor_learning_rate": ("log", 1e-4, 3e-3),
+    },
+    "margin_ala": {
+        "alpha": ("uniform", 0.05, 0.5),
+        "beta": ("uniform", 0.6, 1.5),
+        "inner_learning_rate": ("log", 1e-5, 1e-2),
+        "assessor_learning_rate": ("log", 1e-4, 3e-3),
+    },
 }
 METHODS = [name for name in SEARCH_SPACE]
 ALA_METHODS = ("triplet_ala", "margin_ala")
@@ -102,10 +120,16 @@ def protocol(config):
     characters) is not part of it: `benchmark_methods.load_data` refuses any other glyph set, and every line
     of `benchmarks/reality_check/` ran on that set (the key was added to the config after they ran)."""
     config = {k: v for k, v in config.items() if k != "glyph_classes"}
-    return {"config": config, "trials": TRIALS, "validation_fraction": VALIDATION_FRACTION,
-            "split_seed": SPLIT_SEED, "search_seed": SEARCH_SEED, "pretrain_steps": PRETRAIN_STEPS,
-            "search_space": {name: {k: list(v) for k, v in space.items()} for name, space in SEARCH_SPACE.items()},
-            "learning_rate": list(LEARNING_RATE)}
+    return {
+        "config": config,
+        "trials": TRIALS,
+        "validation_fraction": VALIDATION_FRACTION,
+        "split_seed": SPLIT_SEED,
+        "search_seed": SEARCH_SEED,
+        "pretrain_steps": PRETRAIN_STEPS,
+        "search_space": {name: {k: list(v) for k, v in space.items()} for name, space in SEARCH_SPACE.items()},
+        "learning_rate": list(LEARNING_RATE),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ search space
@@ -162,12 +186,16 @@ def split_training_classes(data):
     and the validation classes as `test_*`."""
     classes = np.unique(data["train_y"])
     order = np.random.default_rng(SPLIT_SEED).permutation(classes)
-    validation = np.sort(order[:round(len(classes) * VALIDATION_FRACTION)])
+    validation = np.sort(order[: round(len(classes) * VALIDATION_FRACTION)])
     held = np.isin(data["train_y"], validation)
     _, train_y = np.unique(data["train_y"][~held], return_inverse=True)
-    return {"train_x": data["train_x"][~held], "train_y": train_y.astype(np.int64),
-            "test_x": data["train_x"][held], "test_y": data["train_y"][held],
-            "num_classes": int(train_y.max()) + 1}
+    return {
+        "train_x": data["train_x"][~held],
+        "train_y": train_y.astype(np.int64),
+        "test_x": data["train_x"][held],
+        "test_y": data["train_y"][held],
+        "num_classes": int(train_y.max()) + 1,
+    }
 
 
 class Pretrained:
@@ -186,8 +214,13 @@ class Pretrained:
         if os.path.exists(path):
             model.load_weights(path)
         else:
-            batches = bm.index_batches(data["train_y"], self.config["classes_per_batch"],
-                                       self.config["samples_per_class"], PRETRAIN_STEPS, 10_000 + seed)
+            batches = bm.index_batches(
+                data["train_y"],
+                self.config["classes_per_batch"],
+                self.config["samples_per_class"],
+                PRETRAIN_STEPS,
+                10_000 + seed,
+            )
             _, model = bm.train_tfdml(bm.METHODS["softmax"][1], data, batches, dict(self.config), seed)
             os.makedirs(self.cache_dir, exist_ok=True)
             model.save_weights(path)
@@ -199,14 +232,19 @@ class Pretrained:
 def run(name, params, data, config, seed, warm_start=None, keep_classifier=False):
     spec, learning_rate = method_spec(name, params)
     run_config = dict(config, learning_rate=learning_rate)
-    batches = bm.index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"],
-                               config["steps"], seed)
+    batches = bm.index_batches(
+        data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
+    )
     started, cpu = time.time(), time.process_time()
-    embeddings, _ = bm.train_tfdml(spec, data, batches, run_config, seed, warm_start=warm_start,
-                                   keep_classifier=keep_classifier)
+    embeddings, _ = bm.train_tfdml(
+        spec, data, batches, run_config, seed, warm_start=warm_start, keep_classifier=keep_classifier
+    )
     metrics = bm.evaluate(embeddings, data["test_y"])
-    return {**metrics, "train_wall_s": round(time.time() - started, 2),
-            "train_cpu_s": round(time.process_time() - cpu, 2)}
+    return {
+        **metrics,
+        "train_wall_s": round(time.time() - started, 2),
+        "train_cpu_s": round(time.process_time() - cpu, 2),
+    }
 
 
 def read_lines(path, proto):
@@ -237,31 +275,50 @@ def best_setting(lines, regime, name):
 
 def main(argv=None):
     global TRIALS
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--methods", nargs="+", default=["all"], help="method names (see --list), 'all' "
-                        "(every method but the ALA rows) or 'ala'")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["all"],
+        help="method names (see --list), 'all' (every method but the ALA rows) or 'ala'",
+    )
     parser.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=REGIMES)
     parser.add_argument("--phase", default="all", choices=["search", "final", "all"])
     parser.add_argument("--seeds", nargs="+", type=int, default=list(FINAL_SEEDS), help="final-run seeds")
     parser.add_argument("--out-dir", default=OUT_DIR)
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow CPU threads (0: its default)")
-    parser.add_argument("--steps", type=int, default=bm.CONFIG["steps"], help="training steps per run (a smoke "
-                        "test's; the protocol is 300)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=bm.CONFIG["steps"],
+        help="training steps per run (a smoke test's; the protocol is 300)",
+    )
     parser.add_argument("--trials", type=int, default=TRIALS, help="settings per method and regime")
-    parser.add_argument("--keep-classifier", action="store_true", help="pretrained regime: the method's "
-                        "classifier head (softmax, Group Loss) also starts from the pretrained one (same classes), "
-                        "as in the Group Loss paper's warm start; use another --out-dir")
+    parser.add_argument(
+        "--keep-classifier",
+        action="store_true",
+        help="pretrained regime: the method's "
+        "classifier head (softmax, Group Loss) also starts from the pretrained one (same classes), "
+        "as in the Group Loss paper's warm start; use another --out-dir",
+    )
     parser.add_argument("--cache-dir", default=None, help="pretrained embedders (default: <out-dir>/cache)")
     parser.add_argument("--table-only", action="store_true")
     parser.add_argument("--list", action="store_true")
-    parser.add_argument("--paired", nargs=3, metavar=("REGIME", "A", "B"), help="print the final runs' "
-                        "differences A - B paired by seed (same batches and initial weights), as JSON")
+    parser.add_argument(
+        "--paired",
+        nargs=3,
+        metavar=("REGIME", "A", "B"),
+        help="print the final runs' differences A - B paired by seed (same batches and initial weights), as JSON",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for name in METHODS:
-            print(f"{name:18s} {bm.METHODS[name][0]:34s} learning_rate {LEARNING_RATE} "
-                  + " ".join(f"{k} {v}" for k, v in SEARCH_SPACE[name].items()))
+            print(
+                f"{name:18s} {bm.METHODS[name][0]:34s} learning_rate {LEARNING_RATE} "
+                + " ".join(f"{k} {v}" for k, v in SEARCH_SPACE[name].items())
+            )
         return 0
     if args.methods == ["all"]:
         names = [n for n in METHODS if n not in ALA_METHODS]
@@ -292,8 +349,7 @@ def main(argv=None):
         pretrained = Pretrained(config, args.cache_dir or os.path.join(args.out_dir, "cache"))
 
         def record(line):
-            line.update(protocol=proto, date=datetime.datetime.now(datetime.UTC).isoformat(
-                timespec="seconds"))
+            line.update(protocol=proto, date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
             with open(jsonl, "a") as f:
                 f.write(json.dumps(line) + "\n")
 
@@ -301,15 +357,16 @@ def main(argv=None):
             data = parts[phase]
             try:
                 warm = pretrained.get(phase, data, seed) if regime == "pretrained" else None
-                metrics = run(name, params, data, config, seed, warm_start=warm,
-                              keep_classifier=args.keep_classifier)
+                metrics = run(name, params, data, config, seed, warm_start=warm, keep_classifier=args.keep_classifier)
             except Exception:  # noqa: BLE001  (one failing run must not stop the others)
                 print(f"{phase} {regime} {name} {key} failed:\n{traceback.format_exc()}", flush=True)
                 return
-            record({"phase": phase, "regime": regime, "method": name, "seed": seed, "params": params, **key,
-                    **metrics})
-            print(f"{phase:6s} {regime:10s} {name:18s} {key or ''} seed {seed}: R@1 {metrics['recall@1']:.3f} "
-                  f"MAP@R {metrics['map@r']:.3f} ({metrics['train_cpu_s']:.0f} s CPU)", flush=True)
+            record({"phase": phase, "regime": regime, "method": name, "seed": seed, "params": params, **key, **metrics})
+            print(
+                f"{phase:6s} {regime:10s} {name:18s} {key or ''} seed {seed}: R@1 {metrics['recall@1']:.3f} "
+                f"MAP@R {metrics['map@r']:.3f} ({metrics['train_cpu_s']:.0f} s CPU)",
+                flush=True,
+            )
 
         for regime in args.regimes:
             if args.phase in ("search", "all"):
@@ -343,8 +400,11 @@ def summary(lines, regime, name):
     for metric in ("recall@1", "map@r", "r_precision"):
         values = np.array([r[metric] for r in finals])
         result[metric] = (values.mean(), values.std(), len(values)) if len(values) else None
-    search = {r["trial"]: r for r in lines.values()
-              if r["phase"] == "search" and r["regime"] == regime and r["method"] == name}
+    search = {
+        r["trial"]: r
+        for r in lines.values()
+        if r["phase"] == "search" and r["regime"] == regime and r["method"] == name
+    }
     result["default_val"] = search[0]["map@r"] if 0 in search else None
     best = best_setting(lines, regime, name)
     result["best_val"] = best[2] if best else None
@@ -363,8 +423,11 @@ def paired(lines, regime, a, b):
     result = {"regime": regime, "a": a, "b": b, "seeds": seeds}
     for metric in ("recall@1", "map@r", "r_precision"):
         d = np.array([100 * (finals[(a, s)][metric] - finals[(b, s)][metric]) for s in seeds])
-        result[metric] = {"mean": round(float(d.mean()), 2), "std": round(float(d.std()), 2),
-                          "a_higher": int((d > 0).sum())}
+        result[metric] = {
+            "mean": round(float(d.mean()), 2),
+            "std": round(float(d.std()), 2),
+            "a_higher": int((d > 0).sum()),
+        }
     return result
 
 
@@ -386,18 +449,22 @@ def _setting(best):
 
 def markdown_table(lines, config):
     lines_out = [
-        (f"Glyphs, {config['image_size']} px, {config['images_per_class']} images per character; small CNN "
-         f"{'-'.join(map(str, config['widths']))}, {config['embedding_dim']}-d, {config['steps']} steps of "
-         f"{config['classes_per_batch']} x {config['samples_per_class']} batches, Adam. Per method and regime, "
-         f"{TRIALS} settings (the default and {TRIALS - 1} random draws) scored by MAP@R on validation classes "
-         f"held out of the training characters; the best retrained on all training characters with seeds "
-         f"{FINAL_SEEDS[0]}-{FINAL_SEEDS[-1]} and tested on the unseen characters (mean +- standard deviation, "
-         f"%). Pretrained: the backbone first trained {PRETRAIN_STEPS} steps with softmax on the same "
-         "training characters."),
+        (
+            f"Glyphs, {config['image_size']} px, {config['images_per_class']} images per character; small CNN "
+            f"{'-'.join(map(str, config['widths']))}, {config['embedding_dim']}-d, {config['steps']} steps of "
+            f"{config['classes_per_batch']} x {config['samples_per_class']} batches, Adam. Per method and regime, "
+            f"{TRIALS} settings (the default and {TRIALS - 1} random draws) scored by MAP@R on validation classes "
+            f"held out of the training characters; the best retrained on all training characters with seeds "
+            f"{FINAL_SEEDS[0]}-{FINAL_SEEDS[-1]} and tested on the unseen characters (mean +- standard deviation, "
+            f"%). Pretrained: the backbone first trained {PRETRAIN_STEPS} steps with softmax on the same "
+            "training characters."
+        ),
         "",
-        ("| method | from scratch: Recall@1 | MAP@R | R-precision | pretrained: Recall@1 | MAP@R | R-precision | "
-         "validation MAP@R, default -> tuned (scratch / pretrained) | tuned setting (scratch) | "
-         "tuned setting (pretrained) |"),
+        (
+            "| method | from scratch: Recall@1 | MAP@R | R-precision | pretrained: Recall@1 | MAP@R | R-precision | "
+            "validation MAP@R, default -> tuned (scratch / pretrained) | tuned setting (scratch) | "
+            "tuned setting (pretrained) |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in METHODS:
@@ -405,15 +472,21 @@ def markdown_table(lines, config):
         if not any(r["trials_done"] for r in rows.values()):
             continue
         validation = " / ".join(
-            "-" if r["default_val"] is None else
-            f"{100 * r['default_val']:.1f} -> {100 * r['best_val']:.1f}" if r["best_val"] is not None else
-            f"{100 * r['default_val']:.1f} -> ({r['trials_done']}/{TRIALS} trials)" for r in rows.values())
+            "-"
+            if r["default_val"] is None
+            else f"{100 * r['default_val']:.1f} -> {100 * r['best_val']:.1f}"
+            if r["best_val"] is not None
+            else f"{100 * r['default_val']:.1f} -> ({r['trials_done']}/{TRIALS} trials)"
+            for r in rows.values()
+        )
         cells = [_cell(rows[regime][metric]) for regime in REGIMES for metric in ("recall@1", "map@r", "r_precision")]
         label = bm.METHODS[name][0]
         if name in ALA_METHODS:
             label = label.replace(" (library defaults)", "") + ALA_LABEL
-        lines_out.append(f"| {label} | " + " | ".join(cells) + f" | {validation} | "
-                         f"{_setting(rows['scratch']['best'])} | {_setting(rows['pretrained']['best'])} |")
+        lines_out.append(
+            f"| {label} | " + " | ".join(cells) + f" | {validation} | "
+            f"{_setting(rows['scratch']['best'])} | {_setting(rows['pretrained']['best'])} |"
+        )
     return "\n".join(lines_out) + "\n"
 
 
@@ -431,8 +504,14 @@ def plot(lines, path):
     for axis, metric, title in zip(axes, ("recall@1", "map@r"), ("Recall@1", "MAP@R")):
         for offset, regime, colour in ((-0.2, "scratch", "tab:blue"), (0.2, "pretrained", "tab:orange")):
             values = [summary(lines, regime, n)[metric] for n in names]
-            axis.barh(y + offset, [v[0] if v else 0 for v in values], height=0.38,
-                      xerr=[v[1] if v else 0 for v in values], color=colour, label=regime)
+            axis.barh(
+                y + offset,
+                [v[0] if v else 0 for v in values],
+                height=0.38,
+                xerr=[v[1] if v else 0 for v in values],
+                color=colour,
+                label=regime,
+            )
         axis.set_title(f"{title} on unseen glyphs, tuned")
         axis.set_xlim(0, 1)
         axis.grid(axis="x", alpha=0.3)

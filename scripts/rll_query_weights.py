@@ -45,14 +45,19 @@ def statistics(embeddings, labels, batches, params):
     for index in batches:
         x, y = tf.constant(embeddings[index]), tf.constant(labels[index].astype(np.int32))
         distances = pairwise_distance(x)
-        c_pos, c_neg, q = (np.asarray(t) for t in ranked_list_weights(y, distances, query_weighting="official",
-                                                                      **params))
+        c_pos, c_neg, q = (
+            np.asarray(t) for t in ranked_list_weights(y, distances, query_weighting="official", **params)
+        )
         negative = labels[index][:, None] != labels[index][None, :]
-        rows.append({"effective_queries": 1.0 / float(np.sum(q ** 2)),
-                     "top5_share": float(np.sort(q)[-5:].sum()),
-                     "mined_negatives": float((c_neg > 0).sum(axis=1).mean()),
-                     "mined_positives": float((c_pos > 0).sum(axis=1).mean()),
-                     "distances": np.asarray(distances)[negative]})
+        rows.append(
+            {
+                "effective_queries": 1.0 / float(np.sum(q**2)),
+                "top5_share": float(np.sort(q)[-5:].sum()),
+                "mined_negatives": float((c_neg > 0).sum(axis=1).mean()),
+                "mined_positives": float((c_pos > 0).sum(axis=1).mean()),
+                "distances": np.asarray(distances)[negative],
+            }
+        )
     negatives = np.concatenate([r.pop("distances") for r in rows])
     result = {key: round(float(np.mean([r[key] for r in rows])), 3) for key in rows[0]}
     result.update({f"distance_q{q}": round(float(np.quantile(negatives, q / 100)), 3) for q in (5, 50, 95)})
@@ -61,26 +66,42 @@ def statistics(embeddings, labels, batches, params):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--setting", action="append", default=[],
-                        help="RLL parameters 'margin=.. alpha=.. tn=..' (repeatable); the default 0.4 / 1.2 / 10 "
-                             "is always included")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        help="RLL parameters 'margin=.. alpha=.. tn=..' (repeatable); the default 0.4 / 1.2 / 10 is always included",
+    )
     parser.add_argument("--batches", type=int, default=20)
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     config = dict(bm.CONFIG)
     data = bm.load_data(config)
-    batches = bm.index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"],
-                               config["steps"], 0)
+    batches = bm.index_batches(
+        data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], 0
+    )
     settings = [dict(bm.RLL)] + [parse_setting(s) for s in args.setting]
     initial = bm.tfdml_embedder(config, seed=0)
     _, trained = bm.train_tfdml(bm.METHODS["softmax"][1], data, batches, dict(config), 0)
     for name, model in (("random initialisation", initial), ("softmax-trained 300 steps", trained)):
-        embeddings = np.concatenate([np.asarray(model(data["train_x"][i:i + 512], training=False))
-                                     for i in range(0, len(data["train_x"]), 512)])
+        embeddings = np.concatenate(
+            [
+                np.asarray(model(data["train_x"][i : i + 512], training=False))
+                for i in range(0, len(data["train_x"]), 512)
+            ]
+        )
         for params in settings:
-            print(json.dumps({"embedder": name, "setting": params, "batch": len(batches[0]),
-                              **statistics(embeddings, data["train_y"], batches[:args.batches], params)}),
-                  flush=True)
+            print(
+                json.dumps(
+                    {
+                        "embedder": name,
+                        "setting": params,
+                        "batch": len(batches[0]),
+                        **statistics(embeddings, data["train_y"], batches[: args.batches], params),
+                    }
+                ),
+                flush=True,
+            )
     return 0
 
 

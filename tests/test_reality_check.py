@@ -65,8 +65,15 @@ def test_paired_differences_match_numpy():
     lines = {}
     for method, values in (("x", a), ("y", b)):
         for seed, value in enumerate(values):
-            record = {"phase": "final", "regime": "scratch", "method": method, "seed": seed,
-                      "recall@1": value, "map@r": value / 2, "r_precision": value / 3}
+            record = {
+                "phase": "final",
+                "regime": "scratch",
+                "method": method,
+                "seed": seed,
+                "recall@1": value,
+                "map@r": value / 2,
+                "r_precision": value / 3,
+            }
             lines[rc._key(record)] = record
     result = rc.paired(lines, "scratch", "x", "y")
     difference = 100 * (a - b)
