@@ -170,38 +170,13 @@ def _run(args):
     import tfdml.losses  # noqa: F401  (registers the serializable tfdml classes)
     import tfdml.models  # noqa: F401
     from tfdml import export as export_lib
+    from tfdml.data.preprocessing import evaluation_center_crop
 
     try:
         training_config, metrics = report_files(args.model)
-        name = (
-            args.name
-            or ((training_config or {}).get("export") or {}).get("name")
-            or (training_config or {}).get("name")
-        )
-        if not name:
-            raise ValueError("--name is needed: the model is not in a 'tfdml train' report folder that names it.")
+        name = _model_name(args, training_config)
         model = keras.saving.load_model(args.model, compile=False)
-        from tfdml.data.preprocessing import evaluation_center_crop
-        from tfdml.data.sources import image_folder, job_evaluation_source
-
-        channels = export_lib.input_channels(model)
-        gallery = None
-        if args.gallery_dir:
-            gallery = image_folder(args.gallery_dir, channels=channels)
-        elif not args.no_index:
-            gallery = job_evaluation_source(training_config, channels)
-            if gallery is None:  # said, not silent: 'tfdml search' needs an index
-                print(
-                    "tfdml export: note: no ScaNN index: "
-                    + (
-                        "the model is not in a 'tfdml train' report folder"
-                        if training_config is None
-                        else "the job's evaluation data is not on this machine (tfds)"
-                    )
-                    + "; give --gallery-dir DIR to "
-                    "build one for 'tfdml search'",
-                    file=sys.stderr,
-                )
+        gallery = _gallery(args, training_config, export_lib.input_channels(model))
         # A model from a report folder is served with the geometry its job evaluated with.
         center_crop = not args.no_center_crop and (
             training_config is None or evaluation_center_crop(training_config.get("data", {}).get("augment", True))
@@ -223,20 +198,58 @@ def _run(args):
         )
     except (ValueError, TypeError, OSError) as error:
         return usage_error("export", error)
-    print(f"exported SavedModel: {path}")
-    if gallery is not None:
-        summary = export_lib.load_metadata(path)["index"]
-        print(
-            f"ScaNN index of {summary['size']} images of {gallery.name}, {summary['classes']} classes: "
-            f"{os.path.join(path, export_lib.INDEX_DIR)}"
-        )
-        search = export_lib.load_metadata(path).get("search")
-        if search:
-            print(
-                f"search signature: top {search['top_k']} of {search['gallery_size']} items "
-                f"({search['gallery_dtype']}), match: {search['match']}"
-            )
+    _print_export(export_lib, path, gallery)
     return 0
+
+
+def _model_name(args, training_config):
+    """--name, else the name the job's configuration gives its export or itself."""
+    job = training_config or {}
+    name = args.name or (job.get("export") or {}).get("name") or job.get("name")
+    if not name:
+        raise ValueError("--name is needed: the model is not in a 'tfdml train' report folder that names it.")
+    return name
+
+
+def _gallery(args, training_config, channels):
+    """The gallery to index: --gallery-dir, else the job's evaluation data (None with --no-index, or when the
+    job's data is not on this machine, which is said: 'tfdml search' needs an index)."""
+    from tfdml.data.sources import image_folder, job_evaluation_source
+
+    if args.gallery_dir:
+        return image_folder(args.gallery_dir, channels=channels)
+    if args.no_index:
+        return None
+    gallery = job_evaluation_source(training_config, channels)
+    if gallery is None:
+        reason = (
+            "the model is not in a 'tfdml train' report folder"
+            if training_config is None
+            else "the job's evaluation data is not on this machine (tfds)"
+        )
+        print(
+            f"tfdml export: note: no ScaNN index: {reason}; give --gallery-dir DIR to build one for 'tfdml search'",
+            file=sys.stderr,
+        )
+    return gallery
+
+
+def _print_export(export_lib, path, gallery):
+    print(f"exported SavedModel: {path}")
+    if gallery is None:
+        return
+    metadata = export_lib.load_metadata(path)
+    summary = metadata["index"]
+    print(
+        f"ScaNN index of {summary['size']} images of {gallery.name}, {summary['classes']} classes: "
+        f"{os.path.join(path, export_lib.INDEX_DIR)}"
+    )
+    search = metadata.get("search")
+    if search:
+        print(
+            f"search signature: top {search['top_k']} of {search['gallery_size']} items "
+            f"({search['gallery_dtype']}), match: {search['match']}"
+        )
 
 
 if __name__ == "__main__":

@@ -266,6 +266,33 @@ def _exact_pictures(ids, stored_ids, stored, channels):
         return None
 
 
+def _exact_report(found, queries, k, query_classes):
+    """Prints each query's neighbours from the search signature's outputs; returns the JSON report and, when
+    the queries' classes are known, the `[Q, k]` same-class flags."""
+    report, flags = [], None if query_classes is None else np.zeros((len(queries), k), bool)
+    for q, path in enumerate(queries):
+        print(f"{path}:")
+        neighbours = []
+        for rank in range(1, k + 1):
+            entry = {
+                "rank": rank,
+                "id": found["ids"][q, rank - 1],
+                "score": float(found["scores"][q, rank - 1]),
+                "match": bool(found["match"][q, rank - 1]),
+            }
+            if found["labels"][q, rank - 1]:
+                entry["class"] = found["labels"][q, rank - 1]
+            if flags is not None:
+                flags[q, rank - 1] = entry["same_class"] = entry.get("class") == query_classes[q]
+            neighbours.append(entry)
+            shown = f"  class {entry['class']}" if "class" in entry else ""
+            print(
+                f"  {rank:3d}. {entry['id']}{shown}  score {entry['score']:.4f}" + ("  match" if entry["match"] else "")
+            )
+        report.append({"query": path, "neighbours": neighbours})
+    return report, flags
+
+
 def _run_exact(args):
     """`--exact`: the neighbours, classes, scores and match decisions of the version's search signature."""
     from tfdml.data.sources import read_image_files
@@ -301,27 +328,7 @@ def _run_exact(args):
         f"images, exact search signature ({search.get('gallery_dtype', 'float32')}), match: "
         f"{search.get('match', '?')}"
     )
-    report, flags = [], None if query_classes is None else np.zeros((len(queries), k), bool)
-    for q, path in enumerate(queries):
-        print(f"{path}:")
-        neighbours = []
-        for rank in range(1, k + 1):
-            entry = {
-                "rank": rank,
-                "id": found["ids"][q, rank - 1],
-                "score": float(found["scores"][q, rank - 1]),
-                "match": bool(found["match"][q, rank - 1]),
-            }
-            if found["labels"][q, rank - 1]:
-                entry["class"] = found["labels"][q, rank - 1]
-            if flags is not None:
-                flags[q, rank - 1] = entry["same_class"] = entry.get("class") == query_classes[q]
-            neighbours.append(entry)
-            shown = f"  class {entry['class']}" if "class" in entry else ""
-            print(
-                f"  {rank:3d}. {entry['id']}{shown}  score {entry['score']:.4f}" + ("  match" if entry["match"] else "")
-            )
-        report.append({"query": path, "neighbours": neighbours})
+    report, flags = _exact_report(found, queries, k, query_classes)
     query_titles = [
         f"class {query_classes[q]}" if query_classes else _query_title(path, None, None)
         for q, path in enumerate(queries)

@@ -59,6 +59,20 @@ def _resolve_taps(backbone, levels, taps):
     return taps
 
 
+def _checked_levels(levels, level_weights):
+    """`(levels, level_weights)` as tuples: distinct names among `LEVELS`, one weight each (default 1)."""
+    levels = tuple(levels)
+    if not levels or len(set(levels)) != len(levels):
+        raise ValueError(f"levels must be distinct names, got {levels!r}.")
+    unknown = [level for level in levels if level not in LEVELS]
+    if unknown:
+        raise ValueError(f"Unknown levels {unknown}; levels are among {LEVELS}.")
+    weights = tuple(float(w) for w in (level_weights or [1.0] * len(levels)))
+    if len(weights) != len(levels):
+        raise ValueError(f"Got {len(weights)} level_weights for levels {levels}.")
+    return levels, weights
+
+
 @keras.saving.register_keras_serializable(package="tfdml")
 class MultiLevelEmbedder(MetricModel):
     """Embedder with one head per backbone level; output `l2_normalize(concat(u_L, u_M, u_H))`.
@@ -151,15 +165,7 @@ class MultiLevelEmbedder(MetricModel):
         )
         self.pixel_preprocessing = PixelPreprocessing(self.preprocessing, name="pixel_preprocessing")
         self.backbone = backbones_lib.get_backbone(backbone, input_shape, weights, widths=self.widths)
-        self.levels = tuple(levels)
-        if not self.levels or len(set(self.levels)) != len(self.levels):
-            raise ValueError(f"levels must be distinct names, got {levels!r}.")
-        unknown = [level for level in self.levels if level not in LEVELS]
-        if unknown:
-            raise ValueError(f"Unknown levels {unknown}; levels are among {LEVELS}.")
-        self.level_weights = tuple(float(w) for w in (level_weights or [1.0] * len(self.levels)))
-        if len(self.level_weights) != len(self.levels):
-            raise ValueError(f"Got {len(self.level_weights)} level_weights for levels {self.levels}.")
+        self.levels, self.level_weights = _checked_levels(levels, level_weights)
         self.taps = _resolve_taps(self.backbone, self.levels, taps)
         if embedding_dim is None and self.levels != (GLOBAL_HEAD_LEVEL,):
             raise ValueError(
@@ -175,6 +181,15 @@ class MultiLevelEmbedder(MetricModel):
         self.input_shape_hw = self.image_shape[:2]
         self.classification_pretraining = False  # toggled by tfdml.callbacks.ClassificationPretraining
 
+        self._build_heads(embedding_dim)
+        self.normalize = L2Normalize(name="l2_normalize")
+        self.level_loss_trackers = [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels]
+        if self.freeze_batchnorm:
+            backbones_lib.freeze_batchnorm(self.backbone)
+        self.build((None,) + self.image_shape)
+
+    def _build_heads(self, embedding_dim):
+        """The backbone read at the taps, one embedding head per level and the optional classifiers."""
         tap_outputs = [
             self.backbone.output if tap is None else self.backbone.get_layer(tap).output for tap in self.taps
         ]
@@ -197,11 +212,6 @@ class MultiLevelEmbedder(MetricModel):
             if self.num_classes
             else []
         )
-        self.normalize = L2Normalize(name="l2_normalize")
-        self.level_loss_trackers = [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels]
-        if self.freeze_batchnorm:
-            backbones_lib.freeze_batchnorm(self.backbone)
-        self.build((None,) + self.image_shape)
 
     # --- structure -----------------------------------------------------------------------------------------
     def build(self, input_shape):
