@@ -25,27 +25,11 @@ from tfdml.models.backbones import freeze_batchnorm  # noqa: F401  (re-exported:
 from tfdml.optimizers import build_optimizer, build_schedule
 
 
-def _optimizer_config(config):
-    config = OptimizerConfig.from_dict(config)
-    return {
-        "name": config.name,
-        "learning_rate": config.learning_rate,
-        "momentum": config.momentum,
-        "weight_decay": config.weight_decay,
-        "head_lr_multiplier": config.head_lr_multiplier,
-        "schedule": config.schedule,
-        "boundaries": tuple(config.boundaries),
-        "factor": config.factor,
-    }
-
-
 def make_schedule(config, total_steps=None):
     """Learning-rate value or schedule from an `OptimizerConfig` (or a mapping of its fields):
     `learning_rate`, `schedule`, `boundaries`, `factor` (see `tfdml.optimizers.build_schedule`)."""
-    config = _optimizer_config(config)
-    return build_schedule(
-        config["learning_rate"], config["schedule"], total_steps, config["boundaries"], config["factor"]
-    )
+    config = OptimizerConfig.from_dict(config)
+    return build_schedule(config.learning_rate, config.schedule, total_steps, config.boundaries, config.factor)
 
 
 def make_optimizer(config, model=None, total_steps=None):
@@ -67,7 +51,8 @@ def make_optimizer(config, model=None, total_steps=None):
       >>> make_optimizer({"name": "sgd", "learning_rate": 1e-2, "momentum": 0.9, "weight_decay": 2e-5,
       ...                 "head_lr_multiplier": 10}, model)
     """
-    return build_optimizer(**_optimizer_config(config), model=model, total_steps=total_steps)
+    # The section's fields are build_optimizer's keyword arguments.
+    return build_optimizer(**OptimizerConfig.from_dict(config).to_dict(), model=model, total_steps=total_steps)
 
 
 def make_embedder(config, input_shape=None):

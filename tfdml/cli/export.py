@@ -9,7 +9,7 @@ import os
 import sys
 
 from tfdml.cli import positive_int, usage_error
-from tfdml.config import output_dir_problem
+from tfdml.config import ExportConfig, output_dir_problem
 
 HELP = "Export a trained Keras embedder as a TF Serving SavedModel, optionally with a ScaNN gallery index."
 
@@ -147,11 +147,12 @@ def argument_problem(args):
 
 
 def _search_settings(args, training_config):
-    """The search signature's settings: the options given, else the job's `export` section, else defaults."""
+    """The search signature's settings: the options given, else the job's `export` section, else the
+    section's defaults."""
     job = (training_config or {}).get("export") or {}
     given = {"top_k": args.top_k, "gallery_dtype": args.gallery_dtype, "match_precision": args.match_precision}
-    defaults = {"top_k": 10, "gallery_dtype": "float32", "match_precision": 0.9}
-    return {key: value if value is not None else job.get(key, defaults[key]) for key, value in given.items()}
+    defaults = ExportConfig()
+    return {key: value if value is not None else job.get(key, getattr(defaults, key)) for key, value in given.items()}
 
 
 def run(args):

@@ -148,6 +148,11 @@ def resolve(args):
     return load_config(args.config, _overrides(args))
 
 
+def _config_error(error, args):
+    print(f"tfdml train: error: {_with_option(str(error), args)}", file=sys.stderr)
+    return 2
+
+
 def _with_option(message, args):
     """`report.dir: ...` -> `report.dir (--report-dir): ...` when the key's option was given."""
     key, colon, rest = message.partition(":")
@@ -186,8 +191,7 @@ def run(args):
     try:
         config = resolve(args)
     except ConfigError as error:  # the keys, types and paths are checked before TensorFlow is imported
-        print(f"tfdml train: error: {_with_option(str(error), args)}", file=sys.stderr)
-        return 2
+        return _config_error(error, args)
     # Imported once the configuration is valid: the job's modules import TensorFlow (seconds).
     from tfdml import pipeline
 
@@ -202,9 +206,8 @@ def run(args):
         fit = "data.classes_per_batch" not in given_keys(args.config, _overrides(args))
         with warnings_to_stderr("train"):  # e.g. the image files an image folder skips, named
             summary = pipeline.run(config, verbose=verbose, restart=args.restart, fit_classes_per_batch=fit)
-    except ConfigError as error:
-        print(f"tfdml train: error: {_with_option(str(error), args)}", file=sys.stderr)
-        return 2
+    except ConfigError as error:  # found by the job: e.g. a batch the data cannot fill
+        return _config_error(error, args)
     except pipeline.JobError as error:
         print(f"tfdml train: error: {error}", file=sys.stderr)
         return 1
