@@ -234,7 +234,10 @@ class _Section:
 
 @dataclasses.dataclass
 class DataConfig(_Section):
+    """Where the images come from and how training batches are drawn (`tfdml.data`)."""
+
     _KEY = "data"
+    # digits: sklearn 8x8 digits 0-4 -> 5-9; glyphs: the embedded 301 characters; tfds: `name`; folder: `path`
     source: str = _field("digits", choices=("digits", "tfds", "folder", "glyphs"))
     name: str | None = None  # tfds builder name (caltech_birds2011, cars196, stanford_online_products)
     path: str | None = None  # image folder, one sub-folder per class
@@ -242,13 +245,14 @@ class DataConfig(_Section):
     data_dir: str | None = None  # tfds data_dir
     manual_dir: str | None = None  # tfds manual_dir (Cars196)
     download: bool = False  # let tfds download and prepare the dataset (needs the network)
-    train_split: str = "train"
-    eval_split: str = "test"
-    image_size: int = _field(224, minimum=1)
+    train_split: str = "train"  # tfds split of the training classes
+    eval_split: str = "test"  # tfds split of the evaluation (unseen) classes
+    image_size: int = _field(224, minimum=1)  # side of the square images the model takes, in pixels
     classes_per_batch: int = _field(8, minimum=2)  # a batch needs negatives
-    samples_per_class: int = _field(4, minimum=1)
+    samples_per_class: int = _field(4, minimum=1)  # K images of each class in a batch (pair losses: >= 2)
     # true: the papers' crop + flip; false: plain resize; a mapping: tfdml.data.Augment fields.
     augment: Any = _field(True, convert=_augment)
+    # a class with fewer than samples_per_class images: sampled with replacement, or left out
     small_class_policy: str = _field("replace", choices=("replace", "drop"))
     images_per_class: int | None = _field(None, minimum=1)  # generated data sets (glyphs)
 
@@ -314,15 +318,18 @@ def _check_tfds_name(name, key):
 
 @dataclasses.dataclass
 class ModelConfig(_Section):
+    """The embedder (`tfdml.recipes.make_embedder`): backbone, heads and embedding size."""
+
     _KEY = "model"
+    # multilevel: MultiLevelEmbedder (RLL L, M, H heads); single: Embedder (one head on the last feature map)
     type: str = _field("multilevel", choices=("multilevel", "single"))
-    backbone: str = "small_cnn"
+    backbone: str = "small_cnn"  # a keras.applications name (resnet50, inception_v3, ...) or small_cnn
     weights: str | None = None  # imagenet | null | path to a weights file
     embedding_dim: int | None = _field(512, minimum=1)  # null: the pooled backbone feature
     taps: dict[str, str] | None = None  # {L: layer, M: layer, H: layer} for backbones without defaults
-    levels: list[str] = _field(factory=lambda: ["L", "M", "H"], choices=("L", "M", "H"))
-    level_weights: list[float] | None = _field(None, minimum=0.0)
-    freeze_batchnorm: bool = False
+    levels: list[str] = _field(factory=lambda: ["L", "M", "H"], choices=("L", "M", "H"))  # heads of a multilevel model
+    level_weights: list[float] | None = _field(None, minimum=0.0)  # one per level; null: every level weighs 1
+    freeze_batchnorm: bool = False  # backbone BatchNorm in inference mode (RLL on CUB and Cars)
     num_classes: int | None = _field(None, minimum=1)  # classifier head (Group Loss)
     head_filters: int = _field(128, minimum=1)  # auxiliary (L, M) heads: 1x1 conv width
     head_units: int = _field(1024, minimum=1)  # auxiliary heads: hidden Dense width
@@ -351,14 +358,18 @@ class ModelConfig(_Section):
 
 @dataclasses.dataclass
 class TemperatureConfig(_Section):
+    """`tfdml.losses.LinearTemperature` as RankedListLoss's `tn` (eq. 15 of the RLL paper)."""
+
     _KEY = "loss.dynamic_temperature"
-    t1: float = _field(20.0, above=0.0)
-    t2: float = _field(5.0, above=0.0)
+    t1: float = _field(20.0, above=0.0)  # negative temperature Tn at step 0
+    t2: float = _field(5.0, above=0.0)  # Tn from max_steps on
     max_steps: int | None = _field(None, minimum=1)  # null: the whole run
 
 
 @dataclasses.dataclass
 class MemoryConfig(_Section):
+    """`tfdml.losses.CrossBatchMemory` around the loss (Wang et al. 2020)."""
+
     _KEY = "loss.cross_batch_memory"
     memory_size: int = _field(1024, minimum=1)  # embeddings the queue holds (>= the batch)
     start_step: int = _field(0, minimum=0)  # warm-up: training steps on the batch alone
@@ -366,8 +377,10 @@ class MemoryConfig(_Section):
 
 @dataclasses.dataclass
 class LossConfig(_Section):
+    """The loss (`tfdml.losses`) and its arguments."""
+
     _KEY = "loss"
-    name: str = _field("ranked_list", choices=tuple(LOSSES))
+    name: str = _field("ranked_list", choices=tuple(LOSSES))  # tfdml.loss_names.LOSSES: the loss class
     params: dict[str, Any] = _field(factory=dict)  # arguments of the loss class (checked against it)
     dynamic_temperature: TemperatureConfig | None = None  # RLL eq. 15
     # XBM (Wang et al. 2020): tfdml.losses.CrossBatchMemory around the loss
@@ -416,19 +429,21 @@ class ALAParams(_Section):
     normalize_weights: bool | None = None  # weights divided by their mean (default variant: true)
     weight_floor: float | None = _field(None, minimum=0.0)  # normalised weights mixed with uniform ones
     normalize_over: str | None = _field(None, choices=("active", "all"))  # tuples the mean runs over
-    lookahead: str | None = _field(None, choices=("optimizer", "sgd"))
+    lookahead: str | None = _field(None, choices=("optimizer", "sgd"))  # virtual step: SGD or the optimizer's
+    # what the assessor reads of a tuple: its embeddings (the paper), its distances and loss, or both
     assessor_input: str | None = _field(None, choices=("embeddings", "embeddings+geometry", "geometry"))
     meta_interval: int | None = _field(None, minimum=1)  # assessor updated every N steps
-    assessor_units: int | None = _field(None, minimum=1)
-    assessor_layers: int | None = _field(None, minimum=1)
-    inner_learning_rate: float | None = _field(None, above=0.0)
-    assessor_learning_rate: float | None = _field(None, above=0.0)
-    assessor_steps: int | None = _field(None, minimum=0)
-    max_tuples: int | None = _field(None, minimum=1)
+    assessor_units: int | None = _field(None, minimum=1)  # LSTM units of the assessor (default 64)
+    assessor_layers: int | None = _field(None, minimum=1)  # LSTM layers of the assessor (default 2)
+    inner_learning_rate: float | None = _field(None, above=0.0)  # one rate for the virtual step (eq 10)
+    assessor_learning_rate: float | None = _field(None, above=0.0)  # the assessor's own optimizer
+    assessor_steps: int | None = _field(None, minimum=0)  # K assessor updates per episode (0: weights only)
+    max_tuples: int | None = _field(None, minimum=1)  # cap on tuples per subset (default 1024)
+    # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step
     state: str | None = _field(None, choices=("per_tuple", "per_step"))
     squared: bool | None = None  # triplet base loss on squared distances (eq 4; default true)
     learn_beta: bool | None = None  # margin base loss: train beta with its own optimizer
-    beta_learning_rate: float | None = _field(None, above=0.0)
+    beta_learning_rate: float | None = _field(None, above=0.0)  # margin base loss: beta's SGD rate
     weighting: str | None = _field(None, choices=("assessor", "uniform"))  # uniform: the ablation baseline
 
     def arguments(self):
@@ -440,9 +455,9 @@ class EpisodeConfig(_Section):
     """`tfdml.data.episode_dataset` arguments: a training and a validation subset per step."""
 
     _KEY = "ala.episode"
-    train_size: int = _field(100, minimum=1)
-    val_size: int = _field(20, minimum=1)
-    samples_per_class: int = _field(5, minimum=1)
+    train_size: int = _field(100, minimum=1)  # images of the training subset
+    val_size: int = _field(20, minimum=1)  # images of the validation subset (the meta-objective)
+    samples_per_class: int = _field(5, minimum=1)  # images of each class in a subset
     train_classes: int | None = _field(None, minimum=1)  # null: train_size // samples_per_class
     val_classes: int | None = _field(None, minimum=1)  # null: val_size // samples_per_class
     disjoint_labels: bool | None = None  # null: the episode_dataset default
@@ -463,8 +478,10 @@ class EpisodeConfig(_Section):
 
 @dataclasses.dataclass
 class ALAConfig(_Section):
+    """DML-ALA (`tfdml.models.ALAModel`): a meta-learned assessor weights the tuples of the loss."""
+
     _KEY = "ala"
-    enabled: bool = False
+    enabled: bool = False  # train with ALAModel on episodes instead of plain batches
     params: ALAParams = _field(factory=ALAParams)
     episode: EpisodeConfig = _field(factory=EpisodeConfig)
 
@@ -481,25 +498,30 @@ def _optimizer_name(value, key):
 
 @dataclasses.dataclass
 class OptimizerConfig(_Section):
+    """The optimizer and its schedule (`tfdml.recipes.make_optimizer`)."""
+
     _KEY = "optimizer"
-    name: str = _field("sgd", choices=OPTIMIZERS, convert=_optimizer_name)
-    learning_rate: float = _field(1e-2, above=0.0)
-    momentum: float = _field(0.9, minimum=0.0)
-    weight_decay: float = _field(0.0, minimum=0.0)
+    name: str = _field("sgd", choices=OPTIMIZERS, convert=_optimizer_name)  # a Keras optimizer
+    learning_rate: float = _field(1e-2, above=0.0)  # the backbone's rate (schedules start from it)
+    momentum: float = _field(0.9, minimum=0.0)  # SGD and RMSprop
+    weight_decay: float = _field(0.0, minimum=0.0)  # Keras' decoupled weight decay (0: none)
     head_lr_multiplier: float = _field(1.0, above=0.0)  # new layers at this multiple of the backbone rate
-    schedule: str | None = _field(None, choices=("cosine", "step", "constant", "none"))
+    schedule: str | None = _field(None, choices=("cosine", "step", "constant", "none"))  # over the whole run
     boundaries: list[float] = _field(factory=lambda: [0.5], above=0.0)  # step: fractions of the run or steps
     factor: float = _field(0.1, above=0.0)  # step schedule: multiplier at each boundary
 
 
 @dataclasses.dataclass
 class TrainingConfig(_Section):
+    """How long to train, checkpoints and the distribution strategy."""
+
     _KEY = "training"
-    epochs: int = _field(16, minimum=1)
+    epochs: int = _field(16, minimum=1)  # epochs of steps_per_epoch steps
     steps_per_epoch: int | None = _field(None, minimum=1)  # null: one pass over the training images
     pretrain_epochs: int = _field(0, minimum=0)  # Group Loss classification pre-training
     checkpoint_dir: str | None = None  # default: <report_dir>/checkpoints
     eval_every: int = _field(0, minimum=0)  # epochs between retrieval evaluations (0: never)
+    # auto: multi_worker when TF_CONFIG is set, mirrored with several GPUs, else none
     distribute: str = _field("auto", choices=("auto", "none", "mirrored", "multi_worker"))
 
     def check(self, key):
@@ -517,11 +539,13 @@ def _metric_names():
 
 @dataclasses.dataclass
 class EvaluationConfig(_Section):
+    """Retrieval evaluation on the unseen classes (`tfdml.retrieval.evaluate`)."""
+
     _KEY = "evaluation"
-    ks: list[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1)
-    metrics: list[str] = _field(factory=lambda: ["recall", "map@r", "r_precision", "nmi", "f1"])
-    exact: bool = True
-    batch_size: int = _field(256, minimum=1)
+    ks: list[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1)  # the K of Recall@K
+    metrics: list[str] = _field(factory=lambda: ["recall", "map@r", "r_precision", "nmi", "f1"])  # retrieval.METRICS
+    exact: bool = True  # exact nearest neighbours; false: ScaNN tree + AH + re-ordering
+    batch_size: int = _field(256, minimum=1)  # images embedded per batch
 
     def check(self, key):
         if not self.ks:
@@ -535,18 +559,20 @@ class EvaluationConfig(_Section):
 
 @dataclasses.dataclass
 class ExportConfig(_Section):
+    """The TF Serving SavedModel, its ScaNN index and its `search` signature (`tfdml.export`)."""
+
     _KEY = "export"
-    enabled: bool = True
-    base_dir: str = "exported_models"
+    enabled: bool = True  # write the SavedModel after training
+    base_dir: str = "exported_models"  # TF Serving base directory: <base_dir>/<name>/<version>/
     name: str | None = None  # default: the configuration's name
     version: int | None = _field(None, minimum=1)  # default: the next integer version
-    index: bool = True
+    index: bool = True  # the evaluation data's ScaNN index inside the version (assets.extra/tfdml_index)
     # The `search` signature (written whenever an index is built): top_k neighbours, the gallery stored as
     # gallery_dtype, `match` at the score threshold of match_precision on the evaluation data.
-    search: bool = True
-    top_k: int = _field(10, minimum=1)
-    gallery_dtype: str = _field("float32", choices=("float32", "bfloat16", "int8"))
-    match_precision: float = _field(0.9, above=0.0)
+    search: bool = True  # write the search signature (with index)
+    top_k: int = _field(10, minimum=1)  # neighbours the search signature returns
+    gallery_dtype: str = _field("float32", choices=("float32", "bfloat16", "int8"))  # how the gallery is stored
+    match_precision: float = _field(0.9, above=0.0)  # target precision of top-1 matches (<= 1)
 
     def check(self, key):
         if self.match_precision > 1.0:
@@ -555,10 +581,12 @@ class ExportConfig(_Section):
 
 @dataclasses.dataclass
 class ReportConfig(_Section):
+    """The report folder: metrics.json, plots, model.keras, config.yaml, TensorBoard logs."""
+
     _KEY = "report"
     dir: str | None = None  # default: reports/<name>
-    grid_queries: int = _field(8, minimum=1)
-    grid_neighbours: int = _field(5, minimum=1)
+    grid_queries: int = _field(8, minimum=1)  # queries (rows) of retrieval_grid.png
+    grid_neighbours: int = _field(5, minimum=1)  # neighbours shown per query
 
 
 @dataclasses.dataclass
@@ -566,10 +594,10 @@ class Config(_Section):
     """A whole job. Sections are typed; `Config.from_dict` validates, `to_dict` gives plain data back."""
 
     _KEY = ""
-    name: str = "job"
-    description: str | None = None
-    paper_target: str | None = None
-    seed: int = _field(0, minimum=0)
+    name: str = "job"  # names the report folder (reports/<name>) and the export
+    description: str | None = None  # free text, kept in the report and the export's metadata
+    paper_target: str | None = None  # the paper table row a configuration reproduces (free text)
+    seed: int = _field(0, minimum=0)  # weights, batches and augmentation: the same seed, the same run
     data: DataConfig = _field(factory=DataConfig)
     model: ModelConfig = _field(factory=ModelConfig)
     loss: LossConfig = _field(factory=LossConfig)
