@@ -1,6 +1,6 @@
 """CrossBatchMemory (XBM): values, gradients and the queue equal pytorch-metric-learning's `CrossBatchMemory`
 around the same loss on the same sequence of batches (`tests/data/xbm_reference.json`, written by
-`scripts/xbm_reference.py`); RLL (which PML cannot wrap) against a NumPy reading of the formula; warm-up,
+`tests/data/generators/xbm_reference.py`); RLL (which PML cannot wrap) against a NumPy reading of the formula; warm-up,
 refused losses and bad input; `fit` (evaluation leaves the queue alone), `model.save` and checkpoint resume;
 MirroredStrategy (same queue on every replica, summed gradients equal one device)."""
 

@@ -1,7 +1,7 @@
 """The losses ported from pytorch-metric-learning (PML 2.9): values and gradients equal to PML's on the reference
-vectors of `tests/data/pml_reference.json` (written by `scripts/pml_reference.py`), NumPy readings of the papers'
-formulas where PML's choices differ, finite values on degenerate batches, clear errors, configs, XLA and
-O(B^2) graphs."""
+vectors of `tests/data/pml_reference.json` (written by `tests/data/generators/pml_reference.py`), NumPy readings
+of the papers' formulas where PML's choices differ, finite values on degenerate batches, clear errors, configs,
+XLA and O(B^2) graphs."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """SmoothAPLoss: value and gradient equal pytorch-metric-learning's `SmoothAPLoss` where PML applies (labels in
 blocks, as many classes as samples per class; `tests/data/smooth_ap_reference.json` from
-`scripts/smooth_ap_reference.py`), a NumPy loop over the paper's formula on any batch (unequal, shuffled
+`tests/data/generators/smooth_ap_reference.py`), a NumPy loop over the paper's formula on any batch (unequal, shuffled
 classes) with finite-difference gradients, degenerate batches, config and training."""
 
 import json

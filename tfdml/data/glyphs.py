@@ -19,7 +19,7 @@ looks at the images themselves (`confusions`): rendered as the data set renders 
 undone, how often is an image's nearest raw-pixel neighbour an image of one other class? Pairs the shape
 distance let through because they are one shape in only some faces, or differ only in size with other
 proportions in the rest (`M` / Cyrillic `м`, `Д` / `д`, `K` / Greek `κ`, `Σ` / `∑`, `r` / `Γ`) are confused
-as often as exact homoglyphs, and the later one goes too. `scripts/make_glyph_classes.py` runs both (a few
+as often as exact homoglyphs, and the later one goes too. `tools/make_glyph_classes.py` runs both (a few
 minutes) and writes the class list and what each dropped character looked like to
 `tfdml/data/glyph_classes.py`.
 
@@ -305,7 +305,7 @@ def select_classes(
 
 
 def _classes():
-    # Imported when needed: scripts/make_glyph_classes.py uses this module to write glyph_classes.py.
+    # Imported when needed: tools/make_glyph_classes.py uses this module to write glyph_classes.py.
     from tfdml.data.glyph_classes import CLASSES
 
     return CLASSES

@@ -7,7 +7,7 @@ layouts (2 x 2, 3 x 3, 4 x 4), float64, at two temperatures. PML accumulates the
 tensor, so its values and gradients carry float32 round-off.
 
 Needs the bench extra (torch, pytorch-metric-learning 2.9):
-    python scripts/smooth_ap_reference.py [--output tests/data/smooth_ap_reference.json]
+    python tests/data/generators/smooth_ap_reference.py [--output tests/data/smooth_ap_reference.json]
 """
 
 import argparse
@@ -19,7 +19,7 @@ import pytorch_metric_learning
 import torch
 from pytorch_metric_learning import losses
 
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "smooth_ap_reference.json")
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "smooth_ap_reference.json")
 TEMPERATURES = (0.01, 0.1)
 
 

@@ -7,7 +7,7 @@ NormalizedSoftmax, CosFace and ArcFace) is the transpose of tfdml's `[C, D]` pro
 inputs and the gradients in tfdml's layout.
 
 Needs the bench extra (torch, pytorch-metric-learning 2.9):
-    python scripts/pml_reference.py [--output tests/data/pml_reference.json]
+    python tests/data/generators/pml_reference.py [--output tests/data/pml_reference.json]
 """
 
 import argparse
@@ -19,7 +19,7 @@ import pytorch_metric_learning
 import torch
 from pytorch_metric_learning import losses, miners
 
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "pml_reference.json")
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "pml_reference.json")
 
 # name -> (factory of (loss(embeddings, labels), parameter holding the proxies or None, transposed?), tfdml loss
 # class name, tfdml constructor arguments). Every loss uses PML's defaults.

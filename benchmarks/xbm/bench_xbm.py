@@ -1,9 +1,9 @@
 """Cross-batch memory on glyphs: a small batch with XBM against the same batch without it and a large batch.
 
-    python scripts/bench_xbm.py                                   # 2 losses x 3 set-ups x seeds 0-4 (~15 min)
-    python scripts/bench_xbm.py --seeds 0 1 --losses contrastive
-    python scripts/bench_xbm.py --summary-only                    # JSON summary, table and plot from the JSONL
-    python scripts/bench_xbm.py --steps 900 --start-step 300 --out-dir benchmarks/xbm/900_steps  # longer runs
+    python benchmarks/xbm/bench_xbm.py                                   # 2 losses x 3 set-ups x seeds 0-4 (~15 min)
+    python benchmarks/xbm/bench_xbm.py --seeds 0 1 --losses contrastive
+    python benchmarks/xbm/bench_xbm.py --summary-only                    # JSON summary, table and plot from the JSONL
+    python benchmarks/xbm/bench_xbm.py --steps 900 --start-step 300 --out-dir benchmarks/xbm/900_steps  # longer runs
 
 Protocol: that of `scripts/benchmark_methods.py` (glyphs at 32 px, trained on the "train" characters, Recall@1
 and MAP@R on the unseen "test" characters, the small CNN 16-32-64-128 with a 64-d embedding, Adam 2e-3), the
@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 

@@ -15,7 +15,7 @@ RankedListLoss adds 1e-5 per weight to its denominators, and PML's batch-hard tr
 non-zero terms only, so those two differ slightly).
 
 Usage:
-    python scripts/bench_losses.py [--quick] [--losses ranked_list,triplet_all] [--repeats 20] [--threads 2]
+    python benchmarks/losses/bench_losses.py [--quick] [--losses ranked_list,triplet_all] [--repeats 20] [--threads 2]
         [--batch-sizes 60,180,1024] [--dims 64,512]
 """
 

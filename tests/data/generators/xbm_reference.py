@@ -12,7 +12,7 @@ paper's mining is PML's `CrossBatchMemory(..., miner=MultiSimilarityMiner(epsilo
 `MultiSimilarityLoss(mining_epsilon=...)` mines inside the loss.
 
 Needs the bench extra (torch, pytorch-metric-learning 2.9):
-    python scripts/xbm_reference.py [--output tests/data/xbm_reference.json]
+    python tests/data/generators/xbm_reference.py [--output tests/data/xbm_reference.json]
 """
 
 import argparse
@@ -25,7 +25,7 @@ import torch
 from pytorch_metric_learning import losses, miners
 from pytorch_metric_learning.distances import LpDistance
 
-DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "xbm_reference.json")
+DEFAULT_OUTPUT = os.path.join(os.path.dirname(__file__), "..", "xbm_reference.json")
 MEMORY_SIZE = 20
 EMBEDDING_DIM = 5
 NUM_CLASSES = 4
