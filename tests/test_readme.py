@@ -1,5 +1,6 @@
-"""The README's code stays true: its Concepts example runs as written (with fewer steps) and builds the main
-job it says it mirrors (`tfdml train`: the same model, loss, optimizer, batches and evaluation data)."""
+"""The README's code stays true: its example (the main job in plain Keras, which the documentation's Concepts
+guide includes) runs as written with fewer steps and builds the main job it says it mirrors (`tfdml train`: the
+same model, loss, optimizer, batches and evaluation data)."""
 
 import contextlib
 import io
@@ -16,25 +17,26 @@ from tfdml.data import glyphs
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
 
-def python_blocks(section):
-    """The ```python blocks of a `## section` of the README."""
+def main_job_example():
+    """The ```python block between the README's `--8<-- [start:main-job]` and `[end:main-job]` markers."""
     with open(README) as f:
         text = f.read()
-    match = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## )", text, flags=re.S | re.M)
-    assert match, f"README has no section {section!r}"
-    return re.findall(r"```python\n(.*?)```", match.group(1), flags=re.S)
+    pattern = r"--8<-- \[start:main-job\][^\n]*\n```python\n(.*?)```\n[^\n]*--8<-- \[end:main-job\]"
+    match = re.search(pattern, text, re.S)
+    assert match, "README has no main-job example between its snippet markers"
+    return match.group(1)
 
 
 @pytest.fixture(scope="module")
 def concepts():
-    """Runs the Concepts example with 2 steps instead of 600 (the only change) and returns its names and
-    what it printed."""
-    (code,) = python_blocks("Concepts")
+    """Runs the example with 2 steps instead of 600 (the only change) and returns its names and what it
+    printed."""
+    code = main_job_example()
     short, count = re.subn(r"epochs=10, steps_per_epoch=60", "epochs=1, steps_per_epoch=2", code)
     assert count == 1, "the example no longer trains with epochs=10, steps_per_epoch=60"
     names, printed = {}, io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(short, "README.md (Concepts)", "exec"), names)
+        exec(compile(short, "README.md (main job)", "exec"), names)
     return names, printed.getvalue()
 
 

@@ -1,0 +1,76 @@
+"""Griffe extension (mkdocstrings' `extensions:` in mkdocs.yml): tfdml's docstrings document arguments that
+share a meaning on one line, `name, version: the exported model`, which the Google style reads as one argument
+called "name, version" that the signature lacks. This splits such a line into one entry per name with the
+shared text before the docstring is parsed, so each argument is listed, and a name that is not in the signature
+still warns (and fails `mkdocs build --strict`).
+"""
+
+import re
+
+import griffe
+
+_SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Keyword Args|Other Parameters):\s*$")
+_SHARED = re.compile(r"^(\s+)(\*{0,2}\w+(?:,\s*\*{0,2}\w+)+),?\s*(?::\s*(.*))?$")
+
+
+def split_shared_arguments(text, signature=None):
+    """`text` with every `a, b: description` entry of an Args section written as `a: description` and
+    `b: description` (continuation lines, also a name list continued on the next line, are kept). With
+    `signature` (the names a function takes, for one that takes `**kwargs`), the names it lacks move to an
+    "Other Parameters" section: they are passed on through `**kwargs`."""
+    lines, out, i, in_args, entry_indent = text.split("\n"), [], 0, False, None
+    passed_on = []
+    while i < len(lines):
+        line = lines[i]
+        header = _SECTION.match(line)
+        if header:
+            in_args, entry_indent = True, None
+            out.append(line)
+            i += 1
+            continue
+        if in_args and line.strip() and entry_indent is None:
+            entry_indent = len(line) - len(line.lstrip())
+        indent = len(line) - len(line.lstrip())
+        if in_args and line.strip() and indent < (entry_indent or 0):
+            in_args = False
+        match = _SHARED.match(line) if in_args and indent == entry_indent else None
+        if not match:
+            out.append(line)
+            i += 1
+            continue
+        names, description = match.group(2), match.group(3)
+        i += 1
+        continued = []
+        while i < len(lines) and lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) > indent:
+            continued.append(lines[i])
+            i += 1
+        if description is None and continued:  # the name list goes on on the next line
+            more = continued.pop(0).strip()
+            more_names, _, description = more.partition(":")
+            names = f"{names}, {more_names}"
+            description = description.strip()
+        for name in (n.strip() for n in names.split(",") if n.strip()):
+            target = passed_on if signature is not None and name not in signature else out
+            target.append(f"{' ' * indent}{name}: {description or ''}")
+            target.extend(continued)
+    if passed_on:
+        out += ["", "Other Parameters:", *passed_on]
+    return "\n".join(out)
+
+
+def _signature(function):
+    """The parameter names of a function that takes `**kwargs`, else None."""
+    if function is None or not any(p.kind and p.kind.value == "variadic keyword" for p in function.parameters):
+        return None
+    return {p.name for p in function.parameters}
+
+
+class SharedArguments(griffe.Extension):
+    def on_function_instance(self, *, func, **kwargs):
+        if func.docstring is not None and "," in func.docstring.value:
+            func.docstring.value = split_shared_arguments(func.docstring.value, _signature(func))
+
+    def on_class_members(self, *, cls, **kwargs):  # after __init__ is known: its docstring is the class's
+        init = cls.members.get("__init__")
+        if cls.docstring is not None and "," in cls.docstring.value and not (init is not None and init.is_alias):
+            cls.docstring.value = split_shared_arguments(cls.docstring.value, _signature(init))

@@ -1,0 +1,422 @@
+"""MkDocs hooks (`hooks:` in mkdocs.yml): the pages that must not drift from the code are generated at build time.
+
+- `reference/api/...`: one page per public module of tfdml (one per submodule of a package, so a loss family
+  is one page), rendered by mkdocstrings from the docstrings; a package's page lists its public names with
+  links to where each is defined. New modules get pages and a nav entry without editing mkdocs.yml.
+- `reference/cli.md`: every `tfdml` command and option, from the argparse parsers of `tfdml.cli`.
+- `reference/configuration.md`: every configuration key, from the typed dataclasses of `tfdml.config` (type,
+  default, the main job's value, allowed values, and the comment the dataclass gives the field).
+- The committed benchmark plots (`benchmarks/**/*.png`) are added to the site at the same paths, so that a
+  page under `docs/benchmarks/<name>/` shows them, and the tables come in through `pymdownx.snippets`.
+- Equations written `$...$` / `$$...$$` (pymdownx.arithmatex, generic mode) become MathML at build time
+  (latex2mathml), which browsers render natively: nothing is fetched when the site is built or viewed.
+
+`python docs/hooks.py cli|configuration|api` prints a generated page (for a look without building).
+"""
+
+import argparse
+import dataclasses
+import html
+import inspect
+import io
+import os
+import re
+import sys
+import tokenize
+import types
+import typing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # this checkout's tfdml, also when another one is installed
+
+PACKAGE = "tfdml"
+API_DIR = "reference/api"
+
+# --------------------------------------------------------------------------------------------------- modules
+
+
+def public_modules():
+    """`{top-level module: [its submodules]}` of tfdml, read from the file system (no import): every module or
+    package whose name does not start with `_`; a plain module has no submodules."""
+    modules = {}
+    folder = os.path.join(ROOT, PACKAGE)
+    for entry in sorted(os.listdir(folder)):
+        path = os.path.join(folder, entry)
+        if entry.startswith("_"):
+            continue
+        if entry.endswith(".py"):
+            modules[entry[:-3]] = []
+        elif os.path.isfile(os.path.join(path, "__init__.py")):
+            modules[entry] = sorted(
+                name[:-3] for name in os.listdir(path) if name.endswith(".py") and not name.startswith("_")
+            )
+    return modules
+
+
+def api_pages():
+    """`{page path: title}` of the API reference, in nav order."""
+    pages = {}
+    for module, submodules in public_modules().items():
+        if submodules:
+            pages[f"{API_DIR}/{module}.md"] = f"{PACKAGE}.{module}"  # not <module>/index.md: retrieval.index
+            for sub in submodules:
+                pages[f"{API_DIR}/{module}/{sub}.md"] = f"{PACKAGE}.{module}.{sub}"
+        else:
+            pages[f"{API_DIR}/{module}.md"] = f"{PACKAGE}.{module}"
+    return pages
+
+
+def _griffe_package():
+    import griffe  # the docs extra (mkdocstrings' Python handler)
+
+    return griffe.load(PACKAGE, search_paths=[ROOT], resolve_aliases=False)
+
+
+def public_names(module):
+    """`{name: path of its definition}` of a griffe module: `__all__` when it has one, otherwise every name
+    without a leading `_` that the module defines or imports from tfdml (submodules left out)."""
+    names = {}
+    exports = module.exports
+    for name, member in module.members.items():
+        if exports is not None and name not in exports:
+            continue
+        if exports is None and name.startswith("_"):
+            continue
+        target = member.target_path if member.is_alias else member.path
+        if not target.startswith(f"{PACKAGE}.") or (not member.is_alias and member.is_module):
+            continue
+        if member.is_alias and target == f"{module.path}.{name}" and name in module.modules:
+            continue  # a submodule reached through its package
+        names[name] = target
+    return names
+
+
+def _first_line(docstring):
+    return docstring.value.strip().split("\n\n")[0].replace("\n", " ") if docstring else ""
+
+
+def api_page(path, package=None):
+    """The Markdown of one API page."""
+    package = package or _griffe_package()
+    if path == f"{API_DIR}/index.md":
+        lines = [
+            "# API reference",
+            "",
+            "Generated from the docstrings of every public module (`docs/hooks.py`). Each package's page lists the",
+            "names it exports; each module has a page of its own.",
+            "",
+            "| module | |",
+            "|---|---|",
+        ]
+        for page, title in api_pages().items():
+            module = package[title.split(".", 1)[1]]
+            link = os.path.relpath(page, API_DIR)
+            lines.append(f"| [`{title}`]({link}) | {_first_line(module.docstring)} |")
+        return "\n".join(lines) + "\n"
+    title = api_pages()[path]
+    module = package[title.split(".", 1)[1]]
+    if not public_modules().get(title.split(".", 1)[1]):
+        return f"# `{title}`\n\n::: {title}\n    options:\n      show_root_heading: false\n"
+    own = [name for name, target in public_names(module).items() if target == f"{title}.{name}"]
+    lines = [
+        f"# `{title}`",
+        "",
+        f"::: {title}",
+        "    options:",
+        "      show_root_heading: false",
+        f"      members: [{', '.join(own)}]" if own else "      members: false",
+        "",
+        "## Public names",
+        "",
+        "| name | defined in |",
+        "|---|---|",
+    ]
+    for name, target in sorted(public_names(module).items(), key=lambda item: item[0].lower()):
+        lines.append(f"| [`{name}`][{target}] | `{target.rsplit('.', 1)[0]}` |")
+    lines += ["", "## Modules", ""]
+    for sub in public_modules()[title.split(".", 1)[1]]:
+        lines.append(f"- [`{title}.{sub}`]({module.name}/{sub}.md): {_first_line(module[sub].docstring)}")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------- the CLI
+
+
+def _option_text(action):
+    names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.metavar or action.dest}`"
+    if action.option_strings and action.nargs != 0:
+        metavar = action.metavar or action.dest.upper()
+        if isinstance(metavar, tuple):
+            metavar = " ".join(metavar)
+        names += f" `{metavar}`"
+    return names
+
+
+def _help_text(action, formatter):
+    text = formatter._get_help_string(action) or ""  # the command's own rule for showing defaults
+    params = {**vars(action), "prog": "tfdml"}
+    if params.get("choices") is not None:
+        params["choices"] = ", ".join(str(choice) for choice in params["choices"])
+    text = text % params if "%(" in text else text
+    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
+
+
+def cli_page():
+    """Every `tfdml` command with its usage and options, from `tfdml.cli.build_parser()`."""
+    from tfdml.cli import build_parser
+
+    parser = build_parser()
+    lines = [
+        "# Command line",
+        "",
+        "Generated from the argparse definitions of `tfdml.cli` (`docs/hooks.py`), so it lists what",
+        "`tfdml COMMAND --help` prints. The [command-line guide](../guides/command-line.md) shows the commands at",
+        "work; [configuration keys](configuration.md) lists what `--set key=value` accepts.",
+        "",
+        "```text",
+        parser.format_usage().strip(),
+        "```",
+        "",
+        parser.description or "",
+        "",
+    ]
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in subparsers._choices_actions}
+    for name, sub in subparsers.choices.items():
+        formatter = sub._get_formatter()
+        lines += [f"## `tfdml {name}`", "", helps.get(name) or "", ""]
+        if sub.description and not sub.description.startswith(helps.get(name) or "\0"):
+            lines += [html.escape(sub.description, quote=False), ""]
+        elif sub.description:
+            lines[-2] = html.escape(sub.description, quote=False)
+        lines += ["```text", sub.format_usage().strip(), "```", ""]
+        for group in sub._action_groups:
+            actions = [a for a in group._group_actions if a.help != argparse.SUPPRESS]
+            if not actions:
+                continue
+            lines += [f"**{group.title}**", "", "| option | what it does |", "|---|---|"]
+            lines += [f"| {_option_text(a)} | {_help_text(a, formatter)} |" for a in actions]
+            lines.append("")
+        if sub.epilog:
+            lines += ["```text", sub.epilog.strip(), "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------- configuration keys
+
+
+def _field_comments(cls):
+    """`{field: comment}` of a dataclass, from its source: the comment lines right above the field and the
+    comment at the end of its line."""
+    source = inspect.getsource(cls)
+    comment_at = {
+        token.start[0]: token.string.lstrip("#").strip()
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
+    comments, above = {}, []
+    for number, text in enumerate(source.splitlines(), 1):
+        if text.strip().startswith("#"):
+            above.append(comment_at[number])
+            continue
+        match = re.match(r"    (\w+)\s*:", text)  # a field of the class body
+        if match:
+            comments[match.group(1)] = " ".join([*above, comment_at.get(number, "")]).strip()
+        above = []
+    return comments
+
+
+def _type_text(tp):
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        text = " or ".join(_type_text(a) for a in inner)
+        return f"{text} or null" if len(inner) < len(args) else text
+    if origin in (list, tuple):
+        return f"list of {_type_text(args[0])}" if args else "list"
+    if origin is dict:
+        return f"mapping {_type_text(args[0])} → {_type_text(args[1])}" if args else "mapping"
+    if tp is typing.Any:
+        return "any"
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _value_text(value):
+    import yaml
+
+    if dataclasses.is_dataclass(value):
+        return "(section)"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    text = text[: -len("...")].strip() if text.endswith("...") else text
+    return f"`{text}`"
+
+
+def _section_class(tp):
+    """The dataclass a field holds (also behind `X | None`), or None."""
+    for candidate in (tp, *typing.get_args(tp)):
+        if dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
+
+
+def _rules(field):
+    rules = []
+    meta = field.metadata or {}
+    if meta.get("choices"):
+        rules.append("one of " + ", ".join(f"`{c}`" for c in meta["choices"]))
+    if meta.get("minimum") is not None:
+        rules.append(f"≥ {meta['minimum']}")
+    if meta.get("above") is not None:
+        rules.append(f"> {meta['above']}")
+    return "; ".join(rules)
+
+
+def _default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def configuration_page():
+    """Every key of `tfdml.config.Config`, section by section."""
+    from tfdml import config as config_lib
+
+    job = config_lib.DEFAULT_JOB  # plain data: checking it with the library would import TensorFlow
+    lines = [
+        "# Configuration keys",
+        "",
+        "Generated from the typed configuration (`tfdml.config.Config` and its sections, `docs/hooks.py`): each",
+        "key with its type, the default of the dataclass, the value in the main job (`tfdml train` with no",
+        "options, `configs/glyphs_rll.yaml`; blank where it keeps the default), what it accepts and what it does.",
+        "Set one with `--set section.key=value` (a YAML value) or in a `--config` file; the",
+        "[configuration guide](../guides/configuration.md) explains how the layers combine.",
+        "",
+    ]
+
+    def section(cls, prefix, value):
+        comments = _field_comments(cls)
+        hints = typing.get_type_hints(cls)
+        rows, children = [], []
+        for field in dataclasses.fields(cls):
+            if field.name.startswith("_"):
+                continue
+            key = f"{prefix}{field.name}"
+            child = _section_class(hints[field.name])
+            default = _default(field)
+            current = value.get(field.name, {} if child else default)
+            in_job = "" if current == default or child else _value_text(current)
+            what = html.escape(comments.get(field.name, ""), quote=False).replace("|", "\\|")
+            if child:
+                what = (what + " " if what else "") + f"See [`{key}`](#{key.replace('.', '')})."
+                children.append((child, f"{key}.", current))
+            rows.append(
+                f"| `{key}` | {_type_text(hints[field.name])} | {_value_text(default)} | {in_job} | "
+                f"{_rules(field)} | {what} |"
+            )
+        title = prefix.rstrip(".") or "top level"
+        doc = inspect.getdoc(cls) or ""
+        doc = "" if doc.startswith(f"{cls.__name__}(") else doc  # dataclasses' generated signature
+        lines.extend([f"## `{title}`" if prefix else "## Top level", "", html.escape(doc, quote=False), ""])
+        lines.extend(["| key | type | default | main job | accepts | what it does |", "|---|---|---|---|---|---|"])
+        lines.extend(rows)
+        lines.append("")
+        for child, child_prefix, child_value in children:
+            section(child, child_prefix, child_value)
+
+    section(config_lib.Config, "", job)
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------- math
+
+
+def _mathml(tex, display):
+    import latex2mathml.converter
+
+    return latex2mathml.converter.convert(html.unescape(tex), display="block" if display else "inline")
+
+
+_MATH = re.compile(
+    r'<(?P<tag>span|div) class="arithmatex">\s*(?:\\\((?P<inline>.*?)\\\)|\\\[(?P<block>.*?)\\\])\s*</(?P=tag)>',
+    re.S,
+)
+
+
+def typeset(content):
+    """arithmatex's generic output (`\\(...\\)` and `\\[...\\]` in spans and divs) as MathML."""
+
+    def replace(match):
+        if match.group("inline") is not None:
+            return _mathml(match.group("inline"), display=False)
+        return f'<div class="math-block">{_mathml(match.group("block"), display=True)}</div>'
+
+    return _MATH.sub(replace, content)
+
+
+# ---------------------------------------------------------------------------------------------- MkDocs hooks
+
+
+def on_config(config):
+    """The API section of the nav: one entry per generated page (modules added later appear on their own)."""
+    pages = api_pages()
+
+    def expand(items):
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                ((title, value),) = item.items()
+                if value == f"{API_DIR}/index.md":
+                    items[i] = {title: [value, *_api_nav(pages)]}
+                elif isinstance(value, list):
+                    expand(value)
+
+    expand(config["nav"])
+    return config
+
+
+def _api_nav(pages):
+    nav, sections = [], {}
+    packages = {name for name, submodules in public_modules().items() if submodules}
+    for path, title in pages.items():
+        parts = title.split(".")
+        if len(parts) == 3:
+            sections[parts[1]].append({parts[2]: path})
+        elif parts[1] in packages:
+            sections[parts[1]] = [{"overview": path}]
+            nav.append({title: sections[parts[1]]})
+        else:
+            nav.append({title: path})
+    return nav
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    package = _griffe_package()
+    generated = {f"{API_DIR}/index.md": None, **api_pages(), "reference/cli.md": None}
+    for path in generated:
+        files.append(File.generated(config, path, content=api_page(path, package) if "api" in path else cli_page()))
+    files.append(File.generated(config, "reference/configuration.md", content=configuration_page()))
+    for folder, _, names in os.walk(os.path.join(ROOT, "benchmarks")):
+        for name in sorted(names):
+            if name.endswith((".png", ".svg")):
+                path = os.path.relpath(os.path.join(folder, name), ROOT)
+                files.append(File(path, ROOT, config["site_dir"], config["use_directory_urls"]))
+    return files
+
+
+def on_page_content(html_text, page, config, files):
+    return typeset(html_text)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "cli"
+    if what == "cli":
+        print(cli_page())
+    elif what == "configuration":
+        print(configuration_page())
+    else:
+        print(api_page(f"{API_DIR}/{what}" if what.endswith(".md") else f"{API_DIR}/index.md"))
