@@ -1,8 +1,12 @@
-"""Griffe extension (mkdocstrings' `extensions:` in mkdocs.yml): tfdml's docstrings document arguments that
-share a meaning on one line, `name, version: the exported model`, which the Google style reads as one argument
-called "name, version" that the signature lacks. This splits such a line into one entry per name with the
-shared text before the docstring is parsed, so each argument is listed, and a name that is not in the signature
-still warns (and fails `mkdocs build --strict`).
+"""Griffe extension (mkdocstrings' `extensions:` in mkdocs.yml) that reads tfdml's docstrings as they are written:
+
+- Arguments that share a meaning are documented on one line, `name, version: the exported model`, which the
+  Google style reads as one argument called "name, version" that the signature lacks. Such a line becomes one
+  entry per name with the shared text before the docstring is parsed, so each argument is listed, and a name
+  that is not in the signature still warns (and fails `mkdocs build --strict`).
+- `Example:` sections hold doctests: they are read as the Google style's `Examples:` (code, not prose).
+- Attributes set in a method, without a docstring (`self.t1 = float(t1)`), are left out of the reference: the
+  constructor's arguments document them.
 """
 
 import re
@@ -65,12 +69,27 @@ def _signature(function):
     return {p.name for p in function.parameters}
 
 
+_EXAMPLE = re.compile(r"^(\s*)Example:\s*$", re.M)
+
+
+def _rewrite(docstring, function):
+    if docstring is not None:
+        text = _EXAMPLE.sub(r"\1Examples:", docstring.value)
+        docstring.value = split_shared_arguments(text, _signature(function)) if "," in text else text
+
+
 class SharedArguments(griffe.Extension):
     def on_function_instance(self, *, func, **kwargs):
-        if func.docstring is not None and "," in func.docstring.value:
-            func.docstring.value = split_shared_arguments(func.docstring.value, _signature(func))
+        _rewrite(func.docstring, func)
 
     def on_class_members(self, *, cls, **kwargs):  # after __init__ is known: its docstring is the class's
         init = cls.members.get("__init__")
-        if cls.docstring is not None and "," in cls.docstring.value and not (init is not None and init.is_alias):
-            cls.docstring.value = split_shared_arguments(cls.docstring.value, _signature(init))
+        _rewrite(cls.docstring, None if init is None or init.is_alias else init)
+        for name, member in list(cls.members.items()):
+            # Set in a method only (a dataclass field is also a class attribute, and its __init__ argument).
+            if not member.is_alias and member.is_attribute and member.labels == {"instance-attribute"}:
+                if member.docstring is None:
+                    del cls.members[name]
+
+    def on_module_members(self, *, mod, **kwargs):
+        _rewrite(mod.docstring, None)
