@@ -58,6 +58,8 @@ def split_shared_arguments(text, signature=None):
             target.append(f"{' ' * indent}{name}: {description or ''}")
             target.extend(continued)
     if passed_on:
+        while out and not out[-1].strip():
+            out.pop()
         out += ["", "Other Parameters:", *passed_on]
     return "\n".join(out)
 

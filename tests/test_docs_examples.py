@@ -4,6 +4,7 @@ example rots. A block that needs a GPU, the network, a data set or a long run ca
 `<!-- test: old => new -->` shrinks a block to test size (`tests/docs_examples.py` says how)."""
 
 import os
+import warnings
 
 import docs_examples
 import pytest
@@ -20,7 +21,11 @@ def test_example_runs(block, tmp_path_factory, monkeypatch):
         _NAMESPACES[block.page] = (docs_examples.namespace(), str(tmp_path_factory.mktemp("docs")))
     names, scratch = _NAMESPACES[block.page]
     monkeypatch.chdir(docs_examples.scratch_directory(scratch))
-    docs_examples.run(block, names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an example that warns is an example to fix
+        # Keras 3 warns on every fit over a tf.data.Dataset that it ignores its shuffle=True default.
+        warnings.filterwarnings("ignore", message=r"`shuffle=True` was passed", category=UserWarning)
+        docs_examples.run(block, names)
 
 
 def test_the_guides_have_examples_and_say_why_one_is_skipped():

@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -35,7 +36,10 @@ def concepts():
     short, count = re.subn(r"epochs=10, steps_per_epoch=60", "epochs=1, steps_per_epoch=2", code)
     assert count == 1, "the example no longer trains with epochs=10, steps_per_epoch=60"
     names, printed = {}, io.StringIO()
-    with contextlib.redirect_stdout(printed):
+    with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # Keras 3 warns on every fit over a tf.data.Dataset that it ignores its shuffle=True default.
+        warnings.filterwarnings("ignore", message=r"`shuffle=True` was passed", category=UserWarning)
         exec(compile(short, "README.md (main job)", "exec"), names)
     return names, printed.getvalue()
 
