@@ -67,7 +67,7 @@ def api_pages():
     return pages
 
 
-def _griffe_package():
+def griffe_package():
     import griffe  # the docs extra (mkdocstrings' Python handler)
 
     return griffe.load(PACKAGE, search_paths=[ROOT], resolve_aliases=False)
@@ -98,7 +98,7 @@ def _first_line(docstring):
 
 def api_page(path, package=None):
     """The Markdown of one API page."""
-    package = package or _griffe_package()
+    package = package or griffe_package()
     if path == f"{API_DIR}/index.md":
         lines = [
             "# API reference",
@@ -395,7 +395,7 @@ def _api_nav(pages):
 def on_files(files, config):
     from mkdocs.structure.files import File
 
-    package = _griffe_package()
+    package = griffe_package()
     generated = {f"{API_DIR}/index.md": None, **api_pages(), "reference/cli.md": None}
     for path in generated:
         files.append(File.generated(config, path, content=api_page(path, package) if "api" in path else cli_page()))
