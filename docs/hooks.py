@@ -281,8 +281,8 @@ def _default(field):
     return None
 
 
-def configuration_page():
-    """Every key of `tfdml.config.Config`, section by section."""
+def configuration_page(package=None):
+    """Every key of `tfdml.config.Config`, section by section, and the loss classes `loss.name` names."""
     from tfdml import config as config_lib
 
     job = config_lib.DEFAULT_JOB  # plain data: checking it with the library would import TensorFlow
@@ -328,7 +328,27 @@ def configuration_page():
             section(child, child_prefix, child_value)
 
     section(config_lib.Config, "", job)
+    lines += _loss_names_section(package)
     return "\n".join(lines) + "\n"
+
+
+def _loss_names_section(package=None):
+    """`loss.name` -> its class, linked to the class's reference page where `loss.params` are documented."""
+    from tfdml.loss_names import LOSSES
+
+    losses = (package or griffe_package())["losses"]
+    lines = [
+        "## `loss.name` and `loss.params`",
+        "",
+        "`loss.params` are the arguments of the class `loss.name` names (checked against its constructor before",
+        "anything is built; changing `loss.name` starts `loss.params` from that class's defaults):",
+        "",
+        "| `loss.name` | class (its arguments) |",
+        "|---|---|",
+    ]
+    for name, class_name in LOSSES.items():
+        lines.append(f"| `{name}` | [`{class_name}`][{losses[class_name].target_path}] |")
+    return [*lines, ""]
 
 
 # --------------------------------------------------------------------------------------------------- math
@@ -399,7 +419,7 @@ def on_files(files, config):
     generated = {f"{API_DIR}/index.md": None, **api_pages(), "reference/cli.md": None}
     for path in generated:
         files.append(File.generated(config, path, content=api_page(path, package) if "api" in path else cli_page()))
-    files.append(File.generated(config, "reference/configuration.md", content=configuration_page()))
+    files.append(File.generated(config, "reference/configuration.md", content=configuration_page(package)))
     for folder, _, names in os.walk(os.path.join(ROOT, "benchmarks")):
         for name in sorted(names):
             if name.endswith((".png", ".svg")):

@@ -102,8 +102,9 @@ def _config_keys(cls, prefix=""):
 
 def test_every_configuration_key_is_listed_with_what_it_does():
     from tfdml.config import Config
+    from tfdml.loss_names import LOSSES
 
-    page = hooks.configuration_page()
+    page, losses = hooks.configuration_page().split("## `loss.name` and `loss.params`")
     rows = {match.group(1): match.group(2) for match in re.finditer(r"^\| `([\w.]+)` \|(.*)\|$", page, re.M)}
     keys = _config_keys(Config)
     assert set(keys) == set(rows), set(keys) ^ set(rows)
@@ -112,6 +113,9 @@ def test_every_configuration_key_is_listed_with_what_it_does():
     # The types, defaults and main-job values come from the dataclasses and the embedded job.
     assert "| `optimizer.learning_rate` | number | `0.01` | `0.002` | > 0.0 |" in page
     assert "| `data.source` | string | `digits` | `glyphs` | one of `digits`, `tfds`, `folder`, `glyphs` |" in page
+    # Every loss name links to the class whose arguments loss.params are.
+    assert "| `ranked_list` | [`RankedListLoss`][tfdml.losses.ranked_list.RankedListLoss] |" in losses
+    assert losses.count("][tfdml.losses.") == len(LOSSES)
 
 
 def test_the_command_line_page_lists_every_option_of_every_command():
