@@ -452,7 +452,7 @@ def test_print_config_is_the_defaults(capsys):
     [
         (["--set", "training.epoch=2"], "unknown configuration key 'training.epoch' (did you mean 'epochs'?)"),
         (["--set", "training"], "must look like key.path=value"),
-        (["--epochs", "0"], "training.epochs (--epochs): must be >= 1, got 0"),
+        (["--epochs", "0"], "training.epochs (--epochs): must be an integer in [1, 1000000], got 0"),
         (["--set", "seed=1.5"], "seed: expected an integer, got 1.5"),
         (["--set", "loss.params.margn=0.1"], "unknown configuration key 'loss.params.margn'"),
         (["--eval-image-dir", "x"], "--eval-image-dir needs --image-dir"),

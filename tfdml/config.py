@@ -21,7 +21,9 @@ import copy
 import dataclasses
 import difflib
 import inspect
+import math
 import os
+import tempfile
 import types
 import typing
 from typing import Any
@@ -47,10 +49,16 @@ ALA_LOSSES = ("triplet", "margin", "contrastive")
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
 
 
-def _field(default=None, *, factory=None, choices=None, minimum=None, above=None, convert=None):
+# Numbers without a stated maximum: integers that fit TensorFlow's int32 shapes, floats far beyond any
+# setting that trains (every number has a range, and NaN or infinity is never one).
+MAX_INT = 2**31 - 1
+MAX_FLOAT = 1e6
+
+
+def _field(default=None, *, factory=None, choices=None, minimum=None, above=None, maximum=None, convert=None):
     """A dataclass field with its validation rules: `choices` (allowed values), `minimum` (>=), `above`
-    (>), `convert(value, key)` (a custom parser)."""
-    metadata = {"choices": choices, "minimum": minimum, "above": above, "convert": convert}
+    (>), `maximum` (<=; default `MAX_INT` or `MAX_FLOAT`), `convert(value, key)` (a custom parser)."""
+    metadata = {"choices": choices, "minimum": minimum, "above": above, "maximum": maximum, "convert": convert}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -148,18 +156,42 @@ def _convert(value, tp, key):
     return ok
 
 
+def _bounds(meta, integer):
+    """`(low, low included, high)` of a number field (high: its maximum, else `MAX_INT` / `MAX_FLOAT`)."""
+    high = meta.get("maximum")
+    high = (MAX_INT if integer else MAX_FLOAT) if high is None else high
+    if meta.get("above") is not None:
+        return meta["above"], False, high
+    return meta.get("minimum"), True, high
+
+
+def range_text(meta, integer):
+    """`[1, 4096]`, `(0, 1]`: the range of a number field, as the messages state it."""
+    low, included, high = _bounds(meta, integer)
+    text = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # noqa: E731
+    return f"{'[' if included else '('}{'-inf' if low is None else text(low)}, {text(high)}]"
+
+
+def _check_number(item, meta, key):
+    low, included, high = _bounds(meta, isinstance(item, int))
+    inside = math.isfinite(item) and item <= high
+    if low is not None:
+        inside = inside and (item >= low if included else item > low)
+    if not inside:
+        kind = "an integer" if isinstance(item, int) else "a number"
+        raise ConfigError(f"{key}: must be {kind} in {range_text(meta, isinstance(item, int))}, got {item!r}")
+
+
 def _check_value(value, meta, key):
-    items = value if isinstance(value, list) else [value]
-    for item in items:
+    items = [(f"{key}[{i}]", item) for i, item in enumerate(value)] if isinstance(value, list) else [(key, value)]
+    for where, item in items:
         if item is None:
             continue
         choices = meta.get("choices")
         if choices and item not in choices:
-            raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))}, got {item!r}")
-        if meta.get("minimum") is not None and item < meta["minimum"]:
-            raise ConfigError(f"{key}: must be >= {meta['minimum']}, got {item!r}")
-        if meta.get("above") is not None and item <= meta["above"]:
-            raise ConfigError(f"{key}: must be > {meta['above']}, got {item!r}")
+            raise ConfigError(f"{where}: must be one of {', '.join(map(str, choices))}, got {item!r}")
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            _check_number(item, meta, where)
 
 
 def _build(cls, mapping, key=""):
@@ -244,13 +276,13 @@ class DataConfig(_Section):
     download: bool = False  # let tfds download and prepare the dataset (needs the network)
     train_split: str = "train"
     eval_split: str = "test"
-    image_size: int = _field(224, minimum=1)
-    classes_per_batch: int = _field(8, minimum=2)  # a batch needs negatives
-    samples_per_class: int = _field(4, minimum=1)
+    image_size: int = _field(224, minimum=1, maximum=4096)
+    classes_per_batch: int = _field(8, minimum=2, maximum=100_000)  # a batch needs negatives
+    samples_per_class: int = _field(4, minimum=1, maximum=10_000)
     # true: the papers' crop + flip; false: plain resize; a mapping: tfdml.data.Augment fields.
     augment: Any = _field(True, convert=_augment)
     small_class_policy: str = _field("replace", choices=("replace", "drop"))
-    images_per_class: int | None = _field(None, minimum=1)  # generated data sets (glyphs)
+    images_per_class: int | None = _field(None, minimum=1, maximum=10_000)  # generated data sets (glyphs)
 
     def check(self, key):
         if self.source == "folder":
@@ -318,15 +350,15 @@ class ModelConfig(_Section):
     type: str = _field("multilevel", choices=("multilevel", "single"))
     backbone: str = "small_cnn"
     weights: str | None = None  # imagenet | null | path to a weights file
-    embedding_dim: int | None = _field(512, minimum=1)  # null: the pooled backbone feature
+    embedding_dim: int | None = _field(512, minimum=1, maximum=65_536)  # null: the pooled backbone feature
     taps: dict[str, str] | None = None  # {L: layer, M: layer, H: layer} for backbones without defaults
     levels: list[str] = _field(factory=lambda: ["L", "M", "H"], choices=("L", "M", "H"))
-    level_weights: list[float] | None = _field(None, minimum=0.0)
+    level_weights: list[float] | None = _field(None, minimum=0.0, maximum=1e3)
     freeze_batchnorm: bool = False
-    num_classes: int | None = _field(None, minimum=1)  # classifier head (Group Loss)
-    head_filters: int = _field(128, minimum=1)  # auxiliary (L, M) heads: 1x1 conv width
-    head_units: int = _field(1024, minimum=1)  # auxiliary heads: hidden Dense width
-    widths: list[int] | None = _field(None, minimum=1)  # small_cnn block widths (default 8, 16, 32)
+    num_classes: int | None = _field(None, minimum=1, maximum=10_000_000)  # classifier head (Group Loss)
+    head_filters: int = _field(128, minimum=1, maximum=65_536)  # auxiliary (L, M) heads: 1x1 conv width
+    head_units: int = _field(1024, minimum=1, maximum=65_536)  # auxiliary heads: hidden Dense width
+    widths: list[int] | None = _field(None, minimum=1, maximum=65_536)  # small_cnn block widths (default 8, 16, 32)
 
     def check(self, key):
         if not self.levels:
@@ -352,16 +384,16 @@ class ModelConfig(_Section):
 @dataclasses.dataclass
 class TemperatureConfig(_Section):
     _KEY = "loss.dynamic_temperature"
-    t1: float = _field(20.0, above=0.0)
-    t2: float = _field(5.0, above=0.0)
-    max_steps: int | None = _field(None, minimum=1)  # null: the whole run
+    t1: float = _field(20.0, above=0.0, maximum=1e4)
+    t2: float = _field(5.0, above=0.0, maximum=1e4)
+    max_steps: int | None = _field(None, minimum=1, maximum=10**12)  # null: the whole run
 
 
 @dataclasses.dataclass
 class MemoryConfig(_Section):
     _KEY = "loss.cross_batch_memory"
-    memory_size: int = _field(1024, minimum=1)  # embeddings the queue holds (>= the batch)
-    start_step: int = _field(0, minimum=0)  # warm-up: training steps on the batch alone
+    memory_size: int = _field(1024, minimum=1, maximum=10_000_000)  # embeddings the queue holds (>= the batch)
+    start_step: int = _field(0, minimum=0, maximum=10**12)  # warm-up: training steps on the batch alone
 
 
 @dataclasses.dataclass
@@ -404,7 +436,36 @@ def _check_arguments(function, params, key, skip=()):
         if isinstance(default, bool):
             _convert(value, bool, f"{key}.{name}")
         elif isinstance(default, (int, float)) and value is not None:
-            _convert(value, float, f"{key}.{name}")
+            number = _convert(value, int if isinstance(default, int) else float, f"{key}.{name}")
+            _check_number(number, LOSS_PARAM_RANGES.get(name, {}), f"{key}.{name}")
+
+
+# Ranges of the losses' numeric arguments, by name (the same meaning in every loss that has it); other
+# numeric arguments get the default range of `_check_number` (finite, within MAX_INT / MAX_FLOAT).
+LOSS_PARAM_RANGES = {
+    "margin": {"minimum": 0.0, "maximum": 180.0},  # a distance or similarity margin; ArcFace's in degrees
+    "pos_margin": {"minimum": 0.0, "maximum": 4.0},  # distances between unit vectors are at most 2
+    "neg_margin": {"minimum": 0.0, "maximum": 4.0},
+    "cutoff": {"minimum": 0.0, "maximum": 4.0},
+    "nonzero_loss_cutoff": {"minimum": 0.0, "maximum": 4.0},
+    "base": {"minimum": -1.0, "maximum": 1.0},  # a cosine similarity
+    "m": {"minimum": 0.0, "maximum": 1.0},
+    "lam": {"minimum": 0.0, "maximum": 1.0},
+    "mining_epsilon": {"minimum": 0.0, "maximum": 2.0},
+    "alpha": {"minimum": 0.0, "maximum": 1e4},
+    "beta": {"minimum": 0.0, "maximum": 1e4},
+    "gamma": {"above": 0.0, "maximum": 1e4},
+    "scale": {"above": 0.0, "maximum": 1e4},
+    "softmax_scale": {"above": 0.0, "maximum": 1e4},
+    "temperature": {"above": 0.0, "maximum": 1e4},
+    "tn": {"above": 0.0, "maximum": 1e4},
+    "tp": {"minimum": 0.0, "maximum": 1e4},
+    "nu": {"minimum": 0.0, "maximum": 1e4},
+    "ce_weight": {"minimum": 0.0, "maximum": 1e4},
+    "beta_learning_rate": {"minimum": 0.0, "maximum": 100.0},
+    "num_anchors": {"minimum": 0, "maximum": 100_000},
+    "num_iterations": {"minimum": 1, "maximum": 1_000},
+}
 
 
 @dataclasses.dataclass
@@ -483,23 +544,25 @@ def _optimizer_name(value, key):
 class OptimizerConfig(_Section):
     _KEY = "optimizer"
     name: str = _field("sgd", choices=OPTIMIZERS, convert=_optimizer_name)
-    learning_rate: float = _field(1e-2, above=0.0)
-    momentum: float = _field(0.9, minimum=0.0)
-    weight_decay: float = _field(0.0, minimum=0.0)
-    head_lr_multiplier: float = _field(1.0, above=0.0)  # new layers at this multiple of the backbone rate
+    learning_rate: float = _field(1e-2, above=0.0, maximum=100.0)
+    momentum: float = _field(0.9, minimum=0.0, maximum=1.0)
+    weight_decay: float = _field(0.0, minimum=0.0, maximum=10.0)
+    head_lr_multiplier: float = _field(1.0, above=0.0, maximum=1e4)  # new layers at this multiple of the backbone rate
     schedule: str | None = _field(None, choices=("cosine", "step", "constant", "none"))
-    boundaries: list[float] = _field(factory=lambda: [0.5], above=0.0)  # step: fractions of the run or steps
-    factor: float = _field(0.1, above=0.0)  # step schedule: multiplier at each boundary
+    # step: fractions of the run or steps
+    boundaries: list[float] = _field(factory=lambda: [0.5], above=0.0, maximum=1e9)
+    factor: float = _field(0.1, above=0.0, maximum=1e3)  # step schedule: multiplier at each boundary
 
 
 @dataclasses.dataclass
 class TrainingConfig(_Section):
     _KEY = "training"
-    epochs: int = _field(16, minimum=1)
-    steps_per_epoch: int | None = _field(None, minimum=1)  # null: one pass over the training images
-    pretrain_epochs: int = _field(0, minimum=0)  # Group Loss classification pre-training
+    epochs: int = _field(16, minimum=1, maximum=1_000_000)
+    # null: one pass over the training images
+    steps_per_epoch: int | None = _field(None, minimum=1, maximum=100_000_000)
+    pretrain_epochs: int = _field(0, minimum=0, maximum=1_000_000)  # Group Loss classification pre-training
     checkpoint_dir: str | None = None  # default: <report_dir>/checkpoints
-    eval_every: int = _field(0, minimum=0)  # epochs between retrieval evaluations (0: never)
+    eval_every: int = _field(0, minimum=0, maximum=1_000_000)  # epochs between retrieval evaluations (0: never)
     distribute: str = _field("auto", choices=("auto", "none", "mirrored", "multi_worker"))
 
     def check(self, key):
@@ -518,10 +581,10 @@ def _metric_names():
 @dataclasses.dataclass
 class EvaluationConfig(_Section):
     _KEY = "evaluation"
-    ks: list[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1)
+    ks: list[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1, maximum=100_000)
     metrics: list[str] = _field(factory=lambda: ["recall", "map@r", "r_precision", "nmi", "f1"])
     exact: bool = True
-    batch_size: int = _field(256, minimum=1)
+    batch_size: int = _field(256, minimum=1, maximum=65_536)
 
     def check(self, key):
         if not self.ks:
@@ -539,26 +602,22 @@ class ExportConfig(_Section):
     enabled: bool = True
     base_dir: str = "exported_models"
     name: str | None = None  # default: the configuration's name
-    version: int | None = _field(None, minimum=1)  # default: the next integer version
+    version: int | None = _field(None, minimum=1, maximum=2**31 - 1)  # default: the next integer version
     index: bool = True
     # The `search` signature (written whenever an index is built): top_k neighbours, the gallery stored as
     # gallery_dtype, `match` at the score threshold of match_precision on the evaluation data.
     search: bool = True
-    top_k: int = _field(10, minimum=1)
+    top_k: int = _field(10, minimum=1, maximum=10_000)
     gallery_dtype: str = _field("float32", choices=("float32", "bfloat16", "int8"))
-    match_precision: float = _field(0.9, above=0.0)
-
-    def check(self, key):
-        if self.match_precision > 1.0:
-            raise ConfigError(f"{key}.match_precision: expected a precision in (0, 1], got {self.match_precision}")
+    match_precision: float = _field(0.9, above=0.0, maximum=1.0)
 
 
 @dataclasses.dataclass
 class ReportConfig(_Section):
     _KEY = "report"
     dir: str | None = None  # default: reports/<name>
-    grid_queries: int = _field(8, minimum=1)
-    grid_neighbours: int = _field(5, minimum=1)
+    grid_queries: int = _field(8, minimum=1, maximum=64)
+    grid_neighbours: int = _field(5, minimum=1, maximum=32)
 
 
 @dataclasses.dataclass
@@ -569,7 +628,7 @@ class Config(_Section):
     name: str = "job"
     description: str | None = None
     paper_target: str | None = None
-    seed: int = _field(0, minimum=0)
+    seed: int = _field(0, minimum=0, maximum=2**32 - 1)  # NumPy seeds are 32-bit
     data: DataConfig = _field(factory=DataConfig)
     model: ModelConfig = _field(factory=ModelConfig)
     loss: LossConfig = _field(factory=LossConfig)
@@ -765,9 +824,45 @@ def output_dir_problem(path, writable=False):
             if current == path
             else f"{current} is a file, so the folder {path} cannot be made"
         )
-    if writable and not os.access(current, os.W_OK | os.X_OK):
-        return f"no permission to write in {current}"
+    if writable:
+        return _write_problem(path)
     return None
+
+
+def _write_problem(path):
+    """Why `path` cannot be made and written in, found by doing it: the folders are made, a file is
+    written in the last and removed, and the folders made are removed again (permission bits alone miss
+    read-only file systems, /proc, and root's rights)."""
+    made = []
+    try:
+        missing, current = [], path
+        while not os.path.isdir(current):
+            missing.append(current)
+            current = os.path.dirname(current)
+        for folder in reversed(missing):
+            os.mkdir(folder)
+            made.append(folder)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        where = error.filename or path
+        return f"cannot write in {path} ({error.strerror or error}: {where})"
+    finally:
+        for folder in reversed(made):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+    return None
+
+
+def output_file_problem(path):
+    """Why the file `path` cannot be written (a folder in the way, or its folder cannot be made or written
+    in), or None; nothing is left behind."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        return f"{path} is a folder, not a file"
+    return output_dir_problem(os.path.dirname(path), writable=True)
 
 
 def differences(old, new, prefix=""):
