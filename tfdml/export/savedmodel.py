@@ -350,11 +350,12 @@ def _graph_preprocessing(model, config, preprocess):
 def _version_path(base_dir, name, version, overwrite):
     """`(model folder, version, version folder)`, checked before anything is built or written."""
     model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
-    version = _next_version(model_dir) if version is None else int(version)
+    given = version is not None  # a version taken meanwhile moves on to the next free one (_write_version)
+    version = int(version) if given else _next_version(model_dir)
     if version < 1:
         raise ValueError(f"version must be a positive integer, got {version}.")
     target = os.path.join(model_dir, str(version))
-    if os.path.exists(target) and not overwrite:
+    if given and os.path.exists(target) and not overwrite:
         raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
     return model_dir, version, target
 
