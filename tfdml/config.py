@@ -649,7 +649,7 @@ class Config(_Section):
         self._check_pairs()
         # Output folders: a file in the way is found now, not after training.
         outputs = [
-            ("report.dir", self.report.dir or os.path.join("reports", self.name)),
+            ("report.dir", self.report.dir or default_report_dir(self)),
             ("training.checkpoint_dir", self.training.checkpoint_dir),
         ]
         if self.export.enabled:
@@ -725,6 +725,12 @@ DEFAULT_JOB = {
     # k-means (NMI, F1) over 151 classes would take most of the job's time.
     "evaluation": {"ks": [1, 2, 4, 8], "metrics": ["recall", "map@r", "r_precision"]},
 }
+
+
+def default_report_dir(config):
+    """`reports/<name>`: where a job's report goes unless `report.dir` says otherwise (or a finished report
+    is there already: see `tfdml.pipeline.choose_report_dir`)."""
+    return os.path.join("reports", config.name)
 
 
 def default_config():

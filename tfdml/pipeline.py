@@ -13,9 +13,13 @@ SavedModel with the ScaNN index of the evaluation images inside its version, and
     <report_dir>/tensorboard/          TensorBoard logs; its run `projector` holds the evaluation embeddings,
                                        class names and image sprite for the projector (PCA, t-SNE)
     <report_dir>/checkpoints/          state of an unfinished run: started again, it resumes where it stopped
+                                       (after training, at the report); cleared once the report is in place
 
-The job runs in stages, each a function of the typed `Config`: `prepare_report_dir` (resume or refuse),
-`load_sources`, `build_model`, `make_datasets`, `train`, `evaluate`, `export`, `write_report`.
+The job runs in stages, each a function of the typed `Config` that returns its result:
+`choose_report_dir` (a finished report is kept), `prepare_report_dir` (resume or refuse), `load_sources`,
+`build_model`, `make_datasets`, `train`, `evaluate`, `export`, then `write_report` into a folder beside the
+report folder and `publish_report`, which moves it into place in one step and clears the checkpoints. The
+report folder is locked for the whole job (`tfdml.locks`).
 """
 
 import ctypes
@@ -39,7 +43,16 @@ from tfdml import data as data_lib
 from tfdml import export as export_lib
 from tfdml import interrupts, losses, plots, projector, recipes, retrieval
 from tfdml.callbacks import completed_epochs
-from tfdml.config import LOSSES, Config, ConfigError, DataConfig, default_config, differences, output_dir_problem
+from tfdml.config import (
+    LOSSES,
+    Config,
+    ConfigError,
+    DataConfig,
+    default_config,
+    default_report_dir,
+    differences,
+    output_dir_problem,
+)
 from tfdml.data.sources import DatasetUnavailable, class_halves, single_image_classes
 from tfdml.locks import FolderLock
 from tfdml.models import ALAModel
@@ -83,11 +96,6 @@ def augment_setting(augment):
     """`data.augment` (true, false, an `Augment` or a mapping of its fields) -> what `tfdml.data` takes."""
 
     return DataConfig.from_dict({"augment": augment}).augment
-
-
-def default_report_dir(config):
-    """`reports/<name>`: where a job's report goes unless `report.dir` says otherwise."""
-    return os.path.join("reports", config.name)
 
 
 def resolve_paths(config):
