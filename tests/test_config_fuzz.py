@@ -14,7 +14,8 @@ import pytest
 
 from tests import cli_process
 from tfdml import cli, losses, pipeline
-from tfdml.config import DEFAULT_JOB, LOSSES, Config, _bounds
+from tfdml.config import DEFAULT_JOB, LOSSES, Config
+from tfdml.config.schema import _bounds
 
 
 def _number_type(hint):

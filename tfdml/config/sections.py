@@ -1,44 +1,24 @@
-"""Training configuration: typed, validated once, at the edge.
+"""The sections of a job (`DataConfig`, `ModelConfig`, `LossConfig`, `ALAConfig`, `OptimizerConfig`,
+`TrainingConfig`, `EvaluationConfig`, `ExportConfig`, `ReportConfig`) and the whole `Config`: each field's type,
+default, range and meaning, and the checks across fields."""
 
-A job is a `Config` of typed sections (`DataConfig`, `ModelConfig`, `LossConfig`, `ALAConfig`,
-`OptimizerConfig`, `TrainingConfig`, `EvaluationConfig`, `ExportConfig`, `ReportConfig`). `load_config` builds
-one from the embedded default job (`DEFAULT_JOB`: a small-CNN embedder trained with Ranked List Loss on half
-of the font-rendered characters of `tfdml.data.glyphs`, evaluated on the unseen half), a YAML file under
-`configs/` that overrides any subset of it, and command-line overrides (`--set optimizer.learning_rate=0.01`)
-that override the file.
-
-Every value is checked before anything is built, in two passes: first keys, types, ranges, choices and
-paths (no TensorFlow import, so that `tfdml train --set training.epoch=2` answers at once), then what only
-the library can tell (`check_with_library`: the loss class's arguments, backbone and metric names, tfds
-builders), which imports TensorFlow. unknown keys (also inside `loss.params`, checked against
-the loss class's constructor), wrong types, out-of-range numbers and unknown names raise a `ConfigError`
-whose message is one line that names the key and what is allowed, e.g.
-`optimizer.learning_rate: expected a number, got 'abc'`. `Config.to_dict()` is plain YAML/JSON data and
-`Config.from_dict(config.to_dict()) == config`.
-"""
-
-import copy
 import dataclasses
 import difflib
-import inspect
-import math
 import os
-import tempfile
-import types
-import typing
 from typing import Any
 
-import yaml
-
+from tfdml.config.schema import (
+    ConfigError,
+    _check_arguments,
+    _check_keys,
+    _check_value,
+    _convert,
+    _field,
+    _names,
+    _Section,
+    output_dir_problem,
+)
 from tfdml.loss_names import LOSSES  # noqa: F401  (loss name -> tfdml.losses class name)
-
-# `Optional[X]` and `X | None` annotations: both mean "X or null" to the validator.
-_UNIONS = (typing.Union, types.UnionType)
-
-
-class ConfigError(ValueError):
-    """A configuration value that does not fit the schema; the message is one line naming the key."""
-
 
 # Losses that learn from one image per class (class proxies or a classifier; Group Loss refines a
 # classifier's predictions): every other loss needs positive pairs, >= 2 images per class in a batch.
@@ -47,21 +27,6 @@ UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface",
 ALA_LOSSES = ("triplet", "margin", "contrastive")
 # == tfdml.optimizers.OPTIMIZER_NAMES (tested); written out so that parsing a configuration imports no TensorFlow.
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
-
-
-# Numbers without a stated maximum: integers that fit TensorFlow's int32 shapes, floats far beyond any
-# setting that trains (every number has a range, and NaN or infinity is never one).
-MAX_INT = 2**31 - 1
-MAX_FLOAT = 1e6
-
-
-def _field(default=None, *, factory=None, choices=None, minimum=None, above=None, maximum=None, convert=None):
-    """A dataclass field with its validation rules: `choices` (allowed values), `minimum` (>=), `above`
-    (>), `maximum` (<=; default `MAX_INT` or `MAX_FLOAT`), `convert(value, key)` (a custom parser)."""
-    metadata = {"choices": choices, "minimum": minimum, "above": above, "maximum": maximum, "convert": convert}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _augment(value, key):
@@ -93,175 +58,6 @@ def _augment(value, key):
         return Augment(**fields)
     except ValueError as error:
         raise ConfigError(f"{key}: {error}") from None
-
-
-def _names(items):
-    return ", ".join(sorted(getattr(i, "name", i) for i in items))
-
-
-def _check_keys(mapping, known, key):
-    for name in mapping:
-        if name not in known:
-            close = difflib.get_close_matches(str(name), list(known), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            where = f"{key}.{name}" if key else str(name)
-            raise ConfigError(f"unknown configuration key '{where}'{hint}; valid keys here: {_names(known)}")
-
-
-def _type_name(tp):
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    if tp in names:
-        return names[tp]
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:
-        return " or ".join([_type_name(a) for a in args if a is not type(None)] + ["null"])
-    if origin is list:
-        return f"a list of {_type_name(args[0]).replace('an ', '').replace('a ', '')}s"
-    return "a mapping"
-
-
-def _convert(value, tp, key):
-    """`value` as type `tp` (int, float, bool, str, Optional/List/Dict of these, a dataclass) or a
-    `ConfigError` naming `key`."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:
-        if value is None:
-            return None
-        return _convert(value, next(a for a in args if a is not type(None)), key)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
-    ok = None
-    if tp is bool:
-        ok = value if isinstance(value, bool) else None
-    elif tp is int:
-        ok = value if isinstance(value, int) and not isinstance(value, bool) else None
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            ok = float(value)
-        elif isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                ok = float(value)
-            except ValueError:
-                ok = None
-    elif tp is str:
-        ok = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-    elif origin is list:
-        if isinstance(value, (list, tuple)):
-            return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    elif origin is dict or tp is Any:
-        if isinstance(value, dict) or tp is Any:
-            return copy.deepcopy(value)
-    if ok is None:
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    return ok
-
-
-def _bounds(meta, integer):
-    """`(low, low included, high)` of a number field (high: its maximum, else `MAX_INT` / `MAX_FLOAT`)."""
-    high = meta.get("maximum")
-    high = (MAX_INT if integer else MAX_FLOAT) if high is None else high
-    if meta.get("above") is not None:
-        return meta["above"], False, high
-    return meta.get("minimum"), True, high
-
-
-def range_text(meta, integer):
-    """`[1, 4096]`, `(0, 1]`: the range of a number field, as the messages state it."""
-    low, included, high = _bounds(meta, integer)
-    text = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # noqa: E731
-    return f"{'[' if included else '('}{'-inf' if low is None else text(low)}, {text(high)}]"
-
-
-def _check_number(item, meta, key):
-    low, included, high = _bounds(meta, isinstance(item, int))
-    inside = math.isfinite(item) and item <= high
-    if low is not None:
-        inside = inside and (item >= low if included else item > low)
-    if not inside:
-        kind = "an integer" if isinstance(item, int) else "a number"
-        raise ConfigError(f"{key}: must be {kind} in {range_text(meta, isinstance(item, int))}, got {item!r}")
-
-
-def _check_value(value, meta, key):
-    items = [(f"{key}[{i}]", item) for i, item in enumerate(value)] if isinstance(value, list) else [(key, value)]
-    for where, item in items:
-        if item is None:
-            continue
-        choices = meta.get("choices")
-        if choices and item not in choices:
-            raise ConfigError(f"{where}: must be one of {', '.join(map(str, choices))}, got {item!r}")
-        if isinstance(item, (int, float)) and not isinstance(item, bool):
-            _check_number(item, meta, where)
-
-
-def _build(cls, mapping, key=""):
-    """An instance of the dataclass `cls` from `mapping` (missing keys keep their defaults), validated."""
-    if isinstance(mapping, cls):
-        return mapping
-    if not isinstance(mapping, dict):
-        raise ConfigError(f"{key or 'the configuration'}: expected a mapping, got {mapping!r}")
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    _check_keys(mapping, known, key)
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for name, value in mapping.items():
-        where = f"{key}.{name}" if key else name
-        meta = known[name].metadata
-        try:
-            value = meta["convert"](value, where) if meta.get("convert") else _convert(value, hints[name], where)
-        except ConfigError:
-            if meta.get("choices") and typing.get_origin(hints[name]) is list:
-                raise ConfigError(
-                    f"{where}: expected a list drawn from {', '.join(meta['choices'])} "
-                    f"(e.g. [{meta['choices'][-1]}]), got {value!r}"
-                ) from None
-            raise
-        _check_value(value, meta, where)
-        values[name] = value
-    instance = cls(**values)
-    check = getattr(instance, "check", None)
-    if check is not None:
-        check(key)
-    return instance
-
-
-def _plain(value):
-    """Dataclasses and tuples -> dicts and lists (YAML- and JSON-safe)."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _check_with_library(instance, key):
-    """The second pass: `check_with_library(key)` of every section, nested ones first."""
-    for field in dataclasses.fields(instance):
-        value = getattr(instance, field.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            _check_with_library(value, f"{key}.{field.name}" if key else field.name)
-    check = getattr(instance, "check_with_library", None)
-    if check is not None:
-        check(key)
-
-
-class _Section:
-    """Mapping-style helpers shared by every section."""
-
-    @classmethod
-    def from_dict(cls, mapping, key=None):
-        key = cls._KEY if key is None else key
-        instance = _build(cls, mapping, key)
-        _check_with_library(instance, key)
-        return instance
-
-    def to_dict(self):
-        return _plain(self)
-
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass
@@ -419,53 +215,6 @@ class LossConfig(_Section):
                 f"{key}.cross_batch_memory: {self.name} has no pairs to a memory of past "
                 f"embeddings; a cross-batch memory works with {', '.join(usable)}"
             )
-
-
-def _check_arguments(function, params, key, skip=()):
-    """`params` against the named arguments of `function`: unknown names and values of the wrong kind
-    (a number where the default is a number, true/false where it is a bool) are `ConfigError`s."""
-    signature = inspect.signature(function)
-    known = {
-        name: p
-        for name, p in signature.parameters.items()
-        if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    }
-    _check_keys(params, known, key)
-    for name, value in params.items():
-        default = known[name].default
-        if isinstance(default, bool):
-            _convert(value, bool, f"{key}.{name}")
-        elif isinstance(default, (int, float)) and value is not None:
-            number = _convert(value, int if isinstance(default, int) else float, f"{key}.{name}")
-            _check_number(number, LOSS_PARAM_RANGES.get(name, {}), f"{key}.{name}")
-
-
-# Ranges of the losses' numeric arguments, by name (the same meaning in every loss that has it); other
-# numeric arguments get the default range of `_check_number` (finite, within MAX_INT / MAX_FLOAT).
-LOSS_PARAM_RANGES = {
-    "margin": {"minimum": 0.0, "maximum": 180.0},  # a distance or similarity margin; ArcFace's in degrees
-    "pos_margin": {"minimum": 0.0, "maximum": 4.0},  # distances between unit vectors are at most 2
-    "neg_margin": {"minimum": 0.0, "maximum": 4.0},
-    "cutoff": {"minimum": 0.0, "maximum": 4.0},
-    "nonzero_loss_cutoff": {"minimum": 0.0, "maximum": 4.0},
-    "base": {"minimum": -1.0, "maximum": 1.0},  # a cosine similarity
-    "m": {"minimum": 0.0, "maximum": 1.0},
-    "lam": {"minimum": 0.0, "maximum": 1.0},
-    "mining_epsilon": {"minimum": 0.0, "maximum": 2.0},
-    "alpha": {"minimum": 0.0, "maximum": 1e4},
-    "beta": {"minimum": 0.0, "maximum": 1e4},
-    "gamma": {"above": 0.0, "maximum": 1e4},
-    "scale": {"above": 0.0, "maximum": 1e4},
-    "softmax_scale": {"above": 0.0, "maximum": 1e4},
-    "temperature": {"above": 0.0, "maximum": 1e4},
-    "tn": {"above": 0.0, "maximum": 1e4},
-    "tp": {"minimum": 0.0, "maximum": 1e4},
-    "nu": {"minimum": 0.0, "maximum": 1e4},
-    "ce_weight": {"minimum": 0.0, "maximum": 1e4},
-    "beta_learning_rate": {"minimum": 0.0, "maximum": 100.0},
-    "num_anchors": {"minimum": 0, "maximum": 100_000},
-    "num_iterations": {"minimum": 1, "maximum": 1_000},
-}
 
 
 @dataclasses.dataclass
@@ -708,176 +457,7 @@ class Config(_Section):
                 raise ConfigError(f"loss.params: {error}") from None
 
 
-# The embedded default job (what `tfdml train` runs with no options; configs/glyphs_rll.yaml writes it out).
-DEFAULT_JOB = {
-    "name": "glyphs_rll",
-    "description": "Embedded default: small-CNN embedder, RLL, 150 font-rendered characters -> 151 unseen ones.",
-    # tfdml.data.glyphs: 301 characters (look-alikes removed), 20 images each at 32 px with random face, size,
-    # rotation, position, stroke weight and blur; train on one half of the characters, retrieve the other.
-    # configs/glyphs_rll.yaml writes this job out with the reasons for each setting.
-    "data": {"source": "glyphs", "image_size": 32, "classes_per_batch": 22, "samples_per_class": 3, "augment": False},
-    "model": {"type": "single", "embedding_dim": 64, "widths": [16, 32, 64, 128]},
-    # Eq. 14's uniform query weighting: on glyphs it beats the authors' Caffe weighting (the library default),
-    # MAP@R 0.499 vs 0.436 at seed 0 on the 310-class set (README method table: tuned, over 5 seeds).
-    "loss": {"name": "ranked_list", "params": {"margin": 0.4, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}},
-    "optimizer": {"name": "adam", "learning_rate": 2e-3},
-    "training": {"epochs": 10, "steps_per_epoch": 60},
-    # k-means (NMI, F1) over 151 classes would take most of the job's time.
-    "evaluation": {"ks": [1, 2, 4, 8], "metrics": ["recall", "map@r", "r_precision"]},
-}
-
-
 def default_report_dir(config):
     """`reports/<name>`: where a job's report goes unless `report.dir` says otherwise (or a finished report
     is there already: see `tfdml.pipeline.choose_report_dir`)."""
     return os.path.join("reports", config.name)
-
-
-def default_config():
-    """The embedded default job as a `Config`."""
-    return Config.from_dict(copy.deepcopy(DEFAULT_JOB))
-
-
-def _merge(base, update, path=""):
-    """`update` merged into the plain mapping `base` (nested mappings key by key, other values replaced)."""
-    if path == "loss." and "name" in update and update["name"] != base.get("name"):
-        # Loss parameters belong to the loss they were set for: another loss starts from its own defaults.
-        base["params"] = {}
-    for key, value in update.items():
-        if isinstance(base.get(key), dict) and isinstance(value, dict):
-            _merge(base[key], value, f"{path}{key}.")
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
-
-
-def parse_override(text):
-    """`'a.b=value'` -> (`['a', 'b']`, value parsed as YAML: numbers, booleans, null, lists)."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' must look like key.path=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw  # not YAML (e.g. an unbalanced bracket): the string itself, checked like any value
-    return key.strip().split("."), value
-
-
-def load_config(path=None, overrides=()):
-    """`DEFAULT_JOB` <- YAML file at `path` <- each override, as a validated `Config`. An override is a
-    `"key.path=value"` string (the value parsed as YAML) or a `("key.path", value)` pair."""
-    # The defaults filled in without the library pass: the merged whole gets it once, at the end.
-    config = _build(Config, copy.deepcopy(DEFAULT_JOB)).to_dict()
-    for layer in _layers(path, overrides):
-        _merge(config, layer)
-    return Config.from_dict(config)
-
-
-def _layers(path=None, overrides=()):
-    """The mappings that `load_config` merges over the defaults: the file's, then one per override."""
-    layers = []
-    if path is not None:
-        if os.path.isdir(path):
-            raise ConfigError(f"--config {path} is a directory; give a YAML file, e.g. configs/glyphs_rll.yaml")
-        if not os.path.exists(path):
-            raise ConfigError(f"configuration file not found: {path}")
-        try:
-            with open(path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-        except OSError as error:
-            raise ConfigError(f"cannot read the configuration file {path}: {error.strerror or error}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path} must hold a mapping at the top level")
-        layers.append(loaded)
-    for override in overrides:
-        keys, value = (override[0].split("."), override[1]) if isinstance(override, tuple) else parse_override(override)
-        nested = value
-        for key in reversed(keys):
-            nested = {key: nested}
-        layers.append(nested)
-    return layers
-
-
-def given_keys(path=None, overrides=()):
-    """The dotted keys that the file at `path` and the `overrides` set (as `load_config` takes them), e.g. to
-    tell a value the user chose from a default."""
-
-    def leaves(mapping, prefix):
-        for key, value in mapping.items():
-            if isinstance(value, dict) and value:
-                yield from leaves(value, f"{prefix}{key}.")
-            else:
-                yield f"{prefix}{key}"
-
-    return {key for layer in _layers(path, overrides) for key in leaves(layer, "")}
-
-
-def output_dir_problem(path, writable=False):
-    """Why no folder can be made at `path` (a file in the way; with `writable`, no write permission on
-    the nearest existing folder), or None."""
-    path = os.path.abspath(os.fspath(path))
-    current = path
-    while not os.path.exists(current):
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
-    if not os.path.isdir(current):
-        return (
-            f"{current} is a file, not a folder"
-            if current == path
-            else f"{current} is a file, so the folder {path} cannot be made"
-        )
-    if writable:
-        return _write_problem(path)
-    return None
-
-
-def _write_problem(path):
-    """Why `path` cannot be made and written in, found by doing it: the folders are made, a file is
-    written in the last and removed, and the folders made are removed again (permission bits alone miss
-    read-only file systems, /proc, and root's rights)."""
-    made = []
-    try:
-        missing, current = [], path
-        while not os.path.isdir(current):
-            missing.append(current)
-            current = os.path.dirname(current)
-        for folder in reversed(missing):
-            os.mkdir(folder)
-            made.append(folder)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as error:
-        where = error.filename or path
-        return f"cannot write in {path} ({error.strerror or error}: {where})"
-    finally:
-        for folder in reversed(made):
-            try:
-                os.rmdir(folder)
-            except OSError:
-                pass
-    return None
-
-
-def output_file_problem(path):
-    """Why the file `path` cannot be written (a folder in the way, or its folder cannot be made or written
-    in), or None; nothing is left behind."""
-    path = os.path.abspath(os.fspath(path))
-    if os.path.isdir(path):
-        return f"{path} is a folder, not a file"
-    return output_dir_problem(os.path.dirname(path), writable=True)
-
-
-def differences(old, new, prefix=""):
-    """Dotted keys whose values differ between two plain configuration mappings."""
-    keys = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys += differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            keys.append(f"{prefix}{key}")
-    return keys
