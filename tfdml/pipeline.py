@@ -733,6 +733,8 @@ def _interrupted(stage, config):
             f"interrupted after training ({epochs}/{epochs} epochs, kept in {checkpoints}), before the report "
             f"was complete; run the same command to write the report in {config.report.dir}"
         )
+    if stage == "reported":
+        return Interrupted(f"stopped after the report in {config.report.dir} was complete; nothing was lost")
     return Interrupted("interrupted before training started: run the same command to start")
 
 
@@ -792,7 +794,7 @@ def _job(config, verbose, restart, say, fit_classes_per_batch, started):
         outcome = _run(config, verbose, train_source, eval_source, stage)
         if not outcome.summary.get("chief", True):
             return outcome.summary
-        summary = _report(config, outcome, started)
+        summary = _report(config, outcome, started, stage)
     except KeyboardInterrupt:
         raise _interrupted(stage[0], config) from None
     if outcome.export_error is not None:
@@ -859,7 +861,7 @@ def _check_evaluation_data(eval_source):
         )
 
 
-def _report(config, outcome, started):
+def _report(config, outcome, started, stage):
     """Writes the report beside its folder, moves it into place in one step and clears the checkpoints;
     returns the summary written to metrics.json."""
     report_dir, checkpoints = config.report.dir, config.training.checkpoint_dir
@@ -877,6 +879,7 @@ def _report(config, outcome, started):
     with interrupts.holding():  # the move and the clearing are not cut in half
         publish_report(staging, report_dir, checkpoints)
         interrupts.complete(f"the report in {report_dir}")
+        stage[0] = "reported"
     return summary
 
 
