@@ -247,3 +247,28 @@ def test_outputs_and_options_are_checked_before_the_work(command, message, tmp_p
     assert cli.main(command) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_the_report_moves_into_place_whole(atomic, tmp_path, monkeypatch):
+    """The new report replaces the folder in one step (or, without an atomic exchange, in renames that a rerun
+    completes); the old folder and the checkpoints inside it go only afterwards."""
+    if not atomic:
+        monkeypatch.setattr(pipeline, "_exchange", lambda a, b: False)
+    report = tmp_path / "r"
+    (report / "checkpoints").mkdir(parents=True)
+    (report / "checkpoints" / "state").write_text("trained")
+    (report / "old.png").write_text("old")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "metrics.json").write_text("{}")
+    pipeline.publish_report(str(staging), str(report), str(report / "checkpoints"))
+    assert sorted(os.listdir(report)) == ["metrics.json"] and sorted(os.listdir(tmp_path)) == ["r"]
+
+    # a stop between the renames of the fallback leaves the old folder aside: the next run puts it back
+    aside = tmp_path / ".r.previous"
+    os.rename(report, aside)
+    assert pipeline.choose_report_dir(
+        default_config().replace(report=default_config().report.replace(dir=str(report))), overwrite=True
+    ) == str(report)
+    assert sorted(os.listdir(report)) == ["metrics.json"] and not aside.exists()
