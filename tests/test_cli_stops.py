@@ -100,7 +100,7 @@ def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
         holder = json.loads(lock.read_text())
     finally:
         first.kill()  # SIGKILL: no clean-up, the lock file stays
-        first.wait()
+        first.communicate()  # reaps it and closes its pipe
     assert second.returncode == 2, out[-3000:]
     assert holder["pid"] == first.pid
     assert (
