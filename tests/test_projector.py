@@ -143,4 +143,4 @@ def test_evaluate_command_refuses_a_file_as_projector_folder(tmp_path, capsys):
     taken.write_text("")
     rc = cli.main(["evaluate", "--embeddings", str(path), "--projector", str(taken)])
     assert rc == 2
-    assert f"--projector: {taken} is a file, not a (TensorBoard log) folder" in capsys.readouterr().err
+    assert f"--projector: {taken} is a file, not a folder" in capsys.readouterr().err

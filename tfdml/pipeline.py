@@ -13,16 +13,24 @@ SavedModel with the ScaNN index of the evaluation images inside its version, and
     <report_dir>/tensorboard/          TensorBoard logs; its run `projector` holds the evaluation embeddings,
                                        class names and image sprite for the projector (PCA, t-SNE)
     <report_dir>/checkpoints/          state of an unfinished run: started again, it resumes where it stopped
+                                       (after training, at the report); cleared once the report is in place
 
-The job runs in stages, each a function of the typed `Config`: `prepare_report_dir` (resume or refuse),
-`load_sources`, `build_model`, `make_datasets`, `train`, `evaluate`, `export`, `write_report`.
+The job runs in stages, each a function of the typed `Config` that returns its result:
+`choose_report_dir` (a finished report is kept), `prepare_report_dir` (resume or refuse), `load_sources`,
+`build_model`, `make_datasets`, `train`, `evaluate`, `export`, then `write_report` into a folder beside the
+report folder and `publish_report`, which moves it into place in one step and clears the checkpoints. The
+report folder is locked for the whole job (`tfdml.locks`).
 """
 
+import ctypes
 import dataclasses
+import errno
+import glob
 import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 
 import keras
@@ -33,10 +41,20 @@ import yaml
 from tfdml import callbacks as callbacks_lib
 from tfdml import data as data_lib
 from tfdml import export as export_lib
-from tfdml import losses, plots, projector, recipes, retrieval
+from tfdml import interrupts, losses, plots, projector, recipes, retrieval
 from tfdml.callbacks import completed_epochs
-from tfdml.config import LOSSES, Config, ConfigError, DataConfig, default_config, differences, output_dir_problem
-from tfdml.data.sources import class_halves, single_image_classes
+from tfdml.config import (
+    LOSSES,
+    Config,
+    ConfigError,
+    DataConfig,
+    default_config,
+    default_report_dir,
+    differences,
+    output_dir_problem,
+)
+from tfdml.data.sources import DatasetUnavailable, class_halves, single_image_classes
+from tfdml.locks import FolderLock
 from tfdml.models import ALAModel
 from tfdml.models.backbones import PretrainedWeightsError
 from tfdml.ops.neighbours import exact_search
@@ -47,6 +65,10 @@ logger = logging.getLogger("tfdml.pipeline")
 # Sections that do not change what is trained: a resumed run may change them.
 _RESUMABLE_CHANGES = ("description", "paper_target", "evaluation", "export", "report", "training.eval_every")
 CONFIG_SNAPSHOT = "tfdml_config.yaml"
+# In the checkpoint folder once training is complete: the embedder's weights (a rerun after a stop goes
+# straight to the report) and the export written before the stop (not written twice).
+TRAINED_WEIGHTS = "tfdml_trained.weights.h5"
+EXPORT_RECORD = "tfdml_export.json"
 
 
 def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
@@ -80,7 +102,7 @@ def resolve_paths(config):
     """A copy of `config` with the derived paths filled (report dir, checkpoints, export name) and the image
     folders of `data` made absolute: the report's config.yaml and the export's metadata record where the
     job's evaluation data is, for `tfdml evaluate / export / search` run from any working directory."""
-    report_dir = config.report.dir or os.path.join("reports", config.name)
+    report_dir = config.report.dir or default_report_dir(config)
     data = config.data
     if data.source == "folder":
         data = data.replace(
@@ -108,6 +130,44 @@ def _changed_keys(old, new):
     return [
         key for key in differences(old, new) if not any(key == s or key.startswith(s + ".") for s in _RESUMABLE_CHANGES)
     ]
+
+
+def finished_report(report_dir):
+    """Whether `report_dir` holds the report of a finished run (its metrics.json, and no unfinished run in
+    its checkpoints folder)."""
+    return os.path.exists(os.path.join(report_dir, "metrics.json")) and not os.path.exists(
+        os.path.join(report_dir, "checkpoints", CONFIG_SNAPSHOT)
+    )
+
+
+def choose_report_dir(config, overwrite=False, say=print):
+    """Where this run's report goes: a finished run's report is a result and is kept.
+
+    With `report.dir` set, a folder holding a finished report is refused unless `overwrite`; by default
+    (`reports/<name>`) the run goes to the first of `reports/<name>`, `reports/<name>-2`, ... that holds no
+    finished report (an unfinished run there is resumed), said in one line."""
+    if config.report.dir is not None:
+        _recover_report(config.report.dir)
+        if finished_report(config.report.dir) and not overwrite:
+            raise ConfigError(
+                f"report.dir: {config.report.dir} holds the report of a finished run, kept as a result; give "
+                "another --report-dir, or add --overwrite to replace it"
+            )
+        return config.report.dir
+    base = candidate = default_report_dir(config)
+    number = 1
+    while True:
+        _recover_report(candidate)
+        if overwrite or not finished_report(candidate):
+            break
+        number += 1
+        candidate = f"{base}-{number}"
+    if candidate != base:
+        say(
+            f"{base} holds the report of an earlier run (kept); this run's report goes to {candidate} "
+            f"(choose with --report-dir; --overwrite replaces {base})"
+        )
+    return candidate
 
 
 def prepare_report_dir(config, restart=False, say=print):
@@ -142,15 +202,79 @@ def prepare_report_dir(config, restart=False, say=print):
                 f"({', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'}); run it again unchanged "
                 "to resume, add --restart to discard it, or use another --report-dir"
             )
-        say(f"resuming from epoch {done + 1}/{config.training.epochs} ({done} epoch(s) restored from {checkpoints})")
+        if done >= config.training.epochs:
+            say(
+                f"training is complete ({done} epoch(s) in {checkpoints}); the run stopped before its report: "
+                "writing the report"
+            )
+        else:
+            say(
+                f"resuming from epoch {done + 1}/{config.training.epochs} ({done} epoch(s) restored from {checkpoints})"
+            )
     else:
         os.makedirs(checkpoints, exist_ok=True)
         with open(os.path.join(checkpoints, CONFIG_SNAPSHOT), "w") as f:
             yaml.safe_dump(config.to_dict(), f, sort_keys=False)
-    os.makedirs(config.report.dir, exist_ok=True)
-    with open(os.path.join(config.report.dir, "config.yaml"), "w") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
     return done
+
+
+def _sibling(report_dir, kind):
+    """`<parent>/.<name>.<kind>`: hidden beside the report folder, on the same file system."""
+    report_dir = os.path.abspath(report_dir)
+    return os.path.join(os.path.dirname(report_dir), f".{os.path.basename(report_dir)}.{kind}")
+
+
+def _recover_report(report_dir):
+    """Puts back a report folder that a stop left aside between the renames of `publish_report` (systems
+    without an atomic exchange)."""
+    previous = _sibling(report_dir, "previous")
+    if os.path.isdir(previous) and not os.path.exists(report_dir):
+        os.rename(previous, report_dir)
+
+
+def _staging_dir(report_dir):
+    """A fresh folder beside `report_dir` for the report being written; those of stopped runs are removed
+    (the caller holds the report folder's lock, so none is being written)."""
+    prefix = os.path.basename(_sibling(report_dir, "partial")) + "-"
+    parent = os.path.dirname(_sibling(report_dir, "partial"))
+    for partial in glob.glob(os.path.join(glob.escape(parent), glob.escape(prefix) + "*")):
+        shutil.rmtree(partial, ignore_errors=True)
+    staging = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # the report folder's permissions as os.makedirs gives them
+    return staging
+
+
+def _exchange(a, b):
+    """Swaps the folders `a` and `b` in one step (Linux `renameat2(RENAME_EXCHANGE)`); False where the
+    system cannot."""
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename is None:
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    if rename(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EPERM):  # file system or kernel without it
+        return False
+    raise OSError(code, os.strerror(code), b)
+
+
+def publish_report(staging, report_dir, checkpoint_dir):
+    """Moves the complete report in `staging` into `report_dir` in one step, then clears the run's
+    checkpoints (and what `report_dir` held before): a stop at any point leaves either the unfinished run,
+    which a rerun takes to its report, or the complete report."""
+    if not os.path.exists(report_dir):
+        os.rename(staging, report_dir)
+    elif not _exchange(staging, report_dir):
+        previous = _sibling(report_dir, "previous")  # _recover_report puts it back after a stop here
+        os.rename(report_dir, previous)
+        os.rename(staging, report_dir)
+        os.rename(previous, staging)
+    shutil.rmtree(staging, ignore_errors=True)  # the old folder, with the checkpoints inside by default
+    if os.path.exists(checkpoint_dir):
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
 # ---- data ---------------------------------------------------------------------------------------------------
@@ -166,10 +290,13 @@ def load_sources(data):
         return tuple(data_lib.embedded_source(data.source, split, **options) for split in ("train", "test"))
     if data.source == "tfds":
         common = dict(data_dir=data.data_dir, manual_dir=data.manual_dir, download=data.download)
-        return (
-            data_lib.tfds_source(data.name, data.train_split, **common),
-            data_lib.tfds_source(data.name, data.eval_split, **common),
-        )
+        try:
+            return (
+                data_lib.tfds_source(data.name, data.train_split, **common),
+                data_lib.tfds_source(data.name, data.eval_split, **common),
+            )
+        except DatasetUnavailable as error:
+            raise ConfigError(_unavailable_message(data, error)) from None
     # An image folder without images is the user's input, so its error names the key.
     try:
         train = data_lib.image_folder(data.path)
@@ -184,6 +311,24 @@ def load_sources(data):
         return train, data_lib.image_folder(data.eval_path)
     except (ValueError, FileNotFoundError) as error:
         raise ConfigError(f"data.eval_path: {error}") from None
+
+
+def _unavailable_message(data, error):
+    """A tfds data set that is not prepared, said with the configuration keys that fix it."""
+    reason = str(error.reason).strip().splitlines()[0] if str(error.reason).strip() else type(error.reason).__name__
+    how = (
+        "let tfds download and prepare it with --set data.download=true (needs the network)"
+        if not data.download
+        else "check the network, or prepare it elsewhere"
+    )
+    if data.name.split("/")[0] == "cars196":
+        how += " and put its archives in --set data.manual_dir=DIR"
+    where = f"data.data_dir={data.data_dir}" if data.data_dir else "the default data.data_dir (~/tensorflow_datasets)"
+    return (
+        f"data.name: the tfds data set {data.name!r} (split {error.split!r}) is not prepared for random access "
+        f"in {where} ({reason}); {how}, or point --set data.data_dir=DIR at a copy prepared in ArrayRecord "
+        "format (tfds build --file_format=array_record)"
+    )
 
 
 def _available_classes(config, train_source):
@@ -376,7 +521,7 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
     epoch_log = callbacks_lib.EpochLog(checkpoints)
     callbacks += [
         epoch_log,
-        keras.callbacks.BackupAndRestore(checkpoints),
+        keras.callbacks.BackupAndRestore(checkpoints, delete_checkpoint=False),  # cleared with the report
         keras.callbacks.TensorBoard(os.path.join(config.report.dir, "tensorboard")),
     ]
     train_ds = callbacks_lib.resume_stream(datasets.train, checkpoints, steps)
@@ -473,29 +618,30 @@ def export(config, embedder, evaluation, eval_source):
     return added
 
 
-def write_report(config, summary, history, evaluation, class_names=None):
-    """Plots and metrics.json in the report directory."""
+def write_report(folder, config, summary, history, evaluation, class_names=None):
+    """The report in `folder`: config.yaml, the plots and metrics.json (the one place it is written)."""
 
-    report_dir = config.report.dir
+    with open(os.path.join(folder, "config.yaml"), "w") as f:
+        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
     plots.plot_recall_curve(
-        {"tfdml": evaluation.results, "raw pixels": evaluation.baseline}, os.path.join(report_dir, "recall_at_k.png")
+        {"tfdml": evaluation.results, "raw pixels": evaluation.baseline}, os.path.join(folder, "recall_at_k.png")
     )
-    plots.plot_training_curves(history, os.path.join(report_dir, "training_curves.png"))
+    plots.plot_training_curves(history, os.path.join(folder, "training_curves.png"))
     if evaluation.calibration is not None:
-        plots.plot_match_calibration(evaluation.calibration, os.path.join(report_dir, "match_calibration.png"))
-    _retrieval_grid(evaluation, config.report, os.path.join(report_dir, "retrieval_grid.png"), class_names)
-    with open(os.path.join(report_dir, "metrics.json"), "w") as f:
+        plots.plot_match_calibration(evaluation.calibration, os.path.join(folder, "match_calibration.png"))
+    _retrieval_grid(evaluation, config.report, os.path.join(folder, "retrieval_grid.png"), class_names)
+    with open(os.path.join(folder, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
 
 
-def write_projector(config, evaluation, class_names=None):
+def write_projector(folder, evaluation, class_names=None):
     """The evaluation embeddings with class names and images for TensorBoard's projector
-    (`<report_dir>/tensorboard`, run `projector`, see `tfdml.projector`)."""
+    (`<folder>/tensorboard`, run `projector`, see `tfdml.projector`)."""
 
     # The pixels come from their own pass over the evaluation data, in the same order.
     same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
     return projector.write_projector(
-        os.path.join(config.report.dir, "tensorboard"),
+        os.path.join(folder, "tensorboard"),
         evaluation.embeddings,
         evaluation.labels,
         class_names,
@@ -574,10 +720,9 @@ _IMPORTED = time.perf_counter()
 
 
 def _interrupted(stage, config):
-
-    epochs = config.training.epochs
+    epochs, checkpoints = config.training.epochs, config.training.checkpoint_dir
     if stage == "training":
-        done = completed_epochs(config.training.checkpoint_dir)
+        done = completed_epochs(checkpoints)
         if done:
             return Interrupted(f"interrupted after epoch {done}/{epochs}; run the same command to resume")
         return Interrupted(
@@ -585,41 +730,78 @@ def _interrupted(stage, config):
         )
     if stage == "after training":
         return Interrupted(
-            f"interrupted after training ({epochs} epochs; its checkpoints were already "
-            "cleared), before the report was complete: run the same command to train again"
+            f"interrupted after training ({epochs}/{epochs} epochs, kept in {checkpoints}), before the report "
+            f"was complete; run the same command to write the report in {config.report.dir}"
         )
+    if stage == "reported":
+        return Interrupted(f"stopped after the report in {config.report.dir} was complete; nothing was lost")
     return Interrupted("interrupted before training started: run the same command to start")
 
 
-def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=False):
+def _lock(config, say):
+    """The report folder's lock (None for the non-chief workers of a multi-worker job, which write no
+    report)."""
+    task = (json.loads(os.environ.get("TF_CONFIG") or "{}") or {}).get("task") or {}
+    if task.get("type") not in (None, "chief") and not (task.get("type") == "worker" and task.get("index") == 0):
+        return None
+    lock = FolderLock(
+        config.report.dir,
+        "tfdml train",
+        say=say,
+        advice="wait for it to finish, stop it (started again, the run resumes), or give another --report-dir",
+    )
+    return lock.acquire()
+
+
+def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=False, overwrite=False):
     """Runs the whole job; returns the metrics dict also written to `<report_dir>/metrics.json`.
 
     `config`: a `Config` (default: the embedded default job); `restart`: discard an unfinished run in the
     report directory instead of resuming it; `say`: where the one-line notices (resuming ...) go;
     `fit_classes_per_batch`: train on all the classes of training data that has fewer than
-    `data.classes_per_batch` (see `fit_to_data`). Output folders are checked before anything is trained,
-    and metrics.json is written before the export. Ctrl-C raises `Interrupted`, whose message says how to
-    resume; a failed export raises `JobError` (metrics.json is kept)."""
-    config = resolve_paths(
-        config if isinstance(config, Config) else Config.from_dict(config) if config is not None else default_config()
-    )
+    `data.classes_per_batch` (see `fit_to_data`); `overwrite`: replace a finished run's report instead of
+    keeping it (see `choose_report_dir`).
+
+    Output folders are checked and the report folder locked (`tfdml.locks`; `LockedError` when another
+    process writes it) before anything is read or trained. The report is written beside its folder and
+    moved into place in one step; the checkpoints are cleared only then, so a run stopped after training
+    is taken to its report by the same call again. A stop (Ctrl-C, or SIGTERM under the CLI) raises
+    `Interrupted`, whose message says how to go on; a failed export raises `JobError` once the report is
+    in place."""
+    if not isinstance(config, Config):
+        config = Config.from_dict(config) if config is not None else default_config()
+    report_dir = choose_report_dir(config, overwrite, say)
+    config = resolve_paths(config.replace(report=config.report.replace(dir=report_dir)))
     started = time.perf_counter()
     check_outputs(config)
-    stage = ["before training"]  # where a Ctrl-C stopped the job (_run moves it on)
+    lock = _lock(config, say)
+    try:
+        return _job(config, verbose, restart, say, fit_classes_per_batch, started)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _job(config, verbose, restart, say, fit_classes_per_batch, started):
+    stage = ["before training"]  # where a stop found the job (_run moves it on)
     try:
         keras.utils.set_random_seed(config.seed)
         train_source, eval_source = load_sources(config.data)
         config = fit_to_data(config, train_source, fit_classes_per_batch, say)
         _check_evaluation_data(eval_source)
+        _check_unseen_classes(train_source, eval_source)
         prepare_report_dir(config, restart, say)
-        summary = _run(config, verbose, train_source, eval_source, stage)
+        outcome = _run(config, verbose, train_source, eval_source, stage)
+        if not outcome.summary.get("chief", True):
+            return outcome.summary
+        summary = _report(config, outcome, started, stage)
     except KeyboardInterrupt:
         raise _interrupted(stage[0], config) from None
-    if not summary.get("chief", True):
-        return summary
-    summary["job_seconds"] = round(time.perf_counter() - started, 2)  # this call, from configuration to report
-    summary["wall_seconds"] = round(process_seconds(), 2)  # this process since it started, imports included
-    _write_metrics(config, summary)
+    if outcome.export_error is not None:
+        raise JobError(
+            f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
+            f"({outcome.export_error}); the report is complete in {config.report.dir}"
+        )
     return summary
 
 
@@ -631,6 +813,30 @@ def _check_weights(config, train_source):
             f"model.weights: ImageNet weights take 3-channel (RGB) images, but the training data "
             f"({train_source.name}) has {channels} channel(s): train from scratch with --set "
             "model.weights=null, or use RGB images"
+        )
+
+
+def _check_unseen_classes(train_source, eval_source):
+    """A warning when the evaluation classes are also training classes: the figures are then not retrieval
+    of unseen classes. Compared by class name (image folders, embedded data sets), else by class id."""
+    train_names, eval_names = train_source.class_names, eval_source.class_names
+    if train_names is not None and eval_names is not None:
+        names = [{source.class_name(int(c)) for c in source.classes} for source in (train_source, eval_source)]
+        shared = sorted(names[0] & names[1])
+    elif train_names is None and eval_names is None:
+        shared = sorted(set(map(int, train_source.classes)) & set(map(int, eval_source.classes)))
+    else:
+        return
+    if shared:
+        named = ", ".join(map(str, shared[:5])) + (f" and {len(shared) - 5} more" if len(shared) > 5 else "")
+        logger.warning(
+            "%s shares %d of its %d classes with the training data (%s): %s; the retrieval figures are not on "
+            "unseen classes",
+            eval_source.name,
+            len(shared),
+            len(eval_source.classes),
+            train_source.name,
+            named,
         )
 
 
@@ -655,9 +861,73 @@ def _check_evaluation_data(eval_source):
         )
 
 
-def _write_metrics(config, summary):
-    with open(os.path.join(config.report.dir, "metrics.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+def _report(config, outcome, started, stage):
+    """Writes the report beside its folder, moves it into place in one step and clears the checkpoints;
+    returns the summary written to metrics.json."""
+    report_dir, checkpoints = config.report.dir, config.training.checkpoint_dir
+    staging = _staging_dir(report_dir)
+    training_logs = os.path.join(report_dir, "tensorboard")
+    if os.path.isdir(training_logs):
+        shutil.copytree(training_logs, os.path.join(staging, "tensorboard"))
+    outcome.embedder.save(os.path.join(staging, "model.keras"))
+    class_names = outcome.eval_source.class_names
+    write_projector(staging, outcome.evaluation, class_names)
+    summary = dict(outcome.summary)
+    summary["job_seconds"] = round(time.perf_counter() - started, 2)  # this call, from configuration to report
+    summary["wall_seconds"] = round(process_seconds(), 2)  # this process since it started, imports included
+    write_report(staging, config, summary, outcome.history, outcome.evaluation, class_names)
+    with interrupts.holding():  # the move and the clearing are not cut in half
+        publish_report(staging, report_dir, checkpoints)
+        interrupts.complete(f"the report in {report_dir}")
+        stage[0] = "reported"
+    return summary
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the job's stages produced, for its report."""
+
+    summary: dict
+    history: dict = None
+    evaluation: Evaluation = None
+    embedder: object = None
+    eval_source: object = None
+    export_error: object = None  # the export failed (the report is written anyway)
+
+
+def _train_or_restore(config, model, embedder, datasets, strategy, steps, verbose):
+    """Trains, or takes the weights of a run that was stopped after training; the trained weights are kept
+    in the checkpoints until the report is in place."""
+    checkpoints = config.training.checkpoint_dir
+    weights = os.path.join(checkpoints, TRAINED_WEIGHTS)
+    if os.path.exists(weights):
+        embedder.load_weights(weights)
+        log = callbacks_lib.EpochLog(checkpoints)
+        return Training(log.history(), log.seconds(), 0.0, 0)
+    trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
+    if _is_chief(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        os.makedirs(checkpoints, exist_ok=True)
+        partial = weights + ".partial.weights.h5"
+        embedder.save_weights(partial)
+        os.replace(partial, weights)  # whole or absent
+    return trained
+
+
+def _export_once(config, embedder, evaluation, eval_source):
+    """The export, or the one a stopped run of this job wrote before its report; `(added, error)`."""
+    record = os.path.join(config.training.checkpoint_dir, EXPORT_RECORD)
+    if os.path.exists(record):
+        with open(record) as f:
+            added = json.load(f)
+        if os.path.isdir(added.get("export_dir", "")):
+            return added, None
+    try:
+        added = export(config, embedder, evaluation, eval_source)
+    except (OSError, ValueError) as error:
+        return {}, error
+    with open(record, "w") as f:
+        json.dump(added, f)
+    return added, None
 
 
 def _run(config, verbose, train_source, eval_source, stage):
@@ -670,7 +940,7 @@ def _run(config, verbose, train_source, eval_source, stage):
         model, embedder = build_model(config, input_shape, config.training.epochs * steps)
     datasets = make_datasets(config, train_source, eval_source, strategy.num_replicas_in_sync)
     stage[0] = "training"
-    trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
+    trained = _train_or_restore(config, model, embedder, datasets, strategy, steps, verbose)
     stage[0] = "after training"
     summary = {
         "name": config.name,
@@ -679,10 +949,9 @@ def _run(config, verbose, train_source, eval_source, stage):
         "epochs_this_run": int(trained.epochs_this_run),
     }
     if not _is_chief(strategy):
-        return dict(summary, chief=False)
+        return Outcome(dict(summary, chief=False))
 
     evaluation = evaluate(config, embedder, datasets)
-    embedder.save(os.path.join(config.report.dir, "model.keras"))
     summary.update(
         {
             "report_dir": config.report.dir,
@@ -696,16 +965,8 @@ def _run(config, verbose, train_source, eval_source, stage):
             "history": {k: [float(v) for v in vs] for k, vs in trained.history.items()},
         }
     )
-    # The evaluation is on disk before the export starts: a failed export loses nothing.
-    write_report(config, summary, trained.history, evaluation, eval_source.class_names)
-    write_projector(config, evaluation, eval_source.class_names)
+    error = None
     if config.export.enabled:
-        try:
-            summary.update(export(config, embedder, evaluation, eval_source))
-        except (OSError, ValueError) as error:
-            raise JobError(
-                f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
-                f"({error}); the evaluation is saved in "
-                f"{os.path.join(config.report.dir, 'metrics.json')}"
-            ) from None
-    return summary
+        added, error = _export_once(config, embedder, evaluation, eval_source)
+        summary.update(added)
+    return Outcome(summary, trained.history, evaluation, embedder, eval_source, error)

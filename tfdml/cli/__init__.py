@@ -5,13 +5,19 @@ option, and sets `func`) and `run(args) -> int`.
 
 The command modules import TensorFlow (4-6 s) only inside `run`, after the arguments, the configuration
 and the paths are checked: a usage error (exit status 2) answers at once. Ctrl-C exits with status 130
-and one line.
+and one line; SIGTERM (a scheduler, `docker stop`) is handled the same way and exits with status 143. A stop
+that arrives once the command's result is complete is noted and the command ends normally. A folder that
+another command is writing (`tfdml.locks`) is refused with status 2, naming that process.
 """
 
 import argparse
 import importlib
 import os
+import signal
 import sys
+
+from tfdml import interrupts
+from tfdml.locks import LockedError
 
 _COMMANDS = ("train", "evaluate", "export", "search")
 
@@ -85,11 +91,20 @@ def main(argv=None):
         # `tfdml` alone prints the overview instead of failing.
         parser.print_help()
         return 0
+    interrupts.install()
     try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line (tfdml.pipeline.Interrupted says how to resume)
+        status = int(args.func(args) or 0)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM: one line (pipeline.Interrupted says how to resume)
         print(f"\ntfdml {args.command}: {str(interrupt) or 'interrupted'}", file=sys.stderr)
-        return 130
+        return 128 + (interrupts.received() or signal.SIGINT)
+    except LockedError as error:
+        return usage_error(args.command, error)
+    finally:
+        interrupts.uninstall()
+    done = interrupts.late_stop()
+    if done:
+        print(f"tfdml {args.command}: stop received after {done} was complete; nothing was lost", file=sys.stderr)
+    return status
 
 
 def main_for(command, argv=None):

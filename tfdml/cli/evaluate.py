@@ -16,6 +16,7 @@ import zipfile
 import numpy as np
 
 from tfdml.cli import positive_int, usage_error
+from tfdml.config import output_dir_problem, output_file_problem
 
 logger = logging.getLogger("tfdml.evaluate")
 
@@ -140,10 +141,12 @@ def argument_problem(args):
         if path and not exists(path):
             return f"{option}: no such {'file' if exists is os.path.isfile else 'folder'}: {path}"
     for option, path in (("--json", args.json), ("--plot", args.plot)):
-        if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
-            return f"{option}: cannot write the file {path} (a folder, or its folder does not exist)"
-    if args.projector and os.path.exists(args.projector) and not os.path.isdir(args.projector):
-        return f"--projector: {args.projector} is a file, not a (TensorBoard log) folder"
+        problem = path and output_file_problem(path)  # tried now, not after the work
+        if problem:
+            return f"{option}: {problem}"
+    problem = args.projector and output_dir_problem(args.projector, writable=True)
+    if problem:
+        return f"--projector: {problem}"
     return None
 
 

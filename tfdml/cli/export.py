@@ -9,7 +9,8 @@ import os
 import sys
 
 from tfdml.cli import positive_int, usage_error
-from tfdml.config import ExportConfig, output_dir_problem
+from tfdml.config import ConfigError, ExportConfig, output_dir_problem
+from tfdml.locks import FolderLock
 
 HELP = "Export a trained Keras embedder as a TF Serving SavedModel, optionally with a ScaNN gallery index."
 
@@ -134,6 +135,10 @@ def report_files(model_path):
     return config, metrics
 
 
+# The search signature's options and the `export` keys whose ranges they take.
+_SEARCH_OPTIONS = {"top_k": "--top-k", "match_precision": "--match-precision"}
+
+
 def argument_problem(args):
     """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
     if not os.path.isfile(args.model):
@@ -142,6 +147,12 @@ def argument_problem(args):
         return "give at most one of --gallery-dir and --no-index."
     if args.gallery_dir and not os.path.isdir(args.gallery_dir):
         return f"--gallery-dir: no such folder: {args.gallery_dir}"
+    given = {key: getattr(args, key) for key in _SEARCH_OPTIONS if getattr(args, key) is not None}
+    try:  # the ranges of the job's export section, checked before anything is embedded
+        ExportConfig.from_dict(given)
+    except ConfigError as error:
+        key, _, rest = str(error).partition(":")
+        return f"{_SEARCH_OPTIONS.get(key.removeprefix('export.'), key)}:{rest}"
     problem = output_dir_problem(os.path.join(args.base_dir, args.name or "x"), writable=True)
     return f"--base-dir: {problem}" if problem else None
 
@@ -161,22 +172,39 @@ def run(args):
     problem = argument_problem(args)
     if problem:  # before TensorFlow is imported
         return usage_error("export", problem)
-    with warnings_to_stderr("export"):
-        return _run(args)
+    training_config, metrics = report_files(args.model)
+    try:
+        name = _model_name(args, training_config)
+    except ValueError as error:
+        return usage_error("export", error)
+    # One export per model folder at a time (a second is refused, naming the first): versions never collide.
+    lock = FolderLock(
+        os.path.join(args.base_dir, name),
+        "tfdml export",
+        say=lambda text: print(f"tfdml export: note: {text}", file=sys.stderr),
+        advice="wait for it to finish (the next export then takes the next version) or give another --name",
+    )
+    with lock, warnings_to_stderr("export"):
+        return _run(args, name, training_config, metrics)
 
 
-def _run(args):
+def _run(args, name, training_config, metrics):
     import keras
 
     import tfdml.losses  # noqa: F401  (registers the serializable tfdml classes)
     import tfdml.models  # noqa: F401
     from tfdml import export as export_lib
+    from tfdml import interrupts
     from tfdml.data.preprocessing import evaluation_center_crop
 
     try:
-        training_config, metrics = report_files(args.model)
-        name = _model_name(args, training_config)
         model = keras.saving.load_model(args.model, compile=False)
+        if args.image_size is None and export_lib.model_image_size(model) is None:
+            return usage_error(
+                "export",
+                f"cannot tell the input size of {args.model} (its input shape leaves height and width open): "
+                "give it with --image-size HEIGHT WIDTH",
+            )
         gallery = _gallery(args, training_config, export_lib.input_channels(model))
         # A model from a report folder is served with the geometry its job evaluated with.
         center_crop = not args.no_center_crop and (
@@ -199,6 +227,7 @@ def _run(args):
         )
     except (ValueError, TypeError, OSError) as error:
         return usage_error("export", error)
+    interrupts.complete(f"the export {path}")  # a stop from here on loses nothing
     _print_export(export_lib, path, gallery)
     return 0
 

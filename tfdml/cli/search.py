@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 from tfdml.cli import positive_int, usage_error
+from tfdml.config import output_file_problem
 
 HELP = "Find the nearest gallery images of query images with an exported model and its ScaNN index."
 
@@ -138,8 +139,9 @@ def argument_problem(args):
     if args.index and not os.path.isdir(args.index):
         return f"--index: no such folder: {args.index}"
     for option, path in (("--json", args.json), ("--grid", args.grid)):
-        if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
-            return f"{option}: cannot write the file {path} (a folder, or its folder does not exist)"
+        problem = path and output_file_problem(path)  # tried now, not after the work
+        if problem:
+            return f"{option}: {problem}"
     return None
 
 

@@ -25,8 +25,10 @@ def register(subparsers):
         description=HELP + " With no options it runs the embedded default job: a small-CNN embedder trained "
         "with Ranked List Loss on half of the font-rendered characters of tfdml.data.glyphs and evaluated on "
         "the unseen half, exported to exported_models/glyphs_rll/<version>/ with its ScaNN index, and a "
-        "report in reports/glyphs_rll/. A killed run resumes from its checkpoints when started again with the "
-        "same report directory and configuration. Configuration errors exit with status 2.",
+        "report in reports/glyphs_rll/. A run stopped with Ctrl-C or SIGTERM (or killed) resumes from its checkpoints "
+        "when started again with the same report directory and configuration, also when it stopped after "
+        "training but before its report was complete. A report directory another run is writing is refused. "
+        "Configuration errors exit with status 2.",
     )
     parser.add_argument(
         "--config",
@@ -68,7 +70,16 @@ def _add_run_options(parser):
     )
     group.add_argument("--seed", type=int, metavar="N", help="shortcut for --set seed=N (same seed, same run).")
     group.add_argument(
-        "--report-dir", metavar="DIR", help="where the report and checkpoints go (default: reports/<name>)."
+        "--report-dir",
+        metavar="DIR",
+        help="where the report and checkpoints go (default: reports/<name>, or reports/<name>-2, -3, ... when "
+        "it holds the report of an earlier run, which is kept).",
+    )
+    group.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a finished run's report in the report directory (without it, the report is kept: "
+        "a given --report-dir holding one is refused, the default one moves on to reports/<name>-2).",
     )
     group.add_argument(
         "--restart",
@@ -205,7 +216,9 @@ def run(args):
         # chose data.classes_per_batch.
         fit = "data.classes_per_batch" not in given_keys(args.config, _overrides(args))
         with warnings_to_stderr("train"):  # e.g. the image files an image folder skips, named
-            summary = pipeline.run(config, verbose=verbose, restart=args.restart, fit_classes_per_batch=fit)
+            summary = pipeline.run(
+                config, verbose=verbose, restart=args.restart, fit_classes_per_batch=fit, overwrite=args.overwrite
+            )
     except ConfigError as error:  # found by the job: e.g. a batch the data cannot fill
         return _config_error(error, args)
     except pipeline.JobError as error:

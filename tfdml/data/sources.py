@@ -513,6 +513,22 @@ def _class_split(num_classes, split):
     )
 
 
+class DatasetUnavailable(RuntimeError):
+    """A tfds data set that cannot be opened for random access (not prepared, or not in ArrayRecord format).
+
+    `name`, `split` and `reason` let a caller say what to do in its own words (the CLI names
+    `--set data.download=true`); the message says it for a Python caller."""
+
+    def __init__(self, name, split, tfds_split, reason):
+        self.name, self.split, self.reason = name, tfds_split, reason
+        manual = ", manual_dir=<folder with the archives>" if name == "cars196" else ""
+        super().__init__(
+            f"tfds_source: cannot open {name!r} split {tfds_split!r} for random access ({reason}). Prepare it in "
+            f"ArrayRecord format, e.g. tfds_source({name!r}, {split!r}, download=True{manual}), or "
+            "`tfds build --file_format=array_record`."
+        )
+
+
 def tfds_source(
     name, split, data_dir=None, manual_dir=None, download=False, label_key=None, image_key="image", class_split=None
 ):
@@ -549,12 +565,7 @@ def tfds_source(
                 download_and_prepare_kwargs=prepare_kwargs or None,
             )
         except Exception as err:  # tfds raises several types; all mean "not readable by random access"
-            raise RuntimeError(
-                f"tfds_source: cannot open {name!r} split {tfds_split!r} for random access ({err}). "
-                f"Prepare it in ArrayRecord format, e.g. tfds_source({name!r}, {split!r}, download=True"
-                + (", manual_dir=<folder with the archives>" if name == "cars196" else "")
-                + "), or `tfds build --file_format=array_record`."
-            ) from err
+            raise DatasetUnavailable(name, split, tfds_split, err) from err
 
     label_reader = open_source(tfds.decode.PartialDecoding({label_key: True}))
     labels = np.fromiter(

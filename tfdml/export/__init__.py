@@ -64,7 +64,7 @@ from tfdml.export.layout import (
     load_metadata,
     resolve_export_dir,
 )
-from tfdml.export.savedmodel import export_saved_model, input_channels, resolve_preprocessing
+from tfdml.export.savedmodel import export_saved_model, input_channels, model_image_size, resolve_preprocessing
 from tfdml.export.search import DEFAULT_TOP_K, GALLERY_DTYPES
 
 __all__ = [
@@ -87,6 +87,7 @@ __all__ = [
     "input_channels",
     "load_index",
     "load_metadata",
+    "model_image_size",
     "read_image",
     "resolve_export_dir",
     "resolve_preprocessing",

@@ -2,6 +2,7 @@
 
 import dataclasses
 import datetime
+import errno
 import json
 import math
 import os
@@ -44,12 +45,19 @@ def _model_preprocessing_config(model):
     return dict(config or {})
 
 
-def _resolve_image_size(model, image_size, config):
-    size = image_size or config.get("image_size")
+def model_image_size(model):
+    """The input size the model states (its `preprocessing_config()['image_size']`, else the static
+    height and width of its input), or None when it leaves it open."""
+    size = _model_preprocessing_config(model).get("image_size")
     if size is None:
         shape = getattr(model, "input_shape", None)
         if isinstance(shape, tuple) and len(shape) == 4 and shape[1] and shape[2]:
             size = shape[1:3]
+    return size
+
+
+def _resolve_image_size(model, image_size, config):
+    size = image_size or config.get("image_size") or model_image_size(model)
     if size is None:
         raise ValueError(
             f"cannot tell the input size of model {model.name!r}: pass image_size=(height, "
@@ -229,6 +237,7 @@ def export_saved_model(
     channels = _resolve_channels(model, config)
     if search and gallery is not None:
         _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows)
+    version_chosen = version is None
     model_dir, version, target = _version_path(base_dir, name, version, overwrite)
 
     archive, serve, embed_images, outputs = _embedding_archive(
@@ -259,8 +268,9 @@ def export_saved_model(
     metadata = _metadata(
         model, name, version, outputs, inputs, searcher, calibration, embedded, training_config, metrics
     )
-    _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings)
-    return target
+    return _write_version(
+        archive, metadata, model_dir, target, embedded, index_mode, index_settings, chosen=version_chosen
+    )
 
 
 def _image_spec():
@@ -340,11 +350,12 @@ def _graph_preprocessing(model, config, preprocess):
 def _version_path(base_dir, name, version, overwrite):
     """`(model folder, version, version folder)`, checked before anything is built or written."""
     model_dir = os.path.abspath(os.path.join(os.fspath(base_dir), name))
-    version = _next_version(model_dir) if version is None else int(version)
+    given = version is not None  # a version taken meanwhile moves on to the next free one (_write_version)
+    version = int(version) if given else _next_version(model_dir)
     if version < 1:
         raise ValueError(f"version must be a positive integer, got {version}.")
     target = os.path.join(model_dir, str(version))
-    if os.path.exists(target) and not overwrite:
+    if given and os.path.exists(target) and not overwrite:
         raise FileExistsError(f"{target} already exists; pass overwrite=True or another version.")
     return model_dir, version, target
 
@@ -403,9 +414,10 @@ def _input_metadata(channels, image_size, geometry, preprocess_name, in_model, o
     }
 
 
-def _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings):
+def _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings, chosen=False):
     """Writes the SavedModel, its metadata and index in a temporary folder, then renames it into place, so
-    that a version never exists half-written or without the index it was exported with."""
+    that a version never exists half-written or without the index it was exported with. A `chosen`
+    version (the next free one) that another export took meanwhile moves on to the next free one."""
     os.makedirs(model_dir, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
     try:
@@ -418,11 +430,36 @@ def _write_version(archive, metadata, model_dir, target, embedded, index_mode, i
             )
             metadata["index"] = _index_summary(index)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
-        if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
-            os.rename(target, os.path.join(staging, "previous"))
-        os.rename(written, target)
+        if chosen:
+            target = _rename_to_free_version(written, target, metadata, embedded, index_mode, index_settings)
+        else:
+            if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
+                os.rename(target, os.path.join(staging, "previous"))
+            os.rename(written, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _rename_to_free_version(written, target, metadata, embedded, index_mode, index_settings):
+    """Renames `written` to `target`, or, when another export wrote that version meanwhile (a rename onto a
+    non-empty folder fails), to the next free version, its metadata and index renumbered."""
+    model_dir = os.path.dirname(target)
+    while True:
+        try:
+            os.rename(written, target)
+            return target
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        metadata["version"] = _next_version(model_dir)
+        target = os.path.join(model_dir, str(metadata["version"]))
+        if embedded is not None:
+            index = save_index(
+                written, embedded, metadata["name"], metadata["version"], index_mode, index_settings or {}
+            )
+            metadata["index"] = _index_summary(index)
+        _write_json(os.path.join(written, METADATA_FILE), metadata)
 
 
 def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):

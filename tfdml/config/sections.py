@@ -1,42 +1,24 @@
-"""Training configuration: typed, validated once, at the edge.
+"""The sections of a job (`DataConfig`, `ModelConfig`, `LossConfig`, `ALAConfig`, `OptimizerConfig`,
+`TrainingConfig`, `EvaluationConfig`, `ExportConfig`, `ReportConfig`) and the whole `Config`: each field's type,
+default, range and meaning, and the checks across fields."""
 
-A job is a `Config` of typed sections (`DataConfig`, `ModelConfig`, `LossConfig`, `ALAConfig`,
-`OptimizerConfig`, `TrainingConfig`, `EvaluationConfig`, `ExportConfig`, `ReportConfig`). `load_config` builds
-one from the embedded default job (`DEFAULT_JOB`: a small-CNN embedder trained with Ranked List Loss on half
-of the font-rendered characters of `tfdml.data.glyphs`, evaluated on the unseen half), a YAML file under
-`configs/` that overrides any subset of it, and command-line overrides (`--set optimizer.learning_rate=0.01`)
-that override the file.
-
-Every value is checked before anything is built, in two passes: first keys, types, ranges, choices and
-paths (no TensorFlow import, so that `tfdml train --set training.epoch=2` answers at once), then what only
-the library can tell (`check_with_library`: the loss class's arguments, backbone and metric names, tfds
-builders), which imports TensorFlow. unknown keys (also inside `loss.params`, checked against
-the loss class's constructor), wrong types, out-of-range numbers and unknown names raise a `ConfigError`
-whose message is one line that names the key and what is allowed, e.g.
-`optimizer.learning_rate: expected a number, got 'abc'`. `Config.to_dict()` is plain YAML/JSON data and
-`Config.from_dict(config.to_dict()) == config`.
-"""
-
-import copy
 import dataclasses
 import difflib
-import inspect
 import os
-import types
-import typing
 from typing import Any
 
-import yaml
-
+from tfdml.config.schema import (
+    ConfigError,
+    _check_arguments,
+    _check_keys,
+    _check_value,
+    _convert,
+    _field,
+    _names,
+    _Section,
+    output_dir_problem,
+)
 from tfdml.loss_names import LOSSES  # noqa: F401  (loss name -> tfdml.losses class name)
-
-# `Optional[X]` and `X | None` annotations: both mean "X or null" to the validator.
-_UNIONS = (typing.Union, types.UnionType)
-
-
-class ConfigError(ValueError):
-    """A configuration value that does not fit the schema; the message is one line naming the key."""
-
 
 # Losses that learn from one image per class (class proxies or a classifier; Group Loss refines a
 # classifier's predictions): every other loss needs positive pairs, >= 2 images per class in a batch.
@@ -45,15 +27,6 @@ UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface",
 ALA_LOSSES = ("triplet", "margin", "contrastive")
 # == tfdml.optimizers.OPTIMIZER_NAMES (tested); written out so that parsing a configuration imports no TensorFlow.
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
-
-
-def _field(default=None, *, factory=None, choices=None, minimum=None, above=None, convert=None):
-    """A dataclass field with its validation rules: `choices` (allowed values), `minimum` (>=), `above`
-    (>), `convert(value, key)` (a custom parser)."""
-    metadata = {"choices": choices, "minimum": minimum, "above": above, "convert": convert}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _augment(value, key):
@@ -87,151 +60,6 @@ def _augment(value, key):
         raise ConfigError(f"{key}: {error}") from None
 
 
-def _names(items):
-    return ", ".join(sorted(getattr(i, "name", i) for i in items))
-
-
-def _check_keys(mapping, known, key):
-    for name in mapping:
-        if name not in known:
-            close = difflib.get_close_matches(str(name), list(known), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            where = f"{key}.{name}" if key else str(name)
-            raise ConfigError(f"unknown configuration key '{where}'{hint}; valid keys here: {_names(known)}")
-
-
-def _type_name(tp):
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    if tp in names:
-        return names[tp]
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:
-        return " or ".join([_type_name(a) for a in args if a is not type(None)] + ["null"])
-    if origin is list:
-        return f"a list of {_type_name(args[0]).replace('an ', '').replace('a ', '')}s"
-    return "a mapping"
-
-
-def _convert(value, tp, key):
-    """`value` as type `tp` (int, float, bool, str, Optional/List/Dict of these, a dataclass) or a
-    `ConfigError` naming `key`."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in _UNIONS:
-        if value is None:
-            return None
-        return _convert(value, next(a for a in args if a is not type(None)), key)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
-    ok = None
-    if tp is bool:
-        ok = value if isinstance(value, bool) else None
-    elif tp is int:
-        ok = value if isinstance(value, int) and not isinstance(value, bool) else None
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            ok = float(value)
-        elif isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                ok = float(value)
-            except ValueError:
-                ok = None
-    elif tp is str:
-        ok = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
-    elif origin is list:
-        if isinstance(value, (list, tuple)):
-            return [_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    elif origin is dict or tp is Any:
-        if isinstance(value, dict) or tp is Any:
-            return copy.deepcopy(value)
-    if ok is None:
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    return ok
-
-
-def _check_value(value, meta, key):
-    items = value if isinstance(value, list) else [value]
-    for item in items:
-        if item is None:
-            continue
-        choices = meta.get("choices")
-        if choices and item not in choices:
-            raise ConfigError(f"{key}: must be one of {', '.join(map(str, choices))}, got {item!r}")
-        if meta.get("minimum") is not None and item < meta["minimum"]:
-            raise ConfigError(f"{key}: must be >= {meta['minimum']}, got {item!r}")
-        if meta.get("above") is not None and item <= meta["above"]:
-            raise ConfigError(f"{key}: must be > {meta['above']}, got {item!r}")
-
-
-def _build(cls, mapping, key=""):
-    """An instance of the dataclass `cls` from `mapping` (missing keys keep their defaults), validated."""
-    if isinstance(mapping, cls):
-        return mapping
-    if not isinstance(mapping, dict):
-        raise ConfigError(f"{key or 'the configuration'}: expected a mapping, got {mapping!r}")
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    _check_keys(mapping, known, key)
-    hints = typing.get_type_hints(cls)
-    values = {}
-    for name, value in mapping.items():
-        where = f"{key}.{name}" if key else name
-        meta = known[name].metadata
-        try:
-            value = meta["convert"](value, where) if meta.get("convert") else _convert(value, hints[name], where)
-        except ConfigError:
-            if meta.get("choices") and typing.get_origin(hints[name]) is list:
-                raise ConfigError(
-                    f"{where}: expected a list drawn from {', '.join(meta['choices'])} "
-                    f"(e.g. [{meta['choices'][-1]}]), got {value!r}"
-                ) from None
-            raise
-        _check_value(value, meta, where)
-        values[name] = value
-    instance = cls(**values)
-    check = getattr(instance, "check", None)
-    if check is not None:
-        check(key)
-    return instance
-
-
-def _plain(value):
-    """Dataclasses and tuples -> dicts and lists (YAML- and JSON-safe)."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _check_with_library(instance, key):
-    """The second pass: `check_with_library(key)` of every section, nested ones first."""
-    for field in dataclasses.fields(instance):
-        value = getattr(instance, field.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            _check_with_library(value, f"{key}.{field.name}" if key else field.name)
-    check = getattr(instance, "check_with_library", None)
-    if check is not None:
-        check(key)
-
-
-class _Section:
-    """Mapping-style helpers shared by every section."""
-
-    @classmethod
-    def from_dict(cls, mapping, key=None):
-        key = cls._KEY if key is None else key
-        instance = _build(cls, mapping, key)
-        _check_with_library(instance, key)
-        return instance
-
-    def to_dict(self):
-        return _plain(self)
-
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
-
-
 @dataclasses.dataclass
 class DataConfig(_Section):
     """Where the images come from and how training batches are drawn (`tfdml.data`)."""
@@ -247,14 +75,15 @@ class DataConfig(_Section):
     download: bool = False  # let tfds download and prepare the dataset (needs the network)
     train_split: str = "train"  # tfds split of the training classes
     eval_split: str = "test"  # tfds split of the evaluation (unseen) classes
-    image_size: int = _field(224, minimum=1)  # side of the square images the model takes, in pixels
-    classes_per_batch: int = _field(8, minimum=2)  # a batch needs negatives
-    samples_per_class: int = _field(4, minimum=1)  # K images of each class in a batch (pair losses: >= 2)
+    image_size: int = _field(224, minimum=1, maximum=4096)  # side of the square images the model takes, in pixels
+    classes_per_batch: int = _field(8, minimum=2, maximum=100_000)  # a batch needs negatives
+    # K images of each class in a batch (pair losses: >= 2)
+    samples_per_class: int = _field(4, minimum=1, maximum=10_000)
     # true: the papers' crop + flip; false: plain resize; a mapping: tfdml.data.Augment fields.
     augment: Any = _field(True, convert=_augment)
     # a class with fewer than samples_per_class images: sampled with replacement, or left out
     small_class_policy: str = _field("replace", choices=("replace", "drop"))
-    images_per_class: int | None = _field(None, minimum=1)  # generated data sets (glyphs)
+    images_per_class: int | None = _field(None, minimum=1, maximum=10_000)  # generated data sets (glyphs)
 
     def check(self, key):
         if self.source == "folder":
@@ -325,15 +154,16 @@ class ModelConfig(_Section):
     type: str = _field("multilevel", choices=("multilevel", "single"))
     backbone: str = "small_cnn"  # a keras.applications name (resnet50, inception_v3, ...) or small_cnn
     weights: str | None = None  # imagenet | null | path to a weights file
-    embedding_dim: int | None = _field(512, minimum=1)  # null: the pooled backbone feature
+    embedding_dim: int | None = _field(512, minimum=1, maximum=65_536)  # null: the pooled backbone feature
     taps: dict[str, str] | None = None  # {L: layer, M: layer, H: layer} for backbones without defaults
     levels: list[str] = _field(factory=lambda: ["L", "M", "H"], choices=("L", "M", "H"))  # heads of a multilevel model
-    level_weights: list[float] | None = _field(None, minimum=0.0)  # one per level; null: every level weighs 1
+    # one per level; null: every level weighs 1
+    level_weights: list[float] | None = _field(None, minimum=0.0, maximum=1e3)
     freeze_batchnorm: bool = False  # backbone BatchNorm in inference mode (RLL on CUB and Cars)
-    num_classes: int | None = _field(None, minimum=1)  # classifier head (Group Loss)
-    head_filters: int = _field(128, minimum=1)  # auxiliary (L, M) heads: 1x1 conv width
-    head_units: int = _field(1024, minimum=1)  # auxiliary heads: hidden Dense width
-    widths: list[int] | None = _field(None, minimum=1)  # small_cnn block widths (default 8, 16, 32)
+    num_classes: int | None = _field(None, minimum=1, maximum=10_000_000)  # classifier head (Group Loss)
+    head_filters: int = _field(128, minimum=1, maximum=65_536)  # auxiliary (L, M) heads: 1x1 conv width
+    head_units: int = _field(1024, minimum=1, maximum=65_536)  # auxiliary heads: hidden Dense width
+    widths: list[int] | None = _field(None, minimum=1, maximum=65_536)  # small_cnn block widths (default 8, 16, 32)
 
     def check(self, key):
         if not self.levels:
@@ -361,9 +191,9 @@ class TemperatureConfig(_Section):
     """`tfdml.losses.LinearTemperature` as RankedListLoss's `tn` (eq. 15 of the RLL paper)."""
 
     _KEY = "loss.dynamic_temperature"
-    t1: float = _field(20.0, above=0.0)  # negative temperature Tn at step 0
-    t2: float = _field(5.0, above=0.0)  # Tn from max_steps on
-    max_steps: int | None = _field(None, minimum=1)  # null: the whole run
+    t1: float = _field(20.0, above=0.0, maximum=1e4)  # negative temperature Tn at step 0
+    t2: float = _field(5.0, above=0.0, maximum=1e4)  # Tn from max_steps on
+    max_steps: int | None = _field(None, minimum=1, maximum=10**12)  # null: the whole run
 
 
 @dataclasses.dataclass
@@ -371,8 +201,8 @@ class MemoryConfig(_Section):
     """`tfdml.losses.CrossBatchMemory` around the loss (Wang et al. 2020)."""
 
     _KEY = "loss.cross_batch_memory"
-    memory_size: int = _field(1024, minimum=1)  # embeddings the queue holds (>= the batch)
-    start_step: int = _field(0, minimum=0)  # warm-up: training steps on the batch alone
+    memory_size: int = _field(1024, minimum=1, maximum=10_000_000)  # embeddings the queue holds (>= the batch)
+    start_step: int = _field(0, minimum=0, maximum=10**12)  # warm-up: training steps on the batch alone
 
 
 @dataclasses.dataclass
@@ -400,24 +230,6 @@ class LossConfig(_Section):
                 f"{key}.cross_batch_memory: {self.name} has no pairs to a memory of past "
                 f"embeddings; a cross-batch memory works with {', '.join(usable)}"
             )
-
-
-def _check_arguments(function, params, key, skip=()):
-    """`params` against the named arguments of `function`: unknown names and values of the wrong kind
-    (a number where the default is a number, true/false where it is a bool) are `ConfigError`s."""
-    signature = inspect.signature(function)
-    known = {
-        name: p
-        for name, p in signature.parameters.items()
-        if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    }
-    _check_keys(params, known, key)
-    for name, value in params.items():
-        default = known[name].default
-        if isinstance(default, bool):
-            _convert(value, bool, f"{key}.{name}")
-        elif isinstance(default, (int, float)) and value is not None:
-            _convert(value, float, f"{key}.{name}")
 
 
 @dataclasses.dataclass
@@ -502,13 +314,14 @@ class OptimizerConfig(_Section):
 
     _KEY = "optimizer"
     name: str = _field("sgd", choices=OPTIMIZERS, convert=_optimizer_name)  # a Keras optimizer
-    learning_rate: float = _field(1e-2, above=0.0)  # the backbone's rate (schedules start from it)
-    momentum: float = _field(0.9, minimum=0.0)  # SGD and RMSprop
-    weight_decay: float = _field(0.0, minimum=0.0)  # Keras' decoupled weight decay (0: none)
-    head_lr_multiplier: float = _field(1.0, above=0.0)  # new layers at this multiple of the backbone rate
+    learning_rate: float = _field(1e-2, above=0.0, maximum=100.0)  # the backbone's rate (schedules start from it)
+    momentum: float = _field(0.9, minimum=0.0, maximum=1.0)  # SGD and RMSprop
+    weight_decay: float = _field(0.0, minimum=0.0, maximum=10.0)  # Keras' decoupled weight decay (0: none)
+    head_lr_multiplier: float = _field(1.0, above=0.0, maximum=1e4)  # new layers at this multiple of the backbone rate
     schedule: str | None = _field(None, choices=("cosine", "step", "constant", "none"))  # over the whole run
-    boundaries: list[float] = _field(factory=lambda: [0.5], above=0.0)  # step: fractions of the run or steps
-    factor: float = _field(0.1, above=0.0)  # step schedule: multiplier at each boundary
+    # step: fractions of the run or steps
+    boundaries: list[float] = _field(factory=lambda: [0.5], above=0.0, maximum=1e9)
+    factor: float = _field(0.1, above=0.0, maximum=1e3)  # step schedule: multiplier at each boundary
 
 
 @dataclasses.dataclass
@@ -516,11 +329,12 @@ class TrainingConfig(_Section):
     """How long to train, checkpoints and the distribution strategy."""
 
     _KEY = "training"
-    epochs: int = _field(16, minimum=1)  # epochs of steps_per_epoch steps
-    steps_per_epoch: int | None = _field(None, minimum=1)  # null: one pass over the training images
-    pretrain_epochs: int = _field(0, minimum=0)  # Group Loss classification pre-training
+    epochs: int = _field(16, minimum=1, maximum=1_000_000)  # epochs of steps_per_epoch steps
+    # null: one pass over the training images
+    steps_per_epoch: int | None = _field(None, minimum=1, maximum=100_000_000)
+    pretrain_epochs: int = _field(0, minimum=0, maximum=1_000_000)  # Group Loss classification pre-training
     checkpoint_dir: str | None = None  # default: <report_dir>/checkpoints
-    eval_every: int = _field(0, minimum=0)  # epochs between retrieval evaluations (0: never)
+    eval_every: int = _field(0, minimum=0, maximum=1_000_000)  # epochs between retrieval evaluations (0: never)
     # auto: multi_worker when TF_CONFIG is set, mirrored with several GPUs, else none
     distribute: str = _field("auto", choices=("auto", "none", "mirrored", "multi_worker"))
 
@@ -542,10 +356,10 @@ class EvaluationConfig(_Section):
     """Retrieval evaluation on the unseen classes (`tfdml.retrieval.evaluate`)."""
 
     _KEY = "evaluation"
-    ks: list[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1)  # the K of Recall@K
+    ks: list[int] = _field(factory=lambda: [1, 2, 4, 8], minimum=1, maximum=100_000)  # the K of Recall@K
     metrics: list[str] = _field(factory=lambda: ["recall", "map@r", "r_precision", "nmi", "f1"])  # retrieval.METRICS
     exact: bool = True  # exact nearest neighbours; false: ScaNN tree + AH + re-ordering
-    batch_size: int = _field(256, minimum=1)  # images embedded per batch
+    batch_size: int = _field(256, minimum=1, maximum=65_536)  # images embedded per batch
 
     def check(self, key):
         if not self.ks:
@@ -565,18 +379,14 @@ class ExportConfig(_Section):
     enabled: bool = True  # write the SavedModel after training
     base_dir: str = "exported_models"  # TF Serving base directory: <base_dir>/<name>/<version>/
     name: str | None = None  # default: the configuration's name
-    version: int | None = _field(None, minimum=1)  # default: the next integer version
+    version: int | None = _field(None, minimum=1, maximum=2**31 - 1)  # default: the next integer version
     index: bool = True  # the evaluation data's ScaNN index inside the version (assets.extra/tfdml_index)
     # The `search` signature (written whenever an index is built): top_k neighbours, the gallery stored as
     # gallery_dtype, `match` at the score threshold of match_precision on the evaluation data.
     search: bool = True  # write the search signature (with index)
-    top_k: int = _field(10, minimum=1)  # neighbours the search signature returns
+    top_k: int = _field(10, minimum=1, maximum=10_000)  # neighbours the search signature returns
     gallery_dtype: str = _field("float32", choices=("float32", "bfloat16", "int8"))  # how the gallery is stored
-    match_precision: float = _field(0.9, above=0.0)  # target precision of top-1 matches (<= 1)
-
-    def check(self, key):
-        if self.match_precision > 1.0:
-            raise ConfigError(f"{key}.match_precision: expected a precision in (0, 1], got {self.match_precision}")
+    match_precision: float = _field(0.9, above=0.0, maximum=1.0)  # target precision of top-1 matches (<= 1)
 
 
 @dataclasses.dataclass
@@ -585,8 +395,8 @@ class ReportConfig(_Section):
 
     _KEY = "report"
     dir: str | None = None  # default: reports/<name>
-    grid_queries: int = _field(8, minimum=1)  # queries (rows) of retrieval_grid.png
-    grid_neighbours: int = _field(5, minimum=1)  # neighbours shown per query
+    grid_queries: int = _field(8, minimum=1, maximum=64)  # queries (rows) of retrieval_grid.png
+    grid_neighbours: int = _field(5, minimum=1, maximum=32)  # neighbours shown per query
 
 
 @dataclasses.dataclass
@@ -597,7 +407,8 @@ class Config(_Section):
     name: str = "job"  # names the report folder (reports/<name>) and the export
     description: str | None = None  # free text, kept in the report and the export's metadata
     paper_target: str | None = None  # the paper table row a configuration reproduces (free text)
-    seed: int = _field(0, minimum=0)  # weights, batches and augmentation: the same seed, the same run
+    # weights, batches and augmentation: the same seed, the same run
+    seed: int = _field(0, minimum=0, maximum=2**32 - 1)
     data: DataConfig = _field(factory=DataConfig)
     model: ModelConfig = _field(factory=ModelConfig)
     loss: LossConfig = _field(factory=LossConfig)
@@ -618,7 +429,7 @@ class Config(_Section):
         self._check_pairs()
         # Output folders: a file in the way is found now, not after training.
         outputs = [
-            ("report.dir", self.report.dir or os.path.join("reports", self.name)),
+            ("report.dir", self.report.dir or default_report_dir(self)),
             ("training.checkpoint_dir", self.training.checkpoint_dir),
         ]
         if self.export.enabled:
@@ -677,134 +488,7 @@ class Config(_Section):
                 raise ConfigError(f"loss.params: {error}") from None
 
 
-# The embedded default job (what `tfdml train` runs with no options; configs/glyphs_rll.yaml writes it out).
-DEFAULT_JOB = {
-    "name": "glyphs_rll",
-    "description": "Embedded default: small-CNN embedder, RLL, 150 font-rendered characters -> 151 unseen ones.",
-    # tfdml.data.glyphs: 301 characters (look-alikes removed), 20 images each at 32 px with random face, size,
-    # rotation, position, stroke weight and blur; train on one half of the characters, retrieve the other.
-    # configs/glyphs_rll.yaml writes this job out with the reasons for each setting.
-    "data": {"source": "glyphs", "image_size": 32, "classes_per_batch": 22, "samples_per_class": 3, "augment": False},
-    "model": {"type": "single", "embedding_dim": 64, "widths": [16, 32, 64, 128]},
-    # Eq. 14's uniform query weighting: on glyphs it beats the authors' Caffe weighting (the library default),
-    # MAP@R 0.499 vs 0.436 at seed 0 on the 310-class set (README method table: tuned, over 5 seeds).
-    "loss": {"name": "ranked_list", "params": {"margin": 0.4, "alpha": 1.0, "tn": 10.0, "query_weighting": "uniform"}},
-    "optimizer": {"name": "adam", "learning_rate": 2e-3},
-    "training": {"epochs": 10, "steps_per_epoch": 60},
-    # k-means (NMI, F1) over 151 classes would take most of the job's time.
-    "evaluation": {"ks": [1, 2, 4, 8], "metrics": ["recall", "map@r", "r_precision"]},
-}
-
-
-def default_config():
-    """The embedded default job as a `Config`."""
-    return Config.from_dict(copy.deepcopy(DEFAULT_JOB))
-
-
-def _merge(base, update, path=""):
-    """`update` merged into the plain mapping `base` (nested mappings key by key, other values replaced)."""
-    if path == "loss." and "name" in update and update["name"] != base.get("name"):
-        # Loss parameters belong to the loss they were set for: another loss starts from its own defaults.
-        base["params"] = {}
-    for key, value in update.items():
-        if isinstance(base.get(key), dict) and isinstance(value, dict):
-            _merge(base[key], value, f"{path}{key}.")
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
-
-
-def parse_override(text):
-    """`'a.b=value'` -> (`['a', 'b']`, value parsed as YAML: numbers, booleans, null, lists)."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' must look like key.path=value")
-    key, raw = text.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw  # not YAML (e.g. an unbalanced bracket): the string itself, checked like any value
-    return key.strip().split("."), value
-
-
-def load_config(path=None, overrides=()):
-    """`DEFAULT_JOB` <- YAML file at `path` <- each override, as a validated `Config`. An override is a
-    `"key.path=value"` string (the value parsed as YAML) or a `("key.path", value)` pair."""
-    # The defaults filled in without the library pass: the merged whole gets it once, at the end.
-    config = _build(Config, copy.deepcopy(DEFAULT_JOB)).to_dict()
-    for layer in _layers(path, overrides):
-        _merge(config, layer)
-    return Config.from_dict(config)
-
-
-def _layers(path=None, overrides=()):
-    """The mappings that `load_config` merges over the defaults: the file's, then one per override."""
-    layers = []
-    if path is not None:
-        if os.path.isdir(path):
-            raise ConfigError(f"--config {path} is a directory; give a YAML file, e.g. configs/glyphs_rll.yaml")
-        if not os.path.exists(path):
-            raise ConfigError(f"configuration file not found: {path}")
-        try:
-            with open(path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-        except OSError as error:
-            raise ConfigError(f"cannot read the configuration file {path}: {error.strerror or error}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path} must hold a mapping at the top level")
-        layers.append(loaded)
-    for override in overrides:
-        keys, value = (override[0].split("."), override[1]) if isinstance(override, tuple) else parse_override(override)
-        nested = value
-        for key in reversed(keys):
-            nested = {key: nested}
-        layers.append(nested)
-    return layers
-
-
-def given_keys(path=None, overrides=()):
-    """The dotted keys that the file at `path` and the `overrides` set (as `load_config` takes them), e.g. to
-    tell a value the user chose from a default."""
-
-    def leaves(mapping, prefix):
-        for key, value in mapping.items():
-            if isinstance(value, dict) and value:
-                yield from leaves(value, f"{prefix}{key}.")
-            else:
-                yield f"{prefix}{key}"
-
-    return {key for layer in _layers(path, overrides) for key in leaves(layer, "")}
-
-
-def output_dir_problem(path, writable=False):
-    """Why no folder can be made at `path` (a file in the way; with `writable`, no write permission on
-    the nearest existing folder), or None."""
-    path = os.path.abspath(os.fspath(path))
-    current = path
-    while not os.path.exists(current):
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent
-    if not os.path.isdir(current):
-        return (
-            f"{current} is a file, not a folder"
-            if current == path
-            else f"{current} is a file, so the folder {path} cannot be made"
-        )
-    if writable and not os.access(current, os.W_OK | os.X_OK):
-        return f"no permission to write in {current}"
-    return None
-
-
-def differences(old, new, prefix=""):
-    """Dotted keys whose values differ between two plain configuration mappings."""
-    keys = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys += differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            keys.append(f"{prefix}{key}")
-    return keys
+def default_report_dir(config):
+    """`reports/<name>`: where a job's report goes unless `report.dir` says otherwise (or a finished report
+    is there already: see `tfdml.pipeline.choose_report_dir`)."""
+    return os.path.join("reports", config.name)
