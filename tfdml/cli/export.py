@@ -115,7 +115,16 @@ def _add_gallery_options(parser):
         metavar="P",
         help="the search signature's match output is true at the score threshold where a "
         "top-1 match is correct with this precision on the gallery's labelled items "
-        "(leave-one-out; default: the job's, else 0.9).",
+        "(see --match-mode; default: the job's, else 0.9).",
+    )
+    group.add_argument(
+        "--match-mode",
+        choices=("auto", "open", "closed"),
+        default="auto",
+        help="how the match threshold is calibrated: open (leave-one-class-out: the precision holds on a "
+        "stream of queries half of whose classes are absent from the gallery, as for 'is this item in my "
+        "catalogue?'), closed (leave-one-out: queries whose class is in the gallery only) or auto (open "
+        "whenever the gallery has at least 4 classes; the default).",
     )
 
 
@@ -195,6 +204,7 @@ def _run(args):
             metrics=metrics,
             gallery=gallery,
             search=not args.no_search,
+            match_mode=args.match_mode,
             **_search_settings(args, training_config),
         )
     except (ValueError, TypeError, OSError) as error:
