@@ -120,9 +120,7 @@ def test_open_set_threshold_equals_the_reference(seed, target, share):
     np.testing.assert_allclose(cal.scores, [s for s, _ in present], atol=1e-5)
     np.testing.assert_allclose(cal.absent_scores, absent, atol=1e-5)
     assert expected is not None and cal.reached
-    np.testing.assert_allclose(
-        [cal.threshold, cal.precision, cal.recall, cal.absent_match_rate], expected, atol=1e-5
-    )
+    np.testing.assert_allclose([cal.threshold, cal.precision, cal.recall, cal.absent_match_rate], expected, atol=1e-5)
     summary = cal.to_dict()
     assert summary["mode"] == "open" and summary["absent"]["match_rate"] == cal.absent_match_rate
     assert "absent from the gallery" in cal.promise()

@@ -1,28 +1,40 @@
-"""Benchmark of the exported `search` signature's gallery search against ScaNN and exact NumPy; prints JSON.
+"""Nearest-neighbour search at scale: the exported `search` signature, ScaNN (`tfdml.retrieval.ScannIndex`) and
+faiss side by side, on two kinds of 512-d galleries of 100k and 1M items; results as JSON lines and a table.
 
-For galleries of 10k, 100k and 1M x 512 synthetic clustered unit vectors (clusters of ~50 items), each
-method answers the same 256 held-out queries (k = 10), each in its own process (so that its memory is its
-own):
+Data (`--data`):
 
-- `tf_float32`, `tf_bfloat16`, `tf_int8`: `tfdml.export.search.GallerySearch` (what the `search` signature runs
-  after the embedding: blocked matmul + `tf.math.top_k`, gallery in variables, ids and labels gathered, the
-  match threshold applied) saved as a SavedModel and loaded back as TF Serving would load it;
-- `numpy_exact`: float32 matmul + argpartition over the whole gallery (the reference for recall);
-- `scann_brute_force`: ScaNN's exact brute force; `scann_tree_ah`: ScaNN tree + anisotropic hashing +
-  exact re-ordering, `tfdml.retrieval.ScannIndex` auto settings (neither runs in stock TF Serving);
-  `scann_tree_ah_10pct`: the same index searching 10 % of its leaves (the auto settings search 1 % above
-  200k points; up to 200k they are the same search).
+- `clustered`: synthetic unit vectors around `size // 50` random unit centres (clusters of ~50 items,
+  cosine ~0.5 within a cluster, ~0 across): high intrinsic dimension, hard for partitioning;
+- `embedding`: shaped like real embeddings: clustered 16-d latents (clusters of ~50, noise 0.35) through a
+  fixed random network (16 -> 256 ReLU -> 512), L2-normalised: low intrinsic dimension.
 
-Per method and size: build seconds, median seconds per batch of 32 queries and per single query, resident
-memory after building / loading and the peak while searching (MiB above the process baseline, from
-/proc/self/status), the stored gallery bytes, neighbour recall@10 against `numpy_exact` and top-1
-agreement with it. Ratios against `numpy_exact` and ScaNN are measured in the same run. The image
-embedding itself (the model) is not part of these figures: it costs the same whichever search follows.
+Queries: 256 test queries and 500 validation queries, fresh draws from the same clusters (never gallery
+items); `k = 10`. Each method runs in its own process (its memory is its own):
 
-    nice python scripts/bench_search.py [--sizes 10000 100000 1000000] [--work /tmp/bench_search]
+- `numpy_exact`: float32 matmul + argpartition (the reference every recall is measured against);
+- `tf_float32`, `tf_bfloat16`, `tf_int8`: `tfdml.export.search.GallerySearch` (what the `search` signature
+  runs after the embedding), saved as a SavedModel and loaded back as TF Serving would;
+- `scann_brute_force`: ScaNN's exact brute force;
+- `scann_default`: `ScannIndex(gallery)` as `tfdml export` builds it: automatic settings, recall target
+  0.95 measured on gallery items left out of their own neighbours (build time includes that tuning);
+- `scann`: one ScaNN tree + AH + re-ordering index tuned (`ScannIndex.tune`) on the validation queries
+  to recall@10 0.90, 0.95 and 0.99 (rows `scann@0.9`, ...);
+- `faiss_hnsw`: `IndexHNSWFlat(d, 32)`, inner product, `efConstruction` 40, `efSearch` swept;
+- `faiss_ivf_flat`: `IndexIVFFlat` with `2 sqrt(N)` lists, `nprobe` swept;
+- `faiss_ivfpq_refine`: `IndexIVFPQ` (64 sub-quantizers of 8 bits: 64 bytes a vector) inside
+  `IndexRefineFlat` (exact re-scoring of `k_factor * k` candidates), `nprobe` x `k_factor` swept.
 
-Results are kept in `<work>/results.json` (a finished method/size is not run again: delete the entry or the
-file to measure again).
+faiss indexes are tuned like ScaNN's: for each target recall (0.90, 0.95, 0.99) the setting with the
+lowest time for the 500 validation queries among those whose validation recall@10 reaches the target. Each
+row then reports, on the 256 test queries: recall@10 against `numpy_exact`, the median time of a single
+query (sent alone: one call per query) and of a batch of 32, build seconds and resident memory (MiB above
+the process's baseline after building, the gallery array itself freed), and the peak while searching.
+
+    nice python benchmarks/search/bench_search.py --data embedding --sizes 100000 [--methods ...]
+    python benchmarks/search/bench_search.py --table > benchmarks/search/table.md   # measures nothing
+
+Results are kept in `benchmarks/search/results_<data>.json` (`--work` for elsewhere); a measured
+size/method is not run again (delete its entry to measure again).
 """
 
 import argparse
@@ -34,49 +46,93 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's tfdml
+# faiss's OpenMP threads spin while waiting by default; on cores shared with other work that makes a batch
+# of 32 slower than 32 single queries. Passive waiting measures the search, not the contention.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 
 import numpy as np  # noqa: E402
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = ("clustered", "embedding")
 METHODS = (
     "numpy_exact",
     "tf_float32",
     "tf_bfloat16",
     "tf_int8",
     "scann_brute_force",
-    "scann_tree_ah",
-    "scann_tree_ah_10pct",
+    "scann_default",
+    "scann",
+    "faiss_hnsw",
+    "faiss_ivf_flat",
+    "faiss_ivfpq_refine",
 )
+TARGETS = (0.9, 0.95, 0.99)
 K = 10
 BATCH = 32
+TEST_QUERIES = 256
+VALIDATION_QUERIES = 500
+SINGLE_QUERIES = 100  # single queries timed, one call each
 
 
-def synthetic(size, dim, seed=0, chunk=100000):
-    """`[size, dim]` float32 unit vectors around `size // 50` random unit centres (cosine ~0.5 within a
-    cluster, ~0 across), generated in chunks so 1M x 512 needs no float64 copy."""
-    rng = np.random.default_rng(seed)
-    clusters = max(1, size // 50)
-    centres = rng.standard_normal((clusters, dim), dtype=np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    out = np.empty((size, dim), np.float32)
-    for start in range(0, size, chunk):
-        n = min(chunk, size - start)
+# ---- data -------------------------------------------------------------------------------------------------------
+
+
+def _unit(x):
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _clustered(count, dim, centres, rng, chunk=100000):
+    out = np.empty((count, dim), np.float32)
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
         noise = rng.standard_normal((n, dim), dtype=np.float32) / np.float32(np.sqrt(dim))
-        part = centres[rng.integers(0, clusters, n)] + noise
-        out[start : start + n] = part / np.linalg.norm(part, axis=1, keepdims=True)
+        out[start : start + n] = _unit(centres[rng.integers(0, len(centres), n)] + noise)
     return out
 
 
-def queries_for(size, dim, count=256):
-    """Held-out queries from the same clusters as the gallery of `size` (same centres, other noise)."""
+def _embedding(count, dim, centres, rng, chunk=100000, noise=0.35, hidden=256):
+    net = np.random.default_rng(1000)  # the same network for every size
+    w1 = net.standard_normal((centres.shape[1], hidden)).astype(np.float32) / np.float32(np.sqrt(centres.shape[1]))
+    b1 = (0.5 * net.standard_normal(hidden)).astype(np.float32)
+    w2 = net.standard_normal((hidden, dim)).astype(np.float32) / np.float32(np.sqrt(hidden))
+    out = np.empty((count, dim), np.float32)
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
+        z = centres[rng.integers(0, len(centres), n)] + noise * rng.standard_normal((n, centres.shape[1]), np.float32)
+        out[start : start + n] = _unit(np.maximum(z @ w1 + b1, 0) @ w2)
+    return out
+
+
+def _centres(data, size, dim):
     rng = np.random.default_rng(0)
     clusters = max(1, size // 50)
-    centres = rng.standard_normal((clusters, dim), dtype=np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    noise = np.random.default_rng(12345).standard_normal((count, dim), dtype=np.float32) / np.float32(np.sqrt(dim))
-    picked = np.random.default_rng(54321).integers(0, clusters, count)
-    q = centres[picked] + noise
-    return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+    if data == "clustered":
+        return _unit(rng.standard_normal((clusters, dim), dtype=np.float32)), rng
+    return rng.standard_normal((clusters, 16), dtype=np.float32), rng
+
+
+def gallery(data, size, dim):
+    """`[size, dim]` float32 unit vectors of the data kind (see the module docstring)."""
+    centres, rng = _centres(data, size, dim)
+    return (_clustered if data == "clustered" else _embedding)(size, dim, centres, rng)
+
+
+def queries(data, size, dim, count, seed):
+    """Fresh draws from the gallery's clusters (the same centres, other noise)."""
+    centres, _ = _centres(data, size, dim)
+    return (_clustered if data == "clustered" else _embedding)(count, dim, centres, np.random.default_rng(seed))
+
+
+def test_queries(data, size, dim):
+    return queries(data, size, dim, TEST_QUERIES, 12345)
+
+
+def validation_queries(data, size, dim):
+    return queries(data, size, dim, VALIDATION_QUERIES, 777)
+
+
+# ---- measuring --------------------------------------------------------------------------------------------------
 
 
 def memory_mib():
@@ -91,7 +147,7 @@ def memory_mib():
 
 def reset_peak():
     """Starts a new peak (VmHWM) from the current resident memory (Linux: `clear_refs` 5), so that the peak
-    while searching does not include building the gallery; False where the kernel does not allow it."""
+    while searching does not include building; False where the kernel does not allow it."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -100,77 +156,85 @@ def reset_peak():
         return False
 
 
-def timed(fn, queries):
-    """Median seconds of `fn(batch)` for batches of 32 and of 1 query (after one warm-up call each)."""
-    out = {}
-    for name, size in (("seconds_per_batch32", BATCH), ("seconds_per_query1", 1)):
-        batch = queries[:size]
-        fn(batch)
+def timings(search, q):
+    """Median seconds of one call with a single query (each of `SINGLE_QUERIES` queries alone) and of one
+    call with a batch of 32, after warm-up calls."""
+    for i in range(5):
+        search(q[i : i + 1])
+    single = []
+    for i in range(SINGLE_QUERIES):
         start = time.perf_counter()
-        fn(batch)
-        first = time.perf_counter() - start
-        repeats = int(min(20, max(3, 4.0 / max(first, 1e-6))))
-        times = [first]
-        for _ in range(repeats - 1):
-            start = time.perf_counter()
-            fn(batch)
-            times.append(time.perf_counter() - start)
-        out[name] = float(np.median(times))
+        search(q[i % len(q) : i % len(q) + 1])
+        single.append(time.perf_counter() - start)
+    search(q[:BATCH])
+    batches = []
+    for i in range(7):
+        part = q[(i * BATCH) % len(q) :][:BATCH]
+        start = time.perf_counter()
+        search(part)
+        batches.append(time.perf_counter() - start)
+    return {"seconds_per_query1": float(np.median(single)), "seconds_per_batch32": float(np.median(batches))}
+
+
+def neighbours_of(search, q):
+    return np.concatenate([search(q[i : i + BATCH]) for i in range(0, len(q), BATCH)])
+
+
+def exact_neighbours(g, q, k=K):
+    out = np.empty((len(q), k), np.int64)
+    for start in range(0, len(q), 64):
+        scores = q[start : start + 64] @ g.T
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
+        out[start : start + len(top)] = np.take_along_axis(top, order, 1)
     return out
 
 
-def all_neighbours(fn, queries):
-    return np.concatenate([fn(queries[i : i + BATCH]) for i in range(0, len(queries), BATCH)])
+def recall(found, exact):
+    return float(np.mean([len(set(a) & set(b)) / exact.shape[1] for a, b in zip(found, exact)]))
 
 
-# ---- one method in its own process ---------------------------------------------------------------------------
+# ---- methods (each in its own process) ---------------------------------------------------------------------------
 
 
-def _numpy_exact(size, dim, work):
+def _numpy_exact(data, size, dim, work):
     base = memory_mib()[0]
     start = time.perf_counter()
-    gallery = synthetic(size, dim)
-    build = time.perf_counter() - start
-    resident = memory_mib()[0] - base
-
-    def search(q):
-        scores = q @ gallery.T
-        top = np.argpartition(-scores, K - 1, axis=1)[:, :K]
-        order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
-        return np.take_along_axis(top, order, 1)
-
-    return search, {"build_seconds": build, "resident_mib": resident, "stored_mib": gallery.nbytes / 2**20}, base
+    g = gallery(data, size, dim)
+    info = {"build_seconds": time.perf_counter() - start, "resident_mib": memory_mib()[0] - base}
+    info["stored_mib"] = g.nbytes / 2**20
+    return {"numpy_exact": (lambda q: exact_neighbours(g, q), info)}, base
 
 
-def _tf_build(size, dim, dtype, path):
-    """Saves the search module of a synthetic gallery (run in its own process: it holds the gallery twice)."""
+def _tf_build(data, size, dim, dtype, path):
+    """Saves the search module of a gallery (run in its own process: it holds the gallery twice)."""
     import tensorflow as tf
 
     from tfdml.export.search import GallerySearch
 
-    gallery = synthetic(size, dim)
+    g = gallery(data, size, dim)
     start = time.perf_counter()
-    ids = [f"synthetic:{i}" for i in range(size)]
+    ids = [f"item:{i}" for i in range(size)]
     labels = [f"class {i % 1000}" for i in range(size)]
-    searcher = GallerySearch(gallery, ids, labels, k=K, gallery_dtype=dtype, threshold=0.5)
+    searcher = GallerySearch(g, ids, labels, k=K, gallery_dtype=dtype, threshold=0.5)
     spec = tf.TensorSpec([None, dim], tf.float32, name="embedding")
     searcher.search = tf.function(lambda embedding: searcher(embedding), input_signature=[spec])
     tf.saved_model.save(searcher, path, signatures={"search": searcher.search})
     return {"build_seconds": time.perf_counter() - start, "stored_mib": searcher.memory_bytes() / 2**20}
 
 
-def _tf(size, dim, work, dtype):
+def _tf(data, size, dim, work, dtype):
     import tensorflow as tf
 
     tf.constant(1.0) + 1.0  # start the runtime before the baseline
-    path = os.path.join(work, f"tf_{dtype}_{size}")
-    info_path = path + ".json"
-    if not os.path.exists(info_path):
+    path = os.path.join(work, f"tf_{data}_{dtype}_{size}")
+    if not os.path.exists(path + ".json"):
         subprocess.run(
-            [sys.executable, __file__, "--build", dtype, "--size", str(size), "--dim", str(dim), "--work", work],
+            [sys.executable, __file__, "--build", dtype, "--data", data, "--size", str(size), "--dim", str(dim)]
+            + ["--work", work],
             check=True,
         )
-    with open(info_path) as f:
+    with open(path + ".json") as f:
         info = json.load(f)
     base = memory_mib()[0]
     start = time.perf_counter()
@@ -182,161 +246,299 @@ def _tf(size, dim, work, dtype):
         found = signature(embedding=tf.constant(q))
         return np.array([[int(i.split(b":")[1]) for i in row] for row in found["ids"].numpy()])
 
-    return search, info, base
+    return {f"tf_{dtype}": (search, info)}, base
 
 
-def _scann(size, dim, work, mode, leaves_fraction=None):
+def _scann_brute_force(data, size, dim, work):
     from tfdml.retrieval import ScannIndex
 
     base = memory_mib()[0]
-    gallery = synthetic(size, dim)
+    g = gallery(data, size, dim)
     start = time.perf_counter()
-    index = ScannIndex(gallery, mode=mode, num_neighbors=K)
-    build = time.perf_counter() - start
-    del gallery
+    index = ScannIndex(g, mode="exact", num_neighbors=K)
+    info = {"build_seconds": time.perf_counter() - start}
+    del g
     gc.collect()
-    info = {"build_seconds": build, "resident_mib": memory_mib()[0] - base, "settings": index.settings or "brute force"}
-
-    leaves = None
-    if leaves_fraction is not None:
-        leaves = max(1, round(leaves_fraction * index.settings["num_leaves"]))
-        info["leaves_searched"] = leaves
-
-    def search(q):
-        return np.asarray(index.search(q, k=K, leaves_to_search=leaves)[0])
-
-    return search, info, base
+    info["resident_mib"] = memory_mib()[0] - base
+    return {"scann_brute_force": (lambda q: np.asarray(index.search(q, k=K)[0]), info)}, base
 
 
-def run_child(method, size, dim, work):
-    if method == "numpy_exact":
-        search, info, base = _numpy_exact(size, dim, work)
-    elif method.startswith("tf_"):
-        search, info, base = _tf(size, dim, work, method[3:])
-    elif method == "scann_brute_force":
-        search, info, base = _scann(size, dim, work, "exact")
+def _scann_default(data, size, dim, work):
+    from tfdml.retrieval import ScannIndex
+
+    base = memory_mib()[0]
+    g = gallery(data, size, dim)
+    start = time.perf_counter()
+    index = ScannIndex(g, mode="approximate", num_neighbors=K)  # target_recall 0.95 on gallery items
+    info = {"build_seconds": time.perf_counter() - start, "mode": index.mode, "settings": index.settings}
+    info["index_recall"] = index.recall
+    del g
+    gc.collect()
+    info["resident_mib"] = memory_mib()[0] - base
+    return {"scann_default": (lambda q: np.asarray(index.search(q, k=K)[0]), info)}, base
+
+
+def _scann_tuned(data, size, dim, work):
+    from tfdml.retrieval import ScannIndex
+
+    base = memory_mib()[0]
+    g = gallery(data, size, dim)
+    v = validation_queries(data, size, dim)
+    start = time.perf_counter()
+    index = ScannIndex(g, mode="approximate", num_neighbors=K, target_recall=None)
+    build = time.perf_counter() - start
+    tuned = {}
+    for target in TARGETS:
+        start = time.perf_counter()
+        # fallback=False: a target that ScaNN does not meet is reported as such rather than as brute force.
+        record = index.tune(g, target, queries=v, fallback=False)
+        tuned[target] = {**record, "tune_seconds": time.perf_counter() - start}
+    del g
+    gc.collect()
+    resident = memory_mib()[0] - base
+    rows = {}
+    for target, record in tuned.items():
+
+        def search(q, record=record):
+            index.settings.update(leaves_to_search=record["leaves_to_search"], reorder=record["reorder"])
+            index.recall = record
+            return np.asarray(index.search(q, k=K)[0])
+
+        info = {"build_seconds": build, "resident_mib": resident, "target": target, "tuning": record}
+        rows[f"scann@{target}"] = (search, info)
+    return rows, base
+
+
+def _faiss_rows(name, index, configure, configs, g, v, build, base, extra=None):
+    """Rows `name@target`: per target, the config with the least validation time among those reaching it."""
+    exact_v = exact_neighbours(g, v)
+    measured = []
+    for config in configs:
+        configure(config)
+        start = time.perf_counter()
+        found = index.search(v, K)[1]
+        seconds = time.perf_counter() - start
+        measured.append((config, recall(found, exact_v), seconds))
+    resident = memory_mib()[0] - base
+    rows = {}
+    for target in TARGETS:
+        reaching = [m for m in measured if m[1] >= target]
+        if not reaching:
+            best = max(measured, key=lambda m: m[1])
+            rows[f"{name}@{target}"] = (None, {"error": [f"not reached: best validation recall {best[1]:.4f}"]})
+            continue
+        config, valid_recall, seconds = min(reaching, key=lambda m: m[2])
+
+        def search(q, config=config):
+            configure(config)
+            return index.search(q, K)[1]
+
+        info = {
+            "build_seconds": build,
+            "resident_mib": resident,
+            "target": target,
+            "setting": config,
+            "validation_recall": valid_recall,
+            **(extra or {}),
+        }
+        rows[f"{name}@{target}"] = (search, info)
+    return rows
+
+
+def _faiss(data, size, dim, work, kind):
+    import faiss
+
+    base = memory_mib()[0]
+    g = gallery(data, size, dim)
+    v = validation_queries(data, size, dim)
+    start = time.perf_counter()
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = 40
+        index.add(g)
+
+        def configure(ef):
+            index.hnsw.efSearch = ef
+
+        configs = [10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+        extra = {"M": 32, "efConstruction": 40}
     else:
-        search, info, base = _scann(size, dim, work, "approximate", 0.1 if method.endswith("10pct") else None)
-    queries = queries_for(size, dim)
-    info["peak_is_search_only"] = reset_peak()
-    info.update(timed(search, queries))
-    neighbours = all_neighbours(search, queries)
-    np.save(os.path.join(work, f"neighbours_{method}_{size}.npy"), neighbours)
-    info["peak_mib"] = memory_mib()[1] - base
-    return info
+        nlist = int(2 * np.sqrt(size))
+        quantizer = faiss.IndexFlatIP(dim)
+        sample = g[np.random.default_rng(0).choice(size, min(size, 40 * nlist), replace=False)]
+        if kind == "ivf_flat":
+            index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+            index.train(sample)
+            index.add(g)
+            ivf = index
+
+            def configure(nprobe):
+                ivf.nprobe = nprobe
+
+            configs = [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+        else:
+            ivf = faiss.IndexIVFPQ(quantizer, dim, nlist, 64, 8, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.IndexRefineFlat(ivf)
+            index.train(sample)
+            index.add(g)
+
+            def configure(config):
+                ivf.nprobe, index.k_factor = config
+
+            configs = [(p, f) for f in (4, 16) for p in (2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)]
+        extra = {"nlist": nlist, "train_sample": len(sample)}
+    build = time.perf_counter() - start
+    rows = _faiss_rows(f"faiss_{kind}", index, configure, configs, g, v, build, base, extra)
+    del g
+    gc.collect()
+    for _, info in rows.values():
+        if "resident_mib" in info:
+            info["resident_mib"] = memory_mib()[0] - base
+    return rows, base
+
+
+def run_child(method, data, size, dim, work):
+    if method == "numpy_exact":
+        rows, base = _numpy_exact(data, size, dim, work)
+    elif method.startswith("tf_"):
+        rows, base = _tf(data, size, dim, work, method[3:])
+    elif method == "scann_brute_force":
+        rows, base = _scann_brute_force(data, size, dim, work)
+    elif method == "scann_default":
+        rows, base = _scann_default(data, size, dim, work)
+    elif method == "scann":
+        rows, base = _scann_tuned(data, size, dim, work)
+    else:
+        rows, base = _faiss(data, size, dim, work, method[len("faiss_") :])
+    q = test_queries(data, size, dim)
+    out = {}
+    for name, (search, info) in rows.items():
+        if search is not None:
+            info["peak_is_search_only"] = reset_peak()
+            info.update(timings(search, q))
+            np.save(os.path.join(work, f"neighbours_{data}_{name}_{size}.npy"), neighbours_of(search, q))
+            info["peak_mib"] = memory_mib()[1] - base
+        out[name] = info
+    return out
 
 
 # ---- the driver ------------------------------------------------------------------------------------------------
 
 
-def recall_against(neighbours, exact):
-    found = np.mean([len(set(a) & set(b)) / K for a, b in zip(neighbours, exact)])
-    return float(found), float(np.mean(neighbours[:, 0] == exact[:, 0]))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 100000, 1000000])
+    parser.add_argument("--data", choices=DATA, default="clustered")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100000, 1000000])
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--work", default="/tmp/bench_search")
-    parser.add_argument(
-        "--table", action="store_true", help="print what was measured as the README's Markdown table; measures nothing"
-    )
+    parser.add_argument("--work", default=HERE, help="results and neighbour lists (default: this folder)")
+    parser.add_argument("--table", action="store_true", help="print the results as Markdown tables; measures nothing")
     parser.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--build", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    if args.table:
+        print(markdown_tables(args.work))
+        return
     if args.build:
-        path = os.path.join(args.work, f"tf_{args.build}_{args.size}")
-        info = _tf_build(args.size, args.dim, args.build, path)
+        path = os.path.join(args.work, f"tf_{args.data}_{args.build}_{args.size}")
+        info = _tf_build(args.data, args.size, args.dim, args.build, path)
         with open(path + ".json", "w") as f:
             json.dump(info, f)
         return
     if args.child:
-        print(json.dumps(run_child(args.child, args.size, args.dim, args.work)))
+        print(json.dumps(run_child(args.child, args.data, args.size, args.dim, args.work)))
         return
 
-    results_path = os.path.join(args.work, "results.json")
+    results_path = os.path.join(args.work, f"results_{args.data}.json")
     results = json.load(open(results_path)) if os.path.exists(results_path) else {}
+    meta = results.setdefault("_machine", {})
+    meta.update(cpu_count=os.cpu_count(), dim=args.dim, k=K, test_queries=TEST_QUERIES)
     for size in args.sizes:
-        for method in args.methods:
-            key = f"{size}/{method}"
-            if key in results or args.table:  # --table only reports what was measured
+        exact_file = os.path.join(args.work, f"neighbours_{args.data}_numpy_exact_{size}.npy")
+        methods = list(args.methods)
+        if not os.path.exists(exact_file) and "numpy_exact" not in methods:
+            methods.insert(0, "numpy_exact")  # the recall reference
+        done_methods = results.setdefault("_done", [])
+        for method in methods:
+            if f"{size}/{method}" in done_methods:
                 continue
+            command = [sys.executable, __file__, "--child", method, "--data", args.data, "--size", str(size)]
             done = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    method,
-                    "--size",
-                    str(size),
-                    "--dim",
-                    str(args.dim),
-                    "--work",
-                    args.work,
-                ],
-                capture_output=True,
-                text=True,
+                command + ["--dim", str(args.dim), "--work", args.work], capture_output=True, text=True
             )
             if done.returncode:
-                results[key] = {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}
+                rows = {method: {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]}}
             else:
-                results[key] = json.loads(done.stdout.strip().splitlines()[-1])
-            print(key, json.dumps(results[key]), file=sys.stderr, flush=True)
+                rows = json.loads(done.stdout.strip().splitlines()[-1])
+            exact = np.load(exact_file) if os.path.exists(exact_file) else None
+            for name, row in rows.items():
+                found = os.path.join(args.work, f"neighbours_{args.data}_{name}_{size}.npy")
+                if exact is not None and os.path.exists(found) and "error" not in row:
+                    row["recall@10"] = recall(np.load(found), exact)
+                results[f"{size}/{name}"] = row
+                print(f"{args.data} {size}/{name}", json.dumps(row), file=sys.stderr, flush=True)
+            done_methods.append(f"{size}/{method}")
             with open(results_path, "w") as f:
                 json.dump(results, f, indent=1)
 
-    report = {"dim": args.dim, "k": K, "queries": 256, "batch": BATCH, "cpu_count": os.cpu_count(), "sizes": {}}
-    for size in args.sizes:
-        rows = {m: dict(results.get(f"{size}/{m}", {})) for m in args.methods}
-        exact_file = os.path.join(args.work, f"neighbours_numpy_exact_{size}.npy")
-        exact = np.load(exact_file) if os.path.exists(exact_file) else None
-        for method, row in rows.items():
-            found = os.path.join(args.work, f"neighbours_{method}_{size}.npy")
-            if exact is not None and "error" not in row and os.path.exists(found):
-                row["recall@10_vs_exact"], row["top1_agreement"] = recall_against(np.load(found), exact)
-        ratios = {}
-        tf_row = rows.get("tf_float32", {})
-        for other in METHODS:
-            if other == "tf_float32":
-                continue
-            row = rows.get(other, {})
-            if "seconds_per_batch32" in tf_row and "seconds_per_batch32" in row:
-                ratios[f"tf_float32_over_{other}"] = {
-                    "batch32": tf_row["seconds_per_batch32"] / row["seconds_per_batch32"],
-                    "query1": tf_row["seconds_per_query1"] / row["seconds_per_query1"],
-                }
-        report["sizes"][str(size)] = {"methods": rows, "time_ratios": ratios}
-    print(markdown_table(report) if args.table else json.dumps(report, indent=1))
+
+def _rows(work, data):
+    path = os.path.join(work, f"results_{data}.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        results = json.load(f)
+    return [(key.split("/", 1), row) for key, row in results.items() if not key.startswith("_")]
 
 
-def markdown_table(report):
-    """The report as the README's table: one row per size and method (milliseconds, MiB)."""
-    lines = [
-        "| gallery | method | ms / batch of 32 | ms / 1 query | gallery MiB | resident MiB | peak MiB searching "
-        "| recall@10 vs exact | build s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for size, entry in report["sizes"].items():
-        for method, row in entry["methods"].items():
-            if not row:
-                continue
+def _setting(name, row):
+    if name.startswith("scann@") or name == "scann_default":
+        record = row.get("tuning") or row.get("index_recall") or {}
+        if record.get("fallback") and record.get("fell_back", True):
+            return "brute force (fallback)"
+        if record:
+            return f"{record['leaves_to_search']}/{record['num_leaves']} leaves, reorder {record['reorder']}"
+    if "setting" in row:
+        setting = row["setting"]
+        if name.startswith("faiss_hnsw"):
+            return f"efSearch {setting}"
+        if name.startswith("faiss_ivf_flat"):
+            return f"nprobe {setting} of {row['nlist']}"
+        return f"nprobe {setting[0]} of {row['nlist']}, k_factor {setting[1]}"
+    return ""
+
+
+def markdown_tables(work):
+    """One table per data kind: a row per size and method (milliseconds, MiB), recall@10 against exact."""
+    out = []
+    for data in DATA:
+        rows = _rows(work, data)
+        if not rows:
+            continue
+        out += [
+            f"**{data}** data (512-d, k = 10, 256 test queries)",
+            "",
+            "| gallery | method | setting | recall@10 | ms / 1 query | ms / batch of 32 | build s | resident MiB "
+            "| peak MiB searching |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for (size, name), row in sorted(rows, key=lambda r: int(r[0][0])):
             if "error" in row:
-                lines.append(f"| {int(size):,} | {method} | failed: {' '.join(row['error'])} |||||||")
+                out.append(f"| {int(size):,} | {name} | not measured: {' '.join(row['error'])} |||||||")
                 continue
 
             def number(key, scale=1.0, digits=1, row=row):
                 return f"{row[key] * scale:.{digits}f}" if key in row else ""
 
-            lines.append(
-                f"| {int(size):,} | {method} | {number('seconds_per_batch32', 1e3, 2)} "
-                f"| {number('seconds_per_query1', 1e3, 3)} | {number('stored_mib')} | {number('resident_mib')} "
-                f"| {number('peak_mib')} | {number('recall@10_vs_exact', digits=4)} | {number('build_seconds')} |"
+            out.append(
+                f"| {int(size):,} | {name} | {_setting(name, row)} | {number('recall@10', digits=4)} "
+                f"| {number('seconds_per_query1', 1e3, 3)} | {number('seconds_per_batch32', 1e3, 2)} "
+                f"| {number('build_seconds')} | {number('resident_mib')} | {number('peak_mib')} |"
             )
-    return "\n".join(lines)
+        out.append("")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

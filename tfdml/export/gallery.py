@@ -154,6 +154,8 @@ def _index_summary(index):
         "ids": "none" if index.ids is None else ("paths" if index.ids.dtype.kind == "U" else "indices"),
         "has_labels": index.labels is not None,
         "classes": 0 if index.labels is None else int(len(np.unique(index.labels))),
+        "settings": index.settings or None,
+        "recall": index.recall,
     }
 
 
