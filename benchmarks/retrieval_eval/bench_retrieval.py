@@ -25,6 +25,7 @@ memory above what it held after generating the data (`VmHWM`).
     python benchmarks/retrieval_eval/bench_retrieval.py --task eval [--n 60000 --dim 512] [--skip faiss_flat]
     python benchmarks/retrieval_eval/bench_retrieval.py --task qps [--n 1000000 --dim 128 --queries 5000] [--hnsw]
     python benchmarks/retrieval_eval/bench_retrieval.py --task scale --n 100000 [--runs tfdml_exact pml_faiss ...]
+    python benchmarks/retrieval_eval/bench_retrieval.py --task scale --table scale_100000.json > scale_table.md
 """
 
 import argparse
@@ -353,11 +354,33 @@ def bench_scale(args):
     print(json.dumps(result, indent=2))
 
 
+def scale_table(paths):
+    """The `scale` results (JSON files written by the task) as one Markdown table."""
+    lines = [
+        "| items | run | seconds | peak MiB | N x N float32 MiB | R@1 | MAP@R | R-precision |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        for run, row in result["runs"].items():
+            if "error" in row:
+                lines.append(f"| {result['n']:,} | {run} | failed |||||")
+                continue
+            lines.append(
+                f"| {result['n']:,} | {run} | {row['seconds']:.1f} | {row['peak_mib']:.0f} "
+                f"| {result['n_squared_float32_mib']:,.0f} | {row['R@1']:.4f} | {row['MAP@R']:.4f} "
+                f"| {row['R-precision']:.4f} |"
+            )
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["eval", "qps", "scale"], default="eval")
     parser.add_argument("--runs", nargs="+", choices=SCALE_RUNS, default=list(SCALE_RUNS), help="scale task: runs")
     parser.add_argument("--child", choices=SCALE_RUNS, help=argparse.SUPPRESS)
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="scale task: print these results as Markdown")
     parser.add_argument("--n", type=int, help="database size (default 60000 for eval, 1000000 for qps)")
     parser.add_argument("--dim", type=int, help="embedding size (default 512 for eval, 128 for qps)")
     parser.add_argument("--queries", type=int, default=5000, help="qps task: number of held-out queries")
@@ -367,7 +390,9 @@ def main():
     args = parser.parse_args()
     if args.task == "scale":
         args.n, args.dim = args.n or 100000, args.dim or 512
-        if args.child:
+        if args.table:
+            print(scale_table(args.table))
+        elif args.child:
             print(json.dumps(scale_child(args.child, args.n, args.dim, args.seed)))
         else:
             bench_scale(args)
