@@ -299,7 +299,7 @@ def test_scann_class_names_and_extra_arrays_round_trip(tmp_path):
 
 def test_scann_auto_mode_switches_to_approximate_and_agrees_with_exact():
     g, _ = clustered(20000, 16, 200, seed=14, spread=0.5)
-    index = ScannIndex(g, distance="squared_l2", mode="auto")
+    index = ScannIndex(g, distance="squared_l2", mode="auto", target_recall=None)  # the automatic settings as they are
     assert index.mode == "approximate"
     assert index.settings == auto_settings(20000, 16, "squared_l2") | {
         "anisotropic_quantization_threshold": index.settings["anisotropic_quantization_threshold"]

@@ -173,11 +173,13 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
     return _save(fig, path)
 
 
-def plot_match_calibration(calibration, path, title="Match calibration (leave-one-out top-1)"):
+def plot_match_calibration(calibration, path, title=None):
     """The precision / recall curve of a `tfdml.retrieval.Calibration`: left, precision and recall of the
     top-1 match against the score threshold; right, precision against recall. The chosen threshold (the
     served `match` decision) is marked on both."""
     plt = _pyplot()
+    if title is None:
+        title = f"Match calibration ({getattr(calibration, 'mode', 'closed')} set, top-1)"
     thresholds = np.asarray(calibration.curve_thresholds, np.float64)
     precision = np.asarray(calibration.curve_precision, np.float64)
     recall = np.asarray(calibration.curve_recall, np.float64)
@@ -195,6 +197,8 @@ def plot_match_calibration(calibration, path, title="Match calibration (leave-on
         )
         left.axvline(calibration.threshold, color="tab:red", linestyle="--", linewidth=1.2, label=chosen)
         right.plot([calibration.recall], [calibration.precision], "o", color="tab:red", label=chosen)
+    elif not getattr(calibration, "measurable", True):
+        chosen = f"not measurable ({calibration.note}): nothing is a match"
     else:
         chosen = f"precision {calibration.target_precision:g} not reached: nothing is a match"
         right.plot([], [], " ", label=chosen)

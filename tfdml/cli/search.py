@@ -25,7 +25,10 @@ def register(subparsers):
         description=HELP + " The index is the one exported with the model version "
         "(<base_dir>/<name>/<version>/assets.extra/tfdml_index, written by 'tfdml train', 'tfdml export "
         "--gallery-dir' or tfdml.export.export_index); an index built with another version is refused. "
-        "Prints each neighbour's id (file path, or item number of an embedded data set), class and score; "
+        "Prints each neighbour's id (file path, or item number of an embedded data set), class, score and "
+        "match decision, and what 'match' promises (the calibration recorded at export: open set by "
+        "default, i.e. its precision holds on a stream of queries half of whose classes are absent from "
+        "the gallery); "
         "optionally writes JSON and a retrieval grid PNG. Query files that cannot be decoded are skipped "
         "and named. With --exact, the version's 'search' signature answers instead (exact cosine top-k "
         "in TensorFlow, with calibrated match decisions: what TF Serving returns; no ScaNN needed).",
@@ -176,7 +179,13 @@ def _run(args):
     if query_labels is not None and index.labels is not None:
         flags = index.labels[np.asarray(positions)] == query_labels[:, None]
     value_name = "score" if index.distance == "dot_product" else "distance"
-    print(f"model {embedder.name} version {embedder.version}, gallery of {index.size} images")
+    search_info = embedder.metadata.get("search") or {}
+    # The exported match rule applies to the index's scores too: dot products of unit vectors are the cosines.
+    threshold = search_info.get("match_threshold") if index.distance == "dot_product" else None
+    print(
+        f"model {embedder.name} version {embedder.version}, gallery of {index.size} images"
+        + (f", match: {search_info['match']}" if "match" in search_info else "")
+    )
     report = []
     for q, path in enumerate(queries):
         print(f"{path}:")
@@ -188,9 +197,12 @@ def _run(args):
                 entry["class"] = index.class_name(positions[q][rank - 1])
             if flags is not None:
                 entry["same_class"] = bool(flags[q][rank - 1])
+            if threshold is not None:
+                entry["match"] = bool(value >= threshold)
             neighbours.append(entry)
             shown = f"  class {entry['class']}" if "class" in entry else ""
-            print(f"  {rank:3d}. {describe_id(found)}{shown}  {value_name} {value:.4f}")
+            marked = "  match" if entry.get("match") else ""
+            print(f"  {rank:3d}. {describe_id(found)}{shown}  {value_name} {value:.4f}{marked}")
         report.append({"query": path, "neighbours": neighbours})
     query_titles = [
         _query_title(path, None if query_labels is None else query_labels[q], index) for q, path in enumerate(queries)

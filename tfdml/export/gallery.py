@@ -146,7 +146,9 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
 
 
 def _index_summary(index):
-    return {
+    """The metadata's `index` entry; the approximate settings and the measured recall only where they exist
+    (a field that is not known is left out)."""
+    summary = {
         "path": INDEX_DIR,
         "size": int(index.size),
         "distance": index.distance,
@@ -154,7 +156,10 @@ def _index_summary(index):
         "ids": "none" if index.ids is None else ("paths" if index.ids.dtype.kind == "U" else "indices"),
         "has_labels": index.labels is not None,
         "classes": 0 if index.labels is None else int(len(np.unique(index.labels))),
+        "settings": index.settings or None,
+        "recall": index.recall,
     }
+    return {key: value for key, value in summary.items() if value is not None}
 
 
 def export_index(

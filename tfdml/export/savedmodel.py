@@ -35,6 +35,7 @@ from tfdml.export.search import (
     search_signature_info,
 )
 from tfdml.models.preprocessing import resolve_preprocessing
+from tfdml.retrieval.calibration import MODES as CALIBRATION_MODES
 from tfdml.retrieval.calibration import calibrate
 
 
@@ -191,6 +192,7 @@ def export_saved_model(
     match_precision=0.9,
     calibration=None,
     search_block_rows=DEFAULT_BLOCK_ROWS,
+    match_mode="auto",
 ):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
 
@@ -219,9 +221,12 @@ def export_saved_model(
         the `top_k` nearest gallery items out (`scores`, `labels`, `ids`, `match`) with the `embedding`,
         the gallery held in variables as `gallery_dtype` (`"float32"`, `"bfloat16"` or `"int8"`), scored
         `search_block_rows` rows at a time.
-      match_precision, calibration: `match` is `score >= threshold`, the threshold of a
-        `tfdml.retrieval.Calibration` (default: `calibrate` on the labelled gallery itself, leave-one-out, at
-        `match_precision`); without gallery labels nothing is a match. The thresholds go to the metadata.
+      match_precision, calibration, match_mode: `match` is `score >= threshold`, the threshold of a
+        `tfdml.retrieval.Calibration` (default: `calibrate` on the labelled gallery itself at
+        `match_precision`, in `match_mode`: `"auto"` is open set, leave-one-class-out, so that the precision
+        holds for queries whose class is absent from the gallery too, whenever the gallery has enough
+        classes); without gallery labels, or where the calibration cannot be measured (e.g. one class),
+        there is no threshold and nothing is a match. The calibration goes to the metadata.
 
     Example:
       >>> path = export_saved_model(embedder, "exported_models", name="cub", metrics=results,
@@ -236,7 +241,7 @@ def export_saved_model(
     preprocess_fn, preprocess_name, in_model = _graph_preprocessing(model, config, preprocess)
     channels = _resolve_channels(model, config)
     if search and gallery is not None:
-        _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows)
+        _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows, match_mode)
     version_chosen = version is None
     model_dir, version, target = _version_path(base_dir, name, version, overwrite)
 
@@ -253,7 +258,9 @@ def export_saved_model(
         embedded = embed_gallery(embed, channels, gallery, gallery_ids, gallery_labels, class_names, batch_size)
     if search and embedded is not None:
         if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
-            calibration = calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision)
+            calibration = calibrate(
+                embedded.embeddings, embedded.labels, target_precision=match_precision, mode=match_mode
+            )
         searcher = _add_search_signature(
             archive, embed_images, embedded, calibration, top_k, gallery_dtype, search_block_rows
         )
@@ -462,7 +469,7 @@ def _rename_to_free_version(written, target, metadata, embedded, index_mode, ind
         _write_json(os.path.join(written, METADATA_FILE), metadata)
 
 
-def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):
+def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows, match_mode="auto"):
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
     if gallery_dtype not in GALLERY_DTYPES:
@@ -471,21 +478,16 @@ def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):
         raise ValueError(f"match_precision must be in (0, 1], got {match_precision}.")
     if int(block_rows) < 1:
         raise ValueError(f"search_block_rows must be at least 1, got {block_rows}.")
+    if match_mode not in CALIBRATION_MODES:
+        raise ValueError(f"match_mode must be one of {', '.join(CALIBRATION_MODES)}, got {match_mode!r}.")
 
 
 def _search_info(searcher, calibration, embedded):
     """The metadata's `search` entry: what the signature returns and how `match` is decided."""
     if calibration is None:
         match = "uncalibrated: the gallery has no labels, so match is always false"
-    elif not calibration.reached:
-        match = (
-            f"precision {calibration.target_precision:g} is not reached on the calibration data: match is always false"
-        )
     else:
-        match = (
-            f"score >= {calibration.threshold:.6g} (precision {calibration.precision:.3f}, recall "
-            f"{calibration.recall:.3f} of top-1 matches on the calibration data)"
-        )
+        match = calibration.promise()
     return {
         "signature": SEARCH_SIGNATURE,
         "top_k": searcher.k,
@@ -496,6 +498,7 @@ def _search_info(searcher, calibration, embedded):
         "score": "cosine similarity, descending",
         "match_threshold": calibration.threshold if calibration is not None and calibration.reached else None,
         "match_precision": None if calibration is None else calibration.target_precision,
+        "match_mode": None if calibration is None else calibration.mode,
         "match": match,
         "ids": "file paths"
         if embedded.ids is not None and np.asarray(embedded.ids).dtype.kind in "UO"

@@ -4,17 +4,23 @@ Automatic settings (`mode="auto"`), by database size `N` (see `auto_settings`):
 
 - `N < 20,000`: exact brute force. It answers the default evaluation jobs in well under a second per
   thousand queries and leaves nothing to tune.
-- `N >= 20,000`: partitioning tree + anisotropic hashing (AH, 2 dimensions per 4-bit block, anisotropic
-  threshold 0.2 for dot products) + exact re-ordering. `num_leaves ~ sqrt(N)` (ScaNN's guidance, so a leaf
-  holds ~sqrt(N) points); 10% of the leaves are searched up to 200k points, 1% above (finer trees); at
-  search time this is raised so the searched leaves hold at least 8x the candidates, and
-  `max(reorder, 2 * k)` AH candidates are re-scored exactly (`8 * k` below 128 dimensions, where AH
-  codes are coarse). Trees and codebooks train on 20k samples
-  (100k above 200k points). Tuned on `scripts/bench_retrieval.py`: on 60,000 x 512 clustered SOP-like data
-  (k = 101) Recall@1 / MAP@R stay within 0.05 points of exact search; fewer leaves cost accuracy fast
-  (8% of the leaves: -0.3 points Recall@1 and -0.5 MAP@R; 6%: -2 points), more re-ordering does not help.
-  On 1,000,000 x 128 clustered vectors (k = 10), 10 of 1,000 leaves give neighbour recall@10 0.986 at ~31k
-  queries/s on 2 cores. Pass `num_leaves`, `leaves_to_search`, `reorder`, ... to override.
+- `N >= 20,000`: partitioning tree + anisotropic hashing (AH, 2 dimensions per 4-bit block, 4 from 256
+  dimensions, anisotropic threshold 0.2 for dot products) + exact re-ordering. `num_leaves ~ sqrt(N)`
+  (ScaNN's guidance, so a leaf holds ~sqrt(N) points); trees and codebooks train on 20k samples (100k
+  above 200k points).
+
+How many leaves to search and how many AH candidates to re-score exactly depend on the data far more than
+on its size (on 1M x 512 synthetic clustered vectors 1 % of the leaves find 0.57 of the exact 10 nearest,
+on vectors shaped like real embeddings 0.97), so an approximate index **meets a recall target** rather
+than trusting fixed fractions: `target_recall` (default 0.95) is the recall@k (`k = num_neighbors`) against
+exact search that the index must reach. After building, it measures it on `RECALL_QUERIES` gallery items,
+each left out of its own neighbour lists (or on the `recall_queries` given, e.g. held-out evaluation
+queries), raises the leaves searched (doubling, then bisecting) and the re-ordered candidates until the
+target holds, and records the measured recall, the settings and the query time in `index.recall` (saved
+in `tfdml_index.json`). A target that is not met with every leaf searched, or only at a query time no
+better than exact search's on the same queries, falls back to brute force (`mode` becomes `"exact"`) and
+`index.recall["fallback"]` says why. `leaves_to_search` or `reorder` given explicitly are kept (the recall is
+still measured and recorded); `target_recall=None` skips the measurement.
 
 Values returned by `search` follow ScaNN: dot products (larger = nearer) for `"dot_product"`, squared
 Euclidean distances (smaller = nearer) for `"squared_l2"`.
@@ -25,6 +31,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 
@@ -32,6 +39,10 @@ from tfdml.ops.neighbours import validate_distance
 
 MODES = ("auto", "exact", "approximate")
 EXACT_BELOW = 20000
+DEFAULT_TARGET_RECALL = 0.95
+RECALL_QUERIES = 500
+# Re-ordered candidates tried at each number of leaves: multiples of max(reorder, reorder_factor * k).
+_REORDER_STEPS = (1, 2, 4)
 _META_FILE = "tfdml_index.json"
 _SCANN_DIR = "scann"
 
@@ -39,8 +50,8 @@ _SCANN_DIR = "scann"
 def auto_settings(num_points, dim, distance="dot_product"):
     """Tree / AH / reorder parameters for an approximate index of `num_points` vectors of size `dim`."""
     num_leaves = int(min(max(round(math.sqrt(num_points)), 16), 4000))
-    # Searching ~10% of the leaves of a small tree (1% of a 1M-point tree) keeps the recall of clustered
-    # data high: neighbours of a query are spread over fewer leaves as the tree gets finer.
+    # The starting point of the recall search (see the module docstring): ~10% of the leaves of a small
+    # tree, 1% of a 1M-point tree (neighbours spread over fewer leaves as the tree gets finer).
     fraction = 0.1 if num_points <= 200000 else 0.01
     leaves_to_search = int(max(4, min(num_leaves, round(num_leaves * fraction))))
     return {
@@ -48,11 +59,16 @@ def auto_settings(num_points, dim, distance="dot_product"):
         "leaves_to_search": leaves_to_search,
         # 20k samples train a ~250-leaf tree and the AH codebooks as well as 60k do, in a third of the time.
         "training_sample_size": int(min(num_points, 20000 if num_points <= 200000 else 100000)),
-        "dimensions_per_block": 2,
+        # 4 dimensions per 4-bit block from 256 dimensions: at 100k x 512 (embedding-like data, recall@10 0.95
+        # either way after tuning) a single query took 0.11 ms against 0.18 ms with 2, and the build 59 s
+        # against 88 s; the recall target makes up for the coarser codes with leaves and re-ordering.
+        "dimensions_per_block": 4 if dim >= 256 else 2,
         "anisotropic_quantization_threshold": 0.2 if distance == "dot_product" else float("nan"),
         # Candidates re-scored exactly: max(reorder, reorder_factor * k) at search time. Codes of
         # low-dimensional vectors are coarse (few 2-d blocks), so they need more candidates.
-        "reorder": 100,
+        # Re-ordering fetches each candidate's float32 vector (a cache miss each): 100 candidates cost about
+        # as much as searching 10 leaves of 316 at 100k x 512, so the recall search starts at 40 (then 80, 160).
+        "reorder": 40,
         "reorder_factor": 2 if dim >= 128 else 8,
     }
 
@@ -78,8 +94,12 @@ class ScannIndex:
       distance: `"dot_product"` (use for L2-normalised embeddings) or `"squared_l2"`.
       mode: `"exact"` (brute force), `"approximate"` (tree + AH + reorder), or `"auto"` (exact below
         20,000 points).
-      num_neighbors: default `k` of `search`.
+      num_neighbors: default `k` of `search`, and the `k` of the recall target.
       metadata: optional JSON-serialisable dict saved with the index (e.g. the model version it embeds).
+      target_recall: for an approximate index, the recall@k against exact search it must reach (see the
+        module docstring); None: no measurement.
+      recall_queries: optional `[Q, D]` queries the recall is measured on (default: `RECALL_QUERIES`
+        gallery items, each left out of its own neighbour lists).
       num_leaves, leaves_to_search, reorder, dimensions_per_block, anisotropic_quantization_threshold,
         training_sample_size: override the automatic approximate settings.
 
@@ -99,9 +119,13 @@ class ScannIndex:
         num_neighbors=10,
         metadata=None,
         class_names=None,
+        target_recall=DEFAULT_TARGET_RECALL,
+        recall_queries=None,
         **settings,
     ):
         validate_distance(distance)
+        if target_recall is not None and not 0.0 < float(target_recall) <= 1.0:
+            raise ValueError(f"target_recall must be in (0, 1] or None, got {target_recall}.")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
         embeddings = _as_float_matrix(embeddings, "embeddings")
@@ -126,7 +150,11 @@ class ScannIndex:
             self.settings = {**auto_settings(num_points, self.dim, distance), **settings}
             self.settings["num_leaves"] = int(min(self.settings["num_leaves"], num_points))
             self.settings["leaves_to_search"] = int(min(self.settings["leaves_to_search"], self.settings["num_leaves"]))
+        self.recall = None
         self._searcher = self._build(embeddings)
+        if self.mode == "approximate" and target_recall is not None:
+            fixed = bool({"leaves_to_search", "reorder"} & set(settings))
+            self.tune(embeddings, target_recall, recall_queries, search_settings=not fixed)
 
     @staticmethod
     def _check_vector(values, num_points, name):
@@ -195,13 +223,7 @@ class ScannIndex:
         queries = _as_float_matrix(queries[None] if single else queries, "queries")
         if queries.shape[1] != self.dim:
             raise ValueError(f"queries have dimension {queries.shape[1]} but the index holds {self.dim}-d embeddings.")
-        kwargs = {}
-        if self.mode == "approximate":
-            factor = self.settings.get("reorder_factor", 2)
-            pre_reorder = int(max(reorder or self.settings["reorder"], math.ceil(factor * k)))
-            kwargs["pre_reorder_num_neighbors"] = pre_reorder
-            kwargs["leaves_to_search"] = int(leaves_to_search or self._leaves_for(pre_reorder))
-        indices, values = self._searcher.search_batched_parallel(queries, final_num_neighbors=k, **kwargs)
+        indices, values = self._search(queries, k, leaves_to_search, reorder)
         indices = np.asarray(indices, np.int64)
         if indices.shape[1] < k:  # ScaNN pads nothing when fewer candidates exist; make it an error
             raise RuntimeError(
@@ -212,12 +234,134 @@ class ScannIndex:
         values = np.asarray(values, np.float32)
         return (ids[0], values[0]) if single else (ids, values)
 
-    def _leaves_for(self, candidates):
-        """Configured leaves to search, raised so the searched leaves hold ~8x the reorder candidates."""
+    def _search(self, queries, k, leaves_to_search=None, reorder=None):
+        """ScaNN's `(indices, values)` for `[Q, D]` float32 queries. One query goes through the single-query
+        call: the batched-parallel one starts a thread pool per call, which costs more than the search itself
+        for one query."""
+        kwargs = {}
+        if self.mode == "approximate":
+            factor = self.settings.get("reorder_factor", 2)
+            pre_reorder = int(max(reorder or self.settings["reorder"], math.ceil(factor * k)))
+            kwargs["pre_reorder_num_neighbors"] = pre_reorder
+            kwargs["leaves_to_search"] = int(leaves_to_search or self._leaves_for(pre_reorder, k))
+        if len(queries) == 1:
+            found, values = self._searcher.search(queries[0], final_num_neighbors=k, **kwargs)
+            return np.asarray(found)[None], np.asarray(values)[None]
+        return self._searcher.search_batched_parallel(queries, final_num_neighbors=k, **kwargs)
+
+    def _leaves_for(self, candidates, k):
+        """Configured leaves to search. Where the recall target chose them (for `k` up to the tuned one) they
+        are used as measured; otherwise they are raised so that the searched leaves hold ~8x the reorder
+        candidates."""
         leaves = self.settings["num_leaves"]
+        if self.recall and self.recall.get("tuned") and k <= self.recall["k"]:
+            return min(leaves, self.settings["leaves_to_search"])
         mean_leaf = self.size / leaves
         needed = math.ceil(8 * candidates / mean_leaf)
         return min(leaves, max(self.settings["leaves_to_search"], needed))
+
+    def tune(
+        self, embeddings, target_recall=DEFAULT_TARGET_RECALL, queries=None, k=None, search_settings=True, fallback=True
+    ):
+        """Measures recall@k against exact search and, with `search_settings`, sets the fewest leaves to search
+        (and re-ordered candidates) that reach `target_recall`, or falls back to brute force (see the module
+        docstring). `embeddings` are the indexed `[N, D]` vectors (for the exact neighbours); `queries`
+        default to `RECALL_QUERIES` of them, each left out of its own neighbour lists. `fallback=False` keeps
+        the approximate index where the target is not met (the record's `fallback` says so, `fell_back` is
+        False). Returns `self.recall`.
+        """
+        if self.mode != "approximate":
+            raise ValueError("tune applies to an approximate index; this one is exact.")
+        if not 0.0 < float(target_recall) <= 1.0:
+            raise ValueError(f"target_recall must be in (0, 1], got {target_recall}.")
+        embeddings = _as_float_matrix(embeddings, "embeddings")
+        if embeddings.shape != (self.size, self.dim):
+            raise ValueError(f"tune needs the {self.size} x {self.dim} indexed embeddings, got {embeddings.shape}.")
+        k = int(min(k or self.num_neighbors, self.size - 1))
+        if queries is None:
+            rows = np.random.default_rng(0).choice(self.size, min(RECALL_QUERIES, self.size), replace=False)
+            queries, source = embeddings[rows], "gallery items, each left out of its own neighbours"
+        else:
+            queries = _as_float_matrix(queries, "recall_queries")
+            rows, source = None, "given queries"
+        exact, exact_seconds = _timed(lambda: _exact_neighbours(queries, embeddings, k, self.distance, rows))
+        # Measured as `search` will run: with the leaves as given where they are being tuned.
+        self.recall = {"tuned": bool(search_settings), "k": k + 1}
+        previous = dict(self.settings)
+
+        def measure(leaves, reorder):
+            self.settings.update(leaves_to_search=leaves, reorder=reorder)
+            found, seconds = _timed(lambda: self._search(queries, k + (rows is not None))[0])
+            found = _drop_rows(np.asarray(found, np.int64), rows, k)
+            return float(np.mean([len(set(a) & set(b)) for a, b in zip(found, exact)]) / k), seconds
+
+        if search_settings:
+            leaves, reorder, recall, seconds = self._search_settings(measure, target_recall, k)
+        else:
+            leaves, reorder = previous["leaves_to_search"], previous["reorder"]
+            recall, seconds = measure(leaves, reorder)
+        self.settings.update(leaves_to_search=int(leaves), reorder=int(reorder))
+        record = {
+            "target": float(target_recall),
+            "k": k,
+            "measured": recall,
+            "queries": int(len(queries)),
+            "query_source": source,
+            "tuned": bool(search_settings),
+            "leaves_to_search": int(leaves),
+            "num_leaves": int(self.settings["num_leaves"]),
+            "reorder": int(reorder),
+            "ms_per_query": 1e3 * seconds / len(queries),
+            "exact_ms_per_query": 1e3 * exact_seconds / len(queries),
+            "fallback": None,
+        }
+        if recall < target_recall:
+            record["fallback"] = (
+                f"recall@{k} {recall:.3f} < target {target_recall:g} with {leaves} of "
+                f"{self.settings['num_leaves']} leaves searched"
+            )
+        elif search_settings and seconds >= exact_seconds:
+            record["fallback"] = (
+                f"recall@{k} {target_recall:g} needs {leaves} of {self.settings['num_leaves']} leaves, "
+                f"{record['ms_per_query']:.3g} ms per query against {record['exact_ms_per_query']:.3g} ms for "
+                "exact search"
+            )
+        record["fell_back"] = bool(record["fallback"]) and fallback
+        if record["fell_back"]:
+            record["fallback"] += ": brute force instead"
+            self.mode, self.settings = "exact", {}
+            self._searcher = self._build(embeddings)
+            record["approximate_recall"], record["measured"] = recall, 1.0
+        self.recall = record
+        return record
+
+    def _search_settings(self, measure, target, k):
+        """`(leaves, reorder, recall, seconds)`: the fewest leaves (doubling from the automatic start, then
+        bisecting) at which the largest re-ordering step reaches `target`, then the smallest re-ordering step
+        that still does there; the largest settings tried when none does."""
+        num_leaves = self.settings["num_leaves"]
+        base = int(max(self.settings["reorder"], math.ceil(self.settings.get("reorder_factor", 2) * k)))
+        steps = [base * m for m in _REORDER_STEPS]
+        tried = {}
+
+        def reaches(leaves):
+            if leaves not in tried:
+                tried[leaves] = measure(leaves, steps[-1])
+            return tried[leaves][0] >= target
+
+        low, high = 0, max(1, min(num_leaves, self.settings["leaves_to_search"]))
+        while not reaches(high) and high < num_leaves:
+            low, high = high, min(num_leaves, 2 * high)
+        if not reaches(high):
+            return high, steps[-1], *tried[high]
+        while high - low > max(1, high // 16):  # within ~6% of the fewest leaves
+            middle = (low + high) // 2
+            low, high = (low, middle) if reaches(middle) else (middle, high)
+        for reorder in steps[:-1]:
+            recall, seconds = measure(high, reorder)
+            if recall >= target:
+                return high, reorder, recall, seconds
+        return high, steps[-1], *measure(high, steps[-1])
 
     def config(self):
         """JSON-serialisable description of the index (saved next to the ScaNN artifacts)."""
@@ -230,6 +374,7 @@ class ScannIndex:
             "size": int(self.size),
             "dim": int(self.dim),
             "settings": self.settings,
+            "recall": self.recall,
             "has_ids": self.ids is not None,
             "has_labels": self.labels is not None,
             "class_names": self.class_names,
@@ -281,6 +426,7 @@ class ScannIndex:
         index.num_neighbors = config["num_neighbors"]
         index.size, index.dim = config["size"], config["dim"]
         index.settings = config["settings"]
+        index.recall = config.get("recall")
         index.metadata = config.get("metadata", {})
         index.class_names = config.get("class_names")
         index.directory = os.path.abspath(directory)
@@ -300,6 +446,50 @@ class ScannIndex:
 
     def __repr__(self):
         return f"ScannIndex(size={self.size}, dim={self.dim}, distance={self.distance!r}, mode={self.mode!r})"
+
+
+def describe_recall(record):
+    """An index's recall record (`ScannIndex.recall`) in one line, as `tfdml export` prints it."""
+    if record.get("fell_back"):
+        return f"brute force: {record['fallback']}"
+    text = (
+        f"approximate, recall@{record['k']} {record['measured']:.3f} against exact search (target "
+        f"{record['target']:g}, {record['queries']} {record['query_source']}), {record['leaves_to_search']} of "
+        f"{record['num_leaves']} leaves searched, {record['reorder']} candidates re-ordered, "
+        f"{record['ms_per_query']:.3g} ms per query in batches (exact search: {record['exact_ms_per_query']:.3g} ms)"
+    )
+    return text + (f"; {record['fallback']}" if record.get("fallback") else "")
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def _exact_neighbours(queries, embeddings, k, distance, rows=None):
+    """Exact top-`k` gallery positions of each query (blocks of 64 queries: `64 x N` scores at a time); with
+    `rows`, query `i` is gallery row `rows[i]`, which is left out of its own list."""
+    extra = 0 if rows is None else 1
+    norms = np.einsum("ij,ij->i", embeddings, embeddings) if distance == "squared_l2" else None
+    out = np.empty((len(queries), k), np.int64)
+    for start in range(0, len(queries), 64):
+        scores = queries[start : start + 64] @ embeddings.T
+        if norms is not None:  # nearest in L2 = largest 2 q.g - |g|^2
+            scores = 2.0 * scores - norms[None, :]
+        top = np.argpartition(-scores, k + extra - 1, axis=1)[:, : k + extra]
+        order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
+        found = np.take_along_axis(top, order, 1)
+        out[start : start + len(found)] = _drop_rows(found, None if rows is None else rows[start : start + 64], k)
+    return out
+
+
+def _drop_rows(found, rows, k):
+    """The first `k` of each row of `found` without `rows[i]` (a query's own gallery row), if any."""
+    if rows is None:
+        return found[:, :k]
+    kept = found != np.asarray(rows)[:, None]
+    return np.array([row[mask][:k] for row, mask in zip(found, kept)])
 
 
 def _replace_directory(new, target):

@@ -16,8 +16,16 @@ Task `qps`: queries/s at Recall@10 >= 0.95 (against exact neighbours) on 1,000,0
 ScaNN (`tfdml.retrieval.ScannIndex`, auto settings, sweeping leaves searched) against faiss `IndexIVFFlat`
 (sweeping nprobe; `--hnsw` adds `IndexHNSWFlat`, whose build takes long on 2 cores).
 
-    python scripts/bench_retrieval.py --task eval [--n 60000 --dim 512] [--skip numpy_exact,faiss_flat]
-    python scripts/bench_retrieval.py --task qps [--n 1000000 --dim 128 --queries 5000] [--hnsw]
+Task `scale`: evaluation at scale, time and peak memory: `tfdml.retrieval.evaluate` (exact, and
+`exact=False`: ScaNN, the index meeting its recall target) beside pytorch-metric-learning's
+`AccuracyCalculator` (faiss `IndexFlatL2`, `k="max_bin_count"`) on the same SOP-like embeddings, the same
+metrics (R@1, MAP@R, R-precision), each in its own process; peak memory is the process's peak resident
+memory above what it held after generating the data (`VmHWM`).
+
+    python benchmarks/retrieval_eval/bench_retrieval.py --task eval [--n 60000 --dim 512] [--skip faiss_flat]
+    python benchmarks/retrieval_eval/bench_retrieval.py --task qps [--n 1000000 --dim 128 --queries 5000] [--hnsw]
+    python benchmarks/retrieval_eval/bench_retrieval.py --task scale --n 100000 [--runs tfdml_exact pml_faiss ...]
+    python benchmarks/retrieval_eval/bench_retrieval.py --task scale --table scale_100000.json > scale_table.md
 """
 
 import argparse
@@ -285,9 +293,94 @@ def bench_qps(args):
     print(json.dumps(result, indent=2))
 
 
+SCALE_RUNS = ("tfdml_exact", "tfdml_approximate", "pml_faiss")
+
+
+def _peak_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def _reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def scale_child(run, n, dim, seed):
+    """One evaluation of the `scale` task in this process: `{seconds, peak_mib, metrics}`."""
+    x, labels = sop_like(n, dim, seed=seed)
+    if run.startswith("tfdml"):
+        from tfdml.retrieval import evaluate
+
+        def compute():
+            found = evaluate(x, labels, ks=(1,), metrics=("recall", "map@r", "r_precision"), exact=run == "tfdml_exact")
+            return {"R@1": found["recall@1"], "MAP@R": found["map@r"], "R-precision": found["r_precision"]}
+
+    else:
+        import torch
+        from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
+
+        calculator = AccuracyCalculator(
+            include=("precision_at_1", "mean_average_precision_at_r", "r_precision"),
+            k="max_bin_count",
+            device=torch.device("cpu"),
+        )
+
+        def compute():
+            found = calculator.get_accuracy(torch.from_numpy(x), torch.from_numpy(labels))
+            return {
+                "R@1": found["precision_at_1"],
+                "MAP@R": found["mean_average_precision_at_r"],
+                "R-precision": found["r_precision"],
+            }
+
+    _reset_peak()
+    base = _peak_mib()
+    metrics, seconds = timed(compute)
+    return {"seconds": seconds, "peak_mib": _peak_mib() - base, "data_mib": x.nbytes / 2**20, **metrics}
+
+
+def bench_scale(args):
+    import subprocess
+
+    result = {"task": "scale", "n": args.n, "dim": args.dim, "cpu_count": os.cpu_count(), "runs": {}}
+    for run in args.runs:
+        command = [sys.executable, __file__, "--task", "scale", "--child", run, "--n", str(args.n)]
+        done = subprocess.run(command + ["--dim", str(args.dim)], capture_output=True, text=True)
+        lines = done.stdout.strip().splitlines()
+        result["runs"][run] = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr[-500:]}
+        print(f"# {run}: {result['runs'][run]}", file=sys.stderr, flush=True)
+    result["n_squared_float32_mib"] = args.n * args.n * 4 / 2**20
+    print(json.dumps(result, indent=2))
+
+
+def scale_table(paths):
+    """The `scale` results (JSON files written by the task) as one Markdown table."""
+    lines = [
+        "| items | run | seconds | peak MiB | N x N float32 MiB | R@1 | MAP@R | R-precision |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        for run, row in result["runs"].items():
+            if "error" in row:
+                lines.append(f"| {result['n']:,} | {run} | failed |||||")
+                continue
+            lines.append(
+                f"| {result['n']:,} | {run} | {row['seconds']:.1f} | {row['peak_mib']:.0f} "
+                f"| {result['n_squared_float32_mib']:,.0f} | {row['R@1']:.4f} | {row['MAP@R']:.4f} "
+                f"| {row['R-precision']:.4f} |"
+            )
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=["eval", "qps"], default="eval")
+    parser.add_argument("--task", choices=["eval", "qps", "scale"], default="eval")
+    parser.add_argument("--runs", nargs="+", choices=SCALE_RUNS, default=list(SCALE_RUNS), help="scale task: runs")
+    parser.add_argument("--child", choices=SCALE_RUNS, help=argparse.SUPPRESS)
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="scale task: print these results as Markdown")
     parser.add_argument("--n", type=int, help="database size (default 60000 for eval, 1000000 for qps)")
     parser.add_argument("--dim", type=int, help="embedding size (default 512 for eval, 128 for qps)")
     parser.add_argument("--queries", type=int, default=5000, help="qps task: number of held-out queries")
@@ -295,7 +388,15 @@ def main():
     parser.add_argument("--hnsw", action="store_true", help="qps task: also build faiss HNSW (slow)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.task == "eval":
+    if args.task == "scale":
+        args.n, args.dim = args.n or 100000, args.dim or 512
+        if args.table:
+            print(scale_table(args.table))
+        elif args.child:
+            print(json.dumps(scale_child(args.child, args.n, args.dim, args.seed)))
+        else:
+            bench_scale(args)
+    elif args.task == "eval":
         args.n, args.dim = args.n or 60000, args.dim or 512
         bench_eval(args)
     else:

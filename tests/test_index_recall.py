@@ -1,0 +1,136 @@
+"""`ScannIndex(target_recall=...)`: the recall it records is the recall@k an independent NumPy exact search
+measures on held-out queries; a target it cannot meet cheaper than exact search falls back to brute force."""
+
+import numpy as np
+import pytest
+
+from tfdml.retrieval import ScannIndex
+from tfdml.retrieval import index as index_module
+
+
+def unit_clusters(n, dim, clusters, seed, spread=1.0):
+    """Unit vectors around random centres; `spread` sets how far items stray (high: hard for a tree)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters, dim))
+    x = centres[rng.integers(0, clusters, n)] + spread * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def numpy_recall(index, gallery, queries, k, **search):
+    """recall@k of the index against exact dot-product search written here (float64 argsort)."""
+    exact = np.argsort(-(queries.astype(np.float64) @ gallery.T.astype(np.float64)), axis=1, kind="stable")[:, :k]
+    found, _ = index.search(queries, k=k, **search)
+    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, exact)]))
+
+
+@pytest.fixture(scope="module")
+def data():
+    # 12 draws per cluster on average and noise as large as the centres: a query's neighbours straddle leaves.
+    everything = unit_clusters(16000, 64, 1250, seed=3, spread=0.9)
+    return everything[:15000], everything[15000:]
+
+
+@pytest.fixture(scope="module")
+def tuned(data):
+    return ScannIndex(data[0], mode="approximate", target_recall=0.95)
+
+
+def test_the_index_meets_its_recall_target_on_held_out_queries(data, tuned, tmp_path):
+    gallery, held_out = data
+    index = tuned
+    low = numpy_recall(index, gallery, held_out, 10, leaves_to_search=1, reorder=10)
+    record = index.recall
+    assert index.mode == "approximate" and record["fallback"] is None and record["tuned"]
+    assert record["measured"] >= 0.95 and record["k"] == 10 and record["queries"] == 500
+    assert record["leaves_to_search"] == index.settings["leaves_to_search"] > 1
+    assert record["reorder"] == index.settings["reorder"]
+    assert 0 < record["ms_per_query"] < record["exact_ms_per_query"]
+    # The recall on queries the tuning never saw, against an exact search written here.
+    measured = numpy_recall(index, gallery, held_out, 10)
+    print(f"recall@10: {low:.3f} with 1 leaf; tuned to {record['measured']:.3f}, held out {measured:.3f}")
+    assert low < 0.9 and measured >= 0.93
+    # A higher target searches more leaves (or re-orders more) and reaches it.
+    before = dict(record)
+    higher = index.tune(gallery, 0.99)
+    record = before
+    assert higher["measured"] >= 0.99 and (higher["leaves_to_search"], higher["reorder"]) > (
+        record["leaves_to_search"],
+        record["reorder"],
+    )
+    assert numpy_recall(index, gallery, held_out, 10) >= 0.97
+    # Saved and loaded, the index keeps the record and searches with the tuned settings.
+    loaded = ScannIndex.load(index.save(tmp_path / "index"))
+    assert loaded.recall == index.recall and loaded.settings == index.settings
+    np.testing.assert_array_equal(loaded.search(held_out[:50], k=10)[0], index.search(held_out[:50], k=10)[0])
+
+
+def test_given_settings_are_kept_and_their_recall_recorded(data):
+    gallery, held_out = data
+    index = ScannIndex(gallery, mode="approximate", leaves_to_search=2, recall_queries=held_out)
+    record = index.recall
+    assert not record["tuned"] and record["leaves_to_search"] == 2 and record["query_source"] == "given queries"
+    assert record["measured"] == pytest.approx(numpy_recall(index, gallery, held_out, 10), abs=1e-9)
+
+
+def test_single_query_gives_the_batch_answer(data, tuned):
+    held_out = data[1]
+    index = tuned
+    ids, scores = index.search(held_out[:20], k=5)
+    for row, query in enumerate(held_out[:20]):
+        one_ids, one_scores = index.search(query, k=5)
+        np.testing.assert_array_equal(one_ids, ids[row])
+        np.testing.assert_allclose(one_scores, scores[row], rtol=1e-6)
+
+
+def test_a_target_not_met_cheaper_than_exact_search_falls_back_to_brute_force(data, monkeypatch):
+    gallery, held_out = data
+    calls = []
+
+    def timed(fn):  # exact search (the first call) takes no time: no approximate setting is cheaper
+        calls.append(fn)
+        return fn(), (0.0 if len(calls) == 1 else 1.0)
+
+    monkeypatch.setattr(index_module, "_timed", timed)
+    index = ScannIndex(gallery, mode="approximate", target_recall=0.9)
+    record = index.recall
+    assert index.mode == "exact" and index.settings == {} and record["fell_back"]
+    assert "ms for exact search: brute force instead" in record["fallback"] and record["measured"] == 1.0
+    assert numpy_recall(index, gallery, held_out, 10) == 1.0
+
+
+def test_a_target_not_reached_with_every_leaf_falls_back(monkeypatch):
+    gallery = unit_clusters(5000, 32, 400, seed=4)
+    monkeypatch.setattr(index_module, "_REORDER_STEPS", (0.1,))  # re-order 10 candidates, never more
+    index = ScannIndex(gallery, mode="approximate", target_recall=1.0, num_leaves=20, reorder_factor=1)
+    if index.mode == "approximate":  # every leaf searched but only 11 candidates re-ordered: 1.0 is not met
+        pytest.fail(f"expected a fallback, got {index.recall}")
+    assert "< target 1 with 20 of 20 leaves searched: brute force instead" in index.recall["fallback"]
+
+
+def test_bad_target_is_named():
+    gallery = unit_clusters(100, 8, 4, seed=5)
+    with pytest.raises(ValueError, match=r"target_recall must be in \(0, 1\] or None, got 1.5"):
+        ScannIndex(gallery, target_recall=1.5)
+    with pytest.raises(ValueError, match="tune applies to an approximate index"):
+        ScannIndex(gallery, mode="exact").tune(gallery, 0.9)
+
+
+def test_an_exported_index_records_its_recall_and_the_cli_prints_it(data, tmp_path):
+    import argparse
+
+    from tfdml.cli.export import _recall_target
+    from tfdml.export.gallery import EmbeddedGallery, _index_summary, save_index
+    from tfdml.retrieval.index import describe_recall
+
+    gallery = data[0]
+    embedded = EmbeddedGallery(gallery, None, None, None, None, "synthetic")
+    index = save_index(str(tmp_path), embedded, "m", 1, "approximate", {"target_recall": 0.9})
+    summary = _index_summary(index)
+    assert summary["recall"]["target"] == 0.9 and summary["recall"]["measured"] >= 0.9
+    assert summary["settings"]["leaves_to_search"] == summary["recall"]["leaves_to_search"]
+    line = describe_recall(summary["recall"])
+    assert line.startswith("approximate, recall@10 0.9") and "(target 0.9, 500 gallery items" in line
+    assert _recall_target("none") is None and _recall_target("0.99") == 0.99
+    for bad in ("1.5", "0", "high"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"expected a recall in \(0, 1\] or 'none'"):
+            _recall_target(bad)
