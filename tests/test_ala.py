@@ -151,6 +151,12 @@ def test_softmax_weights_of_centred_outputs_with_temperature_and_floor():
     silencing = ALAModel(_embedder("float64"), assessor_units=3, dtype="float64")
     weights = silencing.weights_from_outputs(tf.constant([4.0, 4.0, 4.0, -12.0], tf.float64)).numpy()
     assert weights[-1] < 1e-6 and np.isclose(weights.mean(), 1.0)
+    bounded = ALAModel(_embedder("float64"), assessor_units=3, dtype="float64", weight_range=1.5, temperature=0.5)
+    z = np.array([4.0, 4.0, 4.0, -12.0])
+    expected = np.exp(1.5 * np.tanh(z / 1.5) / 0.5)
+    weights = bounded.weights_from_outputs(tf.constant(z)).numpy()
+    np.testing.assert_allclose(weights, 4 * expected / expected.sum(), rtol=1e-12)
+    assert weights.max() / weights.min() < np.exp(2 * 1.5 / 0.5)
 
 
 def test_assessor_outputs_have_no_common_shift():
@@ -273,6 +279,7 @@ def _check_meta_gradient(model, episode, rates):
         ("contrastive", {}),
         ("triplet_semi_hard", {}),
         ("triplet_all", {"assessor_input": "embeddings+geometry", "temperature": 0.3, "weight_floor": 0.25}),
+        ("contrastive", {"weight_range": 0.5}),
         ("margin_distance_weighted", {"state": "per_step"}),
         ("triplet_all", {"variant": "paper"}),
         ("contrastive", {"variant": "paper", "state": "per_step"}),
@@ -491,6 +498,7 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "cannot be combined"),
         ({"weight_floor": 1.0}, "weight_floor must be in"),
         ({"variant": "paper", "weight_floor": 0.5}, 'needs weights="softmax"'),
+        ({"weight_range": 0.0}, "weight_range must be > 0"),
     ):
         with pytest.raises(ValueError, match=message):
             ALAModel(_embedder(), **bad)

@@ -417,6 +417,7 @@ class ALAParams(_Section):
     weights: str | None = _field(None, choices=ala_options.WEIGHT_FORMS)
     temperature: float | None = _field(None, above=0.0)  # softmax weights' temperature
     weight_floor: float | None = _field(None, minimum=0.0)  # softmax weights mixed with uniform ones
+    weight_range: float | None = _field(None, above=0.0)  # bound r on the logits, r tanh(z / r)
     reduction: str | None = _field(None, choices=ala_options.REDUCTIONS)
     lookahead: str | None = _field(None, choices=ala_options.LOOKAHEADS)
     assessor_input: str | None = _field(None, choices=ala_options.ASSESSOR_INPUTS)

@@ -85,6 +85,8 @@ class ALAModel(keras.Model):
         temperature: softmax temperature (default 1).
         weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
             (default 0: a tuple can be silenced).
+        weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
+            `exp(2 r / temperature)` (default None: unbounded).
         reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
         lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
             compiled optimizer's step with its state held constant).
@@ -115,6 +117,7 @@ class ALAModel(keras.Model):
         weights=None,
         temperature=None,
         weight_floor=None,
+        weight_range=None,
         reduction=None,
         lookahead=None,
         assessor_input=None,
@@ -145,6 +148,9 @@ class ALAModel(keras.Model):
             raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}.")
         if self.weight_form == "sigmoid" and self.weight_floor:
             raise ValueError('weight_floor mixes softmax weights with uniform ones; it needs weights="softmax".')
+        self.weight_range = None if weight_range is None else float(weight_range)
+        if self.weight_range is not None and (self.weight_range <= 0 or self.weight_form != "softmax"):
+            raise ValueError(f'weight_range must be > 0 and needs weights="softmax", got {weight_range}.')
         reduction = defaults["reduction"] if reduction is None else reduction
         self.reduction = _choice("reduction", reduction, options.REDUCTIONS)
         if inner_learning_rate is not None and lookahead is None:
@@ -234,6 +240,8 @@ class ALAModel(keras.Model):
         if self.weight_form == "sigmoid":
             return outputs
         count = tf.cast(tf.size(outputs), outputs.dtype)
+        if self.weight_range is not None:  # |logit| < r: no weight beyond exp(2 r / temperature) times another
+            outputs = self.weight_range * tf.tanh(outputs / self.weight_range)
         weights = count * tf.nn.softmax(outputs / self.temperature)  # outputs: centred logits
         return self.weight_floor + (1.0 - self.weight_floor) * weights if self.weight_floor else weights
 
@@ -325,6 +333,7 @@ class ALAModel(keras.Model):
             weights=self.weight_form,
             temperature=self.temperature,
             weight_floor=self.weight_floor,
+            weight_range=self.weight_range,
             reduction=self.reduction,
             lookahead=self.lookahead,
             assessor_input=self.assessor_input,
