@@ -56,7 +56,6 @@ def run(kind, weighting, seed, args, train, test):
         image_size=IMAGE_SIZE,
         seed=seed,
         episode={"train_size": 24, "val_size": 10, "train_classes": 3, "val_classes": 2},
-        max_tuples=args.max_tuples,
         state=args.state,
     )
     history = model.fit(ds, epochs=args.steps // args.log_every, steps_per_epoch=args.log_every, verbose=0).history
@@ -67,10 +66,6 @@ def run(kind, weighting, seed, args, train, test):
 
 def label_noise_run(fraction, seed, args, train):
     """Mean assessed weight of clean tuples and of tuples holding a corrupted image, over 20 late episodes."""
-    import tensorflow as tf
-
-    from tfdml.ops.tuples import triplet_indices
-
     rng = np.random.default_rng(seed)
     labels = train.labels.copy()
     corrupted = rng.random(labels.size) < fraction
@@ -90,7 +85,6 @@ def label_noise_run(fraction, seed, args, train):
         image_size=IMAGE_SIZE,
         seed=seed,
         episode={"train_size": 24, "val_size": 10, "train_classes": 3, "val_classes": 2},
-        max_tuples=args.max_tuples,
         state=args.state,
     )
     model.fit(ds.take(args.steps), verbose=0)
@@ -107,13 +101,12 @@ def label_noise_run(fraction, seed, args, train):
         preprocess=lambda x: x,
     )
     clean_w, bad_w = [], []
-    for step, (episode, raw_episode) in enumerate(zip(ds.skip(args.steps), raw.skip(args.steps))):
+    for episode, raw_episode in zip(ds.skip(args.steps), raw.skip(args.steps)):
         train_x, train_y = episode[0], episode[1]
         pixels = np.rint(raw_episode[0].numpy()[:, 0, :, 0]).astype(int)
         flags = corrupted[pixels[:, 0] * 256 + pixels[:, 1]]
-        tuples = triplet_indices(train_y, model.max_tuples, tf.constant([seed, args.steps + step], tf.int64))
-        weights = model.assessor(model.embedder(train_x, training=False), tuples)[0].numpy()
-        bad = flags[tuples.numpy()].any(axis=1)
+        tuples, weights = (t.numpy() for t in model.tuple_weights(train_x, train_y))
+        bad = flags[tuples].any(axis=1)
         clean_w.extend(weights[~bad].tolist())
         bad_w.extend(weights[bad].tolist())
     return {
@@ -138,7 +131,6 @@ def main():
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--max-tuples", type=int, default=1024)
     parser.add_argument("--state", default="per_tuple")
     parser.add_argument("--losses", default="triplet,margin")
     parser.add_argument("--log-every", type=int, default=25)

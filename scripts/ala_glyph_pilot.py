@@ -35,8 +35,8 @@ def main():
         data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], args.seed
     )
     name = f"{args.base_loss}_ala"
-    spec = json.loads(json.dumps(bm.METHODS[name][1]))
-    spec["ala_params"].update(json.loads(args.ala))
+    spec = dict(bm.METHODS[name][1])
+    spec["ala"] = {**spec["ala"], **json.loads(args.ala)}
     start, cpu = time.time(), time.process_time()
     embeddings, _ = bm.train_tfdml(spec, data, batches, config, args.seed)
     record = {

@@ -89,6 +89,19 @@ def index_batches(labels, classes_per_batch, samples_per_class, steps, seed):
     return rows
 
 
+def validation_batches(labels, batches, val_classes, samples_per_class, seed):
+    """`[steps, val_classes * K]` item indices: per step `val_classes` classes not in that step's batch, K
+    distinct items of each (DML-ALA's validation subsets, drawn in addition to the batches)."""
+    rng = np.random.default_rng([int(seed), 1])
+    by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    rows = np.empty((len(batches), val_classes * samples_per_class), np.int64)
+    for step, batch in enumerate(batches):
+        others = np.setdiff1d(np.arange(len(by_class)), labels[batch])
+        classes = rng.choice(others, val_classes, replace=False)
+        rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in classes])
+    return rows
+
+
 def evaluate(embeddings, labels):
     from tfdml import retrieval
 
@@ -185,20 +198,25 @@ def train_tfdml(spec, data, batches, config, seed, warm_start=None, keep_classif
         transfer_weights(warm_start, model, classifiers=keep_classifier)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
     optimizer = keras.optimizers.Adam(config["learning_rate"])
-    if spec.get("ala"):
+    if "ala" in spec:
+        from tfdml.ala_options import episode_sizes
         from tfdml.models import ALAModel
 
-        half = (config["classes_per_batch"] // 2) * config["samples_per_class"]
-        dataset = tf.data.Dataset.from_tensor_slices(batches).map(
-            lambda idx: (
-                tf.gather(images, idx[:half]),
-                tf.gather(labels, idx[:half]),
-                tf.gather(images, idx[half:]),
-                tf.gather(labels, idx[half:]),
+        # DML-ALA's episodes: the training subset is the whole batch the base loss trains on, the validation
+        # subset (one class per 5 of the batch's, as many images each) is drawn in addition, labels disjoint.
+        k = config["samples_per_class"]
+        val_classes = episode_sizes(config["classes_per_batch"], k)["val_size"] // k
+        val_batches = validation_batches(data["train_y"], batches, val_classes, k, seed)
+        dataset = tf.data.Dataset.from_tensor_slices((batches, val_batches)).map(
+            lambda idx, val: (
+                tf.gather(images, idx),
+                tf.gather(labels, idx),
+                tf.gather(images, val),
+                tf.gather(labels, val),
             )
         )
         trainer = ALAModel(
-            model, base_loss=spec["ala"], seed=seed, embedding_dim=config["embedding_dim"], **spec.get("ala_params", {})
+            model, base_loss=spec["loss"](num_classes), embedding_dim=config["embedding_dim"], **spec["ala"]
         )
         trainer.compile(optimizer=optimizer)
     else:
@@ -353,6 +371,8 @@ def _proxy_loss(name, **params):
 
 
 RLL = {"margin": 0.4, "alpha": 1.2, "tn": 10.0}
+# ALAModel's own arguments among a searched setting (the rest are the base loss's).
+ALA_PARAMS = ("inner_learning_rate", "assessor_learning_rate", "temperature", "weight_floor")
 
 # name -> (label in the table, spec). `loss(num_classes)` builds a tfdml loss; `pml()` a PML loss, miner and
 # loss optimiser; `ala` trains an ALAModel with that base loss; `levels` a multi-level embedder.
@@ -379,65 +399,24 @@ METHODS = {
     "rll_h": ("RLL-H (default RankedListLoss)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["H"]}),
     "rll_lmh": ("RLL-(L,M,H)", {"loss": _loss("RankedListLoss", **RLL), "levels": ["L", "M", "H"]}),
     "group": ("Group Loss", {"loss": _loss_with_classes("GroupLoss"), "classifier": True}),
+    # DML-ALA on a base loss as users compile it (`ala`: ALAModel's arguments); with uniform weights its step is
+    # that loss's step on the same batch, so the base loss's own row is the twin.
     "triplet_ala": (
-        "triplet + ALA (library defaults)",
-        {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000}},
+        "triplet, all + ALA (library defaults)",
+        {"loss": _loss("TripletLoss", margin=0.2, mining="all"), "ala": {}},
     ),
     "margin_ala": (
-        "margin + ALA (library defaults)",
-        {"ala": "margin", "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000}},
+        "margin, distance-weighted + ALA (library defaults)",
+        {"loss": _loss("MarginLoss", alpha=0.2, beta=1.2, sampling="distance_weighted"), "ala": {}},
     ),
-    # The look-ahead (eq 10) at the paper's CNN rate (1e-4) instead of the rate of the real step (Adam 2e-3,
-    # taken as an SGD rate over the sum of up to 2,000 tuples).
-    "triplet_ala_inner_1e-4": (
-        "triplet + ALA, look-ahead rate 1e-4",
-        {
-            "ala": "triplet",
-            "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "inner_learning_rate": 1e-4},
-        },
+    "contrastive_ala": (
+        "contrastive + ALA (library defaults)",
+        {"loss": _loss("ContrastiveLoss", pos_margin=0.0, neg_margin=1.0), "ala": {}},
     ),
-    # ALA's defaults but the weights normalised over the active tuples (loss > 0) with a floor of 0.5.
-    "triplet_ala_active_f0.5": (
-        "triplet + ALA, normalised over active tuples, floor 0.5",
-        {
-            "ala": "triplet",
-            "ala_params": {
-                "loss_params": {"margin": 0.2},
-                "max_tuples": 2000,
-                "normalize_over": "active",
-                "weight_floor": 0.5,
-            },
-        },
-    ),
-    "margin_ala_active_f0.5": (
-        "margin + ALA, normalised over active tuples, floor 0.5",
-        {
-            "ala": "margin",
-            "ala_params": {
-                "loss_params": {"alpha": 0.2, "beta": 1.2},
-                "max_tuples": 2000,
-                "normalize_over": "active",
-                "weight_floor": 0.5,
-            },
-        },
-    ),
-    # Algorithm 1 literally (raw sigmoid weights, embeddings input, SGD 4e-4 assessor).
+    # Algorithm 1 literally (sigmoid weights, sums over tuples, embeddings input, SGD 4e-4 assessor).
     "triplet_ala_paper": (
         "triplet + ALA, variant='paper'",
-        {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "variant": "paper"}},
-    ),
-    # The same episodes, tuples and sums as the ALA rows with every weight 1 (no assessor): ALA's
-    # baseline without confound.
-    "triplet_ala_uniform": (
-        "triplet, ALA's tuples, uniform weights",
-        {"ala": "triplet", "ala_params": {"loss_params": {"margin": 0.2}, "max_tuples": 2000, "weighting": "uniform"}},
-    ),
-    "margin_ala_uniform": (
-        "margin, ALA's tuples, uniform weights",
-        {
-            "ala": "margin",
-            "ala_params": {"loss_params": {"alpha": 0.2, "beta": 1.2}, "max_tuples": 2000, "weighting": "uniform"},
-        },
+        {"loss": _loss("TripletLoss", margin=0.2, mining="all", squared=True), "ala": {"variant": "paper"}},
     ),
     "multi_similarity": ("MultiSimilarity", {"loss": _loss("MultiSimilarityLoss", alpha=2.0, beta=50.0, base=0.5)}),
     "proxy_anchor": ("ProxyAnchor", {"loss": _proxy_loss("ProxyAnchorLoss", margin=0.1, alpha=32.0)}),
@@ -480,16 +459,14 @@ METHODS = {
 
 
 def with_params(name, params):
-    """`METHODS[name]`'s spec with its loss parameters changed by `params` (for the ALA rows, the base loss's
-    parameters under `loss_params` and ALAModel's own, e.g. `inner_learning_rate`, beside them)."""
+    """`METHODS[name]`'s spec with its loss parameters changed by `params` (for the ALA rows, ALAModel's own,
+    `ALA_PARAMS`, go to its arguments, the rest to the base loss)."""
     spec = dict(METHODS[name][1])
+    if "ala" in spec:
+        spec["ala"] = {**spec["ala"], **{k: v for k, v in params.items() if k in ALA_PARAMS}}
+        params = {k: v for k, v in params.items() if k not in ALA_PARAMS}
     if "loss" in spec and isinstance(spec["loss"], LossBuilder):
         spec["loss"] = spec["loss"].with_params(**params)
-    elif "ala" in spec:
-        ala = dict(spec.get("ala_params", {}))
-        ala["loss_params"] = {**ala.get("loss_params", {}), **params.get("loss_params", {})}
-        ala.update({k: v for k, v in params.items() if k != "loss_params"})
-        spec["ala_params"] = ala
     elif params:
         raise ValueError(f"{name} has no parameters to change (got {sorted(params)}).")
     return spec
@@ -503,8 +480,6 @@ def available(name):
             spec["loss"](4)
         elif "pml" in spec:
             spec["pml"]()
-        elif "ala" in spec:
-            from tfdml.models import ALAModel  # noqa: F401
     except (AttributeError, TypeError, ImportError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
     return None
@@ -579,14 +554,12 @@ def summarise(records):
     return rows
 
 
-# ALA rows and the uniform-weight twin each is compared with (same episodes, tuples and sums).
+# ALA rows and the base loss each is compared with (the same batches: ALA's training subsets).
 ALA_TWINS = {
-    "triplet_ala": "triplet_ala_uniform",
-    "margin_ala": "margin_ala_uniform",
-    "triplet_ala_active_f0.5": "triplet_ala_uniform",
-    "margin_ala_active_f0.5": "margin_ala_uniform",
-    "triplet_ala_paper": "triplet_ala_uniform",
-    "triplet_ala_inner_1e-4": "triplet_ala_uniform",
+    "triplet_ala": "triplet_all",
+    "margin_ala": "margin_dw",
+    "contrastive_ala": "contrastive",
+    "triplet_ala_paper": "triplet_all",
 }
 
 

@@ -110,7 +110,6 @@ SEARCH_SPACE = {
 }
 METHODS = [name for name in SEARCH_SPACE]
 ALA_METHODS = ("triplet_ala", "margin_ala")
-ALA_PARAMS = ("inner_learning_rate", "assessor_learning_rate")  # ALAModel's own; the rest are the loss's
 # The ALA rows were first run with the ALA code before the ALA issue changed its defaults (those lines stay in
 # results.jsonl); they were run again with the new defaults, and the table takes the latest line per key.
 ALA_LABEL = " (library defaults after the ALA issue)"
@@ -175,10 +174,7 @@ def method_spec(name, params):
     factor = params.pop("proxy_lr_factor", None)
     if factor is not None:
         params["proxy_learning_rate"] = factor * learning_rate
-    if name in ALA_METHODS:
-        own = {k: params.pop(k) for k in ALA_PARAMS if k in params}
-        return bm.with_params(name, dict(own, loss_params=params)), learning_rate
-    return bm.with_params(name, params), learning_rate
+    return bm.with_params(name, params), learning_rate  # an ALA row's own parameters go to ALAModel
 
 
 # ------------------------------------------------------------------------------------------------ data

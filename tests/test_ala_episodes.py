@@ -1,9 +1,45 @@
-"""`episode_dataset(disjoint_labels=False)`: the random episodes of DML-ALA's Table 1 ablation."""
+"""DML-ALA's episodes: `episode_sizes` (the base loss's batch + a validation subset drawn in addition),
+`episode_dataset(disjoint_labels=False)` (the random episodes of Table 1's ablation), and the documented
+example, run as a user runs it."""
+
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import tfdml.data as data
+from tfdml.ala_options import episode_sizes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GUIDE = os.path.join(ROOT, "docs", "guides", "dml-ala.md")
+
+
+def test_episode_sizes_are_the_base_losses_batch_and_one_validation_class_per_five():
+    assert episode_sizes(22, 3) == {"train_size": 66, "val_size": 12, "samples_per_class": 3}
+    assert episode_sizes(20, 5) == {"train_size": 100, "val_size": 20, "samples_per_class": 5}  # the paper's
+    assert episode_sizes(2, 4) == {"train_size": 8, "val_size": 4, "samples_per_class": 4}  # at least one class
+    assert episode_sizes(8, 2, val_classes=3)["val_size"] == 6
+    with pytest.raises(ValueError, match="samples_per_class must be a positive integer, got 0"):
+        episode_sizes(8, 0)
+
+
+def test_the_guides_example_runs_without_warnings():
+    """The guide's `ala_training` + `model.fit` example, at 2 steps, in a fresh process: no "input ran out of
+    data", no "shuffle=True ... ignored" (issue 31), no Python warning at all."""
+    with open(GUIDE) as f:
+        code = re.search(r"```python\n(.*?)```", f.read(), re.S).group(1)
+    assert "steps=600" in code and "model.fit(episodes)" in code
+    code = code.replace("steps=600", "steps=2") + "\nassert len(history.history['loss']) == 1\n"
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for message in ("ran out of data", "shuffle=True", "Warning"):
+        assert message not in result.stderr, result.stderr[-3000:]
 
 
 def _source(num_classes=6, per_class=8):
