@@ -139,6 +139,12 @@ def argument_problem(args):
     for option, path, exists in paths:
         if path and not exists(path):
             return f"{option}: no such {'file' if exists is os.path.isfile else 'folder'}: {path}"
+    if args.embeddings and not zipfile.is_zipfile(args.embeddings):
+        # np.load would answer "pickled data" for a text file, or return a bare array for an .npy file.
+        return (
+            f"--embeddings: {args.embeddings} is not an .npz archive (np.savez writes one, with arrays "
+            "'embeddings' and 'labels')."
+        )
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path and (os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
             return f"{option}: cannot write the file {path} (a folder, or its folder does not exist)"
