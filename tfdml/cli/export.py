@@ -137,15 +137,17 @@ def report_files(model_path):
 
 def argument_problem(args):
     """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
-    problem = model_file_problem(args.model)
-    if problem:
-        return f"--model: {problem}"
+    if not os.path.exists(args.model):
+        return f"--model: no model file at {args.model}"
     if args.gallery_dir and args.no_index:
         return "give at most one of --gallery-dir and --no-index."
     if args.gallery_dir and not os.path.isdir(args.gallery_dir):
         return f"--gallery-dir: no such folder: {args.gallery_dir}"
     problem = output_dir_problem(os.path.join(args.base_dir, args.name or "x"), writable=True)
-    return f"--base-dir: {problem}" if problem else None
+    if problem:
+        return f"--base-dir: {problem}"
+    problem = model_file_problem(args.model)
+    return f"--model: {problem}" if problem else None
 
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
