@@ -1,9 +1,11 @@
 """The typed configuration: every bad value is one `ConfigError` line naming the key and what is allowed
 (checked before anything is built), YAML round trips, and the options other parts of tfdml rely on."""
 
+import gc
 import glob
 import inspect
 import os
+import warnings
 
 import pytest
 import yaml
@@ -184,3 +186,17 @@ def test_backbone_names_are_checked():
     with pytest.raises(ConfigError, match=expected):
         load_config(overrides=["model.backbone=resnet5O"])
     assert load_config(overrides=["model.backbone=ResNet50", "model.weights=imagenet"]).model.backbone == "ResNet50"
+
+
+def test_image_folder_check_closes_the_folder_it_stops_in(tmp_path):
+    """It stops at the first class folder holding a file: the scandir iterator is closed, not left to the
+    garbage collector (a ResourceWarning, an error under the suite's warnings-as-errors)."""
+    for name in ("ant", "bee"):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            (tmp_path / name / f"{i}.png").write_bytes(b"")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert config_lib._image_folder_problem(str(tmp_path)) is None
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []

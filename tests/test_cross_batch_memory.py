@@ -19,7 +19,8 @@ from tfdml import distribute
 from tfdml.losses import CrossBatchMemory
 from tfdml.models import MetricModel
 
-REFERENCE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "xbm_reference.json")))
+with open(os.path.join(os.path.dirname(__file__), "data", "xbm_reference.json")) as _reference:
+    REFERENCE = json.load(_reference)
 MEMORY, DIM = REFERENCE["memory_size"], REFERENCE["embedding_dim"]
 VALUE_RTOL, GRAD_ATOL = 1e-10, 1e-10
 

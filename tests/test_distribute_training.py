@@ -338,7 +338,10 @@ def _run_workers(out_dir, epochs, num_workers=2):
                 process.kill()
                 process.wait()
             log.close()
-    logs = [open(os.path.join(out_dir, f"worker{i}.log")).read() for i in range(num_workers)]
+    logs = []
+    for i in range(num_workers):
+        with open(os.path.join(out_dir, f"worker{i}.log")) as f:
+            logs.append(f.read())
     for index, (process, _) in enumerate(processes):
         assert process.returncode == 0, f"worker {index} failed:\n{logs[index][-4000:]}"
     weights = [dict(np.load(os.path.join(out_dir, f"worker{i}.npz"))) for i in range(num_workers)]

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tfdml import data
 from tfdml import export as E
-from tfdml.export.search import blocked_top_k, quantize
+from tfdml.export.search import blocked_top_k
 from tfdml.retrieval import calibrate
 
 SIZE = 12  # the model's input size; gallery images are 10 x 10, queries 17 x 19 (resized in the graph)
@@ -177,12 +177,31 @@ def test_compressed_gallery_scores_are_within_the_stated_bound(exported, fresh, 
     expected, _ = brute_force(queries, gallery, K)
     assert np.all(np.abs(got - expected) <= bound.max() + slack)
     assert np.abs(got - expected).max() > 0 or dtype == "float32"  # really compressed
-    # The same values as an independent dequantised brute force (the stored gallery, in NumPy).
-    values, stored_scales = quantize(gallery, dtype)
-    stored = np.asarray(tf.cast(values, tf.float32), np.float64)
-    if stored_scales is not None:
-        stored = stored * stored_scales[:, None]
-    np.testing.assert_allclose(got, brute_force(queries, stored, K)[0], atol=1e-5)
+    # The same values as a brute force over the stored gallery, rebuilt in NumPy from the module docstring's
+    # definition (not by `quantize`, which is under test).
+    np.testing.assert_allclose(got, brute_force(queries, _stored_gallery(gallery, dtype), K)[0], atol=1e-5)
+
+
+def _stored_gallery(gallery, dtype):
+    """The gallery as the signature stores it, in float64: bfloat16 keeps the top 16 bits of each float32,
+    rounded to nearest (ties to even); int8 is symmetric per row, `round(x / s)` with `s = max|x| / 127`."""
+    gallery = np.asarray(gallery, np.float32)
+    if dtype == "float32":
+        return gallery.astype(np.float64)
+    if dtype == "bfloat16":
+        bits = gallery.view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    scale = np.abs(gallery).max(axis=1, keepdims=True).astype(np.float64) / 127
+    return np.round(gallery / scale) * scale
+
+
+def test_stored_gallery_reference_matches_known_values():
+    """The reference itself, on values whose storage is known by hand."""
+    bf16 = _stored_gallery(np.array([[1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 3.140625]], np.float32), "bfloat16")
+    np.testing.assert_array_equal(bf16, [[1.0, 1.0, 1.0 + 2**-6, 3.140625]])  # ties to even, exact stays
+    int8 = _stored_gallery(np.array([[254.0, -127.0, 0.9]], np.float32), "int8")
+    np.testing.assert_allclose(int8, [[254.0, -128.0, 0.0]])  # s = 2: 0.9 / 2 rounds to 0
 
 
 def test_saved_model_cli_lists_the_search_signature(fresh):

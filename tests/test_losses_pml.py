@@ -15,7 +15,8 @@ import tfdml.losses as losses
 from tests import loss_checks as checks
 from tests.test_losses_triplet import _largest_tensor_in_graph
 
-REFERENCE = json.load(open(os.path.join(os.path.dirname(__file__), "data", "pml_reference.json")))
+with open(os.path.join(os.path.dirname(__file__), "data", "pml_reference.json")) as _reference:
+    REFERENCE = json.load(_reference)
 # float64 on both sides: what is left is summation order and libm round-off.
 VALUE_RTOL, GRAD_ATOL = 1e-10, 1e-10
 

@@ -1,8 +1,11 @@
 """MetricModel: losses' variables are tracked, trained by their own optimizer during fit, saved and restored;
 losses with bind_step are bound to the optimizer's step counter."""
 
+import warnings
+
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfdml.distribute import mirrored_strategy
@@ -193,3 +196,17 @@ def test_recompiling_with_another_loss_drops_the_old_loss_variables():
     model.compile(optimizer="adam", loss=second)
     betas = [v for v in model.trainable_variables if "margin_beta" in v.path]
     assert len(betas) == 1 and betas[0] is second.beta
+
+
+def test_fit_on_a_dataset_does_not_warn_that_keras_ignores_shuffle():
+    """Keras' default `shuffle=True` cannot apply to a tf.data.Dataset and warns at every `fit`."""
+    x, labels = _data()
+    model = _embedder()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=MarginLoss())
+    dataset = tf.data.Dataset.from_tensor_slices((x, labels)).batch(len(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        history = model.fit(dataset, epochs=2, verbose=0).history
+    assert len(history["loss"]) == 2
+    with pytest.warns(UserWarning, match="shuffle=True"):  # asked for explicitly, Keras still says so
+        model.fit(dataset, epochs=1, shuffle=True, verbose=0)

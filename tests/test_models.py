@@ -1,6 +1,8 @@
 """Embedders: small-CNN multi-level and single-level models, heads, losses per level, classifier head,
 save/load, error messages. (ResNet50 / InceptionV3 shapes live in test_models_applications.py.)"""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -48,6 +50,24 @@ def test_small_cnn_names_its_taps_and_is_small():
     ]
     assert model.count_params() < 10_000
     assert backbones.default_taps(model) == {"L": "block1_out", "M": "block2_out", "H": "block3_out"}
+
+
+def test_a_deeper_small_cnn_is_tapped_at_its_last_blocks_and_every_weight_trains():
+    """The main job's small CNN has four blocks; taps fixed at blocks 1-3 left block 4 without a gradient
+    (Keras' "Gradients do not exist for variables ['block4_conv/kernel', ...]")."""
+    assert backbones.default_taps(small_cnn((32, 32, 1), widths=(4, 4, 8, 8))) == {
+        "L": "block2_out",
+        "M": "block3_out",
+        "H": "block4_out",
+    }
+    keras.utils.set_random_seed(0)
+    model = MultiLevelEmbedder("small_cnn", embedding_dim=4, input_shape=SHAPE, weights=None, widths=(4, 4, 8, 8))
+    assert model.taps == ["block2_out", "block3_out", "block4_out"]
+    model.compile(keras.optimizers.SGD(0.01), loss=RankedListLoss())
+    images, labels = _batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fit(images, labels, batch_size=len(images), epochs=1, shuffle=False, verbose=0)
 
 
 def test_multilevel_output_is_unit_norm_concat_of_levels(multilevel):

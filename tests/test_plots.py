@@ -1,8 +1,11 @@
 """tfdml.plots: each figure is written as a readable PNG; bad input gets a clear error."""
 
+import warnings
+
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
+from matplotlib.colors import same_color
 
 from tfdml import plots
 
@@ -114,7 +117,12 @@ def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
     )
     axes = np.asarray(figures[-1].axes).reshape(8, 6)
     assert axes[0, 0].get_title() == "query\nclass 5" and axes[2, 3].get_title() == "#3\n7 0.92"
-    assert axes[0, 1].get_title(loc="center") and axes[0, 1].title.get_color() in ("tab:green", "tab:red")
+    for q in range(8):  # each neighbour's title and frame say its own flag
+        for j in range(5):
+            colour = "tab:green" if flags[q, j] else "tab:red"
+            ax = axes[q, j + 1]
+            assert same_color(ax.title.get_color(), colour), (q, j)
+            assert all(same_color(spine.get_edgecolor(), colour) for spine in ax.spines.values()), (q, j)
     assert longest_blank_band(path) < 0.03  # the old layout left ~9 % of the height blank under the title
 
 
@@ -142,3 +150,51 @@ def test_match_calibration_marks_the_chosen_threshold(tmp_path, figures):
     point = [line for line in right.get_lines() if line.get_marker() == "o"][0]
     assert (point.get_xdata()[0], point.get_ydata()[0]) == (cal.recall, cal.precision)
     assert f"threshold {cal.threshold:.3f}" in left.get_legend().get_texts()[-1].get_text()
+
+
+def _grid_with_names(path, names):
+    images = [np.full((8, 8), 40 * i, np.uint8) for i in range(len(names))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "Glyph ... missing from font(s)" included
+        return plots.plot_retrieval_grid(
+            images[:1],
+            [images[1:]],
+            np.array([[True] * (len(names) - 1)]),
+            path,
+            titles=[[f"{name} 0.90" for name in names[1:]]],
+            query_titles=[f"class {names[0]}"],
+        )
+
+
+def test_cyrillic_and_greek_class_names_are_drawn_as_they_are(tmp_path, figures):
+    """DejaVu Sans (matplotlib's default) covers Cyrillic and Greek: the names are kept, no glyph is missing."""
+    names = ["Жук", "Ёлка", "Ωμέγα"]
+    assert plots.font_families(names) is not None
+    _grid_with_names(tmp_path / "cyrillic.png", names)
+    axes = figures[-1].axes
+    assert axes[0].get_title() == "query\nclass Жук" and axes[2].get_title() == "#2\nΩμέγα 0.90"
+
+
+def test_cjk_class_names_use_a_font_that_covers_them_or_fall_back(tmp_path, figures):
+    names = ["汉字", "かな", "Жук"]
+    families = plots.font_families(names)
+    _grid_with_names(tmp_path / "cjk.png", names)  # no missing-glyph warning either way
+    axes = figures[-1].axes
+    if families is not None:  # a CJK font is installed: the names are drawn with it
+        assert axes[0].get_title() == "query\nclass 汉字" and len(families) > 1
+        assert axes[0].title.get_fontfamily() == families
+        assert plots.drawable_name("汉字", 4) == "汉字"
+    else:
+        assert axes[0].get_title() == "query\nclass ?" and axes[2].get_title() == "#2\nЖук 0.90"
+        assert 'names no installed font can draw are shown as "?"' in figures[-1].get_suptitle()
+        assert plots.drawable_name("汉字", 4) == "[4]" and plots.drawable_name("Жук", 2) == "Жук"
+
+
+def test_font_families_falls_back_glyph_by_glyph(monkeypatch):
+    """A second font that covers what the first lacks is added to the list; none that does gives None."""
+    latin, cjk = frozenset(map(ord, "class0.9 ")), frozenset(map(ord, "汉字"))
+    monkeypatch.setattr(plots, "_font_charmaps", lambda: [("Base", latin), ("Other", frozenset()), ("CJK", cjk)])
+    assert plots.font_families(["class 汉字 0.9"]) == ["Base", "CJK"]
+    assert plots.font_families(["class 0.9"]) == ["Base"]
+    assert plots.font_families(["class Жук"]) is None
+    assert plots.drawable_name("Жук", 7) == "[7]"

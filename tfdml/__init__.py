@@ -1,10 +1,16 @@
 """tfdml: deep metric learning for TensorFlow/Keras.
 
 Submodules load on first use (`tfdml.losses`, `tfdml.data`, `tfdml.models`, `tfdml.retrieval`,
-`tfdml.export`, ...), so `import tfdml` stays cheap.
+`tfdml.export`, ...), so `import tfdml` stays cheap (milliseconds; TensorFlow alone takes seconds).
+
+tfdml's Keras-serializable classes (`tfdml>Embedder`, the losses, the schedules) and its loss aliases
+(`compile(loss="ranked_list")`) are registered as soon as Keras and TensorFlow are both imported, before or
+after tfdml: `import keras, tfdml; keras.models.load_model("model.keras")` loads a tfdml model, as it loads
+Keras' own, without importing TensorFlow for a user who does not.
 """
 
 import importlib
+import sys
 
 __version__ = "0.1.0"
 
@@ -21,10 +27,87 @@ _SUBMODULES = (
     "training",
     "cli",
     "plots",
+    "projector",
     "config",
     "pipeline",
     "recipes",
+    "loss_names",
 )
+
+# Importing these registers every class tfdml saves with `keras.saving.register_keras_serializable` (models,
+# layers, losses with the cross-batch memory, learning-rate schedules) and the loss aliases.
+_REGISTERING = ("tfdml.losses", "tfdml.models", "tfdml.optimizers")
+# TensorFlow imports Keras while it initializes, and Keras imports TensorFlow: registration waits for both.
+_FRAMEWORK = ("tensorflow", "keras")
+
+
+def _initializing(module):
+    # importlib marks a module's spec `_initializing` while its code runs (what `import` itself checks to
+    # tell a partially imported module).
+    return getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def _register_when_ready(just_executed=None):
+    """Imports the registering modules once TensorFlow and Keras are complete and no tfdml submodule is half
+    imported (`import tfdml.losses` imports TensorFlow midway: registering then would import tfdml.models,
+    which needs the complete tfdml.losses). True when done. The module whose loader just returned is complete.
+    """
+    for name in _FRAMEWORK:
+        module = sys.modules.get(name)
+        if module is None or (name != just_executed and _initializing(module)):
+            return False
+    if any(
+        name.startswith("tfdml.") and name != just_executed and _initializing(module)
+        for name, module in list(sys.modules.items())
+    ):
+        return False
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    for name in _REGISTERING:
+        importlib.import_module(name)
+    return True
+
+
+class _RegisterAfterLoad:
+    """A loader that runs the framework module's own loader, then registers tfdml's classes. Everything
+    else (resources, source, `is_package`) is the original loader's."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _register_when_ready(just_executed=module.__name__)
+
+
+class _FrameworkFinder:
+    """First on `sys.meta_path` until registration: finds `tensorflow`, `keras` and tfdml's submodules with
+    the finders after it and wraps their loaders in `_RegisterAfterLoad` (a post-import hook, without
+    importing anything now)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _FRAMEWORK and not fullname.startswith("tfdml."):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = _RegisterAfterLoad(spec.loader)
+                return spec
+        return None
+
+
+_FINDER = _FrameworkFinder()
+if not _register_when_ready():
+    sys.meta_path.insert(0, _FINDER)
 
 
 def __getattr__(name):

@@ -665,7 +665,12 @@ def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
     neighbours = [[j for j, _ in row] for row in kept]
 
     def name(label):
-        return class_names[label] if class_names is not None and 0 <= label < len(class_names) else str(label)
+        if class_names is not None and 0 <= label < len(class_names):
+            return plots.drawable_name(str(class_names[label]), label)
+        return str(label)
+
+    shown = [labels[i] for i in queries] + [labels[j] for row in neighbours for j in row]
+    by_index = class_names is not None and any(name(label) != str(class_names[label]) for label in shown)
 
     # Scores as the served index reports them: dot products of the unit-norm embeddings (1 - d^2 / 2).
     plots.plot_retrieval_grid(
@@ -675,6 +680,7 @@ def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
         path,
         titles=[[f"{name(labels[j])} {1.0 - d / 2.0:.2f}" for j, d in row] for row in kept],
         query_titles=[f"class {name(labels[q])}" for q in queries],
+        note="[n]: a class name no installed font can draw, by its index n in the class list" if by_index else None,
     )
 
 

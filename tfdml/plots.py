@@ -4,6 +4,7 @@
 Each function writes one PNG to `path`, closes its figure and returns `path`.
 """
 
+import functools
 import math
 import os
 import re
@@ -29,6 +30,48 @@ def _save(fig, path):
     fig.savefig(path, dpi=110, bbox_inches="tight")
     _pyplot().close(fig)
     return path
+
+
+@functools.cache
+def _font_charmaps():
+    """`[(family, set of code points)]`: matplotlib's default font first, then every other font installed."""
+    _pyplot()
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    default = font_manager.findfont(font_manager.FontProperties())
+    paths = [default] + sorted({entry.fname for entry in font_manager.fontManager.ttflist} - {default})
+    fonts = []
+    for path in paths:
+        try:
+            font = FT2Font(path)
+        except (OSError, RuntimeError):  # a font file FreeType cannot read
+            continue
+        if not font.family_name.startswith("Last Resort"):  # maps every code point to a "missing" box
+            fonts.append((font.family_name, frozenset(font.get_charmap())))
+    return fonts
+
+
+def font_families(texts):
+    """The font families that draw every character of `texts` (matplotlib falls back along the list, glyph by
+    glyph), or None when some character has no installed font (matplotlib would draw an empty box and warn
+    "Glyph ... missing from font(s)")."""
+    fonts = _font_charmaps()
+    needed = {ord(c) for text in texts for c in text if not c.isspace()}
+    families, missing = [fonts[0][0]], needed - fonts[0][1]
+    for family, charmap in fonts[1:]:
+        if not missing:
+            break
+        if missing & charmap:
+            families.append(family)
+            missing -= charmap
+    return None if missing else families
+
+
+def drawable_name(name, index):
+    """A class name for a figure: `name` when the installed fonts draw it, else `[index]` (CJK names on a
+    machine without a CJK font, say): `#n` is already the rank in a grid."""
+    return name if font_families([name]) is not None else f"[{index}]"
 
 
 def _recall_points(results):
@@ -113,7 +156,28 @@ def _as_image(image):
     return image
 
 
-def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None):
+def _drawable_titles(titles, query_titles):
+    """`(titles, query_titles, font families, whether a word was replaced)`: words that no installed font
+    draws become "?"."""
+    texts = [text for row in titles or [] for text in row] + list(query_titles or [])
+    families = font_families(texts)
+    if families is not None:
+        return titles, query_titles, families, False
+
+    def drawable(text):
+        return " ".join(word if font_families([word]) is not None else "?" for word in text.split(" "))
+
+    if titles is not None:
+        titles = [[drawable(text) for text in row] for row in titles]
+    if query_titles is not None:
+        query_titles = [drawable(text) for text in query_titles]
+    texts = [text for row in titles or [] for text in row] + list(query_titles or [])
+    return titles, query_titles, font_families(texts), True
+
+
+def plot_retrieval_grid(
+    query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None, note=None
+):
     """One row per query: the query, then its neighbours framed green (same class) or red (other class).
 
     Args:
@@ -122,8 +186,16 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
       same_class_flags: `[Q, k]` booleans, or `None` when labels are unknown (grey frames).
       titles: optional `[Q, k]` strings under the rank of each neighbour (e.g. its class and score).
       query_titles: optional `Q` strings under "query" (e.g. the file name or class).
+      note: optional line under the figure's title (e.g. how undrawable class names are shown).
+
+    Titles are drawn with the installed fonts that cover their characters (DejaVu Sans covers Latin, Greek
+    and Cyrillic; a CJK name needs a CJK font). A word no installed font can draw is shown as "?" (callers
+    pass class names through `drawable_name`, which shows such a name as `[index]`).
     """
     plt = _pyplot()
+    titles, query_titles, families, undrawable = _drawable_titles(titles, query_titles)
+    if undrawable:
+        note = (note + "; " if note else "") + 'names no installed font can draw are shown as "?"'
     num_queries = len(query_images)
     if num_queries == 0 or len(neighbour_images) != num_queries:
         raise ValueError(
@@ -142,7 +214,10 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
     for q in range(num_queries):
         axes[q, 0].imshow(_as_image(query_images[q]), cmap="gray")
         axes[q, 0].set_title(
-            "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""), fontsize=7.5, fontweight="bold"
+            "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""),
+            fontsize=7.5,
+            fontweight="bold",
+            fontfamily=families,
         )
         for j in range(k):
             ax = axes[q, j + 1]
@@ -154,7 +229,7 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
                     spine.set_edgecolor(colour)
                     spine.set_linewidth(3.5)
                 label = f"#{j + 1}" + (f"\n{titles[q][j]}" if titles is not None else "")
-                ax.set_title(label, fontsize=7.5, color="black" if flag is None else colour)
+                ax.set_title(label, fontsize=7.5, color="black" if flag is None else colour, fontfamily=families)
             else:
                 ax.set_visible(False)
         for ax in axes[q]:
@@ -168,7 +243,7 @@ def plot_retrieval_grid(query_images, neighbour_images, same_class_flags, path, 
         if same_class_flags is not None
         else "grey frames: classes unknown"
     )
-    fig.suptitle(f"Nearest neighbours ({legend})", fontsize=9)
+    fig.suptitle(f"Nearest neighbours ({legend})" + (f"\n{note}" if note else ""), fontsize=9)
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, hspace=0.02, wspace=0.02)
     return _save(fig, path)
 

@@ -140,6 +140,12 @@ def argument_problem(args):
     for option, path, exists in paths:
         if path and not exists(path):
             return f"{option}: no such {'file' if exists is os.path.isfile else 'folder'}: {path}"
+    if args.embeddings and not zipfile.is_zipfile(args.embeddings):
+        # np.load would answer "pickled data" for a text file, or return a bare array for an .npy file.
+        return (
+            f"--embeddings: {args.embeddings} is not an .npz archive (np.savez writes one, with arrays "
+            "'embeddings' and 'labels')."
+        )
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         problem = path and output_file_problem(path)  # tried now, not after the work
         if problem:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+import zipfile
 
 from tfdml.cli import positive_int, usage_error
 from tfdml.config import ConfigError, ExportConfig, output_dir_problem
@@ -177,7 +178,7 @@ _SEARCH_OPTIONS = {"top_k": "--top-k", "match_precision": "--match-precision"}
 
 def argument_problem(args):
     """What is wrong with the arguments that can be told without TensorFlow (exit 2 at once), or None."""
-    if not os.path.isfile(args.model):
+    if not os.path.exists(args.model):
         return f"--model: no model file at {args.model}"
     if args.gallery_dir and args.no_index:
         return "give at most one of --gallery-dir and --no-index."
@@ -190,7 +191,44 @@ def argument_problem(args):
         key, _, rest = str(error).partition(":")
         return f"{_SEARCH_OPTIONS.get(key.removeprefix('export.'), key)}:{rest}"
     problem = output_dir_problem(os.path.join(args.base_dir, args.name or "x"), writable=True)
-    return f"--base-dir: {problem}" if problem else None
+    if problem:
+        return f"--base-dir: {problem}"
+    problem = model_file_problem(args.model)
+    return f"--model: {problem}" if problem else None
+
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def model_file_problem(path):
+    """Why `path` is not a model file that `keras.saving.load_model` can read, or None. Keras answers "File
+    not found" for any .keras file it cannot open and h5py "file signature not found": both mislead a user
+    whose file is there but truncated or of another kind."""
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "saved_model.pb")):
+            return (
+                f"{path} is a SavedModel folder (what 'tfdml export' writes), not a Keras model: give the "
+                "model.keras that 'tfdml train' wrote in its report folder."
+            )
+        return f"{path} is a folder; give a .keras model file."
+    if not os.path.isfile(path):
+        return f"no model file at {path}"
+    if path.endswith(".h5"):
+        with open(path, "rb") as f:
+            if f.read(len(_HDF5_SIGNATURE)) != _HDF5_SIGNATURE:
+                return f"{path} exists but is not a readable HDF5 (.h5) Keras file: it is truncated or of another kind."
+        return None
+    if not path.endswith(".keras"):
+        return f"{path} is not a .keras file (Keras 3 reads .keras archives and legacy .h5 files)."
+    if not zipfile.is_zipfile(path):
+        return (
+            f"{path} exists but is not a readable Keras archive (a .keras file is a zip archive; this one is "
+            "truncated or of another kind): copy or download it again."
+        )
+    with zipfile.ZipFile(path) as archive:
+        if "config.json" not in archive.namelist():
+            return f"{path} is a zip archive but not a Keras model (it has no config.json)."
+    return None
 
 
 def _search_settings(args, training_config):

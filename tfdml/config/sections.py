@@ -119,8 +119,9 @@ def _image_folder_problem(folder):
         return f"{folder} has no class sub-folders (expected {folder}/<class name>/<image files>)"
     for name in classes:
         try:
-            if any(entry.is_file() for entry in os.scandir(os.path.join(folder, name))):
-                return None
+            with os.scandir(os.path.join(folder, name)) as entries:  # closed at the first file found
+                if any(entry.is_file() for entry in entries):
+                    return None
         except OSError:
             continue
     return (

@@ -18,7 +18,8 @@ the first, downsampling block of the stride-16 and stride-32 stages and the last
 | small_cnn      | `block1_out`       | `block2_out`       | `block3_out`       | (32 px: 16, 8, 4) |
 
 InceptionV3's `mixed3` and `mixed8` are its two grid-reduction blocks (35->17 and 17->8 at 299 px), the
-counterparts of `inception_3c` and `inception_4e`.
+counterparts of `inception_3c` and `inception_4e`. A small CNN with more blocks (`widths` of length n > 3) is
+tapped at its last three, `block{n-2}_out` to `block{n}_out`.
 
 Any other functional backbone is tapped by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
 
@@ -27,6 +28,8 @@ Any other functional backbone is tapped by layer name (`taps={"L": ..., "M": ...
 dotted name of the `keras.applications` function (for example `keras.applications.resnet50.preprocess_input`),
 "unit" (pixels / 255) for the small CNN, None for custom backbones (pixels used as they come).
 """
+
+import re
 
 import keras
 
@@ -195,6 +198,13 @@ def preprocessing_name(backbone):
 
 def default_taps(backbone):
     """`{"L": layer, "M": layer, "H": layer}` for backbones with known taps, else None."""
+    if backbone.name == SMALL_CNN:
+        # H reads the last block, the backbone's output (as the paper's H reads inception_5b): a small CNN with
+        # more than three blocks (the main job's has four) is tapped at its last three, so no block is left
+        # without a gradient.
+        blocks = sum(1 for layer in backbone.layers if re.fullmatch(r"block\d+_out", layer.name))
+        if blocks > 3:
+            return {level: f"block{blocks - 2 + i}_out" for i, level in enumerate("LMH")}
     return dict(DEFAULT_TAPS[backbone.name]) if backbone.name in DEFAULT_TAPS else None
 
 

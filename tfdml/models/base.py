@@ -1,7 +1,8 @@
 """`MetricModel`: the `keras.Model` base class of every tfdml embedder.
 
-It only changes `compile`, so the stock `train_step`, `fit`, `evaluate`, `model.save` and distribution
-support are untouched:
+It changes `compile` (and `fit`'s default `shuffle` for a `tf.data.Dataset`, which Keras cannot shuffle:
+tfdml's datasets come shuffled, and Keras' default `shuffle=True` only warns that it is ignored), so the
+stock `train_step`, `fit`, `evaluate`, `model.save` and distribution support are untouched:
 
 - losses that own variables (`loss.trainable_variables`, e.g. the margin loss' learnable `beta`) have them
   tracked by the model, so they appear in `model.trainable_variables`, receive gradients in the default
@@ -20,6 +21,7 @@ way (and restores the losses' variables and every inner optimizer's state).
 """
 
 import keras
+import tensorflow as tf
 
 from tfdml.keras_private import Functional, Trainer, functional_init_arguments
 from tfdml.loss_names import LOSSES
@@ -85,6 +87,11 @@ class MetricModel(keras.Model):
         for item in losses:
             if hasattr(item, "bind_step"):
                 item.bind_step(self.optimizer.iterations)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        if isinstance(x, tf.data.Dataset):
+            kwargs.setdefault("shuffle", False)  # a dataset is shuffled by its own pipeline, never by fit
+        return super().fit(x, y, *args, **kwargs)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         self._tell_losses_whether_training(training)
