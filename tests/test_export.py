@@ -254,11 +254,11 @@ def test_predict_request_and_rest_body_use_the_signature_input(exported):
         E.rest_request_body(images.astype(np.float32))
 
 
-def test_readme_rest_example_uses_the_real_input_name():
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    bodies = [b for b in re.findall(r"\{.*?\}", readme, flags=re.S) if '"instances"' in b or '"inputs"' in b]
-    assert bodies, "README.md must show a TF Serving REST request body"
+def test_serving_guide_rest_example_uses_the_real_input_name():
+    with open(os.path.join(REPO, "docs", "guides", "export-and-serving.md")) as f:
+        guide = f.read()
+    bodies = [b for b in re.findall(r"\{.*?\}", guide, flags=re.S) if '"instances"' in b or '"inputs"' in b]
+    assert bodies, "the serving guide must show a TF Serving REST request body"
     for body in bodies:
         if '"inputs"' in body:
             assert re.search(r'"inputs"\s*:\s*\{\s*"images"', body), body
