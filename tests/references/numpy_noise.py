@@ -1,0 +1,74 @@
+"""Loop-based NumPy readings of the two label-noise selections of `tfdml.losses.noise` (never imports tfdml).
+
+- The small-loss heuristic: of the unordered positive pairs of a batch, the `round(rate * P)` with the
+  largest Euclidean distance (halves up).
+- PRISM (Liu et al., CVPR 2021), read from the paper's official code (`losses/PRISM.py`): per sample the
+  softmax over the memory's class centres of `f . c_k`, the centre of a class the mean of its stored
+  embeddings; the sliding window of the `floor(rate * B)`-th lowest score and the keep rule.
+"""
+
+import math
+
+import numpy as np
+
+
+def farthest_positive_pairs(labels, embeddings, drop_rate):
+    """Set of `(i, j)`, `i < j`, of the dropped positive pairs."""
+    pairs = []
+    for i in range(len(labels)):
+        for j in range(i + 1, len(labels)):
+            if labels[i] == labels[j]:
+                pairs.append((float(np.linalg.norm(np.subtract(embeddings[i], embeddings[j]))), i, j))
+    count = math.floor(drop_rate * len(pairs) + 0.5)
+    pairs.sort(key=lambda p: -p[0])
+    return {(i, j) for _, i, j in pairs[:count]}
+
+
+def clean_probability(labels, embeddings, memory_labels, memory_embeddings):
+    """PRISM's `p_i` of each sample: 1 for a class with nothing in memory."""
+    classes = sorted(set(int(c) for c in memory_labels))
+    centres = {c: np.mean([e for e, m in zip(memory_embeddings, memory_labels) if m == c], axis=0) for c in classes}
+    out = []
+    for label, f in zip(labels, embeddings):
+        if int(label) not in centres:
+            out.append(1.0)
+            continue
+        exps = {c: math.exp(float(np.dot(f, centres[c]))) for c in classes}
+        out.append(exps[int(label)] / sum(exps.values()))
+    return np.array(out)
+
+
+class Prism:
+    """PRISM's stateful selection (memory of kept samples, window of thresholds), one batch per `select`."""
+
+    def __init__(self, noise_rate, window_size):
+        self.noise_rate, self.window_size = noise_rate, window_size
+        self.window = []
+        self.memory_labels, self.memory_embeddings = [], []
+
+    def select(self, labels, embeddings):
+        """Bool keep mask of the batch; the kept samples then join the memory (unbounded here)."""
+        n = len(labels)
+        if not self.memory_labels:
+            keep = np.ones(n, bool)
+        else:
+            scores = clean_probability(labels, embeddings, self.memory_labels, self.memory_embeddings)
+            order = sorted(range(n), key=lambda i: scores[i])  # stable
+            to_remove = order[: int(self.noise_rate * n)]
+            if to_remove:
+                q = scores[to_remove[-1]]
+                if not math.isnan(q) and q != 1.0:
+                    self.window = (self.window + [q])[-self.window_size :]
+            fallback = np.ones(n, bool)
+            fallback[to_remove] = False
+            if self.window:
+                keep = scores > sum(self.window) / len(self.window)
+                if not keep.any():
+                    keep = fallback
+                    self.window = self.window[-1:]
+            else:
+                keep = fallback
+        for i in np.flatnonzero(keep):
+            self.memory_labels.append(int(labels[i]))
+            self.memory_embeddings.append(np.asarray(embeddings[i], np.float64))
+        return keep

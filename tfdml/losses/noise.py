@@ -1,0 +1,119 @@
+"""Training under label noise: two ways to drop the terms of a tuple loss that mislabelled samples make.
+
+Web-scraped metric-learning data carry 20-50 % wrong labels; a wrong label turns a pair of different
+objects into a "positive" pair that the loss pulls together. Both methods here keep the base loss as the user
+compiled it (its tuples, reduction and balance) and give some of its terms weight 0:
+
+- `SmallLossWeighting` (the small-loss heuristic): within each batch, the fraction `drop_rate` of the
+  positive pairs with the largest anchor-positive distance are taken for mislabelled; every term built on
+  such a pair (a positive pair of a contrastive loss, a triplet with that anchor and positive) weighs 0.
+  The distance alone separates mislabelled pairs well once the embedder has learnt something.
+- `PRISM` (Liu et al., "Noise-resistant Deep Metric Learning with Ranking-based Instance Selection",
+  CVPR 2021, the AvgSim rule with class centres): a memory of the embeddings and labels of past selected
+  samples gives each class a centre `c_k` (the mean of its stored embeddings); the probability that sample
+  `i`'s label is clean is `p_i = exp(f_i . c_{y_i}) / sum_k exp(f_i . c_k)` over the classes in memory (1
+  when its class has no stored sample yet). The `floor(noise_rate * B)` lowest `p_i` of a batch are dropped
+  at first; the `p` of the last of them is kept in a window of the last `window_size` batches, and then a
+  sample is kept when `p_i` exceeds the window's mean (all of the lowest ones dropped instead when that keeps
+  nobody, the window then reduced to its latest value). Every term with a dropped sample weighs 0, and only
+  kept samples enter the memory. The paper's official code is the reference for these semantics
+  (github.com/alibaba-edu/Ranking-based-Instance-Selection, `losses/PRISM.py` and its trainer); it updates
+  the centres of the classes of the last batch only, here every centre is the mean of what the memory holds
+  (the paper's average similarity).
+
+The selection carries no gradient. Both wrappers are `MetricLoss`es for `model.compile`; PRISM's memory and
+window are non-trainable variables that `tfdml.models.MetricModel` tracks and saves, and evaluation steps
+leave them alone (`loss.training`).
+"""
+
+import tensorflow as tf
+
+from tfdml.ops import pairwise_distance, positive_mask, safe_divide
+
+
+def _check_rate(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= float(value) < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}.")
+    return float(value)
+
+
+# ------------------------------------------------------------------------------------------------ heuristic
+def farthest_positive_pairs(labels, embeddings, drop_rate):
+    """bool `[B, B]`, symmetric: the positive pairs `{i, j}` (same label, `i != j`) among the
+    `round(drop_rate * P)` of the `P` unordered positive pairs of the batch with the largest distance
+    `||f_i - f_j||` (halves rounded up; ties broken by row-major order). No gradient."""
+    embeddings = tf.stop_gradient(tf.convert_to_tensor(embeddings))
+    distances = pairwise_distance(embeddings)
+    size = tf.shape(labels)[0]
+    upper = tf.linalg.band_part(tf.ones([size, size], tf.bool), 0, -1)
+    pairs = tf.cast(tf.where(positive_mask(labels) & upper), tf.int32)  # [P, 2], i < j
+    values = tf.gather_nd(distances, pairs)
+    count = tf.shape(pairs)[0]
+    drop = tf.cast(tf.floor(tf.cast(count, tf.float64) * float(drop_rate) + 0.5), tf.int32)
+    _, farthest = tf.math.top_k(values, k=tf.minimum(drop, count))
+    chosen = tf.gather(pairs, farthest)
+    updates = tf.ones(tf.shape(chosen)[:1], tf.bool)
+    mask = tf.scatter_nd(chosen, updates, [size, size])
+    return mask | tf.transpose(mask)
+
+
+# ------------------------------------------------------------------------------------------------ PRISM
+def prism_clean_probability(labels, embeddings, memory_labels, memory_embeddings, memory_valid):
+    """PRISM's probability that each label of the batch is clean, float `[B]` (no gradient).
+
+    `p_i = exp(f_i . c_{y_i}) / sum_k exp(f_i . c_k)`, `c_k` the mean of the valid memory embeddings of class
+    `k` and the sum over the classes with a valid memory entry; 1 where class `y_i` has none.
+    """
+    embeddings = tf.stop_gradient(tf.convert_to_tensor(embeddings))
+    memory_embeddings = tf.cast(memory_embeddings, embeddings.dtype)
+    stored_labels = tf.boolean_mask(memory_labels, memory_valid)
+    stored = tf.boolean_mask(memory_embeddings, memory_valid)
+    classes, slot_class = tf.unique(stored_labels)
+    count = tf.shape(classes)[0]
+    sums = tf.math.unsorted_segment_sum(stored, slot_class, count)
+    sizes = tf.math.unsorted_segment_sum(tf.ones_like(stored[:, :1]), slot_class, count)
+    centres = safe_divide(sums, sizes)  # [K, D]
+    logits = tf.matmul(embeddings, centres, transpose_b=True)  # [B, K]
+    own = tf.equal(labels[:, None], classes[None, :])
+    log_p = tf.reduce_sum(tf.where(own, logits, tf.zeros_like(logits)), axis=1) - tf.reduce_logsumexp(logits, 1)
+    return tf.where(tf.reduce_any(own, axis=1), tf.exp(log_p), tf.ones_like(log_p))
+
+
+def prism_keep(scores, noise_rate, window, window_count, has_memory=True):
+    """PRISM's selection of one batch: `(keep bool [B], new window, new window count)`.
+
+    `window` float `[W]` holds the window's values in its first `window_count` slots (oldest first). With
+    `r = floor(noise_rate * B)` and `q` the `r`-th lowest score, `q` joins the window (the oldest value leaves
+    a full window) unless it is 1 (an unscored sample) or not finite. Then a sample is kept when its score
+    exceeds the window's mean; with an empty window, or when that keeps nobody (the window then reduced to its
+    latest value), every sample but the `r` lowest is kept. Without memory (`has_memory` False) every sample
+    is kept and the window is unchanged.
+    """
+    scores = tf.convert_to_tensor(scores)
+    size = tf.shape(scores)[0]
+    width = tf.shape(window)[0]
+    removed = tf.cast(tf.floor(tf.cast(size, tf.float64) * float(noise_rate)), tf.int32)
+    order = tf.argsort(scores, stable=True)
+    lowest = tf.scatter_nd(order[:removed, None], tf.ones([removed], tf.bool), [size])
+    quantile = tf.gather(scores, order[tf.maximum(removed - 1, 0)])
+    push = (removed > 0) & tf.math.is_finite(quantile) & tf.not_equal(quantile, 1) & has_memory
+    window = tf.convert_to_tensor(window)
+    shifted = tf.where(
+        window_count < width,
+        tf.tensor_scatter_nd_update(window, [[tf.minimum(window_count, width - 1)]], [tf.cast(quantile, window.dtype)]),
+        tf.concat([window[1:], tf.cast(quantile[None], window.dtype)], axis=0),
+    )
+    window = tf.where(push, shifted, window)
+    window_count = tf.where(push, tf.minimum(window_count + 1, width), window_count)
+    filled = tf.range(width) < window_count
+    threshold = safe_divide(tf.reduce_sum(tf.where(filled, window, tf.zeros_like(window))), window_count)
+    above = scores > tf.cast(threshold, scores.dtype)
+    nobody = tf.logical_not(tf.reduce_any(above))
+    use_window = (window_count > 0) & tf.logical_not(nobody)
+    keep = tf.where(use_window, above, tf.logical_not(lowest))
+    latest = tf.gather(window, tf.maximum(window_count - 1, 0))
+    reset = (window_count > 0) & nobody
+    window = tf.where(reset, tf.tensor_scatter_nd_update(window, [[0]], [latest]), window)
+    window_count = tf.where(reset, tf.ones_like(window_count), window_count)
+    keep = tf.where(has_memory, keep, tf.ones_like(keep))
+    return keep, window, window_count
