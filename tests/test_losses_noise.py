@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import loss_checks as checks
+from tests.references import numpy_losses
 from tests.references import numpy_noise as ref
+from tfdml.losses import PRISM, ContrastiveLoss, TripletSemiHardLoss
 from tfdml.losses.noise import farthest_positive_pairs, prism_clean_probability, prism_keep
 
 
@@ -100,3 +103,74 @@ def test_prism_keeps_everybody_without_memory_and_leaves_the_window_alone():
     scores = tf.constant([1.0, 1.0, 1.0, 1.0], tf.float64)
     keep, window, count = prism_keep(scores, 0.5, tf.zeros([3], tf.float64), tf.constant(0), has_memory=False)
     assert keep.numpy().all() and int(count) == 0
+
+
+def _noisy_batches(steps, seed=5, flip_rate=0.3):
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        labels, embeddings = _batch(classes=6, per_class=4, seed=10 + step, spread=0.6)
+        flip = rng.random(len(labels)) < flip_rate
+        labels[flip] = rng.integers(0, 6, flip.sum())
+        yield labels, embeddings
+
+
+def test_prism_loss_is_the_wrapped_loss_of_the_kept_samples_and_fills_its_memory():
+    loss = PRISM(ContrastiveLoss(neg_margin=1.2), noise_rate=0.25, memory_size=500, embedding_dim=8, window_size=3)
+    reference = ref.Prism(0.25, 3)
+    for step, (labels, embeddings) in enumerate(_noisy_batches(8)):
+        keep = reference.select(labels, embeddings)
+        expected = numpy_losses.contrastive(labels[keep], embeddings[keep], 0.0, 1.2)
+        value = loss(tf.constant(labels), tf.constant(embeddings, tf.float32))
+        np.testing.assert_allclose(value.numpy(), expected, rtol=1e-5, err_msg=f"step {step}")
+    labels, _ = loss.stored()
+    np.testing.assert_array_equal(labels, reference.memory_labels)
+
+
+def test_prism_memory_is_a_ring_buffer_of_memory_size():
+    """Past `memory_size` kept samples the oldest make room (the centres follow the last 30): the same
+    selections as the reference's queue of 30, and the same stored samples."""
+    loss = PRISM(ContrastiveLoss(), noise_rate=0.25, memory_size=30, embedding_dim=8, window_size=3)
+    reference = ref.Prism(0.25, 3, memory_size=30)
+    for step, (labels, embeddings) in enumerate(_noisy_batches(6)):
+        keep = reference.select(labels, embeddings)
+        expected = numpy_losses.contrastive(labels[keep], embeddings[keep])
+        value = loss(tf.constant(labels), tf.constant(embeddings, tf.float32))
+        np.testing.assert_allclose(value.numpy(), expected, rtol=1e-5, err_msg=f"step {step}")
+    assert int(loss.memory_count.value.numpy()) == reference.enqueued > 60
+    labels, embeddings = loss.stored()
+    order = np.argsort([(i - reference.enqueued) % 30 for i in range(30)])  # slot order -> oldest first
+    np.testing.assert_array_equal(labels[order], reference.memory_labels)
+    np.testing.assert_allclose(embeddings[order], reference.memory_embeddings, rtol=1e-6)
+
+
+def test_prism_evaluation_calls_use_the_whole_batch_and_leave_the_state_alone():
+    loss = PRISM(ContrastiveLoss(), noise_rate=0.4, memory_size=100, embedding_dim=8)
+    batches = list(_noisy_batches(2))
+    for labels, embeddings in batches:
+        loss(tf.constant(labels), tf.constant(embeddings, tf.float32))
+    state = [v.value.numpy().copy() for v in loss.non_trainable_variables]
+    loss.training = False
+    labels, embeddings = batches[0]
+    value = loss(tf.constant(labels), tf.constant(embeddings, tf.float32))
+    np.testing.assert_allclose(value.numpy(), numpy_losses.contrastive(labels, embeddings), rtol=1e-5)
+    for before, variable in zip(state, loss.non_trainable_variables):
+        np.testing.assert_array_equal(before, variable.value.numpy())
+
+
+def test_prism_config_roundtrip_and_bad_arguments():
+    loss = PRISM(TripletSemiHardLoss(margin=0.3), noise_rate=0.2, memory_size=64, embedding_dim=8, window_size=5)
+    restored = checks.assert_config_roundtrip(loss)
+    assert isinstance(restored.loss, TripletSemiHardLoss) and restored.loss.margin == 0.3
+    with pytest.raises(ValueError, match=r"noise_rate must be a number in \[0, 1\), got 1.5"):
+        PRISM(ContrastiveLoss(), noise_rate=1.5, memory_size=64, embedding_dim=8)
+    with pytest.raises(ValueError, match="memory_size must be an integer >= 1"):
+        PRISM(ContrastiveLoss(), noise_rate=0.2, memory_size=0, embedding_dim=8)
+    with pytest.raises(TypeError, match="PRISM wraps a tfdml MetricLoss, got str"):
+        PRISM("contrastive", noise_rate=0.2, memory_size=64, embedding_dim=8)
+    with pytest.raises(ValueError, match="a \\(global\\) batch of 24 exceeds memory_size=10"):
+        PRISM(ContrastiveLoss(), noise_rate=0.2, memory_size=10, embedding_dim=8)(*_batch()[:1], _batch()[1])
+
+
+def test_prism_fit_lowers_the_wrapped_loss():
+    loss = PRISM(TripletSemiHardLoss(margin=0.2), noise_rate=0.2, memory_size=64, embedding_dim=4)
+    checks.assert_fit_lowers_loss(loss, measure=TripletSemiHardLoss(margin=0.2))

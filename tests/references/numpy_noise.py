@@ -41,13 +41,15 @@ def clean_probability(labels, embeddings, memory_labels, memory_embeddings):
 class Prism:
     """PRISM's stateful selection (memory of kept samples, window of thresholds), one batch per `select`."""
 
-    def __init__(self, noise_rate, window_size):
-        self.noise_rate, self.window_size = noise_rate, window_size
+    def __init__(self, noise_rate, window_size, memory_size=None):
+        self.noise_rate, self.window_size, self.memory_size = noise_rate, window_size, memory_size
         self.window = []
         self.memory_labels, self.memory_embeddings = [], []
+        self.enqueued = 0
 
     def select(self, labels, embeddings):
-        """Bool keep mask of the batch; the kept samples then join the memory (unbounded here)."""
+        """Bool keep mask of the batch; the kept samples then join the memory, a queue of the last
+        `memory_size` (None: unbounded); `enqueued` counts every sample that ever joined it."""
         n = len(labels)
         if not self.memory_labels:
             keep = np.ones(n, bool)
@@ -71,4 +73,8 @@ class Prism:
         for i in np.flatnonzero(keep):
             self.memory_labels.append(int(labels[i]))
             self.memory_embeddings.append(np.asarray(embeddings[i], np.float64))
+            self.enqueued += 1
+        if self.memory_size is not None:
+            self.memory_labels = self.memory_labels[-self.memory_size :]
+            self.memory_embeddings = self.memory_embeddings[-self.memory_size :]
         return keep

@@ -26,8 +26,12 @@ window are non-trainable variables that `tfdml.models.MetricModel` tracks and sa
 leave them alone (`loss.training`).
 """
 
+import keras
+import numpy as np
 import tensorflow as tf
 
+from tfdml.losses.base import MetricLoss
+from tfdml.losses.cross_batch_memory import _positive_int
 from tfdml.ops import pairwise_distance, positive_mask, safe_divide
 
 
@@ -117,3 +121,133 @@ def prism_keep(scores, noise_rate, window, window_count, has_memory=True):
     window_count = tf.where(reset, tf.ones_like(window_count), window_count)
     keep = tf.where(has_memory, keep, tf.ones_like(keep))
     return keep, window, window_count
+
+
+def _non_trainable(value, dtype, name):
+    # only_first_replica: every replica computes the same update from the same global batch (as the queue of
+    # CrossBatchMemory).
+    return keras.Variable(
+        value, dtype=dtype, trainable=False, autocast=False, aggregation="only_first_replica", name=name
+    )
+
+
+def _wrapped(loss, owner):
+    if isinstance(loss, dict):
+        loss = keras.saving.deserialize_keras_object(loss)
+    if not isinstance(loss, MetricLoss):
+        raise TypeError(f"{owner} wraps a tfdml MetricLoss, got {type(loss).__name__}.")
+    return loss
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class PRISM(MetricLoss):
+    """PRISM (Liu et al., CVPR 2021): the wrapped loss on the samples of the batch whose label is likely clean.
+
+    Each training call scores the batch against the memory's class centres (`prism_clean_probability`),
+    selects the samples to keep (`prism_keep`: at first all but the `floor(noise_rate * B)` least likely
+    clean, then those above the mean of a window of past thresholds), enqueues the kept samples' embeddings
+    (without gradient) and labels, and returns the wrapped loss of the kept samples alone, as the paper's
+    code computes its loss on the selected features: a dropped sample has weight 0 in every term. Evaluation
+    calls (`loss.training` False, set by `MetricModel`) return the wrapped loss of the whole batch and leave
+    the memory and window alone.
+
+    Args:
+        loss: the wrapped `MetricLoss` (any pair- or tuple-based loss: `ContrastiveLoss`, `TripletLoss`,
+            `TripletSemiHardLoss`, `MarginLoss`, ...).
+        noise_rate: the fraction of each batch dropped while the window fills (the paper sets it to the
+            expected noise rate), in [0, 1).
+        memory_size: how many kept embeddings the memory holds (the paper's configurations: about the
+            training set); at least the global batch size.
+        embedding_dim: width of the embeddings.
+        window_size: how many past batches' thresholds the window averages (30 in the paper's configuration).
+        name: loss name.
+
+    Example:
+        >>> loss = PRISM(ContrastiveLoss(), noise_rate=0.4, memory_size=3000, embedding_dim=64)
+        >>> model.compile(optimizer="adam", loss=loss)   # model: a tfdml.models.MetricModel
+    """
+
+    def __init__(self, loss, noise_rate, memory_size, embedding_dim, window_size=30, name="prism", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.loss = _wrapped(loss, "PRISM")
+        self.noise_rate = _check_rate(noise_rate, "noise_rate")
+        self.memory_size = _positive_int(memory_size, "memory_size")
+        self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
+        self.window_size = _positive_int(window_size, "window_size")
+        self.training = True  # set by MetricModel.compute_loss: False in test steps
+        self._state = None
+
+    def _variables(self):
+        """`(embeddings [M, D], labels [M], count, window [W], window count)`, created on first use."""
+        if self._state is None:
+            self._state = (
+                _non_trainable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "prism_embeddings"),
+                _non_trainable(np.zeros(self.memory_size), "int32", "prism_labels"),
+                _non_trainable(0, "int64", "prism_count"),
+                _non_trainable(np.zeros(self.window_size), "float64", "prism_window"),
+                _non_trainable(0, "int32", "prism_window_count"),
+            )
+        return self._state
+
+    @property
+    def memory_count(self):
+        """How many kept samples were enqueued so far (the next slot is `count % memory_size`)."""
+        return self._variables()[2]
+
+    def stored(self):
+        """`(labels [n], embeddings [n, D])` of the filled slots in slot order, `n = min(count, memory_size)`."""
+        embeddings, labels, count = (v.value.numpy() for v in self._variables()[:3])
+        filled = int(min(count, self.memory_size))
+        return labels[:filled], embeddings[:filled]
+
+    @property
+    def non_trainable_variables(self):
+        return list(self._variables()) + list(self.loss.non_trainable_variables)
+
+    @property
+    def trainable_variables(self):
+        return self.loss.trainable_variables
+
+    @property
+    def variable_optimizer(self):
+        return self.loss.variable_optimizer
+
+    def select(self, labels, embeddings):
+        """The keep mask of a training batch (bool `[B]`); updates the window and enqueues the kept samples."""
+        memory, memory_labels, count, window, window_count = self._variables()
+        size = self.memory_size
+        batch = labels.shape[0]
+        if batch is not None and batch > size:
+            raise ValueError(f"{self.name}: a (global) batch of {batch} exceeds memory_size={size}; raise it.")
+        valid = tf.range(size, dtype=tf.int64) < tf.minimum(count.value, size)
+        scores = prism_clean_probability(labels, embeddings, memory_labels.value, memory.value, valid)
+        keep, new_window, new_count = prism_keep(
+            tf.cast(scores, tf.float64), self.noise_rate, window.value, window_count.value, count.value > 0
+        )
+        kept = tf.cast(tf.where(keep)[:, 0], tf.int32)
+        slots = tf.cast(tf.math.floormod(count.value + tf.range(tf.size(kept), dtype=tf.int64), size), tf.int32)
+        stored = tf.cast(tf.gather(tf.stop_gradient(embeddings), kept), memory.dtype)
+        memory.assign(tf.tensor_scatter_nd_update(memory.value, slots[:, None], stored))
+        memory_labels.assign(tf.tensor_scatter_nd_update(memory_labels.value, slots[:, None], tf.gather(labels, kept)))
+        count.assign(count.value + tf.cast(tf.size(kept), tf.int64))
+        window.assign(new_window)
+        window_count.assign(new_count)
+        return keep
+
+    def compute(self, labels, embeddings):
+        if not self.training:
+            return self.loss.compute(labels, embeddings)
+        keep = self.select(labels, embeddings)
+        return self.loss.compute(tf.boolean_mask(labels, keep), tf.boolean_mask(embeddings, keep))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            loss=keras.saving.serialize_keras_object(self.loss),
+            noise_rate=self.noise_rate,
+            memory_size=self.memory_size,
+            embedding_dim=self.embedding_dim,
+            window_size=self.window_size,
+            dtype=self.dtype,
+        )
+        return config
