@@ -16,6 +16,9 @@ and may name the optimizer that must train them in `variable_optimizer`; state t
 queue of `CrossBatchMemory`) goes in `non_trainable_variables`. `tfdml.models.MetricModel` tracks, trains
 and checkpoints both.
 
+Tuple losses (triplet, margin, contrastive) also list their unreduced terms, `terms(labels, embeddings)`, a
+`tfdml.ops.TupleTerms` reduced by the shared `tfdml.ops.reduce_terms` (optionally with one weight per term).
+
 Losses whose pairs may have their far end in a separate reference set (`tfdml.ops.References`, for
 `CrossBatchMemory`) set `supports_references = True` and take `compute(labels, embeddings, references=None)`.
 """
@@ -70,6 +73,14 @@ class MetricLoss(keras.losses.Loss):
 
     def compute(self, labels, embeddings):
         raise TypeError(f"{type(self).__name__} does not define compute(labels, embeddings)")
+
+    def terms(self, labels, embeddings):
+        """The loss's unreduced per-tuple terms on validated inputs, a `tfdml.ops.TupleTerms` whose
+        `tfdml.ops.reduce_terms` is `compute`'s value (tuple losses: triplet, margin, contrastive)."""
+        raise TypeError(
+            f"{type(self).__name__} does not list per-tuple terms; the losses that do are TripletLoss, "
+            "MarginLoss and ContrastiveLoss."
+        )
 
     # Losses with variables override these (see module docstring).
     @property

@@ -19,7 +19,16 @@ import keras
 import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import as_scalar, mean_of_positive, pair_masks, pairwise_distance, reference_embeddings, validate_inputs
+from tfdml.ops import (
+    TupleTerms,
+    as_scalar,
+    mean_of_positive,
+    pair_indices_with_targets,
+    pair_masks,
+    pairwise_distance,
+    reference_embeddings,
+    validate_inputs,
+)
 
 
 def _contrastive_loss(labels, embeddings, pos_margin, neg_margin, references=None):
@@ -30,6 +39,19 @@ def _contrastive_loss(labels, embeddings, pos_margin, neg_margin, references=Non
     pos_terms = tf.where(positives, tf.nn.relu(dist - as_scalar(pos_margin, dtype)), zeros)
     neg_terms = tf.where(negatives, tf.nn.relu(as_scalar(neg_margin, dtype) - dist), zeros)
     return mean_of_positive(pos_terms) + mean_of_positive(neg_terms)
+
+
+def contrastive_terms(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
+    """The contrastive loss's terms: every unordered pair `(i, j)`, `i < j`, its hinge, grouped into positive
+    (group 0) and negative (group 1) pairs, each group a mean over its non-zero terms (the mean over ordered
+    pairs counts each pair twice, in the sum and in the count). `reduce_terms` of them is `contrastive_loss`."""
+    pairs, is_positive = pair_indices_with_targets(labels)
+    d = tf.gather_nd(pairwise_distance(embeddings), pairs)
+    values = tf.where(
+        is_positive, tf.nn.relu(d - as_scalar(pos_margin, d.dtype)), tf.nn.relu(as_scalar(neg_margin, d.dtype) - d)
+    )
+    groups = tf.where(is_positive, 0, 1)
+    return TupleTerms(values, pairs, "pair", "mean_active", groups=groups, num_groups=2)
 
 
 def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
@@ -77,6 +99,10 @@ class ContrastiveLoss(MetricLoss):
 
     def compute(self, labels, embeddings, references=None):
         return _contrastive_loss(labels, embeddings, self.pos_margin, self.neg_margin, references)
+
+    def terms(self, labels, embeddings):
+        """The unreduced pair terms (`contrastive_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value."""
+        return contrastive_terms(labels, embeddings, self.pos_margin, self.neg_margin)
 
     def get_config(self):
         config = super().get_config()

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
+    TupleTerms,
     negative_mask,
     pair_indices,
     pair_masks,
@@ -39,6 +40,7 @@ from tfdml.ops import (
     reference_embeddings,
     safe_divide,
     triplet_distances,
+    triplet_indices,
     validate_inputs,
 )
 
@@ -201,6 +203,40 @@ def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references=No
     return loss + _regulariser(beta, beta_sum, tf.reduce_sum(triplets_per_anchor), active, nu, dtype)
 
 
+def margin_terms(
+    labels,
+    embeddings,
+    beta,
+    alpha=0.2,
+    nu=0.0,
+    sampling="distance_weighted",
+    cutoff=0.5,
+    nonzero_loss_cutoff=1.4,
+    seed=None,
+):
+    """The margin loss's terms: one per triplet its sampler gives (every valid triplet for `"all"`; one
+    distance-weighted negative per ordered anchor-positive pair, with `seed` as `margin_loss`), `pos + neg`,
+    reduced by the number of active hinges, `#(pos > 0) + #(neg > 0)` (`reduction="divisor"`); the
+    regulariser is the unweighted `extra`. `reduce_terms` of them is `margin_loss`."""
+    dtype = embeddings.dtype
+    distances = pairwise_distance(embeddings)
+    if sampling == "all":
+        triplets = triplet_indices(labels)
+    else:
+        triplets, valid = sample_distance_weighted_triplets(
+            labels, distances, tf.shape(embeddings)[1], cutoff, nonzero_loss_cutoff, seed
+        )
+        triplets = tf.gather(triplets, tf.where(valid)[:, 0])
+    d_ap, d_an = triplet_distances(distances, triplets)
+    beta_a = _beta_per_anchor(beta, tf.gather(labels, triplets[:, 0]), dtype) * tf.ones_like(d_ap)
+    pos = tf.nn.relu(d_ap - beta_a + alpha)
+    neg = tf.nn.relu(beta_a - d_an + alpha)
+    divisors = tf.cast(pos > 0, dtype) + tf.cast(neg > 0, dtype)
+    count = tf.cast(tf.shape(triplets)[0], dtype)
+    extra = _regulariser(beta, tf.reduce_sum(beta_a), count, tf.reduce_sum(divisors), nu, dtype)
+    return TupleTerms(pos + neg, triplets, "triplet", "divisor", divisors=divisors, extra=extra)
+
+
 def _check_sampling(sampling, cutoff, nonzero_loss_cutoff):
     if sampling not in SAMPLING_MODES:
         raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {sampling!r}.")
@@ -361,7 +397,7 @@ class MarginLoss(MetricLoss):
 
     supports_references = True
 
-    def compute(self, labels, embeddings, references=None):
+    def _beta_and_nu(self, labels):
         beta = self.beta
         beta = beta.value if isinstance(beta, keras.Variable) else beta
         if self.num_classes is not None:
@@ -372,7 +408,10 @@ class MarginLoss(MetricLoss):
             )
             tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
         # The official code (and pytorch-metric-learning) regularises beta only when it is learned.
-        nu = self.nu if self.learn_beta else 0.0
+        return beta, (self.nu if self.learn_beta else 0.0)
+
+    def compute(self, labels, embeddings, references=None):
+        beta, nu = self._beta_and_nu(labels)
         return _margin_loss(
             labels,
             embeddings,
@@ -384,6 +423,14 @@ class MarginLoss(MetricLoss):
             self.nonzero_loss_cutoff,
             self.seed,
             references,
+        )
+
+    def terms(self, labels, embeddings):
+        """The unreduced triplet terms (`margin_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value
+        (for the same draw: a `seed`, or `"all"`)."""
+        beta, nu = self._beta_and_nu(labels)
+        return margin_terms(
+            labels, embeddings, beta, self.alpha, nu, self.sampling, self.cutoff, self.nonzero_loss_cutoff, self.seed
         )
 
     def get_config(self):

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
+    TupleTerms,
     as_scalar,
     masked_max,
     masked_mean,
@@ -29,6 +30,8 @@ from tfdml.ops import (
     positive_mask,
     reference_embeddings,
     safe_divide,
+    triplet_distances,
+    triplet_indices,
     validate_inputs,
 )
 
@@ -122,6 +125,41 @@ def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=
     return safe_divide(total, num_active)
 
 
+def triplet_terms(labels, embeddings, margin=0.2, mining="all", soft=False, squared=False):
+    """The triplet loss's terms, the triplets its mining defines, as `(anchor, positive, negative)` rows:
+
+    - `"all"`: every valid triplet; hinge terms reduced by their mean over the non-zero ones, soft terms by
+      their mean over all.
+    - `"semi_hard"`: the triplets with `d_ap < d_an < d_ap + m` at these embeddings; their mean.
+    - `"hard"`: per anchor with a positive and a negative, `(a, farthest positive, nearest negative)`; their
+      mean.
+
+    Lists the `B (K - 1) (B - K)` triplets of a `B`-sample batch (K per class) for `"all"` and `"semi_hard"`:
+    for the modest batches that weighted tuples need. `reduce_terms` of them is `triplet_loss`.
+    """
+    dist = pairwise_distance(embeddings, squared=squared)
+    if mining == "hard":
+        pos, neg = positive_mask(labels), negative_mask(labels)
+        anchors = tf.where(tf.logical_and(tf.reduce_any(pos, axis=1), tf.reduce_any(neg, axis=1)))[:, 0]
+        anchors = tf.cast(anchors, tf.int32)
+        constant = tf.stop_gradient(dist)
+        far_pos = tf.argmax(tf.where(pos, constant, -tf.ones_like(constant)), axis=1, output_type=tf.int32)
+        beyond = tf.reduce_max(constant) + tf.ones_like(constant)
+        near_neg = tf.argmin(tf.where(neg, constant, beyond), axis=1, output_type=tf.int32)
+        triplets = tf.stack([anchors, tf.gather(far_pos, anchors), tf.gather(near_neg, anchors)], axis=1)
+    else:
+        triplets = triplet_indices(labels)
+    d_ap, d_an = triplet_distances(dist, triplets)
+    gap = d_ap - d_an
+    margin = as_scalar(margin, dist.dtype)
+    if mining == "semi_hard":
+        keep = tf.where(tf.logical_and(gap < 0, gap > -margin))[:, 0]
+        triplets, gap = tf.gather(triplets, keep), tf.gather(gap, keep)
+    values = tf.nn.softplus(gap) if soft else tf.nn.relu(gap + margin)
+    reduction = "mean_active" if mining == "all" and not soft else "mean"
+    return TupleTerms(values, triplets, "triplet", reduction)
+
+
 def triplet_loss(labels, embeddings, margin=0.2, mining="all", soft=False, squared=False):
     """Triplet loss of a batch with the given mining.
 
@@ -180,6 +218,10 @@ class TripletLoss(MetricLoss):
 
     def compute(self, labels, embeddings, references=None):
         return _triplet_loss(labels, embeddings, self.margin, self.mining, self.soft, self.squared, references)
+
+    def terms(self, labels, embeddings):
+        """The unreduced triplet terms (`triplet_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value."""
+        return triplet_terms(labels, embeddings, self.margin, self.mining, self.soft, self.squared)
 
     def get_config(self):
         config = super().get_config()

@@ -32,6 +32,7 @@ from tfdml.ops.reductions import (
 )
 from tfdml.ops.references import References, pair_masks, reference_embeddings
 from tfdml.ops.scalars import as_scalar
+from tfdml.ops.terms import REDUCTIONS, TupleTerms, reduce_terms, term_coefficients
 from tfdml.ops.tuples import (
     contrastive_tuple_losses,
     margin_tuple_losses,
@@ -70,6 +71,10 @@ __all__ = [
     "safe_divide",
     "mean_of_positive",
     "masked_logsumexp",
+    "REDUCTIONS",
+    "TupleTerms",
+    "reduce_terms",
+    "term_coefficients",
     "triplet_indices",
     "triplet_distances",
     "pair_indices_with_targets",
