@@ -9,7 +9,7 @@ import tensorflow as tf
 from tests import loss_checks as checks
 from tests.references import numpy_losses
 from tests.references import numpy_noise as ref
-from tfdml.losses import PRISM, ContrastiveLoss, TripletSemiHardLoss
+from tfdml.losses import PRISM, ContrastiveLoss, MarginLoss, SmallLossWeighting, TripletLoss, TripletSemiHardLoss
 from tfdml.losses.noise import farthest_positive_pairs, prism_clean_probability, prism_keep
 
 
@@ -33,6 +33,91 @@ def test_heuristic_drops_exactly_the_farthest_positive_pairs(drop_rate):
     positives = 6 * 4 * 3 // 2
     assert len(dropped) == int(np.floor(drop_rate * positives + 0.5))
     assert all(labels[i] == labels[j] for i, j in dropped)
+
+
+@pytest.mark.parametrize("drop_rate", [0.1, 0.3, 0.5])
+def test_heuristic_loss_leaves_out_the_terms_of_the_dropped_pairs(drop_rate):
+    labels, embeddings = _batch(classes=5, per_class=3, seed=4, spread=0.9)
+    dropped = ref.farthest_positive_pairs(labels, embeddings, drop_rate)
+    assert dropped
+    x = tf.constant(embeddings)
+    contrastive = SmallLossWeighting(ContrastiveLoss(pos_margin=0.1, neg_margin=1.1), drop_rate=drop_rate)
+    np.testing.assert_allclose(
+        contrastive(labels, x).numpy(), ref.contrastive_without(labels, embeddings, dropped, 0.1, 1.1), rtol=1e-10
+    )
+    triplet = SmallLossWeighting(TripletLoss(margin=0.3), drop_rate=drop_rate)
+    np.testing.assert_allclose(
+        triplet(labels, x).numpy(), ref.triplet_all_without(labels, embeddings, dropped, 0.3), rtol=1e-10
+    )
+
+
+def test_heuristic_at_rate_zero_is_the_wrapped_loss():
+    labels, embeddings = _batch(seed=6)
+    x = tf.constant(embeddings)
+    for loss in (ContrastiveLoss(), TripletLoss(margin=0.2), MarginLoss(sampling="all")):
+        np.testing.assert_allclose(
+            SmallLossWeighting(loss, drop_rate=0.0)(labels, x).numpy(), loss(labels, x).numpy(), rtol=1e-12
+        )
+
+
+def _gradient(loss, labels, embeddings):
+    x = tf.constant(embeddings)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        value = loss(tf.constant(labels), x)
+    return tape.gradient(value, x).numpy().ravel()
+
+
+def _cosine(a, b):
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ContrastiveLoss(pos_margin=0.0, neg_margin=0.8),
+        lambda: TripletLoss(margin=0.5),
+        lambda: MarginLoss(alpha=0.2, beta=0.6, sampling="all"),
+    ],
+    ids=["contrastive", "triplet", "margin"],
+)
+def test_small_drop_rates_leave_a_clean_well_separated_batch_gradient_nearly_unchanged(make):
+    """A clean batch of tight, well-separated classes: dropping 5 % of the positive pairs (heuristic) or the
+    least likely clean of its 40 samples (PRISM at 2.5 %, its memory filled from the same clean classes) turns
+    the gradient by little; dropping half of the pairs or a tenth of the samples turns it more. (A sample PRISM
+    drops takes all its pairs with it, negatives too, and it is the batch's outlier: per unit of rate PRISM
+    moves a clean gradient more than the heuristic.)"""
+    labels, embeddings = _batch(classes=8, per_class=5, dim=16, seed=7, spread=0.15)
+    base = _gradient(make(), labels, embeddings)
+    small = _gradient(SmallLossWeighting(make(), drop_rate=0.05), labels, embeddings)
+    large = _gradient(SmallLossWeighting(make(), drop_rate=0.5), labels, embeddings)
+    assert _cosine(base, small) > 0.98
+    assert _cosine(base, large) < _cosine(base, small)
+
+    def prism_gradient(rate):
+        loss = PRISM(make(), noise_rate=rate, memory_size=200, embedding_dim=16, dtype="float64")
+        memory_labels, memory = _batch(classes=8, per_class=5, dim=16, seed=7, spread=0.15)
+        loss(tf.constant(memory_labels), tf.constant(memory + 0.01))  # fills the memory, clean
+        return _gradient(loss, labels, embeddings)
+
+    assert _cosine(base, prism_gradient(0.025)) > 0.9
+    assert _cosine(base, prism_gradient(0.1)) < _cosine(base, prism_gradient(0.025))
+
+
+def test_heuristic_config_roundtrip_and_bad_arguments():
+    loss = SmallLossWeighting(MarginLoss(alpha=0.25, sampling="all"), drop_rate=0.3)
+    restored = checks.assert_config_roundtrip(loss)
+    assert isinstance(restored.loss, MarginLoss) and restored.drop_rate == 0.3
+    with pytest.raises(
+        ValueError, match="SmallLossWeighting needs a loss that lists its per-tuple terms .* got TripletSemiHardLoss"
+    ):
+        SmallLossWeighting(TripletSemiHardLoss(), drop_rate=0.3)
+    with pytest.raises(ValueError, match=r"drop_rate must be a number in \[0, 1\), got -0.1"):
+        SmallLossWeighting(ContrastiveLoss(), drop_rate=-0.1)
+
+
+def test_heuristic_fit_lowers_the_wrapped_loss():
+    checks.assert_fit_lowers_loss(SmallLossWeighting(ContrastiveLoss(), drop_rate=0.2), measure=ContrastiveLoss())
 
 
 # ------------------------------------------------------------------------------------------------ PRISM

@@ -78,3 +78,42 @@ class Prism:
             self.memory_labels = self.memory_labels[-self.memory_size :]
             self.memory_embeddings = self.memory_embeddings[-self.memory_size :]
         return keep
+
+
+def _mean(values):
+    return sum(values) / len(values) if values else 0.0
+
+
+def contrastive_without(labels, embeddings, dropped, pos_margin=0.0, neg_margin=1.0):
+    """The contrastive loss (means over the non-zero hinges of positive and of negative pairs) with the positive
+    pairs in `dropped` (`(i, j)`, `i < j`) left out of both sums and counts."""
+    pos, neg = [], []
+    for i in range(len(labels)):
+        for j in range(len(labels)):
+            if i == j or (min(i, j), max(i, j)) in dropped:
+                continue
+            d = float(np.linalg.norm(np.subtract(embeddings[i], embeddings[j])))
+            v = max(d - pos_margin, 0.0) if labels[i] == labels[j] else max(neg_margin - d, 0.0)
+            if v > 0:
+                (pos if labels[i] == labels[j] else neg).append(v)
+    return _mean(pos) + _mean(neg)
+
+
+def triplet_all_without(labels, embeddings, dropped, margin=0.2):
+    """Mean of the non-zero `[d_ap - d_an + margin]+` over the triplets whose anchor-positive pair is not in
+    `dropped`."""
+    values = []
+    n = len(labels)
+    for a in range(n):
+        for p in range(n):
+            if p == a or labels[p] != labels[a] or (min(a, p), max(a, p)) in dropped:
+                continue
+            for q in range(n):
+                if labels[q] == labels[a]:
+                    continue
+                d_ap = float(np.linalg.norm(np.subtract(embeddings[a], embeddings[p])))
+                d_an = float(np.linalg.norm(np.subtract(embeddings[a], embeddings[q])))
+                v = max(d_ap - d_an + margin, 0.0)
+                if v > 0:
+                    values.append(v)
+    return _mean(values)

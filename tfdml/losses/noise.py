@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.cross_batch_memory import _positive_int
-from tfdml.ops import pairwise_distance, positive_mask, safe_divide
+from tfdml.ops import pairwise_distance, positive_mask, reduce_terms, safe_divide
 
 
 def _check_rate(value, name):
@@ -137,6 +137,68 @@ def _wrapped(loss, owner):
     if not isinstance(loss, MetricLoss):
         raise TypeError(f"{owner} wraps a tfdml MetricLoss, got {type(loss).__name__}.")
     return loss
+
+
+def _has_terms(loss):
+    return type(loss).terms is not MetricLoss.terms
+
+
+@keras.saving.register_keras_serializable(package="tfdml")
+class SmallLossWeighting(MetricLoss):
+    """The small-loss heuristic: the wrapped loss with the terms of the farthest positive pairs weighted 0.
+
+    Per batch, the `round(drop_rate * P)` of the `P` positive pairs with the largest anchor-positive distance
+    (`farthest_positive_pairs`) are taken for mislabelled; every term of the wrapped loss whose anchor and
+    positive (or whose pair, for a pair loss) is one of them gets weight 0 in the loss's own reduction
+    (`tfdml.ops.reduce_terms`: dropped from its sums and counts). `drop_rate=0` is the wrapped loss.
+
+    Args:
+        loss: a tuple loss that lists its terms (`TripletLoss`, `MarginLoss`, `ContrastiveLoss`).
+        drop_rate: the fraction of positive pairs dropped per batch, in [0, 1); choose it on a validation
+            split of the training classes.
+        name: loss name.
+
+    Example:
+        >>> loss = SmallLossWeighting(ContrastiveLoss(), drop_rate=0.3)
+        >>> model.compile(optimizer="adam", loss=loss)
+    """
+
+    def __init__(self, loss, drop_rate, name="small_loss_weighting", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.loss = _wrapped(loss, "SmallLossWeighting")
+        if not _has_terms(self.loss):
+            raise ValueError(
+                f"SmallLossWeighting needs a loss that lists its per-tuple terms (TripletLoss, MarginLoss, "
+                f"ContrastiveLoss), got {type(self.loss).__name__}."
+            )
+        self.drop_rate = _check_rate(drop_rate, "drop_rate")
+
+    @property
+    def trainable_variables(self):
+        return self.loss.trainable_variables
+
+    @property
+    def variable_optimizer(self):
+        return self.loss.variable_optimizer
+
+    @property
+    def non_trainable_variables(self):
+        return self.loss.non_trainable_variables
+
+    def weights(self, labels, embeddings, terms):
+        """Float `[T]`: 0 for the terms on a dropped positive pair, 1 for the others."""
+        dropped = farthest_positive_pairs(labels, embeddings, self.drop_rate)
+        hit = tf.gather_nd(dropped, tf.cast(terms.indices[:, :2], tf.int32))
+        return 1 - tf.cast(hit, terms.values.dtype)
+
+    def compute(self, labels, embeddings):
+        terms = self.loss.terms(labels, embeddings)
+        return reduce_terms(terms, self.weights(labels, embeddings, terms))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(loss=keras.saving.serialize_keras_object(self.loss), drop_rate=self.drop_rate)
+        return config
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
