@@ -23,11 +23,13 @@ weigh 0), `prism` (`tfdml.losses.PRISM` around it: per sample, the probability t
 the cross-batch memory's class centres; the least likely clean samples weigh 0), `ala` (DML-ALA at the
 library defaults on the same base loss and batches).
 
-Drop rates are chosen on a validation split, never on the test characters: the 150 training characters
-(with the seed's noisy labels, as a user has them) are split by label into 100 training and 50 validation
-characters (`reality_check.split_training_classes`); each candidate rate of `VALIDATION_RATES` (0 is the
-base loss) trains on the 100 with `VALIDATION_SEEDS` and is scored by MAP@R on the 50 (noisy labels); the
-best is used for the test rows. Phase "validation" lines hold those runs.
+Settings are chosen on a validation split, never on the test characters: the 150 training characters (with
+the seed's noisy labels, as a user has them) are split by label into 100 training and 50 validation
+characters (`reality_check.split_training_classes`); each candidate trains on the 100 with
+`VALIDATION_SEEDS` and is scored by MAP@R on the 50 (noisy labels); the best is used for the test rows. The
+heuristic's drop rate: `HEURISTIC_RATES`, per base loss. PRISM: its rate is the noise rate (the paper's
+setting on synthetic noise, an oracle the heuristic does not get); its memory size, `PRISM_MEMORIES`, chosen
+on the contrastive loss for all three. Phase "validation" lines hold those runs.
 
 Results: one JSON line per run appended to `results.jsonl` as it finishes (a stopped run loses nothing);
 runs already there are skipped. `table.md` is written from every line.
@@ -101,6 +103,31 @@ def tuned_setting(base):
     return name, best[1]
 
 
+def reality_check_clean_runs():
+    """The reality check's final scratch runs of the tuned base losses as this benchmark's clean base rows
+    (`{key: record}`): the same protocol, seeds, batches (drawn on the clean labels) and initial weights."""
+    lines = rc.read_lines(os.path.join(rc.OUT_DIR, "results.jsonl"), rc.protocol(bm.CONFIG))
+    out = {}
+    for base, name in BASES.items():
+        for r in lines.values():
+            if r["phase"] == "final" and r["regime"] == "scratch" and r["method"] == name:
+                record = {
+                    "phase": "final",
+                    "noise": 0.0,
+                    "base": base,
+                    "base_method": name,
+                    "method": "base",
+                    "options": {},
+                    "seed": r["seed"],
+                    "steps": CONFIG["steps"],
+                    "recall@1": r["recall@1"],
+                    "map@r": r["map@r"],
+                    "source": "benchmarks/reality_check/results.jsonl",
+                }
+                out[key(record)] = record
+    return out
+
+
 def base_spec(base):
     """`(spec for benchmark_methods.train_tfdml, learning rate)` of the tuned base loss."""
     name, params = tuned_setting(base)
@@ -165,8 +192,9 @@ def key(record):
 
 
 def read_results(path=RESULTS, steps=None):
-    """The lines of `path` (the latest per key), those of `steps` training steps only when given."""
-    latest = {}
+    """The lines of `path` (the latest per key), those of `steps` training steps only when given; the clean
+    base rows not run here are the reality check's (`reality_check_clean_runs`)."""
+    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) else {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
@@ -278,8 +306,10 @@ def table(records, steps=CONFIG["steps"]):
         f"Glyphs, 150 training / 151 test characters, symmetric label noise on the training labels; small CNN, "
         f"{steps} steps of 22 x 3 batches, each base loss at its tuned clean setting (reality check, scratch). "
         "Mean +- standard error over seeds (%). Delta: the row minus the base loss at the same noise, paired by "
-        "seed. Noise cost: clean base minus noisy base, paired by seed. Recovered: mean Delta R@1 / mean noise "
-        "cost over the seeds that have both (+- the standard error of Delta over the cost).",
+        "seed. Noise cost: clean base minus noisy base, paired by seed (the clean base rows are the reality "
+        "check's final runs, the same protocol, batches and initial weights, unless run here). Recovered: mean "
+        "Delta R@1 / mean noise cost over the seeds that have both (+- the standard error of Delta over the "
+        "cost).",
         "",
         "| base loss | noise | row | n | R@1 | MAP@R | Delta R@1 | Delta MAP@R | noise cost R@1 | recovered |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -319,15 +349,15 @@ def table(records, steps=CONFIG["steps"]):
     if validation:
         lines += [
             "",
-            "Drop rates chosen on the validation split (100 of the training characters to train, 50 to score, "
+            "Settings chosen on the validation split (100 of the training characters to train, 50 to score, "
             "noisy labels; MAP@R %, seeds " + ", ".join(map(str, VALIDATION_SEEDS)) + "):",
             "",
-            "| base loss | noise | method | rate | validation MAP@R |",
+            "| base loss | noise | row | seed | validation MAP@R |",
             "|---|---|---|---|---|",
         ]
         for r in sorted(validation, key=lambda r: (r["base"], r["noise"], r["method"], json.dumps(r["options"]))):
-            rate = next(iter(r["options"].values()), 0.0)
-            lines.append(f"| {r['base']} | {r['noise']:.0%} | {r['method']} | {rate:g} | {100 * r['map@r']:.1f} |")
+            label = _row_label(r["method"], r["options"])
+            lines.append(f"| {r['base']} | {r['noise']:.0%} | {label} | {r['seed']} | {100 * r['map@r']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
