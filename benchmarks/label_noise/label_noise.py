@@ -53,6 +53,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import benchmark_methods as bm  # noqa: E402  (after the path insert)
 import reality_check as rc  # noqa: E402
 
+from tfdml.data.label_noise import symmetric_label_noise  # noqa: E402
+
 RESULTS = os.path.join(HERE, "results.jsonl")
 TABLE = os.path.join(HERE, "table.md")
 CONFIG = dict(bm.CONFIG)  # the reality check's protocol: 300 steps of 22 x 3 batches
@@ -73,22 +75,9 @@ NOISE_SEED = 7919  # the noise of seed s is drawn from [NOISE_SEED, s, noise lev
 
 
 # ------------------------------------------------------------------------------------------------ data
-def flip_labels(labels, fraction, seed):
-    """`(noisy labels, corrupted flags)`: `round(fraction * n)` items chosen at random get the label of another
-    class, chosen uniformly among the others (symmetric noise)."""
-    rng = np.random.default_rng([NOISE_SEED, int(seed), int(round(1000 * fraction))])
-    labels = np.asarray(labels).copy()
-    classes = np.unique(labels)
-    corrupted = np.zeros(labels.size, bool)
-    corrupted[rng.choice(labels.size, int(round(fraction * labels.size)), replace=False)] = True
-    for i in np.flatnonzero(corrupted):
-        labels[i] = rng.choice(classes[classes != labels[i]])
-    return labels, corrupted
-
-
 def noisy_data(data, noise, seed):
     """`data` (benchmark_methods.load_data) with the training labels of seed `seed` at noise level `noise`."""
-    labels, corrupted = flip_labels(data["train_y"], noise, seed)
+    labels, corrupted = symmetric_label_noise(data["train_y"], noise, [NOISE_SEED, int(seed), round(1000 * noise)])
     return dict(data, train_y=labels.astype(np.int64), corrupted=corrupted)
 
 

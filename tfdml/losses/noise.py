@@ -131,12 +131,31 @@ def _non_trainable(value, dtype, name):
     )
 
 
-def _wrapped(loss, owner):
-    if isinstance(loss, dict):
-        loss = keras.saving.deserialize_keras_object(loss)
-    if not isinstance(loss, MetricLoss):
-        raise TypeError(f"{owner} wraps a tfdml MetricLoss, got {type(loss).__name__}.")
-    return loss
+class _WrappedLoss(MetricLoss):
+    """A `MetricLoss` around another: the wrapped loss's variables are this loss's (tracked by `MetricModel`)."""
+
+    def __init__(self, loss, name, **kwargs):
+        super().__init__(name=name, **kwargs)
+        if isinstance(loss, dict):
+            loss = keras.saving.deserialize_keras_object(loss)
+        if not isinstance(loss, MetricLoss):
+            raise TypeError(f"{type(self).__name__} wraps a tfdml MetricLoss, got {type(loss).__name__}.")
+        self.loss = loss
+
+    @property
+    def trainable_variables(self):
+        return self.loss.trainable_variables
+
+    @property
+    def variable_optimizer(self):
+        return self.loss.variable_optimizer
+
+    @property
+    def non_trainable_variables(self):
+        return self.loss.non_trainable_variables
+
+    def get_config(self):
+        return {**super().get_config(), "loss": keras.saving.serialize_keras_object(self.loss)}
 
 
 def _has_terms(loss):
@@ -144,7 +163,7 @@ def _has_terms(loss):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class SmallLossWeighting(MetricLoss):
+class SmallLossWeighting(_WrappedLoss):
     """The small-loss heuristic: the wrapped loss with the terms of the farthest positive pairs weighted 0.
 
     Per batch, the `round(drop_rate * P)` of the `P` positive pairs with the largest anchor-positive distance
@@ -164,26 +183,13 @@ class SmallLossWeighting(MetricLoss):
     """
 
     def __init__(self, loss, drop_rate, name="small_loss_weighting", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.loss = _wrapped(loss, "SmallLossWeighting")
+        super().__init__(loss, name=name, **kwargs)
         if not _has_terms(self.loss):
             raise ValueError(
                 f"SmallLossWeighting needs a loss that lists its per-tuple terms (TripletLoss, MarginLoss, "
                 f"ContrastiveLoss), got {type(self.loss).__name__}."
             )
         self.drop_rate = _check_rate(drop_rate, "drop_rate")
-
-    @property
-    def trainable_variables(self):
-        return self.loss.trainable_variables
-
-    @property
-    def variable_optimizer(self):
-        return self.loss.variable_optimizer
-
-    @property
-    def non_trainable_variables(self):
-        return self.loss.non_trainable_variables
 
     def weights(self, labels, embeddings, terms):
         """Float `[T]`: 0 for the terms on a dropped positive pair, 1 for the others."""
@@ -196,13 +202,11 @@ class SmallLossWeighting(MetricLoss):
         return reduce_terms(terms, self.weights(labels, embeddings, terms))
 
     def get_config(self):
-        config = super().get_config()
-        config.update(loss=keras.saving.serialize_keras_object(self.loss), drop_rate=self.drop_rate)
-        return config
+        return {**super().get_config(), "drop_rate": self.drop_rate}
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class PRISM(MetricLoss):
+class PRISM(_WrappedLoss):
     """PRISM (Liu et al., CVPR 2021): the wrapped loss on the samples of the batch whose label is likely clean.
 
     Each training call scores the batch against the memory's class centres (`prism_clean_probability`),
@@ -230,8 +234,7 @@ class PRISM(MetricLoss):
     """
 
     def __init__(self, loss, noise_rate, memory_size, embedding_dim, window_size=30, name="prism", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.loss = _wrapped(loss, "PRISM")
+        super().__init__(loss, name=name, **kwargs)
         self.noise_rate = _check_rate(noise_rate, "noise_rate")
         self.memory_size = _positive_int(memory_size, "memory_size")
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
@@ -266,14 +269,6 @@ class PRISM(MetricLoss):
     def non_trainable_variables(self):
         return list(self._variables()) + list(self.loss.non_trainable_variables)
 
-    @property
-    def trainable_variables(self):
-        return self.loss.trainable_variables
-
-    @property
-    def variable_optimizer(self):
-        return self.loss.variable_optimizer
-
     def select(self, labels, embeddings):
         """The keep mask of a training batch (bool `[B]`); updates the window and enqueues the kept samples."""
         memory, memory_labels, count, window, window_count = self._variables()
@@ -305,7 +300,6 @@ class PRISM(MetricLoss):
     def get_config(self):
         config = super().get_config()
         config.update(
-            loss=keras.saving.serialize_keras_object(self.loss),
             noise_rate=self.noise_rate,
             memory_size=self.memory_size,
             embedding_dim=self.embedding_dim,
