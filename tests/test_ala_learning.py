@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfdml.losses import TripletLoss
 from tfdml.models import ALAModel, Embedder
+from tfdml.models.ala.lookahead import inner_rates
 from tfdml.ops.tuples import triplet_indices
 from tfdml.optimizers import learning_rate_multipliers
 
@@ -47,11 +49,10 @@ def _train(episodes, assessor_learning_rate):
     keras.utils.set_random_seed(0)
     model = ALAModel(
         Embedder("small_cnn", embedding_dim=16, input_shape=(8, 8, 1)),
-        base_loss="triplet",
+        base_loss=TripletLoss(squared=True),  # eq 4
         variant="paper",
         state="per_step",
         assessor_learning_rate=assessor_learning_rate,
-        max_tuples=None,
     )
     model.compile(optimizer=learning_rate_multipliers(keras.optimizers.SGD(1e-4), {"head_H": 10}))
     phi0 = [v.numpy() for v in model.assessor.trainable_variables]
@@ -102,18 +103,25 @@ def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
             weighting=weighting,
             seed=3,
             state="per_step",  # no XLA compilation: a cheaper test
-            episode={"train_size": 9, "val_size": 6, "samples_per_class": 3},
+            classes_per_batch=3,
+            samples_per_class=3,
+            val_classes=2,
         )
     model, ds = runs["assessor"]
-    assert model.embedding_dim == 16 and model.weighting == "assessor" and model.margin_beta is not None
-    rates = {v.path: float(r) for v, r in zip(model.embedder.trainable_variables, model.inner_rates())}
+    assert model.embedding_dim == 16 and model.weighting == "assessor" and model.loss_variables
+    variables = model.embedder.trainable_variables
+    rates = {v.path: float(r) for v, r in zip(variables, inner_rates(model.optimizer, variables))}
     assert [r for p, r in rates.items() if "head_H" in p] == [pytest.approx(1e-3)]  # the new layer's 10x rate
     np.testing.assert_allclose([r for p, r in rates.items() if "head_H" not in p], 1e-4, rtol=1e-6)
     episodes = [list(runs[w][1]) for w in ("uniform", "assessor")]
-    assert len(episodes[0]) == 2
+    assert len(episodes[0]) == 2 and int(ds.cardinality()) == 2
     for a, b in zip(*episodes):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x.numpy(), y.numpy())
+    # The training subset is the base loss's 3 x 3 batch; 2 x 3 validation images come in addition.
+    train_x, train_y, val_x, val_y = episodes[0][0]
+    assert train_x.shape[0] == 9 and val_x.shape[0] == 6
+    assert len(set(train_y.numpy())) == 3 and not set(train_y.numpy()) & set(val_y.numpy())
     logs = model.train_step(episodes[1][0])
-    assert np.isfinite(float(logs["loss"])) and 0 < float(logs["weight_mean"]) < 1
+    assert np.isfinite(float(logs["loss"])) and float(logs["weight_mean"]) == pytest.approx(1.0)
     assert "meta_loss" not in runs["uniform"][0].train_step(episodes[0][0])

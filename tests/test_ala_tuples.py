@@ -1,4 +1,5 @@
-"""Tuple listing and per-tuple losses (`tfdml.ops.tuples`) against brute-force NumPy references."""
+"""Tuple listing (`tfdml.ops.tuples`) and the tuple losses' per-tuple terms against brute-force NumPy
+references."""
 
 import itertools
 
@@ -6,14 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdml.ops import (
-    contrastive_tuple_losses,
-    margin_tuple_losses,
-    pair_indices_with_targets,
-    triplet_indices,
-    triplet_tuple_losses,
-)
-from tfdml.ops.tuples import triplet_hardness
+from tfdml.losses import ContrastiveLoss, MarginLoss, TripletLoss
+from tfdml.ops import pair_indices_with_targets, triplet_indices
 
 
 def _brute_triplets(labels):
@@ -78,57 +73,56 @@ def _embeddings(seed, n=8, dim=3):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def test_triplet_and_margin_tuple_losses_match_numpy():
+def _terms_by_tuple(terms):
+    return {tuple(t): v for t, v in zip(terms.indices.numpy(), terms.values.numpy())}
+
+
+def test_triplet_and_margin_terms_match_numpy():
     f = _embeddings(0)
     labels = np.array([0, 0, 1, 1, 2, 2, 0, 1])
     triplets = np.array(_brute_triplets(labels))
     d = lambda i, j: np.linalg.norm(f[i] - f[j], axis=1)  # noqa: E731
     d_ap, d_an = d(triplets[:, 0], triplets[:, 1]), d(triplets[:, 0], triplets[:, 2])
-    got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3).numpy()
-    np.testing.assert_allclose(got, np.maximum(d_ap - d_an + 0.3, 0), atol=1e-12)
-    got = triplet_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), margin=0.3, squared=True).numpy()
-    np.testing.assert_allclose(got, np.maximum(d_ap**2 - d_an**2 + 0.3, 0), atol=1e-12)  # DML-ALA eq 4
-    ratio = triplet_hardness(tf.constant(f), tf.constant(triplets, tf.int32)).numpy()
-    np.testing.assert_allclose(ratio, d_ap / d_an, rtol=1e-12)
-    got = margin_tuple_losses(tf.constant(f), tf.constant(triplets, tf.int32), alpha=0.2, beta=1.1).numpy()
-    expected = np.maximum(d_ap - 1.1 + 0.2, 0) + np.maximum(1.1 - d_an + 0.2, 0)
-    np.testing.assert_allclose(got, expected, atol=1e-12)
-    assert (got > 0).any() and (expected == 0).sum() < len(expected)
+    y, x = tf.constant(labels, tf.int32), tf.constant(f)
+    for loss, expected in (
+        (TripletLoss(margin=0.3), np.maximum(d_ap - d_an + 0.3, 0)),
+        (TripletLoss(margin=0.3, squared=True), np.maximum(d_ap**2 - d_an**2 + 0.3, 0)),  # DML-ALA eq 4
+        (
+            MarginLoss(alpha=0.2, beta=1.1, sampling="all"),
+            np.maximum(d_ap - 1.1 + 0.2, 0) + np.maximum(1.1 - d_an + 0.2, 0),
+        ),
+    ):
+        got = _terms_by_tuple(loss.terms(y, x))
+        assert set(got) == {tuple(t) for t in triplets}
+        np.testing.assert_allclose([got[tuple(t)] for t in triplets], expected, atol=1e-7)  # squared: Gram form
+        assert (expected > 0).any() and (expected == 0).any()
 
 
-def test_contrastive_tuple_losses_match_numpy():
+def test_contrastive_terms_match_numpy():
     f = _embeddings(1)
     labels = np.array([0, 0, 1, 1, 2, 2, 0, 1])
     pairs, positive = _brute_pairs(labels)
     pairs, positive = np.array(pairs), np.array(positive)
     d = np.linalg.norm(f[pairs[:, 0]] - f[pairs[:, 1]], axis=1)
     expected = np.where(positive, np.maximum(d - 0.1, 0), np.maximum(1.2 - d, 0))
-    got = contrastive_tuple_losses(
-        tf.constant(f), tf.constant(pairs, tf.int32), tf.constant(positive), pos_margin=0.1, neg_margin=1.2
-    ).numpy()
-    np.testing.assert_allclose(got, expected, atol=1e-12)
+    got = _terms_by_tuple(
+        ContrastiveLoss(pos_margin=0.1, neg_margin=1.2).terms(tf.constant(labels, tf.int32), tf.constant(f))
+    )
+    np.testing.assert_allclose([got[tuple(p)] for p in pairs], expected, atol=1e-12)
 
 
-def test_tuple_losses_have_finite_gradients_on_identical_embeddings():
+def test_terms_have_finite_gradients_on_identical_embeddings():
     f = tf.constant(np.ones((4, 3)) / np.sqrt(3.0))
     labels = tf.constant([0, 0, 1, 1])
-    triplets = triplet_indices(labels)
-    pairs, positive = pair_indices_with_targets(labels)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(f)
         values = [
-            tf.reduce_sum(triplet_tuple_losses(f, triplets)),
-            tf.reduce_sum(margin_tuple_losses(f, triplets)),
-            tf.reduce_sum(contrastive_tuple_losses(f, pairs, positive)),
+            tf.reduce_sum(loss.terms(labels, f).values)
+            for loss in (TripletLoss(), MarginLoss(sampling="all"), ContrastiveLoss(), TripletLoss(mining="hard"))
         ]
     for value in values:
         assert np.isfinite(value.numpy())
         assert np.isfinite(tape.gradient(value, f).numpy()).all()
-
-
-def test_hardness_is_zero_not_nan_when_the_negative_coincides_with_the_anchor():
-    same = triplet_hardness(tf.constant(np.ones((3, 2))), tf.constant([[0, 1, 2]], tf.int32)).numpy()
-    assert same.tolist() == [0.0]
 
 
 def test_plot_ala_weights_writes_the_four_panels(tmp_path):

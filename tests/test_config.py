@@ -56,7 +56,8 @@ BAD = [
         ["ala.enabled=true"],
         "loss.name: DML-ALA (ala.enabled) weights triplet, margin, contrastive tuples, not ranked_list",
     ),
-    (["ala.enabled=true", "loss.name=triplet", "loss.params.mining=hard"], "loss.params: Unknown parameters"),
+    (["ala.enabled=true", "loss.name=triplet", "loss.params.mining=semi_hrd"], "loss.params"),
+    (["ala.params.weights=relu"], "ala.params.weights: must be one of softmax, sigmoid, got 'relu'"),
     (["loss.name=group"], "model.num_classes: the group loss needs the classifier head size"),
     (["loss.name=arcface_typo"], "loss.name: must be one of ranked_list, triplet"),
     (
@@ -114,8 +115,12 @@ def test_values_other_parts_of_tfdml_rely_on():
         ]
     )
     assert ala.ala.params.arguments() == {"state": "per_step"}
-    assert ala.ala.episode.arguments()["disjoint_labels"] is False
-    assert "disjoint_labels" not in load_config().ala.episode.arguments()  # unset: the library's default
+    assert ala.ala.episode.arguments(ala.data)["disjoint_labels"] is False
+    default = load_config()
+    assert "disjoint_labels" not in default.ala.episode.arguments(default.data)  # unset: the library's default
+    # The episode at the base loss's batch, 22 x 3 glyphs, and 4 x 3 validation images drawn in addition.
+    sizes = {k: default.ala.episode.arguments(default.data)[k] for k in ("train_size", "val_size", "samples_per_class")}
+    assert sizes == {"train_size": 66, "val_size": 12, "samples_per_class": 3}
     # YAML 1.1 reads 1e-3 as a string; a number key takes it
     assert load_config(overrides=["optimizer.learning_rate=1e-3"]).optimizer.learning_rate == 1e-3
 

@@ -73,7 +73,6 @@ def _tiny(config):
         extra.append("loss.params.num_anchors=1")
     if config.ala.enabled:
         extra += [
-            "ala.params.max_tuples=16",
             "ala.params.assessor_units=4",
             "ala.params.assessor_layers=1",
             "ala.params.assessor_steps=1",

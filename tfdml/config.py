@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from tfdml import ala_options
 from tfdml.loss_names import LOSSES  # noqa: F401  (loss name -> tfdml.losses class name)
 
 # `Optional[X]` and `X | None` annotations: both mean "X or null" to the validator.
@@ -41,8 +42,8 @@ class ConfigError(ValueError):
 # Losses that learn from one image per class (class proxies or a classifier; Group Loss refines a
 # classifier's predictions): every other loss needs positive pairs, >= 2 images per class in a batch.
 UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface", "cosface", "group")
-# Losses DML-ALA weights per tuple (`tfdml.models.ALAModel` base losses).
-ALA_LOSSES = ("triplet", "margin", "contrastive")
+# DML-ALA's choices (`tfdml.models.ALAModel` arguments), one table shared with the model, without TensorFlow.
+ALA_LOSSES = ala_options.BASE_LOSSES
 # == tfdml.optimizers.OPTIMIZER_NAMES (tested); written out so that parsing a configuration imports no TensorFlow.
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
 
@@ -409,27 +410,24 @@ def _check_arguments(function, params, key, skip=()):
 
 @dataclasses.dataclass
 class ALAParams(_Section):
-    """`tfdml.models.ALAModel` arguments; null keeps the ALAModel default."""
+    """`tfdml.models.ALAModel` arguments; null keeps the ALAModel default. The base loss is `loss`."""
 
     _KEY = "ala.params"
-    variant: str | None = _field(None, choices=("default", "paper"))  # paper: Algorithm 1 literally
-    normalize_weights: bool | None = None  # weights divided by their mean (default variant: true)
-    weight_floor: float | None = _field(None, minimum=0.0)  # normalised weights mixed with uniform ones
-    normalize_over: str | None = _field(None, choices=("active", "all"))  # tuples the mean runs over
-    lookahead: str | None = _field(None, choices=("optimizer", "sgd"))
-    assessor_input: str | None = _field(None, choices=("embeddings", "embeddings+geometry", "geometry"))
+    variant: str | None = _field(None, choices=tuple(ala_options.VARIANTS))  # paper: Algorithm 1 literally
+    weights: str | None = _field(None, choices=ala_options.WEIGHT_FORMS)
+    temperature: float | None = _field(None, above=0.0)  # softmax weights' temperature
+    weight_floor: float | None = _field(None, minimum=0.0)  # softmax weights mixed with uniform ones
+    reduction: str | None = _field(None, choices=ala_options.REDUCTIONS)
+    lookahead: str | None = _field(None, choices=ala_options.LOOKAHEADS)
+    assessor_input: str | None = _field(None, choices=ala_options.ASSESSOR_INPUTS)
     meta_interval: int | None = _field(None, minimum=1)  # assessor updated every N steps
     assessor_units: int | None = _field(None, minimum=1)
     assessor_layers: int | None = _field(None, minimum=1)
     inner_learning_rate: float | None = _field(None, above=0.0)
     assessor_learning_rate: float | None = _field(None, above=0.0)
     assessor_steps: int | None = _field(None, minimum=0)
-    max_tuples: int | None = _field(None, minimum=1)
-    state: str | None = _field(None, choices=("per_tuple", "per_step"))
-    squared: bool | None = None  # triplet base loss on squared distances (eq 4; default true)
-    learn_beta: bool | None = None  # margin base loss: train beta with its own optimizer
-    beta_learning_rate: float | None = _field(None, above=0.0)
-    weighting: str | None = _field(None, choices=("assessor", "uniform"))  # uniform: the ablation baseline
+    state: str | None = _field(None, choices=ala_options.STATE_MODES)
+    weighting: str | None = _field(None, choices=ala_options.WEIGHTINGS)  # uniform: the base loss itself
 
     def arguments(self):
         return {k: v for k, v in self.to_dict().items() if v is not None}
@@ -437,28 +435,39 @@ class ALAParams(_Section):
 
 @dataclasses.dataclass
 class EpisodeConfig(_Section):
-    """`tfdml.data.episode_dataset` arguments: a training and a validation subset per step."""
+    """`tfdml.data.episode_dataset` arguments: per step a training subset, by default the base loss's batch
+    (`data.classes_per_batch x data.samples_per_class`), and a validation subset drawn in addition (by default
+    one class per 5 training classes, `tfdml.ala_options.episode_sizes`)."""
 
     _KEY = "ala.episode"
-    train_size: int = _field(100, minimum=1)
-    val_size: int = _field(20, minimum=1)
-    samples_per_class: int = _field(5, minimum=1)
+    train_size: int | None = _field(None, minimum=1)  # null: data.classes_per_batch x data.samples_per_class
+    val_size: int | None = _field(None, minimum=1)  # null: round(training classes / 5) classes
+    samples_per_class: int | None = _field(None, minimum=1)  # null: data.samples_per_class
     train_classes: int | None = _field(None, minimum=1)  # null: train_size // samples_per_class
     val_classes: int | None = _field(None, minimum=1)  # null: val_size // samples_per_class
     disjoint_labels: bool | None = None  # null: the episode_dataset default
 
-    def check(self, key):
-        for subset in ("train", "val"):
-            size, classes = getattr(self, f"{subset}_size"), getattr(self, f"{subset}_classes")
-            classes = classes or max(1, size // self.samples_per_class)
+    def sizes(self, data):
+        """`(train_size, val_size, samples_per_class)`, the unset ones from the data section's batch."""
+        k = self.samples_per_class or data.samples_per_class
+        default = ala_options.episode_sizes(data.classes_per_batch, k)
+        return self.train_size or default["train_size"], self.val_size or default["val_size"], k
+
+    def check_sizes(self, key, data):
+        train_size, val_size, k = self.sizes(data)
+        for subset, size in (("train", train_size), ("val", val_size)):
+            classes = getattr(self, f"{subset}_classes") or max(1, size // k)
             if size % classes:
                 raise ConfigError(
                     f"{key}.{subset}_size: {size} images do not split evenly over {classes} "
                     f"classes ({key}.{subset}_classes or {subset}_size // samples_per_class)"
                 )
 
-    def arguments(self):
-        return {k: v for k, v in self.to_dict().items() if v is not None}
+    def arguments(self, data):
+        """`episode_dataset` arguments, the sizes completed from `data` (the data section)."""
+        train_size, val_size, k = self.sizes(data)
+        explicit = {k: v for k, v in self.to_dict().items() if v is not None}
+        return {**explicit, "train_size": train_size, "val_size": val_size, "samples_per_class": k}
 
 
 @dataclasses.dataclass
@@ -588,6 +597,7 @@ class Config(_Section):
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"name: expected a job name usable as a folder name, got {self.name!r}")
         self._check_pairs()
+        self.ala.episode.check_sizes("ala.episode", self.data)
         # Output folders: a file in the way is found now, not after training.
         outputs = [
             ("report.dir", self.report.dir or os.path.join("reports", self.name)),
@@ -628,8 +638,8 @@ class Config(_Section):
         if self.loss.name in UNPAIRED_LOSSES:
             return
         key, value = (
-            ("ala.episode.samples_per_class", self.ala.episode.samples_per_class)
-            if self.ala.enabled
+            ("ala.episode.samples_per_class", self.ala.episode.sizes(self.data)[2])
+            if self.ala.enabled and self.ala.episode.samples_per_class is not None
             else ("data.samples_per_class", self.data.samples_per_class)
         )
         if value < 2:

@@ -259,7 +259,7 @@ def make_datasets(config, train_source, eval_source, num_replicas=1):
     section = "ala.episode" if config.ala.enabled else "data"
     try:
         if config.ala.enabled:
-            train = data_lib.episode_dataset(train_source, **common, **config.ala.episode.arguments())
+            train = data_lib.episode_dataset(train_source, **common, **config.ala.episode.arguments(config.data))
         else:
             train = data_lib.class_balanced_dataset(
                 train_source,
@@ -324,9 +324,7 @@ def build_model(config, input_shape, total_steps):
     # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
     # reads the embedding size from the tfdml embedder.
     ala_params = config.ala.params.arguments()
-    model = ALAModel(
-        embedder, base_loss=config.loss.name, loss_params=config.loss.params or None, seed=config.seed, **ala_params
-    )
+    model = ALAModel(embedder, base_loss=config.loss.name, loss_params=config.loss.params or None, **ala_params)
     model.compile(optimizer=optimizer)
     return model, embedder
 

@@ -280,7 +280,7 @@ def plot_ala_weights(history, path, title="DML-ALA assessed weights", weights=No
         to draw only the scatter of `weights` against `hardness`.
       path: output PNG path.
       weights, hardness: per-tuple weights (e.g. from `ALAModel.tuple_weights`) and hardness of the same
-        tuples (e.g. `tfdml.ops.tuples.triplet_hardness(embeddings, tuples)`, `d(a,p) / d(a,n)`), `[T]`
+        tuples (`d(a,p) / d(a,n)`), `[T]`
         each: adds a panel with one point per tuple.
       groups: optional `[T]` labels of the tuples (e.g. "clean" / "corrupted"), one colour each.
 

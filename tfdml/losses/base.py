@@ -46,6 +46,8 @@ class MetricLoss(keras.losses.Loss):
 
     # True for losses whose compute() takes `references` (a `tfdml.ops.References`): the pairs' far end.
     supports_references = False
+    # "triplet" or "pair" for losses whose `terms` list their tuples (the `kind` of those terms), else None.
+    tuple_kind = None
 
     def __init__(self, name=None, reduction="sum_over_batch_size", dtype=None, cross_replica=True):
         super().__init__(name=name, reduction=reduction, dtype=dtype)

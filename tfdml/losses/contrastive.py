@@ -95,6 +95,8 @@ class ContrastiveLoss(MetricLoss):
         self.pos_margin = float(pos_margin)
         self.neg_margin = float(neg_margin)
 
+    # `terms` lists pairs (`tfdml.ops.TupleTerms.kind`).
+    tuple_kind = "pair"
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):

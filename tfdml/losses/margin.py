@@ -395,6 +395,8 @@ class MarginLoss(MetricLoss):
             self._optimizer = keras.optimizers.SGD(self.beta_learning_rate, momentum=0.9, name="margin_beta_sgd")
         return self._optimizer
 
+    # `terms` lists triplets (`tfdml.ops.TupleTerms.kind`).
+    tuple_kind = "triplet"
     supports_references = True
 
     def _beta_and_nu(self, labels):

@@ -214,6 +214,8 @@ class TripletLoss(MetricLoss):
         self.soft = bool(soft)
         self.squared = bool(squared)
 
+    # `terms` lists triplets (`tfdml.ops.TupleTerms.kind`).
+    tuple_kind = "triplet"
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):

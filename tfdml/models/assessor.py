@@ -28,7 +28,10 @@ hand-written backward pass (`lstm_sequence`). It matches `keras.layers.LSTM` (`t
 import keras
 import tensorflow as tf
 
-STATE_MODES = ("per_tuple", "per_step")
+from tfdml.ala_options import STATE_MODES
+from tfdml.ops import safe_divide
+
+ACTIVATIONS = ("sigmoid", "centred")
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -42,6 +45,9 @@ class TupleAssessor(keras.layers.Layer):
         state: "per_tuple" (eq 8: one recurrence over the tuples, in order) or "per_step" (module docstring).
         num_features: scalar features per tuple read beside (or instead of) the embeddings (default 0).
         use_embeddings: read the tuple's embeddings (the paper's input; default True).
+        activation: "sigmoid" (the paper's weight in (0, 1), default) or "centred" (the Dense head's raw
+            outputs minus their mean over the call's tuples: logits without a common shift, for weights
+            normalised over the step's tuples by a softmax).
 
     Call: `weights, (new_h, new_c) = assessor(embeddings [B, D], tuples int [T, tuple_size], features [T, F])`
     (`features` only with `num_features`); the carried state is only read. `advance_state(new_h, new_c)`
@@ -55,9 +61,20 @@ class TupleAssessor(keras.layers.Layer):
     """
 
     def __init__(
-        self, tuple_size=3, units=64, num_layers=2, state="per_tuple", num_features=0, use_embeddings=True, **kwargs
+        self,
+        tuple_size=3,
+        units=64,
+        num_layers=2,
+        state="per_tuple",
+        num_features=0,
+        use_embeddings=True,
+        activation="sigmoid",
+        **kwargs,
     ):
         super().__init__(**kwargs)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}.")
+        self.activation = activation
         if int(tuple_size) < 1 or int(units) < 1 or int(num_layers) < 1:
             raise ValueError(
                 f"tuple_size, units and num_layers must be positive integers, got {tuple_size}, {units}, {num_layers}."
@@ -155,7 +172,12 @@ class TupleAssessor(keras.layers.Layer):
         logits = tf.matmul(inputs, tf.cast(self.output_kernel, self.compute_dtype)) + tf.cast(
             self.output_bias, self.compute_dtype
         )
-        return tf.sigmoid(logits[:, 0]), (tf.stack(new_h), tf.stack(new_c))
+        logits = logits[:, 0]
+        if self.activation == "sigmoid":
+            outputs = tf.sigmoid(logits)
+        else:  # no common shift exists, so none can drift (an empty call gives an empty output)
+            outputs = logits - safe_divide(tf.reduce_sum(logits), tf.cast(tf.size(logits), logits.dtype))
+        return outputs, (tf.stack(new_h), tf.stack(new_c))
 
     def advance_state(self, new_h, new_c):
         """Stores the carried state after a training step (values from `call`, gradients stopped)."""
@@ -180,6 +202,7 @@ class TupleAssessor(keras.layers.Layer):
             state=self.state,
             num_features=self.num_features,
             use_embeddings=self.use_embeddings,
+            activation=self.activation,
         )
         return config
 

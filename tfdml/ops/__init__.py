@@ -34,12 +34,9 @@ from tfdml.ops.references import References, pair_masks, reference_embeddings
 from tfdml.ops.scalars import as_scalar
 from tfdml.ops.terms import REDUCTIONS, TupleTerms, reduce_terms, term_coefficients
 from tfdml.ops.tuples import (
-    contrastive_tuple_losses,
-    margin_tuple_losses,
     pair_indices_with_targets,
     triplet_distances,
     triplet_indices,
-    triplet_tuple_losses,
 )
 from tfdml.ops.validation import (
     compute_dtype_for,
@@ -78,9 +75,6 @@ __all__ = [
     "triplet_indices",
     "triplet_distances",
     "pair_indices_with_targets",
-    "triplet_tuple_losses",
-    "margin_tuple_losses",
-    "contrastive_tuple_losses",
     "compute_dtype_for",
     "validate_labels",
     "validate_embeddings",

@@ -1,26 +1,15 @@
-"""Explicit tuples within a batch, and the loss of each tuple on its own.
+"""Explicit tuples within a batch.
 
-Batch-level losses never list their tuples (they combine masks, see `masks.py`). Methods that weight every
-tuple individually (DML-ALA) need them listed: `triplet_indices` returns every valid `(anchor, positive,
-negative)` of a batch and `pair_indices_with_targets` every unordered pair, each optionally capped to a
-random subset of at most `max_tuples` drawn with a stateless seed (the same seed gives the same subset on
-every device and every run).
-
-The per-tuple losses use the formulas of the batch-level losses in `tfdml.losses` (before their reduction):
-
-    triplet      [d_ap - d_an + margin]+, or squared distances (eq 4 of DML-ALA)  (TripletLoss, mining="all")
-    margin       [d_ap - beta + alpha]+ + [beta - d_an + alpha]+          (MarginLoss, one triplet)
-    contrastive  [d - pos_margin]+ for a positive pair, [neg_margin - d]+ for a negative pair (ContrastiveLoss)
-
-with `d = tfdml.ops.pairwise_distance` (Euclidean, gradient-safe at 0).
+Batch-level losses never list their tuples (they combine masks, see `masks.py`). A tuple loss's `terms`
+(`tfdml.ops.terms`), which methods that weight every tuple individually need, list them:
+`triplet_indices` returns every valid `(anchor, positive, negative)` of a batch and
+`pair_indices_with_targets` every unordered pair, each optionally capped to a random subset of at most
+`max_tuples` drawn with a stateless seed (the same seed gives the same subset on every device and every run).
 """
 
 import tensorflow as tf
 
-from tfdml.ops.distances import pairwise_distance
 from tfdml.ops.masks import negative_mask, pair_indices, positive_mask
-from tfdml.ops.reductions import safe_divide
-from tfdml.ops.scalars import as_scalar
 
 
 def _cap(tuples, max_tuples, seed):
@@ -79,32 +68,3 @@ def triplet_distances(distances, triplets):
     d_ap = tf.gather_nd(distances, tf.stack([triplets[:, 0], triplets[:, 1]], axis=1))
     d_an = tf.gather_nd(distances, tf.stack([triplets[:, 0], triplets[:, 2]], axis=1))
     return d_ap, d_an
-
-
-def triplet_tuple_losses(embeddings, triplets, margin=0.2, squared=False):
-    """`[d_ap - d_an + margin]+` of each triplet (`[d_ap^2 - d_an^2 + margin]+` with `squared`): float `[T]`."""
-    d_ap, d_an = triplet_distances(pairwise_distance(embeddings, squared=squared), triplets)
-    return tf.nn.relu(d_ap - d_an + as_scalar(margin, d_ap.dtype))
-
-
-def triplet_hardness(embeddings, triplets):
-    """`d(a, p) / d(a, n)` of each triplet (Euclidean; 0 where `d(a, n) = 0`), the hardness whose weighted
-    mean is DML-ALA's average weighted hardness (Fig. 4c): float `[T]`."""
-    d_ap, d_an = triplet_distances(pairwise_distance(embeddings), triplets)
-    return safe_divide(d_ap, d_an)
-
-
-def margin_tuple_losses(embeddings, triplets, alpha=0.2, beta=1.2):
-    """`[d_ap - beta + alpha]+ + [beta - d_an + alpha]+` of each triplet (Wu et al. 2017): float `[T]`."""
-    d_ap, d_an = triplet_distances(pairwise_distance(embeddings), triplets)
-    alpha, beta = as_scalar(alpha, d_ap.dtype), as_scalar(beta, d_ap.dtype)
-    return tf.nn.relu(d_ap - beta + alpha) + tf.nn.relu(beta - d_an + alpha)
-
-
-def contrastive_tuple_losses(embeddings, pairs, is_positive, pos_margin=0.0, neg_margin=1.0):
-    """`[d - pos_margin]+` for positive pairs, `[neg_margin - d]+` for negative pairs: float `[P]`."""
-    dist = pairwise_distance(embeddings)
-    d = tf.gather_nd(dist, pairs)
-    return tf.where(
-        is_positive, tf.nn.relu(d - as_scalar(pos_margin, d.dtype)), tf.nn.relu(as_scalar(neg_margin, d.dtype) - d)
-    )

@@ -1,0 +1,172 @@
+"""The derivatives of one DML-ALA episode (eqs 10-13): what the assessor updates and the real step share.
+
+The training forward pass at theta is kept on a persistent tape (`theta_tape`) for repeated vector-Jacobian
+products, and the base loss's terms on another (`loss_tape`): `loss.terms(labels, embeddings)` lists the
+tuples and their unreduced values once per episode, and every weighted loss of the episode is the base loss's
+own reduction of those terms (`weighted_loss`). The look-ahead's `(P, o)` is computed once (constants in phi).
+"""
+
+import tensorflow as tf
+
+from tfdml.models.ala.lookahead import lookahead_terms
+from tfdml.ops import pairwise_distance, safe_divide, triplet_distances, validate_labels
+
+ZERO = tf.UnconnectedGradients.ZERO
+
+
+class EpisodeDerivatives:
+    """One episode `(train_x, train_y, val_x, val_y)` of an `ALAModel` (package docstring)."""
+
+    def __init__(self, model, train_x, train_y, val_x=None, val_y=None):
+        self.model = model
+        embedder = model.embedder
+        self.train_x, self.val_x = train_x, val_x
+        self.train_y = validate_labels(train_y, "train_labels")
+        self.val_y = None if val_y is None else validate_labels(val_y, "val_labels")
+        self.theta = [v.value for v in embedder.trainable_variables]
+        self.non_trainable = [v.value for v in embedder.non_trainable_variables]
+        with tf.GradientTape(persistent=True) as self.theta_tape:
+            self.theta_tape.watch(self.theta)
+            self.embeddings, self.new_non_trainable = embedder.stateless_call(
+                self.theta, self.non_trainable, train_x, training=True
+            )
+        with tf.GradientTape(persistent=True) as self.loss_tape:
+            self.loss_tape.watch(self.embeddings)
+            self.terms = model.base_loss.terms(self.train_y, self.embeddings)
+        self.values = self.terms.values
+        self.assessed = model.assessed_tuples(self.terms)
+        self._lookahead = None
+
+    # -------------------------------------------------------------------------------- weights and losses
+    def weights(self):
+        """`(weights [T], raw assessor outputs [A], new assessor state)`: the weights of every listed tuple
+        (1 for those whose weight cannot change the loss, module docstring of the package)."""
+        model = self.model
+        embeddings = tf.stop_gradient(self.embeddings)
+        indices = tf.gather(self.terms.indices, self.assessed)
+        features = None
+        if model.assessor_input != "embeddings":
+            features = self.features(embeddings, indices)
+        raw, new_state = model.assessor(embeddings, indices, features)
+        assessed = model.weights_from_outputs(tf.cast(raw, self.values.dtype))
+        full = tf.tensor_scatter_nd_update(tf.ones_like(self.values), self.assessed[:, None], assessed)
+        return full, raw, new_state
+
+    def features(self, embeddings, indices):
+        """Geometry of each assessed tuple, `[A, 3]`, standardised over them: `(d_ap, d_an, term)` for
+        triplets, `(d, term, +-1 for a positive / negative pair)` for pairs. Constants."""
+        distances = pairwise_distance(embeddings)
+        values = tf.stop_gradient(tf.gather(self.values, self.assessed))
+        if self.terms.kind == "pair":
+            d = tf.gather_nd(distances, indices)
+            same = tf.equal(tf.gather(self.train_y, indices[:, 0]), tf.gather(self.train_y, indices[:, 1]))
+            features = tf.stack([d, values, tf.where(same, tf.ones_like(d), -tf.ones_like(d))], axis=1)
+        else:
+            d_ap, d_an = triplet_distances(distances, indices)
+            features = tf.stack([d_ap, d_an, values], axis=1)
+        count = tf.maximum(tf.cast(tf.shape(features)[0], features.dtype), 1.0)
+        mean = tf.reduce_sum(features, axis=0) / count
+        std = tf.sqrt(tf.reduce_sum(tf.square(features - mean), axis=0) / count)
+        return (features - mean) / (std + 1e-6)
+
+    def weighted_loss(self, weights):
+        """The training loss with per-tuple `weights` (the base loss's reduction, or the paper's sum)."""
+        return self.model.reduce(self.terms, weights)
+
+    # ----------------------------------------------------------------------------------- the real step
+    def gradients(self, weights):
+        """`(grad_theta, grad of the loss's own variables)` of the weighted loss, weights constant (eq 13)."""
+        weights = tf.stop_gradient(tf.cast(weights, self.values.dtype))
+        with self.loss_tape:
+            value = self.weighted_loss(weights)
+        sources = [self.embeddings] + list(self.model.loss_variables)
+        grads = self.loss_tape.gradient(value, sources, unconnected_gradients=ZERO)
+        theta_grads = self.theta_tape.gradient(
+            self.embeddings, self.theta, output_gradients=grads[0], unconnected_gradients=ZERO
+        )
+        return theta_grads, grads[1:]
+
+    # --------------------------------------------------------------------------------- the look-ahead
+    def lookahead_terms(self):
+        """`(P, o)` of the virtual step, computed on first use."""
+        if self._lookahead is None:
+            model = self.model
+            self._lookahead = lookahead_terms(
+                model.lookahead,
+                getattr(model, "optimizer", None),
+                model.embedder.trainable_variables,
+                self.theta,
+                lambda: self.gradients(tf.ones_like(self.values))[0],
+                model.inner_learning_rate,
+            )
+        return self._lookahead
+
+    def lookahead(self, weights):
+        """Validation loss at `theta' = theta - o - P (.) grad(...)` (eqs 10-11) and its gradient in theta'."""
+        grads = self.gradients(weights)[0]
+        preconditioners, offsets = self.lookahead_terms()
+        theta_prime = [
+            t - p * g if o is None else t - o - p * g for t, p, o, g in zip(self.theta, preconditioners, offsets, grads)
+        ]
+        with tf.GradientTape() as tape:
+            tape.watch(theta_prime)
+            val_embeddings, _ = self.model.embedder.stateless_call(
+                theta_prime, self.non_trainable, self.val_x, training=True
+            )
+            meta_loss = self.model.reduce(self.model.base_loss.terms(self.val_y, val_embeddings))
+        return meta_loss, tape.gradient(meta_loss, theta_prime, unconnected_gradients=ZERO)
+
+    def term_jvp(self, embedding_tangent):
+        """`c_i = <d term_i / dE, tangent>` for every listed term, by differentiating the vector-Jacobian
+        product of the recorded terms in its (linear) upstream: exact, and without recomputing the terms
+        (a sampled loss would draw other tuples)."""
+        upstream = tf.ones_like(self.values)
+        with tf.GradientTape() as tape:
+            tape.watch(upstream)
+            grad = self.loss_tape.gradient(
+                self.values, self.embeddings, output_gradients=upstream, unconnected_gradients=ZERO
+            )
+            inner = tf.reduce_sum(grad * tf.cast(embedding_tangent, grad.dtype))
+        return tf.stop_gradient(tape.gradient(inner, upstream, unconnected_gradients=ZERO))
+
+    def assessor_gradients(self):
+        """Exact `d L_va(theta'(phi)) / d phi` and `L_va(theta'(phi))` (package docstring): `c_i` for every
+        term, then a gradient step on `-sum_i u_i(w(phi)) c_i` with `u` the reduction's coefficients."""
+        model = self.model
+        with tf.GradientTape() as tape:
+            weights = self.weights()[0]
+            coefficients = model.coefficients(self.terms, weights)
+        meta_loss, val_grads = self.lookahead(weights)
+        # J (P g): how the training embeddings move along the preconditioned validation gradient.
+        tangents = [p * g for p, g in zip(self.lookahead_terms()[0], val_grads)]
+        with tf.autodiff.ForwardAccumulator(self.theta, tangents) as accumulator:
+            embeddings, _ = model.embedder.stateless_call(self.theta, self.non_trainable, self.train_x, training=True)
+        alignment = self.term_jvp(accumulator.jvp(embeddings, unconnected_gradients=ZERO))
+        with tape:
+            surrogate = -tf.reduce_sum(coefficients * alignment)
+        phi_grads = tape.gradient(surrogate, model.assessor.trainable_variables, unconnected_gradients=ZERO)
+        return phi_grads, meta_loss
+
+    # ------------------------------------------------------------------------------------------ logs
+    def logs(self, weights, raw=None):
+        """Per-step logs (package docstring) over the assessed tuples."""
+        dtype = self.values.dtype
+        applied = tf.gather(tf.cast(weights, dtype), self.assessed)
+        count = tf.cast(tf.size(applied), dtype)
+        mean = safe_divide(tf.reduce_sum(applied), count)
+        logs = {
+            "loss": self.model.loss_log(self.terms, weights),
+            "weight_mean": mean,
+            "weight_variance": safe_divide(tf.reduce_sum(tf.square(applied - mean)), count),
+        }
+        if raw is not None:
+            raw = tf.cast(raw, dtype)
+            logs["output_std"] = tf.sqrt(safe_divide(tf.reduce_sum(tf.square(raw)), count))  # centred outputs
+        if self.terms.kind == "triplet":
+            indices = tf.gather(self.terms.indices, self.assessed)
+            d_ap, d_an = triplet_distances(pairwise_distance(tf.stop_gradient(self.embeddings)), indices)
+            ratio = safe_divide(d_ap, d_an)
+            logs["hardness"] = safe_divide(tf.reduce_sum(ratio), count)
+            logs["weighted_hardness"] = safe_divide(tf.reduce_sum(applied * ratio), count)
+            logs["hardness_ratio"] = safe_divide(logs["weighted_hardness"], mean * logs["hardness"])
+        return logs
