@@ -147,6 +147,9 @@ def method_spec(base, method, options):
                 window_size=PRISM_WINDOW,
             )
 
+    elif method == "ala":
+        # DML-ALA at the library defaults on the tuned base loss (`options`: ALAModel arguments, e.g. meta_interval).
+        return {"ala_base": builder, "ala_options": dict(options)}, learning_rate
     else:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     return dict(spec, loss=loss), learning_rate
@@ -162,6 +165,55 @@ def commit():
         return None
 
 
+def validation_subsets(labels, batches, classes, samples_per_class, seed):
+    """`[steps, classes * samples_per_class]` item indices: per step, `classes` classes that the step's batch
+    does not hold (by the labels the sampler sees), `samples_per_class` items of each (DML-ALA's validation
+    subset, drawn in addition to the batch)."""
+    rng = np.random.default_rng([int(seed), 104729])
+    by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    rows = np.empty((len(batches), classes * samples_per_class), np.int64)
+    for step, batch in enumerate(batches):
+        others = np.setdiff1d(np.arange(len(by_class)), np.unique(labels[batch]))
+        chosen = rng.choice(others, classes, replace=False)
+        rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in chosen])
+    return rows
+
+
+def train_ala(spec, data, batches, config, seed):
+    """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
+    drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings."""
+    import keras
+    import tensorflow as tf
+
+    from tfdml.ala_options import episode_sizes
+    from tfdml.models import ALAModel
+
+    sizes = episode_sizes(config["classes_per_batch"], config["samples_per_class"])
+    extra = validation_subsets(
+        data["train_y"], batches, sizes["val_size"] // sizes["samples_per_class"], sizes["samples_per_class"], seed
+    )
+    embedder = bm.tfdml_embedder(config, seed=seed)
+    images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
+    dataset = tf.data.Dataset.from_tensor_slices((batches, extra)).map(
+        lambda idx, val: (
+            tf.gather(images, idx),
+            tf.gather(labels, idx),
+            tf.gather(images, val),
+            tf.gather(labels, val),
+        )
+    )
+    model = ALAModel(
+        embedder,
+        base_loss=spec["ala_base"](data["num_classes"]),
+        embedding_dim=config["embedding_dim"],
+        **spec["ala_options"],
+    )
+    model.compile(optimizer=keras.optimizers.Adam(config["learning_rate"]))
+    model.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
+    test = data["test_x"]
+    return np.concatenate([np.asarray(embedder(test[i : i + 512], training=False)) for i in range(0, len(test), 512)])
+
+
 def train_and_test(spec, learning_rate, data, seed, steps):
     """Trains `spec` on `data`'s (noisy) training labels and evaluates on its test part: the metrics and the
     training's wall and CPU seconds."""
@@ -170,7 +222,10 @@ def train_and_test(spec, learning_rate, data, seed, steps):
         data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
     )
     started, cpu = time.time(), time.process_time()
-    embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed)
+    if "ala_base" in spec:
+        embeddings = train_ala(spec, data, batches, config, seed)
+    else:
+        embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed)
     wall, cpu = time.time() - started, time.process_time() - cpu
     return {**bm.evaluate(embeddings, data["test_y"]), "train_wall_s": round(wall, 2), "train_cpu_s": round(cpu, 2)}
 
