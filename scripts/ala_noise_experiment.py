@@ -53,18 +53,6 @@ EPISODE = {"train_size": 24, "val_size": 10, "train_classes": 3, "val_classes": 
 OUT = os.path.join(ROOT, "benchmarks", "ala_noise", "results.jsonl")
 
 
-def flip_labels(labels, fraction, seed):
-    """`(noisy labels, corrupted flags)`: `round(fraction * n)` random items get another class's label."""
-    rng = np.random.default_rng(seed)
-    labels = np.asarray(labels).copy()
-    classes = np.unique(labels)
-    corrupted = np.zeros(labels.size, bool)
-    corrupted[rng.choice(labels.size, int(round(fraction * labels.size)), replace=False)] = True
-    for i in np.flatnonzero(corrupted):
-        labels[i] = rng.choice(classes[classes != labels[i]])
-    return labels, corrupted
-
-
 def auc(clean, corrupted):
     """P(clean weight > corrupted weight), ties counted 1/2 (Mann-Whitney U / (n m))."""
     clean, corrupted = np.asarray(clean, float), np.asarray(corrupted, float)
@@ -128,7 +116,7 @@ def subset_weights(model, images, labels, corrupted, subsets, seed):
 
 def digits_run(args, seed, weighting, overrides):
     train, test = data.digits("train"), data.digits("test")
-    noisy_labels, corrupted = flip_labels(train.labels, args.noise, seed)
+    noisy_labels, corrupted = data.symmetric_label_noise(train.labels, args.noise, seed)
     images = np.stack([np.asarray(train.load(i)) for i in range(len(train))])
     noisy = data.array_source(images, noisy_labels)
     keras.utils.set_random_seed(seed)
@@ -179,7 +167,7 @@ def glyphs_run(args, seed, weighting, overrides):
 
     config = dict(bm.CONFIG, steps=args.steps)
     arrays = bm.load_data(config)
-    noisy_labels, _ = flip_labels(arrays["train_y"], args.noise, seed)
+    noisy_labels, _ = data.symmetric_label_noise(arrays["train_y"], args.noise, seed)
     arrays = dict(arrays, train_y=noisy_labels.astype(np.int64))
     batches = bm.index_batches(
         arrays["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed

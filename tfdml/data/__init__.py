@@ -4,6 +4,7 @@ batches are built and why they keep whole classes per replica."""
 
 from tfdml.data.evaluation import eval_dataset
 from tfdml.data.glyphs import glyphs
+from tfdml.data.label_noise import symmetric_label_noise
 from tfdml.data.preprocessing import Augment, eval_image, evaluation_center_crop, train_image
 from tfdml.data.sampling import class_balanced_dataset, episode_dataset, steps_per_epoch
 from tfdml.data.sources import (
@@ -33,6 +34,7 @@ __all__ = [
     "glyphs",
     "image_folder",
     "steps_per_epoch",
+    "symmetric_label_noise",
     "tfds_source",
     "train_image",
 ]

@@ -1,0 +1,462 @@
+"""Label-noise benchmark: what symmetric label noise costs each tuned base loss on glyphs, and how much of it
+the small-loss heuristic, PRISM and DML-ALA recover.
+
+    nice -n 5 python benchmarks/label_noise/label_noise.py --noise 0.4            # every row at 40 % noise
+    nice -n 5 python benchmarks/label_noise/label_noise.py --noise 0.4 --methods base --bases contrastive
+    python benchmarks/label_noise/label_noise.py --table-only                     # table.md from results.jsonl
+
+Protocol (the reality check's, `scripts/reality_check.py` and `scripts/benchmark_methods.py`): glyphs at
+32 px, 20 images per character, 150 training / 151 test characters; a small CNN 16-32-64-128 with a 64-d
+embedding trained from scratch with Adam for 300 steps of 22 x 3 class-balanced batches. Each base loss runs
+at its tuned clean setting of the reality check (scratch regime; read from `benchmarks/reality_check/
+results.jsonl`): `contrastive` (`ContrastiveLoss`), `triplet` (`TripletSemiHardLoss`), `margin`
+(`MarginLoss`, distance-weighted sampling), each with its tuned learning rate.
+
+Noise: per seed, `round(noise * 3000)` training images chosen at random get the label of another training
+character chosen uniformly (symmetric noise); the batches are drawn on the noisy labels (what a user's
+sampler sees). The test characters stay clean. For one seed every row (base loss and methods) trains on the
+same noisy labels, the same batches and from the same initial weights, so differences are paired by seed.
+
+Rows (`--methods`): `base` (the loss as users compile it), `heuristic` (`tfdml.losses.SmallLossWeighting`
+around it: the fraction `drop_rate` of positive pairs of each batch with the largest anchor-positive distance
+weigh 0), `prism` (`tfdml.losses.PRISM` around it: per sample, the probability that its label is clean from
+the cross-batch memory's class centres; the least likely clean samples weigh 0), `ala` (DML-ALA at the
+library defaults on the same base loss and batches).
+
+Settings are chosen on a validation split, never on the test characters: the 150 training characters (with
+the seed's noisy labels, as a user has them) are split by label into 100 training and 50 validation
+characters (`reality_check.split_training_classes`); each candidate trains on the 100 with
+`VALIDATION_SEEDS` and is scored by MAP@R on the 50 (noisy labels); the best is used for the test rows. The
+heuristic's drop rate: `HEURISTIC_RATES`, per base loss. PRISM: its rate is the noise rate (the paper's
+setting on synthetic noise, an oracle the heuristic does not get); its memory size, `PRISM_MEMORIES`, chosen
+on the contrastive loss for all three. Phase "validation" lines hold those runs.
+
+Results: one JSON line per run appended to `results.jsonl` as it finishes (a stopped run loses nothing);
+runs already there are skipped. `table.md` is written from every line.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import benchmark_methods as bm  # noqa: E402  (after the path insert)
+import reality_check as rc  # noqa: E402
+
+from tfdml.data.label_noise import symmetric_label_noise  # noqa: E402
+
+RESULTS = os.path.join(HERE, "results.jsonl")
+TABLE = os.path.join(HERE, "table.md")
+CONFIG = dict(bm.CONFIG)  # the reality check's protocol: 300 steps of 22 x 3 batches
+# base loss -> its reality-check method (tuned clean setting, scratch regime)
+# The triplet row is the all-triplets `TripletLoss`: the per-tuple weightings (heuristic, DML-ALA) need a loss
+# that lists its terms, which the tensorflow-addons drop-in `TripletSemiHardLoss` does not.
+BASES = {"contrastive": "contrastive", "triplet": "triplet_all", "margin": "margin_dw"}
+NOISE_LEVELS = (0.0, 0.2, 0.4)
+SEEDS = (0, 1, 2, 3, 4)
+METHODS = ("base", "heuristic", "prism", "ala")
+HEURISTIC_RATES = (0.25, 0.5)  # the candidate drop rates (the CPU time allowed two)
+# PRISM's memory: 10 batches, or the whole training set (3,000 glyph images) as the paper's configurations hold
+# about the training set (9,500 on CARS-98N); from scratch the embedder drifts fast and old entries go stale.
+PRISM_MEMORIES = (660, 3000)
+PRISM_WINDOW = 30  # the threshold is the mean over the last 30 batches (the paper's configuration)
+VALIDATION_SEEDS = (0,)
+NOISE_SEED = 7919  # the noise of seed s is drawn from [NOISE_SEED, s, noise level in per mille]
+
+
+# ------------------------------------------------------------------------------------------------ data
+def noisy_data(data, noise, seed):
+    """`data` (benchmark_methods.load_data) with the training labels of seed `seed` at noise level `noise`."""
+    labels, corrupted = symmetric_label_noise(data["train_y"], noise, [NOISE_SEED, int(seed), round(1000 * noise)])
+    return dict(data, train_y=labels.astype(np.int64), corrupted=corrupted)
+
+
+# ------------------------------------------------------------------------------------------------ settings
+def tuned_setting(base):
+    """`(reality-check method name, tuned parameters)` of base loss `base`, scratch regime."""
+    name = BASES[base]
+    lines = rc.read_lines(os.path.join(rc.OUT_DIR, "results.jsonl"), rc.protocol(bm.CONFIG))
+    best = rc.best_setting(lines, "scratch", name)
+    if best is None:
+        raise SystemExit(f"the reality check has no complete search of {name}: run scripts/reality_check.py first")
+    return name, best[1]
+
+
+def reality_check_clean_runs():
+    """The reality check's final scratch runs of the tuned base losses as this benchmark's clean base rows
+    (`{key: record}`): the same protocol, seeds, batches (drawn on the clean labels) and initial weights."""
+    lines = rc.read_lines(os.path.join(rc.OUT_DIR, "results.jsonl"), rc.protocol(bm.CONFIG))
+    out = {}
+    for base, name in BASES.items():
+        for r in lines.values():
+            if r["phase"] == "final" and r["regime"] == "scratch" and r["method"] == name:
+                record = {
+                    "phase": "final",
+                    "noise": 0.0,
+                    "base": base,
+                    "base_method": name,
+                    "method": "base",
+                    "options": {},
+                    "seed": r["seed"],
+                    "steps": CONFIG["steps"],
+                    "recall@1": r["recall@1"],
+                    "map@r": r["map@r"],
+                    "source": "benchmarks/reality_check/results.jsonl",
+                }
+                out[key(record)] = record
+    return out
+
+
+def base_spec(base):
+    """`(spec for benchmark_methods.train_tfdml, learning rate)` of the tuned base loss."""
+    name, params = tuned_setting(base)
+    return rc.method_spec(name, params)
+
+
+def method_spec(base, method, options):
+    """`(spec, learning rate)` of row `method` on base loss `base`; `options` the method's own settings."""
+    spec, learning_rate = base_spec(base)
+    if method == "base":
+        return spec, learning_rate
+    builder = spec["loss"]
+    if method == "heuristic":
+        from tfdml.losses import SmallLossWeighting
+
+        def loss(num_classes):
+            return SmallLossWeighting(builder(num_classes), drop_rate=options["drop_rate"])
+
+    elif method == "prism":
+        from tfdml.losses import PRISM
+
+        def loss(num_classes):
+            return PRISM(
+                builder(num_classes),
+                noise_rate=options["noise_rate"],
+                memory_size=options["memory_size"],
+                embedding_dim=CONFIG["embedding_dim"],
+                window_size=PRISM_WINDOW,
+            )
+
+    elif method == "ala":
+        # DML-ALA at the library defaults on the tuned base loss (`options`: ALAModel arguments, e.g. meta_interval).
+        return {"ala_base": builder, "ala_options": dict(options)}, learning_rate
+    else:
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    return dict(spec, loss=loss), learning_rate
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def commit():
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def validation_subsets(labels, batches, classes, samples_per_class, seed):
+    """`[steps, classes * samples_per_class]` item indices: per step, `classes` classes that the step's batch
+    does not hold (by the labels the sampler sees), `samples_per_class` items of each (DML-ALA's validation
+    subset, drawn in addition to the batch)."""
+    rng = np.random.default_rng([int(seed), 104729])
+    by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    rows = np.empty((len(batches), classes * samples_per_class), np.int64)
+    for step, batch in enumerate(batches):
+        others = np.setdiff1d(np.arange(len(by_class)), np.unique(labels[batch]))
+        chosen = rng.choice(others, classes, replace=False)
+        rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in chosen])
+    return rows
+
+
+def train_ala(spec, data, batches, config, seed):
+    """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
+    drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings."""
+    import keras
+    import tensorflow as tf
+
+    from tfdml.ala_options import episode_sizes
+    from tfdml.models import ALAModel
+
+    sizes = episode_sizes(config["classes_per_batch"], config["samples_per_class"])
+    extra = validation_subsets(
+        data["train_y"], batches, sizes["val_size"] // sizes["samples_per_class"], sizes["samples_per_class"], seed
+    )
+    embedder = bm.tfdml_embedder(config, seed=seed)
+    images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
+    dataset = tf.data.Dataset.from_tensor_slices((batches, extra)).map(
+        lambda idx, val: (
+            tf.gather(images, idx),
+            tf.gather(labels, idx),
+            tf.gather(images, val),
+            tf.gather(labels, val),
+        )
+    )
+    model = ALAModel(
+        embedder,
+        base_loss=spec["ala_base"](data["num_classes"]),
+        embedding_dim=config["embedding_dim"],
+        **spec["ala_options"],
+    )
+    model.compile(optimizer=keras.optimizers.Adam(config["learning_rate"]))
+    model.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
+    test = data["test_x"]
+    return np.concatenate([np.asarray(embedder(test[i : i + 512], training=False)) for i in range(0, len(test), 512)])
+
+
+def train_and_test(spec, learning_rate, data, seed, steps):
+    """Trains `spec` on `data`'s (noisy) training labels and evaluates on its test part: the metrics and the
+    training's wall and CPU seconds."""
+    config = dict(CONFIG, steps=steps, learning_rate=learning_rate)
+    batches = bm.index_batches(
+        data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
+    )
+    started, cpu = time.time(), time.process_time()
+    if "ala_base" in spec:
+        embeddings = train_ala(spec, data, batches, config, seed)
+    else:
+        embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed)
+    wall, cpu = time.time() - started, time.process_time() - cpu
+    return {**bm.evaluate(embeddings, data["test_y"]), "train_wall_s": round(wall, 2), "train_cpu_s": round(cpu, 2)}
+
+
+def key(record):
+    fields = ("phase", "noise", "base", "base_method", "method", "options", "seed")
+    return json.dumps([record[f] for f in fields], sort_keys=True)
+
+
+def read_results(path=RESULTS, steps=None):
+    """The lines of `path` (the latest per key), those of `steps` training steps only when given; the clean
+    base rows not run here are the reality check's (`reality_check_clean_runs`)."""
+    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) else {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    record = json.loads(line)
+                    if steps is None or record["steps"] == steps:
+                        latest[key(record)] = record
+    return latest
+
+
+def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, done=None):
+    """One run (skipped when `done` has it): appends its line to `path` and returns it."""
+    record = {
+        "phase": phase,
+        "noise": noise,
+        "base": base,
+        "base_method": BASES[base],
+        "method": method,
+        "options": options,
+        "seed": seed,
+        "steps": steps,
+    }
+    if done is not None and key(record) in done:
+        return done[key(record)]
+    data = noisy_data(full, noise, seed)
+    if phase == "validation":
+        data = rc.split_training_classes(data)
+    spec, learning_rate = method_spec(base, method, options)
+    record.update(train_and_test(spec, learning_rate, data, seed, steps))
+    record.update(
+        learning_rate=learning_rate,
+        commit=commit(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    if done is not None:
+        done[key(record)] = record
+    print(
+        f"{phase} noise {noise} {base} {method} {options} seed {seed}: R@1 {record['recall@1']:.3f} "
+        f"MAP@R {record['map@r']:.3f} ({record['train_wall_s']:.0f} s wall, {record['train_cpu_s']:.0f} s CPU)",
+        flush=True,
+    )
+    return record
+
+
+def row_options(method, noise, base, full, steps, path=RESULTS, done=None):
+    """The options of row `method` at `noise` (None: no such row), running the validation it needs."""
+    if method == "heuristic":
+        # Clean labels: the rate validated at 40 % noise (what dropping costs where nothing is wrong, at the
+        # rate a user would have chosen for noisy data).
+        candidates = [{"drop_rate": rate} for rate in HEURISTIC_RATES]
+        return validated(method, candidates, noise if noise > 0 else 0.4, base, full, steps, path, done)
+    if method == "prism":
+        if noise == 0:
+            return None  # the paper's rate is the noise rate: nothing to drop on clean labels
+        # The paper's setting on synthetic noise: the noise rate. The memory size is chosen on the validation
+        # split of the contrastive loss, for every base loss (CPU time).
+        candidates = [{"noise_rate": noise, "memory_size": size} for size in PRISM_MEMORIES]
+        chosen = validated(method, candidates, noise, "contrastive", full, steps, path, done)
+        return chosen
+    return {}
+
+
+def validated(method, candidates, noise, base, full, steps, path=RESULTS, done=None):
+    """The options among `candidates` of row `method` with the best mean validation MAP@R (ties: the first),
+    each trained (or read from `path`) on the validation split with `VALIDATION_SEEDS`."""
+    scores = []
+    for options in candidates:
+        values = [
+            run("validation", noise, base, method, options, seed, full, steps, path, done)["map@r"]
+            for seed in VALIDATION_SEEDS
+        ]
+        scores.append(float(np.mean(values)))
+    return candidates[int(np.argmax(scores))]
+
+
+# ------------------------------------------------------------------------------------------------ table
+def _mean_se(values):
+    values = np.asarray(values, float)
+    se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return float(values.mean()), float(se)
+
+
+def _cell(values):
+    if not len(values):
+        return "-"
+    mean, se = _mean_se(100 * np.asarray(values))
+    return f"{mean:.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:.1f}"
+
+
+def _row_label(method, options):
+    if method == "base":
+        return "base loss"
+    text = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(options.items()))
+    label = {"heuristic": "+ small-loss heuristic", "prism": "+ PRISM", "ala": "+ DML-ALA"}.get(method, method)
+    return f"{label} ({text})" if text else label
+
+
+def table(records, steps=CONFIG["steps"]):
+    """Markdown: per base loss and noise level, each row's R@1 and MAP@R (mean +- standard error over seeds),
+    the paired difference to the base loss, and the fraction of the noise's cost recovered."""
+    current = [r for r in records.values() if r["steps"] == steps and r["base_method"] == BASES[r["base"]]]
+    finals = [r for r in current if r["phase"] == "final"]
+    by = {}
+    for r in finals:
+        by.setdefault((r["base"], r["noise"], r["method"], json.dumps(r["options"], sort_keys=True)), {})[r["seed"]] = r
+    lines = [
+        f"Glyphs, 150 training / 151 test characters, symmetric label noise on the training labels; small CNN, "
+        f"{steps} steps of 22 x 3 batches, each base loss at its tuned clean setting (reality check, scratch). "
+        "Mean +- standard error over seeds (%). Delta: the row minus the base loss at the same noise, paired by "
+        "seed. Noise cost: clean base minus noisy base, paired by seed (the clean base rows are the reality "
+        "check's final runs, the same protocol, batches and initial weights, unless run here). Recovered: mean "
+        "Delta R@1 / mean noise cost over the seeds that have both (+- the standard error of Delta over the "
+        "cost).",
+        "",
+        "| base loss | noise | row | n | R@1 | MAP@R | Delta R@1 | Delta MAP@R | noise cost R@1 | recovered |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    validation = [r for r in current if r["phase"] == "validation"]
+    for base in BASES:
+        clean = by.get((base, 0.0, "base", "{}"), {})
+        for noise in NOISE_LEVELS:
+            reference = by.get((base, noise, "base", "{}"), {})
+            rows = sorted(
+                (k for k in by if k[0] == base and k[1] == noise),
+                key=lambda k: (METHODS.index(k[2]) if k[2] in METHODS else 99, k[3]),
+            )
+            for _, _, method, options in rows:
+                runs = by[(base, noise, method, options)]
+                seeds = sorted(runs)
+                r1 = [runs[s]["recall@1"] for s in seeds]
+                mapr = [runs[s]["map@r"] for s in seeds]
+                common = sorted(set(seeds) & set(reference))
+                delta = [runs[s]["recall@1"] - reference[s]["recall@1"] for s in common]
+                delta_map = [runs[s]["map@r"] - reference[s]["map@r"] for s in common]
+                costed = sorted(set(common) & set(clean)) if noise > 0 else []
+                cost = [clean[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
+                cells = [base, f"{noise:.0%}", _row_label(method, json.loads(options)), str(len(seeds))]
+                cells += [_cell(r1), _cell(mapr)]
+                if method == "base":
+                    cells += ["-", "-", _cell(cost) if cost else "-", "-"]
+                else:
+                    cells += [_signed(delta), _signed(delta_map), "-"]
+                    if cost and np.mean(cost) > 0:
+                        d = [runs[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
+                        mean_d, se_d = _mean_se(d)
+                        cells.append(f"{mean_d / np.mean(cost):.2f} +- {se_d / np.mean(cost):.2f} (n={len(d)})")
+                    else:
+                        cells.append("-")
+                lines.append("| " + " | ".join(cells) + " |")
+    if validation:
+        lines += [
+            "",
+            "Settings chosen on the validation split (100 of the training characters to train, 50 to score, "
+            "noisy labels; MAP@R %, seeds " + ", ".join(map(str, VALIDATION_SEEDS)) + "):",
+            "",
+            "| base loss | noise | row | seed | validation MAP@R |",
+            "|---|---|---|---|---|",
+        ]
+        for r in sorted(validation, key=lambda r: (r["base"], r["noise"], r["method"], json.dumps(r["options"]))):
+            label = _row_label(r["method"], r["options"])
+            lines.append(f"| {r['base']} | {r['noise']:.0%} | {label} | {r['seed']} | {100 * r['map@r']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _signed(values):
+    if not len(values):
+        return "-"
+    mean, se = _mean_se(100 * np.asarray(values))
+    return f"{mean:+.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:+.1f}"
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    parser.add_argument("--noise", type=float, nargs="+", default=[0.4], help="noise levels of the runs")
+    parser.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--steps", type=int, default=CONFIG["steps"], help="a smoke test's; the protocol is 300")
+    parser.add_argument("--threads", type=int, default=1, help="TensorFlow CPU threads (0: its default)")
+    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--table-only", action="store_true")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    table_path = TABLE if args.out == RESULTS else os.path.splitext(args.out)[0] + "_table.md"
+    if not args.table_only:
+        import tensorflow as tf
+
+        if args.threads:
+            tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+            tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        full = bm.load_data(CONFIG)
+        done = read_results(args.out)
+        for noise in args.noise:
+            for base in args.bases:  # the validation runs first
+                for method in args.methods:
+                    row_options(method, noise, base, full, args.steps, args.out, done)
+            # Seeds outermost: a stopped run leaves every row with the same seeds, paired.
+            for seed in args.seeds:
+                for base in args.bases:
+                    for method in args.methods:
+                        option = row_options(method, noise, base, full, args.steps, args.out, done)
+                        if option is None:
+                            continue
+                        run("final", noise, base, method, option, seed, full, args.steps, args.out, done)
+                        with open(table_path, "w") as f:
+                            f.write(table(read_results(args.out), args.steps))
+    records = read_results(args.out)
+    text = table(records, args.steps)
+    with open(table_path, "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
