@@ -49,7 +49,10 @@ def public_modules():
             modules[entry[:-3]] = []
         elif os.path.isfile(os.path.join(path, "__init__.py")):
             modules[entry] = sorted(
-                name[:-3] for name in os.listdir(path) if name.endswith(".py") and not name.startswith("_")
+                name[:-3] if name.endswith(".py") else name  # a sub-package (models.ala): one page, its __all__
+                for name in os.listdir(path)
+                if not name.startswith("_")
+                and (name.endswith(".py") or os.path.isfile(os.path.join(path, name, "__init__.py")))
             )
     return modules
 

@@ -157,7 +157,10 @@ def test_plot_ala_weights_draws_weight_against_hardness(tmp_path):
     # One more panel: a wider figure than the two log panels alone.
     from PIL import Image
 
-    widths = {name: Image.open(tmp_path / f"{name}.png").size[0] for name in ("both", "scatter", "logs")}
+    widths = {}
+    for name in ("both", "scatter", "logs"):
+        with Image.open(tmp_path / f"{name}.png") as image:  # closed: an open file is a ResourceWarning
+            widths[name] = image.size[0]
     assert widths["both"] > widths["logs"] > widths["scatter"] > 100
     with pytest.raises(ValueError, match="one value per tuple"):
         plot_ala_weights(None, tmp_path / "bad.png", weights=weights, hardness=hardness[:10])

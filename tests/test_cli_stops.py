@@ -237,7 +237,8 @@ def test_a_finished_report_is_kept(tmp_path, monkeypatch, capsys):
 )
 def test_outputs_and_options_are_checked_before_the_work(command, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "e.npz").write_bytes(b"")  # an input file that exists (read only after the checks)
+    # an input file that exists and is an .npz archive (its arrays are read only after the checks)
+    np.savez(tmp_path / "e.npz", embeddings=np.eye(2, dtype=np.float32), labels=np.arange(2))
 
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the outputs and options were checked")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tfdml import config as config_lib
-from tfdml.config import Config, ConfigError, load_config
+from tfdml.config import Config, ConfigError, load_config, sections
 
 CONFIGS = sorted(
     glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "*.yaml"))
@@ -197,6 +197,6 @@ def test_image_folder_check_closes_the_folder_it_stops_in(tmp_path):
             (tmp_path / name / f"{i}.png").write_bytes(b"")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert config_lib._image_folder_problem(str(tmp_path)) is None
+        assert sections._image_folder_problem(str(tmp_path)) is None
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []

@@ -230,7 +230,6 @@ def test_ala_model_in_fit_distributed_on_four_replicas_matches_one_device():
             assessor_steps=1,
             inner_learning_rate=0.5,
             assessor_learning_rate=0.5,
-            seed=1,
             dtype="float64",
         )
         model.compile(optimizer=keras.optimizers.SGD(0.5), run_eagerly=run_eagerly)

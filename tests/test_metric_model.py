@@ -25,7 +25,9 @@ def _embedder(seed=0):
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((6,))
     embeddings = keras.layers.Dense(4, name="embedding")(inputs)
-    return MetricModel(inputs, keras.layers.UnitNormalization()(embeddings))
+    # float32 normalisation, as mixed precision asks of a model's last layer (Keras' UnitNormalization in
+    # float16 casts its 1 / epsilon = 1e12 bound to float16: NumPy's "overflow encountered in cast")
+    return MetricModel(inputs, keras.layers.UnitNormalization(dtype="float32")(embeddings))
 
 
 class _CountingLoss(MetricLoss):

@@ -32,6 +32,9 @@ _SUBMODULES = (
     "pipeline",
     "recipes",
     "loss_names",
+    "ala_options",
+    "locks",
+    "interrupts",
 )
 
 # Importing these registers every class tfdml saves with `keras.saving.register_keras_serializable` (models,

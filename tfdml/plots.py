@@ -272,11 +272,12 @@ def plot_match_calibration(calibration, path, title=None):
         )
         left.axvline(calibration.threshold, color="tab:red", linestyle="--", linewidth=1.2, label=chosen)
         right.plot([calibration.recall], [calibration.precision], "o", color="tab:red", label=chosen)
-    elif not getattr(calibration, "measurable", True):
-        chosen = f"not measurable ({calibration.note}): nothing is a match"
     else:
-        chosen = f"precision {calibration.target_precision:g} not reached: nothing is a match"
-        right.plot([], [], " ", label=chosen)
+        if not getattr(calibration, "measurable", True):
+            chosen = f"not measurable ({calibration.note}): nothing is a match"
+        else:
+            chosen = f"precision {calibration.target_precision:g} not reached: nothing is a match"
+        right.plot([], [], " ", label=chosen)  # the legend says why no threshold is marked
     left.set_xlabel("score threshold (cosine)")
     left.set_ylabel("fraction of top-1 matches")
     left.set_ylim(-0.02, 1.02)

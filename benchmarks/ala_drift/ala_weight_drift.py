@@ -1,8 +1,8 @@
 """Do DML-ALA's assessor outputs drift or saturate over a long run? (issue 29, item 3)
 
-    nice -n 5 python scripts/ala_weight_drift.py                    # 5,000 steps, 40 % label noise
-    nice -n 5 python scripts/ala_weight_drift.py --steps 500 --noise 0.0
-    python scripts/ala_weight_drift.py --summary                    # the summary of benchmarks/ala_drift/
+    nice -n 5 python benchmarks/ala_drift/ala_weight_drift.py                    # 5,000 steps, 40 % label noise
+    nice -n 5 python benchmarks/ala_drift/ala_weight_drift.py --steps 500 --noise 0.0
+    python benchmarks/ala_drift/ala_weight_drift.py --summary                    # the summary of benchmarks/ala_drift/
 
 The problem of `tests/test_ala_noise.py` (Gaussian class clusters in 8 dimensions, a small MLP embedder, the
 contrastive loss, episodes of 6 x 4 training and 2 x 4 validation images), trained with `ALAModel` at the
@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT_DIR = os.path.join(ROOT, "benchmarks", "ala_drift")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
