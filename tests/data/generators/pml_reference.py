@@ -43,6 +43,18 @@ PAIR_LOSSES = {
     "ntxent": ("NTXentLoss", {}, lambda: losses.NTXentLoss(temperature=0.07)),
 }
 
+# PML's ContrastiveLoss measures LpDistance with normalize_embeddings=True: it L2-normalises the embeddings
+# itself, tfdml's ContrastiveLoss takes them as given (tfdml's embedders normalise). These entries (kept apart,
+# under "normalizing_losses") are compared with tfdml's loss of l2_normalize(embeddings), value and gradient.
+NORMALIZING_LOSSES = {
+    "contrastive": ("ContrastiveLoss", {}, lambda: losses.ContrastiveLoss()),
+    "contrastive_margins": (
+        "ContrastiveLoss",
+        {"pos_margin": 0.2, "neg_margin": 0.8},
+        lambda: losses.ContrastiveLoss(pos_margin=0.2, neg_margin=0.8),
+    ),
+}
+
 # name -> (tfdml class, tfdml arguments besides num_classes/embedding_dim, PML factory(num_classes, dim),
 # name of PML's weight parameter, whether PML stores it transposed ([D, C]))
 PROXY_LOSSES = {
@@ -147,12 +159,14 @@ def main():
         },
         "losses": {},
     }
-    for name, (tfdml_class, tfdml_args, make_loss) in PAIR_LOSSES.items():
-        cases = {}
-        for batch_name, batch in batches.items():
-            value, grad = pml_pair_value_and_grad(make_loss, batch["labels"], batch["embeddings"])
-            cases[batch_name] = {"value": value, "grad_embeddings": _round(grad)}
-        out["losses"][name] = {"tfdml": tfdml_class, "args": tfdml_args, "proxies": False, "cases": cases}
+    for key, table in (("losses", PAIR_LOSSES), ("normalizing_losses", NORMALIZING_LOSSES)):
+        out.setdefault(key, {})
+        for name, (tfdml_class, tfdml_args, make_loss) in table.items():
+            cases = {}
+            for batch_name, batch in batches.items():
+                value, grad = pml_pair_value_and_grad(make_loss, batch["labels"], batch["embeddings"])
+                cases[batch_name] = {"value": value, "grad_embeddings": _round(grad)}
+            out[key][name] = {"tfdml": tfdml_class, "args": tfdml_args, "proxies": False, "cases": cases}
     for name, (tfdml_class, tfdml_args, make_loss, weight_name, transposed) in PROXY_LOSSES.items():
         cases = {}
         for batch_name, batch in batches.items():
