@@ -229,7 +229,10 @@ def test_tfa_distance_metric_gradients_match_finite_differences(distance_metric)
 
 
 def _largest_tensor_in_graph(fn, batch_size, dim=8):
-    """Largest number of elements of any op output in `fn`'s graph, loop bodies and gradient included."""
+    """Largest number of elements of any op output in `fn`'s graph, loop bodies and gradient included. A
+    dimension the graph leaves open (a dynamic shape: tf.where, a boolean mask, a loop-carried tensor) counts
+    as `batch_size`, the most any axis indexed by samples can hold, so that a `[B, B, B]` tensor built with
+    dynamic shapes counts B^3 instead of escaping the scan; an output of unknown rank fails the scan."""
     spec = (tf.TensorSpec([batch_size], tf.int32), tf.TensorSpec([batch_size, dim], tf.float32))
 
     @tf.function(input_signature=spec)
@@ -246,8 +249,12 @@ def _largest_tensor_in_graph(fn, batch_size, dim=8):
         current = graphs.pop()
         for op in current.get_operations():
             for output in op.outputs:
-                if output.shape.rank is not None and output.shape.is_fully_defined():
-                    largest = max(largest, output.shape.num_elements())
+                if output.dtype == tf.resource or output.dtype == tf.variant:
+                    continue  # handles (variables, tensor lists): no elements of their own
+                if output.shape.rank is None and op.type == "Placeholder":
+                    continue  # a function body's input: the tensor it receives is counted where it is made
+                assert output.shape.rank is not None, f"{op.name}: an output of unknown rank cannot be bounded"
+                largest = max(largest, int(np.prod([batch_size if d is None else d for d in output.shape.as_list()])))
         for function in getattr(current, "_functions", {}).values():
             inner = getattr(function, "graph", None)
             if inner is not None and id(inner) not in seen:
@@ -270,6 +277,17 @@ def test_no_cubic_tensor_is_built(loss):
     largest, num_loop_bodies = _largest_tensor_in_graph(loss, batch_size)
     assert num_loop_bodies >= 1  # the slot loop body was inspected too
     assert largest <= batch_size * batch_size
+
+
+def test_the_scan_counts_a_cubic_tensor_built_with_dynamic_shapes():
+    """The scan itself: a [B, B, B] tensor whose shape the graph leaves open (after a boolean mask) counts."""
+
+    def cubic(labels, embeddings):
+        kept = tf.boolean_mask(embeddings, labels >= 0)[:, 0]  # [None]: the mask hides the static size
+        return tf.reduce_sum(kept[:, None, None] + kept[None, :, None] + kept[None, None, :])
+
+    largest, _ = _largest_tensor_in_graph(cubic, 16)
+    assert largest >= 16**3
 
 
 def test_all_triplets_at_batch_1024():
