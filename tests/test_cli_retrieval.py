@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 from matplotlib import image as mpimg
 
+from tests import cli_process
 from tfdml import data
 from tfdml.cli import evaluate as evaluate_cli
 from tfdml.cli import export as export_cli
@@ -255,7 +256,9 @@ def test_search_exact_answers_with_the_signature_as_the_index_does(exported_digi
     for a, b in zip(scann, exact):
         assert [f"digits(test):{n['id']}" for n in a["neighbours"]] == [n["id"] for n in b["neighbours"]]
         assert [n["score"] for n in a["neighbours"]] == pytest.approx([n["score"] for n in b["neighbours"]], abs=1e-5)
-        assert [str(n["label"]) for n in a["neighbours"]] == [n["class"] for n in b["neighbours"]]
+        assert [n["class"] for n in a["neighbours"]] == [n["class"] for n in b["neighbours"]]
+        # The index names the gallery's classes only (digits 5-9), its labels numbering them from 0.
+        assert [n["class"] for n in a["neighbours"]] == [str(n["label"] + 5) for n in a["neighbours"]]
         assert [n["same_class"] for n in a["neighbours"]] == [n["same_class"] for n in b["neighbours"]]
         assert [n["match"] for n in b["neighbours"]] == [n["score"] >= threshold for n in b["neighbours"]]
     assert exact[0]["neighbours"][0]["id"] == "digits(test):0" and exact[0]["neighbours"][0]["same_class"]
@@ -408,3 +411,95 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
     assert args.func(args) == 0  # the job's evaluation folder, recorded in the metadata
     captured = capsys.readouterr()
     assert "skipped 2 of 32 images" in captured.err and "30 images, 5 classes" in captured.out
+
+
+def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):
+    """Issue 34.11: a gallery that leaves classes out (the training half of a job's folder, a class folder
+    without a readable image) is exported with the names of its own classes only, each item's label naming
+    its folder: in the index (the real `tfdml export`, in a subprocess), its metadata and the search signature."""
+    source = data.digits("test")
+    folder = tmp_path / "images"
+    for name, digit in zip("abcdf", range(5, 10)):
+        rows = np.flatnonzero(source.labels == digit)[:4]
+        write_pngs(folder / name, source.images[rows], [f"{i}.png" for i in rows])
+    (folder / "e").mkdir()
+    (folder / "e" / "broken.png").write_bytes(b"")  # a class folder left out: nothing in it decodes
+    report = tmp_path / "report"
+    report.mkdir()
+    digits_model(name="halves").save(report / "model.keras")
+    (report / "config.yaml").write_text(f"name: halves\ndata:\n  source: folder\n  path: {folder}\n")
+    # No eval_path: the job evaluated the second half of the classes with images (c, d, f), the gallery.
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdml", "export", "--model", str(report / "model.keras"), "--base-dir", "models"],
+        cwd=tmp_path,
+        env=cli_process.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"ScaNN index of 12 images of .*, 3 classes", done.stdout), done.stdout
+    version = tmp_path / "models" / "halves" / "1"
+    index_dir = version / "assets.extra" / "tfdml_index"
+    stored = json.loads((index_dir / "tfdml_index.json").read_text())
+    labels = np.load(index_dir / "labels.npy")
+    ids = np.load(index_dir / "ids.npy")
+    assert stored["class_names"] == ["c", "d", "f"]
+    assert sorted(set(labels.tolist())) == [0, 1, 2]
+    assert [stored["class_names"][label] for label in labels] == [os.path.basename(os.path.dirname(i)) for i in ids]
+    assert load_metadata(version)["index"]["classes"] == 3
+    # The search signature answers each gallery image with its own item, labelled with its folder's name.
+    search = tf.saved_model.load(str(version)).signatures["search"]
+    images = np.stack([np.asarray(tf.io.decode_png(tf.io.read_file(i), channels=1)) for i in ids.tolist()])
+    found = search(images=tf.constant(images))
+    top_ids = [i.decode() for i in found["ids"].numpy()[:, 0]]
+    top_labels = [label.decode() for label in found["labels"].numpy()[:, 0]]
+    assert set(top_labels) == {"c", "d", "f"}
+    assert top_labels == [os.path.basename(os.path.dirname(i)) for i in top_ids]
+
+
+def test_export_index_keeps_the_names_of_the_labelled_classes_only(tmp_path):
+    """The Python API as the CLI: a Source whose class names cover classes it has no item of (a subset) is
+    indexed with its own classes' names, labels renumbered in the same order."""
+    source = data.digits("test")  # class names "0".."9", items of 5-9 only
+    rows = np.flatnonzero(np.isin(source.labels, [6, 8]))[:10]
+    gallery = source.subset(rows)
+    export_saved_model(digits_model(), tmp_path, name="two", preprocess="unit", image_size=(SIZE, SIZE))
+    index = export_index(gallery, tmp_path, "two", mode="exact")
+    assert index.class_names == ["6", "8"]
+    assert [index.class_name(p) for p in range(index.size)] == [str(label) for label in source.labels[rows]]
+
+
+def test_export_takes_match_mode_and_target_recall_from_the_job_unless_given(tmp_path, monkeypatch):
+    """`export.match_mode` and `export.target_recall` of a report's config.yaml are `tfdml export`'s
+    defaults, as `top_k` is; the options override them (`--target-recall none`: unmeasured)."""
+    source = data.digits("test")
+    folder = tmp_path / "gallery"
+    for c in range(5, 10):
+        rows = np.flatnonzero(source.labels == c)[:2]
+        write_pngs(folder / f"digit_{c}", source.images[rows], [f"{i}.png" for i in rows])
+    report = tmp_path / "report"
+    report.mkdir()
+    digits_model(name="job_model").save(report / "model.keras")
+    (report / "config.yaml").write_text("name: job\nexport:\n  match_mode: closed\n  target_recall: 0.8\n")
+    given = {}
+
+    def capture(model, **settings):
+        given.update(settings)
+        raise ValueError("captured")
+
+    monkeypatch.setattr("tfdml.export.export_saved_model", capture)
+    common = ["export", "--model", str(report / "model.keras"), "--base-dir", str(tmp_path / "m")]
+    for options, mode, recall in (
+        ([], "closed", 0.8),
+        (["--match-mode", "open", "--target-recall", "none"], "open", None),
+        (["--target-recall", "0.9"], "closed", 0.9),
+    ):
+        given.clear()
+        args = parse(export_cli, [*common, "--gallery-dir", str(folder), *options])
+        assert args.func(args) == 2  # the capture's stop
+        assert given["match_mode"] == mode and given["index_settings"] == {"target_recall": recall}, options
+    (report / "config.yaml").write_text("name: job\n")  # a job without the keys: the section's defaults
+    args = parse(export_cli, [*common, "--gallery-dir", str(folder)])
+    assert args.func(args) == 2
+    assert given["match_mode"] == "auto" and given["index_settings"] == {"target_recall": 0.95}

@@ -588,3 +588,35 @@ def test_train_on_an_image_folder(tmp_path, capsys):
     args = cli.build_parser().parse_args(["train", "--image-dir", str(folder), "--eval-image-dir", str(other)])
     train, evaluation = pipeline.load_sources(cli.train.resolve(args).data)
     assert len(train.classes) == 4 and evaluation.class_names == ["eel", "fox"]
+
+
+def test_export_match_mode_and_target_recall_reach_the_export_step(tmp_path, monkeypatch):
+    """`export.match_mode` calibrates the served `match` (evaluation) and is recorded by the export with
+    `export.target_recall`, as `tfdml export --match-mode / --target-recall` would."""
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(6), 4)  # 6 classes: "auto" would calibrate open set
+    images = (rng.integers(0, 255, (24, 4, 4, 1)) + labels[:, None, None, None] * 40).astype(np.float32)
+    batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
+    datasets = pipeline.Datasets(train=None, eval=batches, pixels=batches)
+    inputs = keras.Input((4, 4, 1))
+    embedder = keras.Model(inputs, keras.layers.UnitNormalization()(keras.layers.Flatten()(inputs)))
+    config = load_config(
+        overrides=["export.match_mode=closed", "export.target_recall=0.8", f"export.base_dir={tmp_path}"]
+    )
+    evaluation = pipeline.evaluate(config, embedder, datasets)
+    assert evaluation.calibration.mode == "closed"
+    assert pipeline.evaluate(load_config(), embedder, datasets).calibration.mode == "open"
+    given = {}
+
+    def capture(model, **settings):
+        given.update(settings)
+        return str(tmp_path / "v")
+
+    monkeypatch.setattr(pipeline.export_lib, "export_saved_model", capture)
+    monkeypatch.setattr(pipeline.export_lib, "load_metadata", lambda path: {"index": {"size": 24}})
+    pipeline.export(resolve_paths(config), embedder, evaluation, eval_source=None)
+    assert given["match_mode"] == "closed" and given["index_settings"] == {"target_recall": 0.8}
+    assert given["calibration"] is evaluation.calibration

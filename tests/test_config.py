@@ -69,6 +69,8 @@ BAD = [
     (["training.pretrain_epochs=20"], "training.pretrain_epochs: must be <= training.epochs (10), got 20"),
     (["evaluation.metrics=[recall, map]"], "evaluation.metrics[1]: must be one of recall, map@r"),
     (["evaluation.ks=[]"], "evaluation.ks: expected a non-empty list"),
+    (["export.match_mode=open_set"], "export.match_mode: must be one of auto, open, closed, got 'open_set'"),
+    (["export.target_recall=1.5"], "export.target_recall: must be a number in (0, 1], got 1.5"),
     (["training"], "override 'training' must look like key.path=value"),
     (["training=3"], "training: expected a mapping, got 3"),
 ]
@@ -123,6 +125,10 @@ def test_values_other_parts_of_tfdml_rely_on():
     # The episode at the base loss's batch, 22 x 3 glyphs, and 4 x 3 validation images drawn in addition.
     sizes = {k: default.ala.episode.arguments(default.data)[k] for k in ("train_size", "val_size", "samples_per_class")}
     assert sizes == {"train_size": 66, "val_size": 12, "samples_per_class": 3}
+    # tfdml train's export step calibrates `match` and tunes an approximate index as tfdml export would
+    export = load_config(overrides=["export.match_mode=closed", "export.target_recall=null"]).export
+    assert (export.match_mode, export.target_recall) == ("closed", None)
+    assert (default.export.match_mode, default.export.target_recall) == ("auto", 0.95)
     # YAML 1.1 reads 1e-3 as a string; a number key takes it
     assert load_config(overrides=["optimizer.learning_rate=1e-3"]).optimizer.learning_rate == 1e-3
 
@@ -200,3 +206,10 @@ def test_image_folder_check_closes_the_folder_it_stops_in(tmp_path):
         assert sections._image_folder_problem(str(tmp_path)) is None
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_match_modes_are_the_calibration_modes():
+    """Written out in the configuration (no TensorFlow to parse it): the same as `tfdml.retrieval`'s."""
+    from tfdml.retrieval.calibration import MODES
+
+    assert config_lib.MATCH_MODES == MODES

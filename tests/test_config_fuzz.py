@@ -1,7 +1,8 @@
 """Every number of the configuration, fed bad values through `tfdml train --set`: NaN, infinities, a huge
-value, a negative one and zero where the field's range excludes them, a string, and a fraction for an integer.
-Each must end in one line naming the key (and, for a number, its range and the value) and exit status 2,
-before any data is read: in-process through the CLI's `main` for every field, and for a few in a real
+value, a negative one and zero where the field's range excludes them, a string, and a fraction for an integer;
+every field with a list of choices, a value that is none of them. Each must end in one line naming the key
+(and, for a number, its range and the value; for a choice, the choices) and exit status 2, before any data
+is read: in-process through the CLI's `main` for every field, and for a few in a real
 subprocess."""
 
 import dataclasses
@@ -43,6 +44,21 @@ def _numeric_fields(cls, prefix=""):
 
 
 FIELDS = list(_numeric_fields(Config))
+
+
+def _choice_fields(cls, prefix=""):
+    """`(key, choices)` of every field of the configuration that takes one of a list of values."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        hint, key = hints[field.name], f"{prefix}{field.name}"
+        section = next((a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a)), None)
+        if section is not None:
+            yield from _choice_fields(section, key + ".")
+        elif field.metadata.get("choices"):
+            yield key, tuple(field.metadata["choices"])
+
+
+CHOICE_FIELDS = list(_choice_fields(Config))
 DEFAULT_LOSS = getattr(losses, LOSSES[DEFAULT_JOB["loss"]["name"]])
 LOSS_PARAMS = [
     name
@@ -105,6 +121,22 @@ def test_bad_number_is_one_line_and_exit_2(key, kind, is_list, text, shown, no_d
         assert "expected" in err, err
     else:  # the range and the value
         assert f"got {shown}" in err and (" in [" in err or " in (" in err), err
+
+
+def test_every_choice_field_is_found():
+    keys = dict(CHOICE_FIELDS)
+    assert {"data.source", "optimizer.name", "export.gallery_dtype", "export.match_mode"} <= set(keys)
+    assert keys["export.match_mode"] == ("auto", "open", "closed")
+
+
+@pytest.mark.parametrize("key, choices", CHOICE_FIELDS, ids=[key for key, _ in CHOICE_FIELDS])
+def test_bad_choice_is_one_line_and_exit_2(key, choices, no_data, capsys):
+    value = "not_a_choice"
+    assert cli.main(["train", "--set", f"{key}={value}"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert err.startswith("tfdml train: error: ") and err.count("\n") == 1 and not captured.out, err
+    assert key in err and "not_a_choice" in err and choices[-1] in err, err
 
 
 def test_bad_numbers_in_real_processes(tmp_path):

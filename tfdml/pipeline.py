@@ -572,7 +572,9 @@ def evaluate(config, embedder, datasets):
     baseline = retrieval.evaluate(_l2_normalise(pixels), pixel_labels, ks=ks, metrics=metrics, exact=True)
     # The score threshold of a correct top-1 match at the export's precision, on the held-out items.
     calibration = (
-        retrieval.calibrate(embeddings, labels, target_precision=config.export.match_precision)
+        retrieval.calibrate(
+            embeddings, labels, target_precision=config.export.match_precision, mode=config.export.match_mode
+        )
         if len(labels) > 1
         else None
     )
@@ -603,7 +605,9 @@ def export(config, embedder, evaluation, eval_source):
         top_k=settings.top_k,
         gallery_dtype=settings.gallery_dtype,
         match_precision=settings.match_precision,
+        match_mode=settings.match_mode,
         calibration=evaluation.calibration,
+        index_settings={"target_recall": settings.target_recall},
     )
     added = {"export_dir": path}
     if settings.index:

@@ -11,7 +11,7 @@ import sys
 import zipfile
 
 from tfdml.cli import positive_int, usage_error
-from tfdml.config import ConfigError, ExportConfig, output_dir_problem
+from tfdml.config import MATCH_MODES, ConfigError, ExportConfig, output_dir_problem
 from tfdml.locks import FolderLock
 
 HELP = "Export a trained Keras embedder as a TF Serving SavedModel, optionally with a ScaNN gallery index."
@@ -101,13 +101,13 @@ def _add_gallery_options(parser):
     group.add_argument(
         "--target-recall",
         type=_recall_target,
-        default=0.95,
         metavar="R",
         help="for an approximate ScaNN index (galleries from 20,000 items): the recall@10 against exact "
         "search it must reach, measured on 500 gallery items left out of their own neighbours; the leaves "
         "searched and re-ordering are raised until it holds, and the measured recall, settings and query "
         "time are printed and recorded in the index. A target not met cheaper than exact search falls back "
-        "to brute force, which is said. 'none' keeps the automatic settings unmeasured (default 0.95).",
+        "to brute force, which is said. 'none' keeps the automatic settings unmeasured (default: the job's "
+        "export.target_recall for a model in a report folder, else 0.95).",
     )
     group.add_argument(
         "--top-k",
@@ -133,21 +133,25 @@ def _add_gallery_options(parser):
     )
     group.add_argument(
         "--match-mode",
-        choices=("auto", "open", "closed"),
-        default="auto",
+        choices=MATCH_MODES,
         help="how the match threshold is calibrated: open (leave-one-class-out: the precision holds on a "
         "stream of queries half of whose classes are absent from the gallery, as for 'is this item in my "
         "catalogue?'), closed (leave-one-out: queries whose class is in the gallery only) or auto (open "
-        "whenever the gallery has at least 4 classes; the default).",
+        "whenever the gallery has at least 4 classes). Default: the job's export.match_mode for a model in "
+        "a report folder, else auto.",
     )
 
 
+# `--target-recall none`: told apart from the option not given (None), which takes the job's value.
+_UNMEASURED = "none"
+
+
 def _recall_target(text):
-    """`--target-recall`: a recall in (0, 1], or 'none'."""
+    """`--target-recall`: a recall in (0, 1], or 'none' (`_UNMEASURED`)."""
     import argparse
 
-    if text.lower() == "none":
-        return None
+    if text.lower() == _UNMEASURED:
+        return _UNMEASURED
     try:
         value = float(text)
     except ValueError:
@@ -232,12 +236,23 @@ def model_file_problem(path):
 
 
 def _search_settings(args, training_config):
-    """The search signature's settings: the options given, else the job's `export` section, else the
-    section's defaults."""
+    """The search signature's and the index's settings: the options given, else the job's `export` section,
+    else the section's defaults."""
     job = (training_config or {}).get("export") or {}
-    given = {"top_k": args.top_k, "gallery_dtype": args.gallery_dtype, "match_precision": args.match_precision}
+    given = {
+        "top_k": args.top_k,
+        "gallery_dtype": args.gallery_dtype,
+        "match_precision": args.match_precision,
+        "match_mode": args.match_mode,
+        "target_recall": args.target_recall,
+    }
     defaults = ExportConfig()
-    return {key: value if value is not None else job.get(key, getattr(defaults, key)) for key, value in given.items()}
+    settings = {
+        key: value if value is not None else job.get(key, getattr(defaults, key)) for key, value in given.items()
+    }
+    recall = settings.pop("target_recall")
+    settings["index_settings"] = {"target_recall": None if recall == _UNMEASURED else recall}
+    return settings
 
 
 def run(args):
@@ -297,8 +312,6 @@ def _run(args, name, training_config, metrics):
             metrics=metrics,
             gallery=gallery,
             search=not args.no_search,
-            match_mode=args.match_mode,
-            index_settings={"target_recall": args.target_recall},
             **_search_settings(args, training_config),
         )
     except (ValueError, TypeError, OSError) as error:

@@ -333,8 +333,12 @@ def _run_exact(args):
     query_classes = None
     if args.query_labels is not None:
         texts = [args.query_labels[i] for i in kept]
+        # A class name first, else a label number, as the ScaNN path reads --query-label (_query_label).
         query_classes = [
-            class_names[int(t)] if class_names and t.isdigit() and int(t) < len(class_names) else t for t in texts
+            class_names[int(t)]
+            if class_names and t not in class_names and t.isdigit() and int(t) < len(class_names)
+            else t
+            for t in texts
         ]
     search = embedder.metadata.get("search", {})
     print(

@@ -41,6 +41,7 @@ from tfdml.config.schema import (
 from tfdml.config.sections import (
     ALA_LOSSES,
     LOSSES,
+    MATCH_MODES,
     OPTIMIZERS,
     UNPAIRED_LOSSES,
     ALAConfig,
@@ -67,6 +68,7 @@ __all__ = [
     "LOSS_PARAM_RANGES",
     "MAX_FLOAT",
     "MAX_INT",
+    "MATCH_MODES",
     "OPTIMIZERS",
     "UNPAIRED_LOSSES",
     "ALAConfig",

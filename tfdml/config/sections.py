@@ -28,6 +28,8 @@ UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface",
 ALA_LOSSES = ala_options.BASE_LOSSES
 # == tfdml.optimizers.OPTIMIZER_NAMES (tested); written out so that parsing a configuration imports no TensorFlow.
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
+# == tfdml.retrieval.calibration.MODES (tested), written out for the same reason.
+MATCH_MODES = ("auto", "open", "closed")
 
 
 def _augment(value, key):
@@ -400,6 +402,12 @@ class ExportConfig(_Section):
     top_k: int = _field(10, minimum=1, maximum=10_000)  # neighbours the search signature returns
     gallery_dtype: str = _field("float32", choices=("float32", "bfloat16", "int8"))  # how the gallery is stored
     match_precision: float = _field(0.9, above=0.0, maximum=1.0)  # target precision of top-1 matches (<= 1)
+    # How match_precision is calibrated: open (leave-one-class-out: it holds for queries of classes absent from
+    # the gallery too), closed (leave-one-out: queries of the gallery's classes only) or auto (open from 4 classes).
+    match_mode: str = _field("auto", choices=MATCH_MODES)
+    # An approximate ScaNN index (galleries from 20,000 items; tfdml train's own index is exact): the
+    # recall@10 against exact search its settings are raised to reach (null: automatic settings, unmeasured).
+    target_recall: float | None = _field(0.95, above=0.0, maximum=1.0)
 
 
 @dataclasses.dataclass

@@ -110,7 +110,25 @@ def embed_gallery(embed, channels, gallery, ids=None, labels=None, class_names=N
     if ids is None:
         ids = found.ids
     class_names = class_names if class_names is not None else found.class_names
+    labels, class_names = _present_classes(labels, class_names)
     return EmbeddedGallery(embeddings, ids, labels, class_names, found.images, found.source)
+
+
+def _present_classes(labels, class_names):
+    """`(labels, class_names)` naming only the classes that have gallery items: a gallery that leaves
+    classes out (a subset such as the evaluation half of a folder, a class folder without a readable image)
+    keeps the names of its own classes, in their order, and its labels are renumbered to match
+    (`class_names[label]` still names each item's class). Labels that `class_names` does not cover are
+    left for the index to refuse."""
+    if labels is None or class_names is None:
+        return labels, class_names
+    labels = np.asarray(labels)
+    if not labels.size or not np.issubdtype(labels.dtype, np.integer):
+        return labels, class_names
+    present = np.unique(labels)
+    if present[0] < 0 or present[-1] >= len(class_names) or len(present) == len(class_names):
+        return labels, class_names
+    return np.searchsorted(present, labels).astype(labels.dtype), [class_names[c] for c in present.tolist()]
 
 
 def save_index(version_dir, embedded, model_name, model_version, mode, settings, distance="dot_product"):
@@ -186,6 +204,8 @@ def export_index(
         that `tfdml search --grid` can show neighbours that have no file.
       name, version: the exported model (default: the latest version under `<base_dir>/<name>`).
       ids, labels, class_names: override what the gallery provides (`class_names[label]` names a class).
+        The index names only the classes that have gallery items (a subset of a source's classes, class
+        folders left out): their labels are renumbered `0..` in the order of their names.
       mode, index_settings: passed to `ScannIndex` (dot products: the embeddings are L2-normalised).
 
     Returns the `ScannIndex` (already saved).
