@@ -20,6 +20,7 @@ from tfdml.cli import evaluate as evaluate_cli
 from tfdml.cli import export as export_cli
 from tfdml.cli import search as search_cli
 from tfdml.export import export_index, export_saved_model, load_metadata
+from tfdml.models.heads import L2Normalize
 from tfdml.retrieval import embed_batches, evaluate
 
 
@@ -426,7 +427,11 @@ def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):
     (folder / "e" / "broken.png").write_bytes(b"")  # a class folder left out: nothing in it decodes
     report = tmp_path / "report"
     report.mkdir()
-    digits_model(name="halves").save(report / "model.keras")
+    # A tfdml layer in the model: the fresh process finds it registered by `import tfdml`'s hook alone.
+    inputs = keras.Input((SIZE, SIZE, 1))
+    dense = keras.layers.Dense(16, kernel_initializer=keras.initializers.RandomNormal(seed=1))
+    model = keras.Model(inputs, L2Normalize()(dense(keras.layers.Flatten()(inputs))), name="halves")
+    model.save(report / "model.keras")
     (report / "config.yaml").write_text(f"name: halves\ndata:\n  source: folder\n  path: {folder}\n")
     # No eval_path: the job evaluated the second half of the classes with images (c, d, f), the gallery.
     done = subprocess.run(

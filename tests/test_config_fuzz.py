@@ -30,35 +30,25 @@ def _number_type(hint):
     return (hint, False) if hint in (int, float) else None
 
 
-def _numeric_fields(cls, prefix=""):
-    """`(key, int or float, is a list, field metadata)` of every number in the configuration, nested sections
-    (also those that are null by default, e.g. loss.cross_batch_memory) included."""
+def _leaf_fields(cls, prefix=""):
+    """`(key, annotation, field)` of every value of the configuration, nested sections (also those that are
+    null by default, e.g. loss.cross_batch_memory) walked into."""
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         hint, key = hints[field.name], f"{prefix}{field.name}"
         section = next((a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a)), None)
         if section is not None:
-            yield from _numeric_fields(section, key + ".")
-        elif _number_type(hint):
-            yield (key, *_number_type(hint), field.metadata)
+            yield from _leaf_fields(section, key + ".")
+        else:
+            yield key, hint, field
 
 
-FIELDS = list(_numeric_fields(Config))
-
-
-def _choice_fields(cls, prefix=""):
-    """`(key, choices)` of every field of the configuration that takes one of a list of values."""
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):
-        hint, key = hints[field.name], f"{prefix}{field.name}"
-        section = next((a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a)), None)
-        if section is not None:
-            yield from _choice_fields(section, key + ".")
-        elif field.metadata.get("choices"):
-            yield key, tuple(field.metadata["choices"])
-
-
-CHOICE_FIELDS = list(_choice_fields(Config))
+# `(key, int or float, is a list, field metadata)` of every number in the configuration.
+FIELDS = [(key, *_number_type(hint), field.metadata) for key, hint, field in _leaf_fields(Config) if _number_type(hint)]
+# `(key, choices)` of every field that takes one of a list of values.
+CHOICE_FIELDS = [
+    (key, tuple(field.metadata["choices"])) for key, _, field in _leaf_fields(Config) if field.metadata.get("choices")
+]
 DEFAULT_LOSS = getattr(losses, LOSSES[DEFAULT_JOB["loss"]["name"]])
 LOSS_PARAMS = [
     name

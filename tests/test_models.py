@@ -364,3 +364,29 @@ def test_embedder_takes_the_small_cnn_widths():
     assert [layer.filters for layer in restored.backbone.layers if isinstance(layer, keras.layers.Conv2D)] == convs
     with pytest.raises(ValueError, match="widths sets the small CNN's block widths; backbone 'resnet50'"):
         Embedder("resnet50", weights=None, widths=(4, 6))
+
+
+def test_embeddings_are_unit_norm_under_mixed_precision_for_large_activations():
+    """Under `mixed_float16` the L2 normalisation computes in float32: head outputs in the hundreds have
+    squares past float16's 65504 (a float16 sum of squares is inf, the embedding 0 or NaN)."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(3)
+        model = Embedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, num_classes=4)
+        layer = L2Normalize()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    np.testing.assert_allclose(layer(tf.constant([[3e3, 4e3]], tf.float16)).numpy(), [[0.6, 0.8]], atol=1e-6)
+    projection = model.level_heads[0].projection
+    images = _batch()[0] * 150.0  # pixels up to 255
+    scale = 1000.0 / float(np.abs(model.level_outputs(images)[0][0]).max())
+    projection.kernel.assign(projection.kernel * scale)  # head outputs up to 1000, in float16
+    raw = model.level_outputs(images)[0][0]
+    assert raw.dtype == tf.float16 and 300 < float(tf.reduce_max(tf.abs(raw))) < 2000
+    embeddings = model(images, training=False)
+    assert embeddings.dtype == tf.float32 and np.isfinite(embeddings.numpy()).all()
+    np.testing.assert_allclose(np.linalg.norm(embeddings.numpy(), axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(embeddings.numpy(), _normalise(raw.numpy()), atol=1e-3)
+    trained = model(images, training=True).numpy()  # with the classifier's logits beside the embedding
+    assert trained.shape == (len(images), DIM + 4) and np.isfinite(trained).all()
+    np.testing.assert_allclose(np.linalg.norm(trained[:, :DIM], axis=1), 1.0, atol=1e-5)

@@ -280,8 +280,6 @@ def run(args):
 def _run(args, name, training_config, metrics):
     import keras
 
-    import tfdml.losses  # noqa: F401  (registers the serializable tfdml classes)
-    import tfdml.models  # noqa: F401
     from tfdml import export as export_lib
     from tfdml import interrupts
     from tfdml.data.preprocessing import evaluation_center_crop

@@ -99,3 +99,40 @@ class MetricLoss(keras.losses.Loss):
 
     def get_config(self):
         return {"name": self.name, "cross_replica": self.cross_replica}
+
+
+class _WrappedLoss(MetricLoss):
+    """A `MetricLoss` around another (`CrossBatchMemory`, `SmallLossWeighting`, `PRISM`): `loss` is the
+    wrapped `MetricLoss` (or its serialized config), whose variables are this loss's (tracked by
+    `MetricModel`) and whose config is saved in this one's. Subclasses add their own non-trainable state."""
+
+    def __init__(self, loss, name=None, **kwargs):
+        super().__init__(name=name, **kwargs)
+        if isinstance(loss, dict):
+            loss = keras.saving.deserialize_keras_object(loss)
+        if not isinstance(loss, MetricLoss):
+            raise TypeError(f"{type(self).__name__} wraps a tfdml MetricLoss, got {type(loss).__name__}.")
+        self.loss = loss
+
+    @property
+    def trainable_variables(self):
+        return self.loss.trainable_variables
+
+    @property
+    def variable_optimizer(self):
+        return self.loss.variable_optimizer
+
+    @property
+    def non_trainable_variables(self):
+        return list(self.loss.non_trainable_variables)
+
+    def get_config(self):
+        return {**super().get_config(), "loss": keras.saving.serialize_keras_object(self.loss)}
+
+
+def _state_variable(value, dtype, name):
+    """A non-trainable variable of a loss's state (a memory queue, its counters). `only_first_replica`: every
+    replica computes the same update from the same global batch, so the state is the same on every replica."""
+    return keras.Variable(
+        value, dtype=dtype, trainable=False, autocast=False, aggregation="only_first_replica", name=name
+    )

@@ -37,7 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdml.losses.base import MetricLoss
+from tfdml.losses.base import _state_variable, _WrappedLoss
 from tfdml.ops import References
 
 # Attributes of the wrapped loss that the wrapper passes through (the RLL temperature schedule's step binding,
@@ -52,7 +52,7 @@ def _positive_int(value, name, minimum=1):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class CrossBatchMemory(MetricLoss):
+class CrossBatchMemory(_WrappedLoss):
     """Wraps a pair-based loss with a cross-batch memory of the last `memory_size` embeddings (XBM).
 
     At each training call: enqueue the batch, then `loss(queries = batch, references = queue)` with the
@@ -74,11 +74,8 @@ class CrossBatchMemory(MetricLoss):
     """
 
     def __init__(self, loss, memory_size=1024, embedding_dim=None, start_step=0, name="cross_batch_memory", **kwargs):
-        super().__init__(name=name, **kwargs)
-        if isinstance(loss, dict):
-            loss = keras.saving.deserialize_keras_object(loss)
-        if not isinstance(loss, MetricLoss):
-            raise TypeError(f"CrossBatchMemory wraps a tfdml MetricLoss, got {type(loss).__name__}.")
+        super().__init__(loss, name=name, **kwargs)
+        loss = self.loss
         if not loss.supports_references:
             raise ValueError(
                 f"{type(loss).__name__} cannot use a cross-batch memory: it does not compare batch embeddings "
@@ -93,7 +90,6 @@ class CrossBatchMemory(MetricLoss):
             )
         if embedding_dim is None:
             raise ValueError("CrossBatchMemory needs embedding_dim, the width of the embeddings it stores.")
-        self.loss = loss
         self.memory_size = _positive_int(memory_size, "memory_size")
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
         self.start_step = _positive_int(start_step, "start_step", minimum=0)
@@ -110,17 +106,11 @@ class CrossBatchMemory(MetricLoss):
         """`(embeddings [M, D], labels [M], count, steps)`, created on first use (inside a strategy's scope
         when the loss is compiled there, so that they are mirrored)."""
         if self._state is None:
-            # only_first_replica: every replica computes the same update from the same global batch.
-            def variable(value, dtype, name):
-                return keras.Variable(
-                    value, dtype=dtype, trainable=False, autocast=False, aggregation="only_first_replica", name=name
-                )
-
             self._state = (
-                variable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "xbm_embeddings"),
-                variable(np.zeros(self.memory_size), "int32", "xbm_labels"),
-                variable(0, "int64", "xbm_count"),
-                variable(0, "int64", "xbm_steps"),
+                _state_variable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "xbm_embeddings"),
+                _state_variable(np.zeros(self.memory_size), "int32", "xbm_labels"),
+                _state_variable(0, "int64", "xbm_count"),
+                _state_variable(0, "int64", "xbm_steps"),
             )
         return self._state
 
@@ -155,16 +145,8 @@ class CrossBatchMemory(MetricLoss):
             variable.assign(np.zeros(variable.shape))
 
     @property
-    def trainable_variables(self):
-        return self.loss.trainable_variables
-
-    @property
-    def variable_optimizer(self):
-        return self.loss.variable_optimizer
-
-    @property
     def non_trainable_variables(self):
-        return list(self._variables()) + list(self.loss.non_trainable_variables)
+        return list(self._variables()) + super().non_trainable_variables
 
     def _check_batch(self, labels, embeddings):
         width = embeddings.shape[-1]
@@ -220,7 +202,6 @@ class CrossBatchMemory(MetricLoss):
     def get_config(self):
         config = super().get_config()
         config.update(
-            loss=keras.saving.serialize_keras_object(self.loss),
             memory_size=self.memory_size,
             embedding_dim=self.embedding_dim,
             start_step=self.start_step,

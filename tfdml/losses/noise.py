@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfdml.losses.base import MetricLoss
+from tfdml.losses.base import MetricLoss, _state_variable, _WrappedLoss
 from tfdml.losses.cross_batch_memory import _positive_int
 from tfdml.ops import pairwise_distance, positive_mask, reduce_terms, safe_divide
 
@@ -123,41 +123,6 @@ def prism_keep(scores, noise_rate, window, window_count, has_memory=True):
     return keep, window, window_count
 
 
-def _non_trainable(value, dtype, name):
-    # only_first_replica: every replica computes the same update from the same global batch (as the queue of
-    # CrossBatchMemory).
-    return keras.Variable(
-        value, dtype=dtype, trainable=False, autocast=False, aggregation="only_first_replica", name=name
-    )
-
-
-class _WrappedLoss(MetricLoss):
-    """A `MetricLoss` around another: the wrapped loss's variables are this loss's (tracked by `MetricModel`)."""
-
-    def __init__(self, loss, name, **kwargs):
-        super().__init__(name=name, **kwargs)
-        if isinstance(loss, dict):
-            loss = keras.saving.deserialize_keras_object(loss)
-        if not isinstance(loss, MetricLoss):
-            raise TypeError(f"{type(self).__name__} wraps a tfdml MetricLoss, got {type(loss).__name__}.")
-        self.loss = loss
-
-    @property
-    def trainable_variables(self):
-        return self.loss.trainable_variables
-
-    @property
-    def variable_optimizer(self):
-        return self.loss.variable_optimizer
-
-    @property
-    def non_trainable_variables(self):
-        return self.loss.non_trainable_variables
-
-    def get_config(self):
-        return {**super().get_config(), "loss": keras.saving.serialize_keras_object(self.loss)}
-
-
 def _has_terms(loss):
     return type(loss).terms is not MetricLoss.terms
 
@@ -246,11 +211,11 @@ class PRISM(_WrappedLoss):
         """`(embeddings [M, D], labels [M], count, window [W], window count)`, created on first use."""
         if self._state is None:
             self._state = (
-                _non_trainable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "prism_embeddings"),
-                _non_trainable(np.zeros(self.memory_size), "int32", "prism_labels"),
-                _non_trainable(0, "int64", "prism_count"),
-                _non_trainable(np.zeros(self.window_size), "float64", "prism_window"),
-                _non_trainable(0, "int32", "prism_window_count"),
+                _state_variable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "prism_embeddings"),
+                _state_variable(np.zeros(self.memory_size), "int32", "prism_labels"),
+                _state_variable(0, "int64", "prism_count"),
+                _state_variable(np.zeros(self.window_size), "float64", "prism_window"),
+                _state_variable(0, "int32", "prism_window_count"),
             )
         return self._state
 
@@ -267,7 +232,7 @@ class PRISM(_WrappedLoss):
 
     @property
     def non_trainable_variables(self):
-        return list(self._variables()) + list(self.loss.non_trainable_variables)
+        return list(self._variables()) + super().non_trainable_variables
 
     def select(self, labels, embeddings):
         """The keep mask of a training batch (bool `[B]`); updates the window and enqueues the kept samples."""

@@ -88,11 +88,17 @@ def n_pairs_loss(labels, embeddings, normalize=True):
     return _n_pairs_loss(labels, embeddings, normalize)
 
 
-def _supcon_loss(labels, embeddings, temperature, references=None):
+def _scaled_cosines(labels, embeddings, temperature, references=None):
+    """`(logits, positives, negatives)`: the cosine similarities of the anchors with the batch (or the
+    references) divided by `temperature`, and the positive and negative pair masks."""
     logits = pairwise_cosine_similarity(embeddings, reference_embeddings(references)) / as_scalar(
         temperature, embeddings.dtype
     )
-    positives, negatives = pair_masks(labels, references)
+    return (logits, *pair_masks(labels, references))
+
+
+def _supcon_loss(labels, embeddings, temperature, references=None):
+    logits, positives, negatives = _scaled_cosines(labels, embeddings, temperature, references)
     log_prob = logits - masked_logsumexp(logits, positives | negatives, axis=1, keepdims=True)
     positives_f = tf.cast(positives, logits.dtype)
     per_anchor = -safe_divide(tf.reduce_sum(log_prob * positives_f, axis=1), tf.reduce_sum(positives_f, axis=1))
@@ -112,10 +118,7 @@ def supcon_loss(labels, embeddings, temperature=0.1):
 
 
 def _ntxent_loss(labels, embeddings, temperature, references=None):
-    logits = pairwise_cosine_similarity(embeddings, reference_embeddings(references)) / as_scalar(
-        temperature, embeddings.dtype
-    )
-    positives, negatives = pair_masks(labels, references)
+    logits, positives, negatives = _scaled_cosines(labels, embeddings, temperature, references)
     has_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
     negative_lse = masked_logsumexp(logits, negatives, axis=1, keepdims=True)
     # -log(e^s / (e^s + e^r)) = softplus(r - s), with r the logsumexp of the anchor's negatives.

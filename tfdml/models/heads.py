@@ -9,7 +9,7 @@
   -> Dense(D, no bias). Output un-normalised. On maps smaller than 5x5 the pool covers the whole map, and on
   maps of unknown size it is a global pool (then the flatten sees 1x1x128).
 - `CaffeAveragePooling2D`: average pooling with Caffe's output size and border divisor.
-- `L2Normalize`: `x / max(||x||, eps)` along the last axis.
+- `L2Normalize`: `x / max(||x||, eps)` along the last axis, in float32 (also under mixed precision).
 
 Heads return un-normalised vectors because the multi-level inference embedding L2-normalises the
 *concatenation* of the un-normalised level outputs.
@@ -23,10 +23,16 @@ import tensorflow as tf
 class L2Normalize(keras.layers.Layer):
     """`y = x / sqrt(max(sum(x^2), epsilon))` along `axis` (unit-norm rows; a zero row stays zero).
 
+    It computes in float32 unless given another `dtype`, also under a `mixed_float16` policy (its inputs are
+    cast up, its output is float32, as mixed precision asks of a model's output layer): in float16 a sum of
+    squares overflows past 65504 (activations from about 256 up) and `epsilon` is 0, so the row would come
+    out zero or NaN.
+
     Example: `L2Normalize()(tf.constant([[3.0, 4.0]]))` -> `[[0.6, 0.8]]`.
     """
 
     def __init__(self, axis=-1, epsilon=1e-12, **kwargs):
+        kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
         self.axis = axis
         self.epsilon = epsilon

@@ -256,8 +256,8 @@ class MultiLevelEmbedder(MetricModel):
     def call(self, inputs, training=None):
         raw, logits = self.level_outputs(inputs, training=training)
         embedding = self.normalize(tf.concat(raw, axis=-1) if len(raw) > 1 else raw[0])
-        if training and logits:
-            return tf.concat([embedding] + logits, axis=-1)
+        if training and logits:  # the logits in the embedding's float32 (float16 under mixed precision)
+            return tf.concat([embedding] + [tf.cast(z, embedding.dtype) for z in logits], axis=-1)
         return embedding
 
     def split_levels(self, outputs):
