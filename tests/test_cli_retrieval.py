@@ -420,11 +420,11 @@ def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):
     its folder: in the index (the real `tfdml export`, in a subprocess), its metadata and the search signature."""
     source = data.digits("test")
     folder = tmp_path / "images"
-    for name, digit in zip("abcdf", range(5, 10)):
+    for name, digit in zip("01235", range(5, 10)):  # class folders named by numbers, "4" left out
         rows = np.flatnonzero(source.labels == digit)[:4]
         write_pngs(folder / name, source.images[rows], [f"{i}.png" for i in rows])
-    (folder / "e").mkdir()
-    (folder / "e" / "broken.png").write_bytes(b"")  # a class folder left out: nothing in it decodes
+    (folder / "4").mkdir()
+    (folder / "4" / "broken.png").write_bytes(b"")  # a class folder left out: nothing in it decodes
     report = tmp_path / "report"
     report.mkdir()
     # A tfdml layer in the model: the fresh process finds it registered by `import tfdml`'s hook alone.
@@ -433,7 +433,7 @@ def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):
     model = keras.Model(inputs, L2Normalize()(dense(keras.layers.Flatten()(inputs))), name="halves")
     model.save(report / "model.keras")
     (report / "config.yaml").write_text(f"name: halves\ndata:\n  source: folder\n  path: {folder}\n")
-    # No eval_path: the job evaluated the second half of the classes with images (c, d, f), the gallery.
+    # No eval_path: the job evaluated the second half of the classes with images (2, 3, 5), the gallery.
     done = subprocess.run(
         [sys.executable, "-m", "tfdml", "export", "--model", str(report / "model.keras"), "--base-dir", "models"],
         cwd=tmp_path,
@@ -449,7 +449,7 @@ def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):
     stored = json.loads((index_dir / "tfdml_index.json").read_text())
     labels = np.load(index_dir / "labels.npy")
     ids = np.load(index_dir / "ids.npy")
-    assert stored["class_names"] == ["c", "d", "f"]
+    assert stored["class_names"] == ["2", "3", "5"]
     assert sorted(set(labels.tolist())) == [0, 1, 2]
     assert [stored["class_names"][label] for label in labels] == [os.path.basename(os.path.dirname(i)) for i in ids]
     assert load_metadata(version)["index"]["classes"] == 3
@@ -459,8 +459,16 @@ def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):
     found = search(images=tf.constant(images))
     top_ids = [i.decode() for i in found["ids"].numpy()[:, 0]]
     top_labels = [label.decode() for label in found["labels"].numpy()[:, 0]]
-    assert set(top_labels) == {"c", "d", "f"}
+    assert set(top_labels) == {"2", "3", "5"}
     assert top_labels == [os.path.basename(os.path.dirname(i)) for i in top_ids]
+    # `--query-label 2` is class "2" (a stored name before a label number) for the index and the signature.
+    query = str(ids[labels == 0][0])
+    for exact in ([], ["--exact"]):
+        argv = ["search", "--model", str(tmp_path / "models" / "halves"), query, "-k", "1", "--query-label", "2"]
+        args = parse(search_cli, [*argv, *exact, "--json", str(tmp_path / "s.json")])
+        assert args.func(args) == 0
+        (neighbour,) = json.loads((tmp_path / "s.json").read_text())[0]["neighbours"]
+        assert neighbour["class"] == "2" and neighbour["same_class"], (exact, neighbour)
 
 
 def test_export_index_keeps_the_names_of_the_labelled_classes_only(tmp_path):

@@ -64,7 +64,8 @@ def register(subparsers):
         dest="query_labels",
         action="append",
         metavar="CLASS",
-        help="class of a query (a class name stored in the index, or a label number); give it "
+        help="class of a query (a class name stored in the index, or a label number: the position of the "
+        "class among the index's class names, which are its gallery's classes only); give it "
         "once per query image, in the order of the images; neighbours are then marked "
         "same-class (green) or other-class (red).",
     )
