@@ -209,11 +209,12 @@ class ScannIndex:
         )
         return builder.reorder(max(s["reorder"], self.num_neighbors)).build()
 
-    def search(self, queries, k=None, leaves_to_search=None, reorder=None):
+    def search(self, queries, k=None, leaves_to_search=None, reorder=None, positions=False):
         """Top-`k` neighbours of each `[Q, D]` query row.
 
-        Returns `(ids, values)`: `[Q, k]` ids (the constructor's `ids`, else row numbers) nearest first, and
-        float32 `[Q, k]` dot products or squared distances. A single `[D]` query gives `[k]` results.
+        Returns `(ids, values)`: `[Q, k]` ids (the constructor's `ids`, else row numbers; with
+        `positions=True` always the row numbers, e.g. to look up `labels`) nearest first, and float32
+        `[Q, k]` dot products or squared distances. A single `[D]` query gives `[k]` results.
         """
         k = self.num_neighbors if k is None else int(k)
         if not 1 <= k <= self.size:
@@ -230,7 +231,7 @@ class ScannIndex:
                 f"ScaNN returned only {indices.shape[1]} neighbours for k={k}; search more "
                 f"leaves (leaves_to_search) or use mode='exact'."
             )
-        ids = indices if self.ids is None else self.ids[indices]
+        ids = indices if self.ids is None or positions else self.ids[indices]
         values = np.asarray(values, np.float32)
         return (ids[0], values[0]) if single else (ids, values)
 
