@@ -13,6 +13,7 @@ has no classes) and `embedding` (floats); a Parquet shard the columns `id` (stri
 and writes (`gs://`, `hdfs://`, `s3://` with its plugin), through `tf.io.gfile`.
 """
 
+import io
 import json
 import os
 import posixpath
@@ -66,8 +67,10 @@ def write_shard(path, ids, classes, embeddings, file_format):
                 "embedding": pa.array(list(embeddings), pa.list_(pa.float32())),
             }
         )
+        buffer = io.BytesIO()  # pyarrow writes to its own files or to a Python stream, not to a GFile
+        pq.write_table(table, buffer)
         with tf.io.gfile.GFile(tmp, "wb") as f:
-            pq.write_table(table, f)
+            f.write(buffer.getvalue())
     tf.io.gfile.rename(tmp, path, overwrite=True)
     return path
 
@@ -78,7 +81,7 @@ def read_shard(path):
         import pyarrow.parquet as pq  # Parquet only: pyarrow comes with the beam extra
 
         with tf.io.gfile.GFile(path, "rb") as f:
-            table = pq.read_table(f)
+            table = pq.read_table(io.BytesIO(f.read()))
         embeddings = np.asarray(table.column("embedding").to_pylist(), np.float32)
         ids = np.asarray(table.column("id").to_pylist(), dtype=str)
         classes = np.asarray(table.column("class").to_pylist(), dtype=str)
