@@ -9,11 +9,12 @@ Apache Beam is an optional dependency: it is imported by this package only, and 
 without it raises an `ImportError` that says how to install it.
 """
 
-try:
-    import apache_beam  # noqa: F401  (the optional dependency: checked before anything else loads)
-except ImportError as error:  # pragma: no cover - exercised in a subprocess by tests/test_beam_optional.py
+try:  # the optional dependency, checked before anything else loads: Beam and its TensorFlow model handler
+    import apache_beam  # noqa: F401
+    from apache_beam.ml.inference import tensorflow_inference  # noqa: F401
+except ImportError as error:  # exercised in a subprocess by tests/test_beam_optional.py
     raise ImportError(
-        f'tfdml.beam needs Apache Beam, which the core install leaves out: pip install "tfdml[beam]" ({error})'
+        f'tfdml.beam (tfdml embed) needs Apache Beam: pip install "tfdml[beam]" (missing: {error.name})'
     ) from error
 
 from tfdml.beam.embed import EmbedJob, embed_pipeline, run_embed

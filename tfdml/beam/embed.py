@@ -320,6 +320,13 @@ def embed_pipeline(job, options=None, output=None, pipeline=None):
     return pipeline
 
 
+def input_problem(job):
+    """`"no file matches ..."` when the job's input matches no file (one file is looked up), else None."""
+    if not FileSystems.match([job.pattern], limits=[1])[0].metadata_list:
+        return f"no file matches {job.pattern}"
+    return None
+
+
 def output_problem(output, overwrite):
     """Why `output` cannot be written (an existing, non-empty folder without `overwrite`), or None."""
     if tf.io.gfile.exists(output):

@@ -12,7 +12,6 @@ import sys
 from tfdml.cli import positive_int, usage_error
 
 HELP = "Embed, shard and index a catalogue of images with an exported model on Apache Beam."
-INSTALL = 'tfdml embed needs Apache Beam: pip install "tfdml[beam]"'
 
 
 def register(subparsers):
@@ -124,13 +123,13 @@ def argument_problem(args):
 
 
 def run(args):
-    try:
-        import apache_beam  # noqa: F401  (the optional dependency, checked before the arguments' files)
-    except ImportError:
-        return usage_error("embed", INSTALL)
     problem = argument_problem(args)
-    if problem:
+    if problem:  # before Beam and TensorFlow are imported
         return usage_error("embed", problem)
+    try:
+        import tfdml.beam  # noqa: F401  (the optional dependency: one line that says how to install it)
+    except ImportError as error:
+        return usage_error("embed", error)
     from tfdml.cli.reporting import warnings_to_stderr
 
     with warnings_to_stderr("embed"):
@@ -138,11 +137,9 @@ def run(args):
 
 
 def _run(args):
-    from apache_beam.io.filesystems import FileSystems
-
     from tfdml import interrupts
     from tfdml.beam import EmbedJob, evaluate_output, run_embed
-    from tfdml.beam.embed import output_problem
+    from tfdml.beam.embed import input_problem, output_problem
     from tfdml.locks import FolderLock
 
     beam_options = [f"--runner={args.runner}", *args.extra]
@@ -161,11 +158,9 @@ def _run(args):
             num_neighbors=args.num_neighbors,
             overwrite=args.overwrite,
         )
-        problem = output_problem(job.output, job.overwrite)
+        problem = output_problem(job.output, job.overwrite) or input_problem(job)
         if problem:
             return usage_error("embed", problem)
-        if not FileSystems.match([job.pattern], limits=[1])[0].metadata_list:
-            return usage_error("embed", f"no file matches {job.pattern}")
     except (ValueError, OSError) as error:
         return usage_error("embed", error)
     lock = FolderLock(args.output, "tfdml embed", advice="wait for it to finish, or write another folder")
