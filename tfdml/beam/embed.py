@@ -46,7 +46,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tfdml.beam import files as F
 from tfdml.data.sources import IMAGE_EXTENSIONS, ImageReadError, decode_image_bytes
 from tfdml.export import EMBEDDING_OUTPUT, IMAGE_INPUT, METADATA_FILE, SERVING_SIGNATURE, resolve_export_dir
-from tfdml.retrieval.index import MODES, ScannIndex, _replace_directory
+from tfdml.retrieval.index import MODES, ScannIndex, replace_directory
 
 INDEX_MODES = (*MODES, "none")
 _SKIPPED = "skipped"
@@ -363,7 +363,7 @@ def run_embed(job, options=None, say=print):
         manifest = _manifest(job, staging, started)
         F.write_json(F.join(staging, F.MANIFEST_FILE), manifest)
         if local:
-            _replace_directory(staging, target)
+            replace_directory(staging, target)
     finally:
         if local:
             shutil.rmtree(staging, ignore_errors=True)

@@ -403,7 +403,7 @@ class ScannIndex:
                 np.save(os.path.join(tmp, file_name), np.asarray(array), allow_pickle=False)
             with open(os.path.join(tmp, _META_FILE), "w") as f:
                 json.dump(self.config(), f, indent=2)
-            _replace_directory(tmp, directory)
+            replace_directory(tmp, directory)
             self.directory = directory
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -493,7 +493,7 @@ def _drop_rows(found, rows, k):
     return np.array([row[mask][:k] for row, mask in zip(found, kept)])
 
 
-def _replace_directory(new, target):
+def replace_directory(new, target):
     """Moves directory `new` to `target`; an existing `target` is swapped out first and then deleted."""
     old = None
     if os.path.exists(target):
