@@ -56,7 +56,7 @@ _SKIPPED = "skipped"
 class EmbedJob:
     """What `tfdml embed` does, checked once when made (`ValueError` naming the field).
 
-    Args:
+    Attributes:
       model: the exported model: a version folder, or `<base>/<name>` (its latest version).
       output: the output folder (local, or a URL such as `gs://bucket/path`).
       image_dir: a folder tree `class/image` (one of `image_dir`, `images`, `tfrecords`).
