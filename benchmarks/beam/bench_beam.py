@@ -9,6 +9,7 @@ Parts (each measured in its own process, so that its peak memory is its own):
 - `beam_multiprocess`: the same with `--direct_running_mode=multi_processing --direct_num_workers=2`;
 - `shard_index`: building one shard's `ScannIndex` (auto mode: approximate, recall@10 0.95 measured) from
   synthetic 128-d embeddings of 50,000 and 100,000 rows, and the search time of a query shard against it;
+- `backbone`: a ResNet-50 (random weights) at 224 x 224 on these cores, the model cost real photos pay;
 - `evaluation_memory`: `query_shard_sums` (one query shard against every shard, indexes loaded one at a
   time) with shards of 20,000 x 256-d rows and 2, 4 or 8 shards: its peak memory against the catalogue's size.
 
@@ -95,6 +96,22 @@ def part_beam(work, version, multiprocess):
     }
 
 
+def part_backbone():
+    """Images/s of a ResNet-50 (random weights, 224 x 224, batches of 32) in this process: the model cost a
+    catalogue of real photos pays on these cores, beside the pipeline's own cost per image."""
+    import keras
+    import numpy as np
+
+    model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), include_top=False, pooling="avg")
+    images = np.random.default_rng(0).uniform(0, 255, (32, 224, 224, 3)).astype(np.float32)
+    model(images, training=False)  # traced and warmed up
+    start = time.perf_counter()
+    for _ in range(3):
+        model(images, training=False)
+    seconds = time.perf_counter() - start
+    return {"model": "ResNet50 at 224x224, batch 32", "images": 96, "seconds": seconds, "peak_rss_mib": _peak_mib()}
+
+
 def _embeddings(rows, seed, dim=DIM):
     import numpy as np
 
@@ -142,7 +159,9 @@ def part_evaluation_memory(work, shards, rows):
     for shard in range(shards):
         x = _embeddings(rows, 10 + shard, EVAL_DIM)
         ids = [f"s{shard}-{i:07d}" for i in range(rows)]
-        classes = [f"c{i % 1000}" for i in range(rows)]
+        # Classes of 40 items, each spread over a pair of shards: R_q (and so the k searched) stays the same
+        # whatever the number of shards, so that only the catalogue's size changes.
+        classes = [f"c{shard // 2}-{i % (rows // 20)}" for i in range(rows)]
         name = os.path.basename(F.shard_file(output, shard, shards, "tfrecord"))
         F.write_shard(os.path.join(output, name), ids, classes, x, "tfrecord")
         ScannIndex(x, ids=np.asarray(ids), labels=np.asarray(classes), mode="exact").save(
@@ -188,7 +207,9 @@ def run_part(name, *args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, nargs="+", default=[2000, 8000])
-    parser.add_argument("--parts", nargs="+", choices=["embed", "shards"], default=["embed", "shards"])
+    parser.add_argument(
+        "--parts", nargs="+", choices=["embed", "shards", "backbone"], default=["embed", "shards", "backbone"]
+    )
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.json"))
     parser.add_argument("--part", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--table", metavar="RESULTS", help="print the Markdown table of a results file")
@@ -206,6 +227,7 @@ def main():
             "beam_inprocess": lambda work, version: part_beam(work, version, False),
             "beam_multiprocess": lambda work, version: part_beam(work, version, True),
             "shard_index": lambda rows: part_shard_index(int(rows)),
+            "backbone": part_backbone,
             "evaluation_memory": lambda work, shards, rows: part_evaluation_memory(work, int(shards), int(rows)),
         }
         print(json.dumps(functions[name](*rest)))
@@ -248,6 +270,9 @@ def main():
             print(results["evaluation_memory"], file=sys.stderr)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    if "backbone" in args.parts:
+        results["backbone"] = run_part("backbone")
+        print(results["backbone"], file=sys.stderr)
     loads.append(os.getloadavg())
     results["load_average"] = {"start": loads[0], "end": loads[1]}
     with open(args.out, "w") as f:
