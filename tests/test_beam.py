@@ -175,3 +175,17 @@ def test_tfrecords_to_parquet_and_overwrite(run, tmp_path):
     position = {item: i for i, item in enumerate(run["ids"])}
     np.testing.assert_allclose(embeddings, run["embeddings"][[position[i] for i in ids]], rtol=1e-5, atol=1e-6)
     assert set(classes) == {"c"}
+
+
+def test_bad_arguments_are_one_line_usage_errors(run, tmp_path, capsys):
+    version = run["version"]
+    cases = {
+        ("--images", str(tmp_path / "nothing" / "*.png")): "no file matches",
+        ("--image-dir", str(run["root"] / "images"), "--tfrecords", "x"): "exactly one of",
+        ("--image-dir", str(tmp_path / "absent")): "no such folder",
+    }
+    for arguments, message in cases.items():
+        status = main(["embed", "--model", version, *arguments, "--output", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip()
+        assert status == 2 and err.startswith("tfdml embed: error: ") and message in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
