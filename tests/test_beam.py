@@ -1,4 +1,4 @@
-"""`tfdml embed` on Beam's DirectRunner (issue 35): one run over a folder of 2,000 small generated images, shared
+"""`tfdml embed` on Beam's DirectRunner (issue 35): one run over a folder of 3,000 small generated images, shared
 by the tests, checked against independent computations: the export's serving signature on the same files
 (`ExportedEmbedder`), one NumPy brute-force search over all the embeddings, and `tfdml.retrieval.evaluate`
 (what `RetrievalEvaluation` computes) on them. Bad input: unreadable files are skipped, named and counted; a
@@ -21,7 +21,7 @@ from tfdml.cli import main  # noqa: E402
 from tfdml.retrieval import evaluate  # noqa: E402
 from tfdml.retrieval.sharded import ShardedIndex  # noqa: E402
 
-CLASSES, PER_CLASS, SIZES = 40, 50, (16, 20, 24)
+CLASSES, PER_CLASS, SIZES = 60, 50, (16, 20, 24)
 BAD = {"class_03/empty.png": b"", "class_07/garbage.jpg": b"not an image at all"}
 
 
