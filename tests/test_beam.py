@@ -140,11 +140,13 @@ def test_sharded_evaluation_equals_evaluate(run):
     )
     assert measured.pop("queries") == len(labels)
     assert measured.keys() == expected.keys()
-    # Float rounding: same-class neighbours of a query lie within 1e-5 in cosine, so ScaNN's and TensorFlow's
-    # sums may swap two of them (which changes nothing) or, deep in a list, two of different classes (which
-    # moves one query's average precision, MAP@R by 1e-5 or less). One query wrong in Recall@K moves it 5e-4.
+    # Float rounding: ScaNN and TensorFlow sum the dot products in other orders (~1e-7 apart), and these flat-
+    # colour images embed close together, so two neighbours within ~1e-7 of each other may swap. Of the same
+    # class it changes nothing; of different classes (the closest such pair in the top 5 is 3e-7 apart on the
+    # development machine) it could move one query's Recall@K (1/3,000 = 3.3e-4) or, deep in a list, its
+    # average precision (MAP@R by 1e-5 or less). A wrong merge moves many queries.
     for key, value in expected.items():
-        assert measured[key] == pytest.approx(value, abs=1e-4), key
+        assert measured[key] == pytest.approx(value, abs=1e-3 if key.startswith("recall") else 1e-4), key
     assert 0.1 < expected["map@r"] < 0.99  # the classes cluster, but not trivially: the lists matter
 
 
