@@ -35,6 +35,7 @@ _SUBMODULES = (
     "ala_options",
     "locks",
     "interrupts",
+    "beam",  # needs the beam extra: without Apache Beam its ImportError says how to install it
 )
 
 # Importing these registers every class tfdml saves with `keras.saving.register_keras_serializable` (models,

@@ -1,4 +1,4 @@
-"""The `tfdml` command line: `tfdml train | evaluate | export | search`.
+"""The `tfdml` command line: `tfdml train | evaluate | export | search | embed`.
 
 Each subcommand lives in its own module with `register(subparsers)` (adds its parser, with help for every
 option, and sets `func`) and `run(args) -> int`.
@@ -19,7 +19,7 @@ import sys
 from tfdml import interrupts
 from tfdml.locks import LockedError
 
-_COMMANDS = ("train", "evaluate", "export", "search")
+_COMMANDS = ("train", "evaluate", "export", "search", "embed")
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -86,7 +86,11 @@ def build_parser():
 def main(argv=None):
     quiet_tensorflow()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # A command that runs a Beam pipeline (`tfdml embed`) passes the options it does not know to the runner.
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "beam_options", False):
+        parser.parse_args(argv)  # argparse's own "unrecognized arguments" usage error (exit 2)
+    args.extra = extra
     if args.command is None:
         # `tfdml` alone prints the overview instead of failing.
         parser.print_help()

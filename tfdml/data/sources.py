@@ -19,6 +19,7 @@ Sources:
 
 import collections
 import inspect
+import io
 import logging
 import os
 import threading
@@ -180,14 +181,15 @@ class ImageReadError(ValueError):
 
 
 def check_image_file(path):
-    """`(format, None)` for a decodable image file, `(None, reason)` otherwise.
+    """`(format, None)` for a decodable image file (a path, or its bytes in an `io.BytesIO`), `(None,
+    reason)` otherwise.
 
     Cheap: a JPEG is decoded at 1/8 scale (Pillow's draft mode still reads the whole compressed stream, so
     truncated files are caught); other formats are checked with Pillow's `verify` (structure and PNG
     checksums, no decoding).
     """
     try:
-        if os.path.getsize(path) == 0:
+        if (len(path.getbuffer()) if isinstance(path, io.BytesIO) else os.path.getsize(path)) == 0:
             return None, "empty file"
         with Image.open(path) as image:
             image_format = image.format
@@ -208,6 +210,8 @@ def check_image_file(path):
 
 
 def _pil_pixels(path, channels):
+    if isinstance(path, bytes):
+        path = io.BytesIO(path)
     with Image.open(path) as image:
         image = image.convert("L" if channels == 1 else "RGB")  # L: ITU-R 601 luma, as TF's decoders
         pixels = np.asarray(image, np.uint8)
@@ -218,15 +222,26 @@ def decode_image_file(path, channels=3):
     """uint8 `[H, W, channels]` pixels of an image file (TensorFlow's decoders; Pillow for TIFF and other
     formats TensorFlow cannot read); `ImageReadError` naming the file when it cannot be decoded."""
     path = os.fspath(path)
-    image_format, problem = check_image_file(path)
+    return _decode_checked(path, check_image_file(path), lambda: tf.io.read_file(path), channels)
+
+
+def decode_image_bytes(data, name, channels=3):
+    """`decode_image_file` of an image file's bytes (a TFRecord's encoded image, a file read from remote
+    storage); `name` (its path or id) names it in the `ImageReadError`."""
+    data = bytes(data)
+    return _decode_checked(name, check_image_file(io.BytesIO(data)), lambda: data, channels, pil_input=data)
+
+
+def _decode_checked(name, checked, read, channels, pil_input=None):
+    image_format, problem = checked
     if problem:
-        raise ImageReadError(f"{path}: {problem}")
+        raise ImageReadError(f"{name}: {problem}")
     try:
         if image_format in TF_FORMATS:
-            return tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False).numpy()
-        return _pil_pixels(path, channels)
+            return tf.io.decode_image(read(), channels=channels, expand_animations=False).numpy()
+        return _pil_pixels(name if pil_input is None else pil_input, channels)
     except Exception as error:
-        raise ImageReadError(f"{path}: cannot be decoded ({str(error).splitlines()[0][:200]})") from None
+        raise ImageReadError(f"{name}: cannot be decoded ({str(error).splitlines()[0][:200]})") from None
 
 
 def report_skipped(what, problems, total):

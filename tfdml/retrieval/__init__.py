@@ -1,8 +1,19 @@
-"""Retrieval: ScaNN nearest-neighbour index, the DML evaluation protocol (Recall@K, MAP@R, NMI, F1) and
-match calibration (the score threshold of a target precision)."""
+"""Retrieval: ScaNN nearest-neighbour index, the DML evaluation protocol (Recall@K, MAP@R, NMI, F1),
+match calibration (the score threshold of a target precision) and search over a sharded gallery."""
 
 from tfdml.retrieval.calibration import Calibration, calibrate
 from tfdml.retrieval.evaluation import METRICS, embed_batches, evaluate
 from tfdml.retrieval.index import ScannIndex, auto_settings
+from tfdml.retrieval.sharded import ShardedIndex, merge_top_k
 
-__all__ = ["Calibration", "calibrate", "ScannIndex", "auto_settings", "embed_batches", "evaluate", "METRICS"]
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "ScannIndex",
+    "ShardedIndex",
+    "auto_settings",
+    "embed_batches",
+    "evaluate",
+    "merge_top_k",
+    "METRICS",
+]

@@ -209,11 +209,12 @@ class ScannIndex:
         )
         return builder.reorder(max(s["reorder"], self.num_neighbors)).build()
 
-    def search(self, queries, k=None, leaves_to_search=None, reorder=None):
+    def search(self, queries, k=None, leaves_to_search=None, reorder=None, positions=False):
         """Top-`k` neighbours of each `[Q, D]` query row.
 
-        Returns `(ids, values)`: `[Q, k]` ids (the constructor's `ids`, else row numbers) nearest first, and
-        float32 `[Q, k]` dot products or squared distances. A single `[D]` query gives `[k]` results.
+        Returns `(ids, values)`: `[Q, k]` ids (the constructor's `ids`, else row numbers; with
+        `positions=True` always the row numbers, e.g. to look up `labels`) nearest first, and float32
+        `[Q, k]` dot products or squared distances. A single `[D]` query gives `[k]` results.
         """
         k = self.num_neighbors if k is None else int(k)
         if not 1 <= k <= self.size:
@@ -230,7 +231,7 @@ class ScannIndex:
                 f"ScaNN returned only {indices.shape[1]} neighbours for k={k}; search more "
                 f"leaves (leaves_to_search) or use mode='exact'."
             )
-        ids = indices if self.ids is None else self.ids[indices]
+        ids = indices if self.ids is None or positions else self.ids[indices]
         values = np.asarray(values, np.float32)
         return (ids[0], values[0]) if single else (ids, values)
 
@@ -402,7 +403,7 @@ class ScannIndex:
                 np.save(os.path.join(tmp, file_name), np.asarray(array), allow_pickle=False)
             with open(os.path.join(tmp, _META_FILE), "w") as f:
                 json.dump(self.config(), f, indent=2)
-            _replace_directory(tmp, directory)
+            replace_directory(tmp, directory)
             self.directory = directory
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -492,7 +493,7 @@ def _drop_rows(found, rows, k):
     return np.array([row[mask][:k] for row, mask in zip(found, kept)])
 
 
-def _replace_directory(new, target):
+def replace_directory(new, target):
     """Moves directory `new` to `target`; an existing `target` is swapped out first and then deleted."""
     old = None
     if os.path.exists(target):

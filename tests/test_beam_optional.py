@@ -1,0 +1,62 @@
+"""The core install works without Apache Beam (issue 35): in a fresh interpreter where `apache_beam` cannot be
+imported (a `sys.meta_path` blocker), `import tfdml` and `tfdml --help` work, `tfdml embed` answers with one
+line that says how to install the beam extra, and `import tfdml.beam` raises an ImportError that says it too."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_WITHOUT_BEAM = textwrap.dedent("""
+    import contextlib, io, json, sys
+
+    class NoBeam:
+        def find_spec(self, name, path=None, target=None):
+            if name == "apache_beam" or name.startswith("apache_beam."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoBeam())
+    import tfdml
+    from tfdml.cli import main
+
+    result = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main(["--help"])
+        except SystemExit as stop:
+            result["help_status"] = stop.code
+    result["help"] = out.getvalue()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        result["embed_status"] = main(["embed", "--model", ".", "--image-dir", ".", "--output", "out"])
+    result["embed_error"] = err.getvalue()
+    try:
+        import tfdml.beam
+    except ImportError as error:
+        result["import_error"] = str(error)
+    result["beam_loaded"] = any(name.startswith("apache_beam") for name in sys.modules)
+    print(json.dumps(result))
+""")
+
+
+def test_core_install_without_beam(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_BEAM], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["help_status"] == 0
+    assert "embed" in result["help"] and "train" in result["help"]
+    assert result["embed_status"] == 2
+    assert result["embed_error"].strip() == (
+        "tfdml embed: error: tfdml.beam (tfdml embed) needs Apache Beam: "
+        'pip install "tfdml[beam]" (missing: apache_beam)'
+    )
+    assert 'pip install "tfdml[beam]"' in result["import_error"]
+    assert not result["beam_loaded"]

@@ -1,0 +1,211 @@
+"""`tfdml embed`: embed a catalogue of images with an exported model on Apache Beam, shard and index it.
+
+tfdml embed --model exported_models/cub --image-dir cub/images --output embeddings/cub
+tfdml embed --model exported_models/cub --images 'photos/*/*.jpg' --output out --format parquet --evaluate
+tfdml embed --model gs://b/models/cub/1 --tfrecords 'gs://b/images-*.tfrecord' --output gs://b/emb \\
+    --runner DataflowRunner --project P --region europe-west1 --temp_location gs://b/tmp
+"""
+
+import os
+import sys
+
+from tfdml.cli import positive_int, usage_error
+
+HELP = "Embed, shard and index a catalogue of images with an exported model on Apache Beam."
+
+
+def register(subparsers):
+    parser = subparsers.add_parser(
+        "embed",
+        help=HELP,
+        description=HELP + " Images are decoded as tfdml.export.read_image decodes them and run through the "
+        "export's serving signature with Beam's RunInference (the TensorFlow model handler), so the embeddings "
+        "are the served ones. Writes sharded embedding files (id, class, embedding), one ScaNN index per shard "
+        "(recall measured as on one machine), skipped.jsonl (each image that cannot be read, with the reason) and "
+        "manifest.json. Runs on Beam's DirectRunner unless --runner says otherwise; any other option is one of "
+        "Beam's pipeline options and goes to the runner unchanged (e.g. --direct_num_workers 2 "
+        "--direct_running_mode multi_processing, --flink_master, --project, --temp_location). Needs the beam extra "
+        '(pip install "tfdml[beam]").',
+    )
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        required=True,
+        help="exported model: <base_dir>/<name> (latest version) or a version directory (a URL such as "
+        "gs://... must name the version directory).",
+    )
+    source = parser.add_argument_group("images (one of)")
+    source.add_argument(
+        "--image-dir", metavar="DIR", help="a folder tree DIR/<class>/<image>; the class is the sub-folder's name."
+    )
+    source.add_argument(
+        "--images",
+        metavar="GLOB",
+        help="image files matching a glob (quote it), e.g. 'photos/*/*.jpg'; an image's class is its parent "
+        "folder's name.",
+    )
+    source.add_argument(
+        "--tfrecords",
+        metavar="GLOB",
+        help="TFRecord files of tf.train.Examples with an 'image' bytes feature (the encoded image) and optional "
+        "'id' and 'class' bytes features (without 'id', the image's SHA-1).",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--output", metavar="DIR", required=True, help="the output folder (local, or a URL such as gs://...)."
+    )
+    out.add_argument(
+        "--format",
+        dest="file_format",
+        choices=["tfrecord", "parquet"],
+        default="tfrecord",
+        help="embedding files: TFRecord of tf.train.Examples or Parquet, each row id, class, embedding.",
+    )
+    out.add_argument("--num-shards", type=positive_int, default=4, help="embedding files and indexes, one per shard.")
+    out.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output folder (a local one only once the new one is complete).",
+    )
+    options = parser.add_argument_group("embedding and index")
+    options.add_argument(
+        "--batch-size", type=positive_int, default=64, help="the largest batch of images sent to the model."
+    )
+    options.add_argument(
+        "--index-mode",
+        choices=["auto", "exact", "approximate", "none"],
+        default="auto",
+        help="ScaNN index of each shard: auto (brute force below 20,000 items, else approximate), exact, "
+        "approximate, or none.",
+    )
+    options.add_argument(
+        "--target-recall",
+        type=float,
+        default=0.95,
+        help="recall@--num-neighbors against exact search that an approximate shard index must reach "
+        "(measured on the shard, as tfdml export measures its index).",
+    )
+    options.add_argument("--num-neighbors", type=positive_int, default=10, help="the k of the recall target.")
+    evaluation = parser.add_argument_group("evaluation")
+    evaluation.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="then compute Recall@K, MAP@R and R-precision over the shards (every image queries all the others; "
+        "labels are the class names) with a second pipeline, streaming over query shards; writes evaluation.json.",
+    )
+    evaluation.add_argument(
+        "--ks", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="the K values of Recall@K (default 1 2 4 8)."
+    )
+    parser.add_argument(
+        "--runner",
+        default="DirectRunner",
+        help="Beam runner: DirectRunner, FlinkRunner, SparkRunner, DataflowRunner, ... Options this command does "
+        "not know are Beam's and go to the runner unchanged.",
+    )
+    parser.set_defaults(func=run, beam_options=True)
+    return parser
+
+
+def argument_problem(args):
+    """What is wrong with the arguments that can be told without Beam or TensorFlow, or None."""
+    given = [option for option in ("image_dir", "images", "tfrecords") if getattr(args, option)]
+    if len(given) != 1:
+        return "give exactly one of --image-dir, --images or --tfrecords."
+    if args.image_dir and "://" not in args.image_dir and not os.path.isdir(args.image_dir):
+        return f"--image-dir: no such folder: {args.image_dir}"
+    if "://" not in args.model and not os.path.exists(args.model):
+        return f"--model: no such folder: {args.model}"
+    if not 0.0 < args.target_recall <= 1.0:
+        return f"--target-recall must be in (0, 1], got {args.target_recall}."
+    if args.evaluate and args.index_mode == "none":
+        return "--evaluate searches the shard indexes: it needs an --index-mode other than none."
+    return None
+
+
+def run(args):
+    problem = argument_problem(args)
+    if problem:  # before Beam and TensorFlow are imported
+        return usage_error("embed", problem)
+    try:
+        import tfdml.beam  # noqa: F401  (the optional dependency: one line that says how to install it)
+    except ImportError as error:
+        return usage_error("embed", error)
+    from tfdml.cli.reporting import warnings_to_stderr
+
+    with warnings_to_stderr("embed"):
+        return _run(args)
+
+
+def _run(args):
+    from tfdml import interrupts
+    from tfdml.beam import EmbedJob, evaluate_output, run_embed
+    from tfdml.beam.embed import input_problem, output_problem
+    from tfdml.locks import FolderLock
+
+    beam_options = [f"--runner={args.runner}", *args.extra]
+    try:
+        job = EmbedJob(
+            model=args.model,
+            output=args.output,
+            image_dir=args.image_dir,
+            images=args.images,
+            tfrecords=args.tfrecords,
+            file_format=args.file_format,
+            num_shards=args.num_shards,
+            batch_size=args.batch_size,
+            index_mode=args.index_mode,
+            target_recall=args.target_recall,
+            num_neighbors=args.num_neighbors,
+            overwrite=args.overwrite,
+        )
+        problem = output_problem(job.output, job.overwrite) or input_problem(job)
+        if problem:
+            return usage_error("embed", problem)
+    except (ValueError, OSError) as error:
+        return usage_error("embed", error)
+    lock = FolderLock(args.output, "tfdml embed", advice="wait for it to finish, or write another folder")
+    with lock if "://" not in args.output else _no_lock():
+        try:
+            manifest = run_embed(
+                job, beam_options, say=lambda text: print(f"tfdml embed: warning: {text}", file=sys.stderr)
+            )
+        except (ValueError, OSError) as error:
+            return usage_error("embed", error)
+        interrupts.complete(f"the embeddings in {args.output}")
+        print(
+            f"embedded {manifest['embedded']} images into {len(manifest['shards'])} shards in {args.output} "
+            f"({manifest['skipped']} skipped: {os.path.join(args.output, 'skipped.jsonl')})"
+        )
+        for shard in manifest["shards"]:
+            index = shard.get("index")
+            recall = index and index.get("recall")
+            detail = f", index {index['mode']}" if index else ""
+            if recall:
+                detail += f", recall@{recall['k']} {recall['measured']:.3f}"
+            print(f"  {shard['file']}: {shard['rows']} rows{detail}")
+        if args.evaluate:
+            try:
+                results = evaluate_output(args.output, ks=args.ks, options=beam_options)
+            except ValueError as error:
+                return usage_error("embed", error)
+            from tfdml.cli.evaluate import format_table
+
+            print(format_table({key: value for key, value in results.items() if key != "queries"}))
+            print(f"metrics of {results['queries']} queries written to {os.path.join(args.output, 'evaluation.json')}")
+    return 0
+
+
+class _no_lock:
+    """A URL output has no local folder to lock: the runner's own job bookkeeping guards it."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    from tfdml.cli import main_for
+
+    sys.exit(main_for("embed"))
