@@ -327,7 +327,8 @@ def _faiss_rows(name, index, configure, configs, g, v, build, base, extra=None):
         reaching = [m for m in measured if m[1] >= target]
         if not reaching:
             best = max(measured, key=lambda m: m[1])
-            rows[f"{name}@{target}"] = (None, {"error": [f"not reached: best validation recall {best[1]:.4f}"]})
+            error = f"not reached: best validation recall {best[1]:.4f} ({best[0]}; settings tried up to {configs[-1]})"
+            rows[f"{name}@{target}"] = (None, {"error": [error]})
             continue
         config, valid_recall, seconds = min(reaching, key=lambda m: m[2])
 
@@ -502,13 +503,13 @@ def _rows(work, data):
 
 
 def _setting(name, row):
-    if name.startswith("scann@") or name == "scann_default":
+    if name.startswith(("scann@", "scann_default")):
         record = row.get("tuning") or row.get("index_recall") or {}
         if record.get("fallback") and record.get("fell_back", True):
             return "brute force (fallback)"
         if record:
             text = f"{record['leaves_to_search']}/{record['num_leaves']} leaves, reorder {record['reorder']}"
-            if name == "scann_default" and record.get("lower_bound") is not None:
+            if name.startswith("scann_default") and record.get("lower_bound") is not None:
                 # What the index recorded in its metadata: mean recall on its sample and the 95% lower bound.
                 text += (
                     f"; recorded recall {record['measured']:.4f} (95% bound {record['lower_bound']:.4f}, "
