@@ -72,6 +72,54 @@ def test_given_settings_are_kept_and_their_recall_recorded(data):
     assert record["measured"] == pytest.approx(numpy_recall(index, gallery, held_out, 10), abs=1e-9)
 
 
+def per_query_recall(index, gallery, queries, k):
+    exact = np.argsort(-(queries.astype(np.float64) @ gallery.T.astype(np.float64)), axis=1, kind="stable")[:, :k]
+    found, _ = index.search(queries, k=k)
+    return np.array([len(set(a) & set(b)) / k for a, b in zip(found, exact)])
+
+
+def test_the_target_holds_at_the_lower_confidence_bound_of_the_sampled_recall(data, tuned):
+    gallery, held_out = data
+    record = tuned.recall
+    # The mean recall of the 500 sampled queries less 1.645 standard errors of it (one-sided 95%) meets the target.
+    assert record["confidence"] == 0.95 and record["queries"] == 500
+    assert 0 < record["standard_error"] < 0.02
+    assert record["lower_bound"] == pytest.approx(record["measured"] - 1.6448536 * record["standard_error"], abs=1e-6)
+    assert record["lower_bound"] >= record["target"]  # 0.95, or 0.99 where an earlier test raised it
+    # Measured on given queries, the record's figures are those of a NumPy reading of the same recall.
+    index = ScannIndex(gallery, mode="approximate", leaves_to_search=3, recall_queries=held_out, target_recall=0.5)
+    recall = per_query_recall(index, gallery, held_out, 10)
+    error = recall.std(ddof=1) / np.sqrt(len(recall))
+    assert index.recall["measured"] == pytest.approx(recall.mean(), abs=1e-9)
+    assert index.recall["standard_error"] == pytest.approx(error, rel=1e-6)
+    assert index.recall["lower_bound"] == pytest.approx(recall.mean() - 1.6448536 * error, abs=1e-6)
+    # A target between the bound and the mean is not met: the settings fixed here fall back to brute force.
+    between = (index.recall["lower_bound"] + index.recall["measured"]) / 2
+    strict = ScannIndex(gallery, mode="approximate", leaves_to_search=3, recall_queries=held_out, target_recall=between)
+    assert strict.recall["fell_back"] and "lower 95% bound" in strict.recall["fallback"]
+    with pytest.raises(ValueError, match=r"confidence must be in \[0.5, 1\), got 1"):
+        index.tune(gallery, 0.9, confidence=1.0)
+
+
+def test_single_query_paths_accept_any_vector_and_refuse_nan(tuned, data):
+    query = data[1][7]
+    ids, scores = tuned.search(query, k=5)
+    assert ids.shape == scores.shape == (5,) and scores.dtype == np.float32
+    for same in (query.astype(np.float64), np.repeat(query[:, None], 2, axis=1)[:, 0], query.tolist()):
+        np.testing.assert_array_equal(tuned.search(same, k=5)[0], ids)
+    for bad in (np.nan, np.inf):
+        broken = query.copy()
+        broken[3] = bad
+        with pytest.raises(ValueError, match="queries contain NaN or Inf"):
+            tuned.search(broken)
+        with pytest.raises(ValueError, match="queries contain NaN or Inf"):
+            tuned.search(np.stack([query, broken]))
+    # Finite entries whose squares overflow float32 are accepted (checked entry by entry).
+    assert tuned.search(np.full(query.shape, 1e30, np.float32), k=1)[0].shape == (1,)
+    with pytest.raises(ValueError, match="the query has dimension 3 but the index holds 64-d"):
+        tuned.search(query[:3])
+
+
 def test_single_query_gives_the_batch_answer(data, tuned):
     held_out = data[1]
     index = tuned

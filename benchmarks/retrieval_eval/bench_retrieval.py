@@ -337,7 +337,16 @@ def scale_child(run, n, dim, seed):
     _reset_peak()
     base = _peak_mib()
     metrics, seconds = timed(compute)
-    return {"seconds": seconds, "peak_mib": _peak_mib() - base, "data_mib": x.nbytes / 2**20, **metrics}
+    import resource
+
+    return {
+        "seconds": seconds,
+        "peak_mib": _peak_mib() - base,
+        # The process's whole peak (getrusage: data, libraries and the evaluation), for comparison.
+        "process_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "data_mib": x.nbytes / 2**20,
+        **metrics,
+    }
 
 
 def bench_scale(args):
@@ -346,10 +355,28 @@ def bench_scale(args):
     result = {"task": "scale", "n": args.n, "dim": args.dim, "cpu_count": os.cpu_count(), "runs": {}}
     for run in args.runs:
         command = [sys.executable, __file__, "--task", "scale", "--child", run, "--n", str(args.n)]
-        done = subprocess.run(command + ["--dim", str(args.dim)], capture_output=True, text=True)
-        lines = done.stdout.strip().splitlines()
-        result["runs"][run] = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr[-500:]}
-        print(f"# {run}: {result['runs'][run]}", file=sys.stderr, flush=True)
+        child = subprocess.Popen(
+            command + ["--dim", str(args.dim)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        # The child's peak resident memory, read while it runs: what a run stopped at --timeout had reached.
+        start, peak = time.perf_counter(), 0.0
+        while child.poll() is None and time.perf_counter() - start < args.timeout:
+            try:
+                with open(f"/proc/{child.pid}/status") as f:
+                    peak = max([peak] + [int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")])
+            except OSError:
+                pass
+            time.sleep(2)
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+            row = {"error": f"stopped after {args.timeout:.0f} s", "process_peak_mib_so_far": peak}
+        else:
+            out, err = child.communicate()
+            lines = out.strip().splitlines()
+            row = json.loads(lines[-1]) if child.returncode == 0 and lines else {"error": err[-500:]}
+        result["runs"][run] = row
+        print(f"# {run}: {row}", file=sys.stderr, flush=True)
     result["n_squared_float32_mib"] = args.n * args.n * 4 / 2**20
     print(json.dumps(result, indent=2))
 
@@ -357,18 +384,22 @@ def bench_scale(args):
 def scale_table(paths):
     """The `scale` results (JSON files written by the task) as one Markdown table."""
     lines = [
-        "| items | run | seconds | peak MiB | N x N float32 MiB | R@1 | MAP@R | R-precision |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| items x dim | run | seconds | peak MiB | process peak MiB | N x N float32 MiB | R@1 | MAP@R | R-precision |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for path in paths:
         with open(path) as f:
             result = json.load(f)
         for run, row in result["runs"].items():
+            size = f"{result['n']:,} x {result['dim']}"
             if "error" in row:
-                lines.append(f"| {result['n']:,} | {run} | failed |||||")
+                so_far = row.get("process_peak_mib_so_far")
+                peak = f" (process peak {so_far:.0f} MiB so far)" if so_far else ""
+                lines.append(f"| {size} | {run} | not finished: {row['error']}{peak} |||||||")
                 continue
+            process_peak = f"{row['process_peak_mib']:.0f}" if "process_peak_mib" in row else ""
             lines.append(
-                f"| {result['n']:,} | {run} | {row['seconds']:.1f} | {row['peak_mib']:.0f} "
+                f"| {size} | {run} | {row['seconds']:.1f} | {row['peak_mib']:.0f} | {process_peak} "
                 f"| {result['n_squared_float32_mib']:,.0f} | {row['R@1']:.4f} | {row['MAP@R']:.4f} "
                 f"| {row['R-precision']:.4f} |"
             )
@@ -387,6 +418,7 @@ def main():
     parser.add_argument("--skip", default="", help="eval task: comma-separated runs to skip")
     parser.add_argument("--hnsw", action="store_true", help="qps task: also build faiss HNSW (slow)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=float("inf"), help="scale task: seconds a run may take")
     args = parser.parse_args()
     if args.task == "scale":
         args.n, args.dim = args.n or 100000, args.dim or 512
