@@ -466,6 +466,7 @@ def ala_training(
     classes_per_batch=20,
     samples_per_class=5,
     val_classes=None,
+    val_source=None,
     episode=None,
     image_size=None,
     augment=False,
@@ -490,6 +491,9 @@ def ala_training(
             a tfdml embedder).
         classes_per_batch, samples_per_class, val_classes: the episode's sizes (defaults: the paper's 20 x 5
             training images and 4 x 5 validation images).
+        val_source: a `tfdml.data.Source` of images whose labels were verified, the validation subsets' source
+            (default None: `source` itself). Under label noise this is what makes the assessor's signal
+            trustworthy (the DML-ALA guide's label-noise section).
         episode: further `episode_dataset` arguments (they override the sizes; `disjoint_labels=False` for
             Table 1's random episodes).
         image_size, augment, preprocess: as for `episode_dataset`.
@@ -511,7 +515,13 @@ def ala_training(
     model.compile(optimizer=optimizer)
     arguments = {**options.episode_sizes(classes_per_batch, samples_per_class, val_classes), **dict(episode or {})}
     dataset = data_lib.episode_dataset(
-        source, image_size=image_size, augment=augment, preprocess=preprocess, seed=seed, **arguments
+        source,
+        image_size=image_size,
+        augment=augment,
+        preprocess=preprocess,
+        seed=seed,
+        val_source=val_source,
+        **arguments,
     )
     # The sampler is endless: exactly `steps` episodes, a size Keras can read (else it warns that the input ran out).
     return model, dataset.take(int(steps)).apply(tf.data.experimental.assert_cardinality(int(steps)))
