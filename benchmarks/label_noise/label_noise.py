@@ -248,9 +248,10 @@ WEIGHT_AUC_BATCHES = 20
 
 
 def weight_auc(model, data, batches):
-    """What the trained assessor does with mislabelled tuples: over the positive pairs (triplets: their
-    anchor-positive pairs) of `batches`, the probability that a correctly labelled one (both images truly of
-    the class) gets a larger weight than a mislabelled one (ties half; 0.5: no preference). None without
+    """What the trained assessor does with mislabelled tuples, over the positive pairs (triplets: their
+    anchor-positive pairs) of `batches`: `weight_auc`, the probability that a correctly labelled one (both
+    images truly of the class) gets a larger weight than a mislabelled one (ties half; 0.5: no preference),
+    and `weight_ratio`, the mean weight of the mislabelled ones over that of the correct ones. None without
     label noise."""
     true = data.get("true_y")
     if true is None or not np.any(true != data["train_y"]):
@@ -264,8 +265,9 @@ def weight_auc(model, data, batches):
         correct = true[anchor] == true[positive]
         clean.append(weights[same & correct])
         wrong.append(weights[same & ~correct])
-    clean, wrong = np.concatenate(clean)[:, None], np.concatenate(wrong)[None, :]
-    return float(np.mean((clean > wrong) + 0.5 * (clean == wrong)))
+    clean, wrong = np.concatenate(clean), np.concatenate(wrong)
+    auc = float(np.mean((clean[:, None] > wrong[None, :]) + 0.5 * (clean[:, None] == wrong[None, :])))
+    return {"weight_auc": round(auc, 4), "weight_ratio": round(float(wrong.mean() / clean.mean()), 4)}
 
 
 def train_and_test(spec, learning_rate, data, seed, steps):
@@ -282,9 +284,8 @@ def train_and_test(spec, learning_rate, data, seed, steps):
     else:
         embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed)
     wall, cpu = time.time() - started, time.process_time() - cpu
-    auc = None if model is None else weight_auc(model, data, batches[:WEIGHT_AUC_BATCHES])
-    if auc is not None:
-        extra["weight_auc"] = round(auc, 4)
+    if model is not None:
+        extra.update(weight_auc(model, data, batches[:WEIGHT_AUC_BATCHES]) or {})
     metrics = bm.evaluate(embeddings, data["test_y"])
     return {**metrics, **extra, "train_wall_s": round(wall, 2), "train_cpu_s": round(cpu, 2)}
 
@@ -339,7 +340,11 @@ def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, do
     print(
         f"{phase} noise {noise} {base} {method} {options} seed {seed}: R@1 {record['recall@1']:.3f} "
         f"MAP@R {record['map@r']:.3f} ({record['train_wall_s']:.0f} s wall, {record['train_cpu_s']:.0f} s CPU)"
-        + (f", weight AUC {record['weight_auc']:.2f}" if "weight_auc" in record else ""),
+        + (
+            f", weight AUC {record['weight_auc']:.2f}, ratio {record['weight_ratio']:.2f}"
+            if "weight_ratio" in record
+            else ""
+        ),
         flush=True,
     )
     return record
