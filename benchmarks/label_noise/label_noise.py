@@ -458,6 +458,26 @@ def table(records, steps=CONFIG["steps"]):
                     else:
                         cells.append("-")
                 lines.append("| " + " | ".join(cells) + " |")
+    exploration = [r for r in current if r["phase"] == "exploration"]
+    if exploration:
+        lines += [
+            "",
+            "Exploration (`--phase exploration`): DML-ALA settings tried on one seed and scored on the test "
+            "characters, so the setting picked from them is not an unbiased estimate on that seed; the final rows "
+            "of a setting picked here leave that seed out. Weight AUC: P(a correctly labelled positive pair "
+            "outweighs a mislabelled one) over the positive pairs of 20 training batches after training; ratio: "
+            "mean weight of the mislabelled over the correct ones.",
+            "",
+            "| base loss | noise | row | seed | R@1 | Delta R@1 | weight AUC | weight ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sorted(exploration, key=lambda r: (r["base"], r["noise"], json.dumps(r["options"], sort_keys=True))):
+            reference = by.get((r["base"], r["noise"], "base", "{}"), {}).get(r["seed"])
+            delta = f"{100 * (r['recall@1'] - reference['recall@1']):+.1f}" if reference else "-"
+            auc = f"{r['weight_auc']:.2f}" if "weight_auc" in r else "-"
+            ratio = f"{r['weight_ratio']:.2f}" if "weight_ratio" in r else "-"
+            cells = [r["base"], f"{r['noise']:.0%}", _row_label(r["method"], r["options"]), str(r["seed"])]
+            lines.append("| " + " | ".join(cells + [f"{100 * r['recall@1']:.1f}", delta, auc, ratio]) + " |")
     if validation:
         lines += [
             "",
@@ -498,6 +518,12 @@ def main(argv=None):
         help='the DML-ALA row\'s options as JSON: ALAModel arguments, and "trusted": [classes, images per class] '
         "for validation subsets from a verified set (default {}: the library defaults, noisy validation labels)",
     )
+    parser.add_argument(
+        "--phase",
+        choices=("final", "exploration"),
+        default="final",
+        help="final: a row of the table; exploration: a setting tried on the test characters (listed apart)",
+    )
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
@@ -522,7 +548,7 @@ def main(argv=None):
                         option = row_options(method, noise, base, full, args.steps, args.out, done, args.ala_options)
                         if option is None:
                             continue
-                        run("final", noise, base, method, option, seed, full, args.steps, args.out, done)
+                        run(args.phase, noise, base, method, option, seed, full, args.steps, args.out, done)
                         with open(table_path, "w") as f:
                             f.write(table(read_results(args.out), args.steps))
     records = read_results(args.out)
