@@ -85,3 +85,22 @@ def test_random_episodes_can_share_labels_that_disjoint_ones_cannot():
     with pytest.raises(ValueError, match="disjoint label sets"):
         data.episode_dataset(_source(num_classes=5), **kwargs)
     data.episode_dataset(_source(num_classes=5), disjoint_labels=False, **kwargs)  # 4 classes suffice
+
+
+def test_validation_subsets_from_a_verified_source():
+    """`val_source`: the validation subsets come from another source (a verified set for label noise), the
+    training subsets from `source`, both class-balanced; a source too small for its subset is refused by name."""
+    source = _source(num_classes=10)
+    verified_labels = np.repeat([1, 4, 7], 3)  # 3 verified images of classes 1, 4 and 7
+    verified = data.array_source(np.full((9, 4, 4, 1), 200, np.uint8), verified_labels, name="verified")
+    kwargs = dict(train_size=8, val_size=4, train_classes=4, val_classes=2, seed=3, preprocess=lambda x: x)
+    episodes = _episodes(data.episode_dataset(source, val_source=verified, **kwargs), 20)
+    for train_x, train_y, val_x, val_y in episodes:
+        np.testing.assert_array_equal(train_x[:, 0, 0, 0].astype(int) // 8, train_y)  # from source
+        assert np.all(val_x == 200) and set(val_y) <= {1, 4, 7}  # from the verified set
+        assert np.unique(val_y, return_counts=True)[1].tolist() == [2, 2]
+    assert len({tuple(e[3]) for e in episodes}) > 1  # the validation classes vary
+    with pytest.raises(ValueError, match="verified has 3 usable classes, fewer than the 4 classes of one validation"):
+        data.episode_dataset(source, val_source=verified, **dict(kwargs, val_size=8, val_classes=4))
+    with pytest.raises(ValueError, match="with val_source they come from val_source"):
+        data.episode_dataset(source, val_source=verified, disjoint_labels=False, **kwargs)

@@ -92,3 +92,31 @@ def test_assessor_weights_clean_pairs_above_mislabelled_ones(seed):
     clean, mislabelled = _clean_and_mislabelled_weights(seed)
     assert len(clean) > 50 and len(mislabelled) > 50
     assert _auc(clean, mislabelled) > 0.8
+
+
+def test_positive_pairs_only_leave_the_negative_pairs_at_weight_one():
+    """`assessed="positive_pairs"`: the assessor weighs the positive pairs (mean weight 1 over them), every
+    negative pair keeps weight 1; a triplet loss, which has no pairs to choose, is refused by name."""
+    x, true, noisy, rng = _noisy_clusters(0)
+    keras.utils.set_random_seed(0)
+    embedder = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(8), keras.layers.UnitNormalization()])
+    model = ALAModel(
+        embedder,
+        base_loss=ContrastiveLoss(neg_margin=1.0),
+        assessor_units=8,
+        state="per_step",
+        assessed="positive_pairs",
+    )
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    model.fit(_episodes(x, noisy, rng, 10, val_labels=true.astype("int32")), verbose=0)
+    index = _subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
+    pairs, weights = (t.numpy() for t in model.tuple_weights(x[index], noisy[index]))
+    positive = noisy[index[pairs[:, 0]]] == noisy[index[pairs[:, 1]]]
+    np.testing.assert_array_equal(weights[~positive], 1.0)
+    assert np.std(weights[positive]) > 1e-4  # weighted, not left at 1
+    np.testing.assert_allclose(np.mean(weights[positive]), 1.0, rtol=1e-5)
+    assert ALAModel(embedder, base_loss="contrastive", assessed="positive_pairs").get_config()["assessed"] == (
+        "positive_pairs"
+    )
+    with pytest.raises(ValueError, match='assessed="positive_pairs" needs a pair loss .* TripletLoss lists triplets'):
+        ALAModel(embedder, base_loss="triplet", assessed="positive_pairs")

@@ -78,7 +78,7 @@ NOISE_SEED = 7919  # the noise of seed s is drawn from [NOISE_SEED, s, noise lev
 def noisy_data(data, noise, seed):
     """`data` (benchmark_methods.load_data) with the training labels of seed `seed` at noise level `noise`."""
     labels, corrupted = symmetric_label_noise(data["train_y"], noise, [NOISE_SEED, int(seed), round(1000 * noise)])
-    return dict(data, train_y=labels.astype(np.int64), corrupted=corrupted)
+    return dict(data, train_y=labels.astype(np.int64), true_y=data["train_y"], corrupted=corrupted)
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -165,53 +165,109 @@ def commit():
         return None
 
 
-def validation_subsets(labels, batches, classes, samples_per_class, seed):
+def validation_subsets(labels, batches, classes, samples_per_class, seed, batch_labels=None):
     """`[steps, classes * samples_per_class]` item indices: per step, `classes` classes that the step's batch
-    does not hold (by the labels the sampler sees), `samples_per_class` items of each (DML-ALA's validation
-    subset, drawn in addition to the batch)."""
+    does not hold (by `batch_labels`, the labels the sampler sees; default `labels`), `samples_per_class`
+    items of each by `labels` (-1: not available) (DML-ALA's validation subset, drawn in addition to the
+    batch)."""
     rng = np.random.default_rng([int(seed), 104729])
+    batch_labels = labels if batch_labels is None else batch_labels
     by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    present = np.flatnonzero([len(items) >= samples_per_class for items in by_class])
     rows = np.empty((len(batches), classes * samples_per_class), np.int64)
     for step, batch in enumerate(batches):
-        others = np.setdiff1d(np.arange(len(by_class)), np.unique(labels[batch]))
+        others = np.setdiff1d(present, np.unique(batch_labels[batch]))
         chosen = rng.choice(others, classes, replace=False)
         rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in chosen])
     return rows
 
 
+def trusted_labels(data, classes, per_class, seed):
+    """Labels of a small verified set: `per_class` images of each of `classes` training characters drawn at
+    random, with their true labels (what a user gets by checking that many images by hand); -1 elsewhere."""
+    rng = np.random.default_rng([int(seed), 7907])
+    true = data.get("true_y", data["train_y"])
+    chosen = rng.choice(np.unique(true), classes, replace=False)
+    labels = np.full_like(true, -1)
+    for c in chosen:
+        picked = rng.choice(np.flatnonzero(true == c), per_class, replace=False)
+        labels[picked] = c
+    return labels
+
+
 def train_ala(spec, data, batches, config, seed):
     """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
-    drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings."""
+    drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings. With the option
+    `trusted: [classes, per_class]` the validation subsets come from a small verified set (`trusted_labels`)
+    instead of the noisy training labels."""
     import keras
     import tensorflow as tf
 
     from tfdml.ala_options import episode_sizes
     from tfdml.models import ALAModel
 
+    options = dict(spec["ala_options"])
+    trusted = options.pop("trusted", None)
     sizes = episode_sizes(config["classes_per_batch"], config["samples_per_class"])
+    val_labels = data["train_y"] if trusted is None else trusted_labels(data, *trusted, seed)
     extra = validation_subsets(
-        data["train_y"], batches, sizes["val_size"] // sizes["samples_per_class"], sizes["samples_per_class"], seed
+        val_labels,
+        batches,
+        sizes["val_size"] // sizes["samples_per_class"],
+        sizes["samples_per_class"],
+        seed,
+        batch_labels=data["train_y"],
     )
     embedder = bm.tfdml_embedder(config, seed=seed)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
+    val_labels = tf.constant(val_labels)
     dataset = tf.data.Dataset.from_tensor_slices((batches, extra)).map(
         lambda idx, val: (
             tf.gather(images, idx),
             tf.gather(labels, idx),
             tf.gather(images, val),
-            tf.gather(labels, val),
+            tf.gather(val_labels, val),
         )
     )
     model = ALAModel(
         embedder,
         base_loss=spec["ala_base"](data["num_classes"]),
         embedding_dim=config["embedding_dim"],
-        **spec["ala_options"],
+        **options,
     )
     model.compile(optimizer=keras.optimizers.Adam(config["learning_rate"]))
     model.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
     test = data["test_x"]
-    return np.concatenate([np.asarray(embedder(test[i : i + 512], training=False)) for i in range(0, len(test), 512)])
+    embeddings = np.concatenate(
+        [np.asarray(embedder(test[i : i + 512], training=False)) for i in range(0, len(test), 512)]
+    )
+    return embeddings, model
+
+
+WEIGHT_AUC_BATCHES = 20
+
+
+def weight_auc(model, data, batches):
+    """What the trained assessor does with mislabelled tuples, over the positive pairs (triplets: their
+    anchor-positive pairs) of `batches`: `weight_auc`, the probability that a correctly labelled one (both
+    images truly of the class) gets a larger weight than a mislabelled one (ties half; 0.5: no preference),
+    and `weight_ratio`, the mean weight of the mislabelled ones over that of the correct ones. None without
+    label noise."""
+    true = data.get("true_y")
+    if true is None or not np.any(true != data["train_y"]):
+        return None
+    clean, wrong = [], []
+    for batch in batches:
+        tuples, weights = model.tuple_weights(data["train_x"][batch], data["train_y"][batch])
+        tuples, weights = np.asarray(tuples), np.asarray(weights)
+        anchor, positive = batch[tuples[:, 0]], batch[tuples[:, 1]]
+        same = data["train_y"][anchor] == data["train_y"][positive]
+        correct = true[anchor] == true[positive]
+        clean.append(weights[same & correct])
+        wrong.append(weights[same & ~correct])
+    clean, wrong = np.concatenate(clean), np.concatenate(wrong)
+    auc = float(np.mean((clean[:, None] > wrong[None, :]) + 0.5 * (clean[:, None] == wrong[None, :])))
+    return {"weight_auc": round(auc, 4), "weight_ratio": round(float(wrong.mean() / clean.mean()), 4)}
 
 
 def train_and_test(spec, learning_rate, data, seed, steps):
@@ -222,12 +278,16 @@ def train_and_test(spec, learning_rate, data, seed, steps):
         data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
     )
     started, cpu = time.time(), time.process_time()
+    extra, model = {}, None
     if "ala_base" in spec:
-        embeddings = train_ala(spec, data, batches, config, seed)
+        embeddings, model = train_ala(spec, data, batches, config, seed)
     else:
         embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed)
     wall, cpu = time.time() - started, time.process_time() - cpu
-    return {**bm.evaluate(embeddings, data["test_y"]), "train_wall_s": round(wall, 2), "train_cpu_s": round(cpu, 2)}
+    if model is not None:
+        extra.update(weight_auc(model, data, batches[:WEIGHT_AUC_BATCHES]) or {})
+    metrics = bm.evaluate(embeddings, data["test_y"])
+    return {**metrics, **extra, "train_wall_s": round(wall, 2), "train_cpu_s": round(cpu, 2)}
 
 
 def key(record):
@@ -279,14 +339,22 @@ def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, do
         done[key(record)] = record
     print(
         f"{phase} noise {noise} {base} {method} {options} seed {seed}: R@1 {record['recall@1']:.3f} "
-        f"MAP@R {record['map@r']:.3f} ({record['train_wall_s']:.0f} s wall, {record['train_cpu_s']:.0f} s CPU)",
+        f"MAP@R {record['map@r']:.3f} ({record['train_wall_s']:.0f} s wall, {record['train_cpu_s']:.0f} s CPU)"
+        + (
+            f", weight AUC {record['weight_auc']:.2f}, ratio {record['weight_ratio']:.2f}"
+            if "weight_ratio" in record
+            else ""
+        ),
         flush=True,
     )
     return record
 
 
-def row_options(method, noise, base, full, steps, path=RESULTS, done=None):
-    """The options of row `method` at `noise` (None: no such row), running the validation it needs."""
+def row_options(method, noise, base, full, steps, path=RESULTS, done=None, ala_options=None):
+    """The options of row `method` at `noise` (None: no such row), running the validation it needs;
+    `ala_options` those of the DML-ALA row (ALAModel arguments, and `trusted`)."""
+    if method == "ala":
+        return dict(ala_options or {})
     if method == "heuristic":
         # Clean labels: the rate validated at 40 % noise (what dropping costs where nothing is wrong, at the
         # rate a user would have chosen for noisy data).
@@ -390,6 +458,26 @@ def table(records, steps=CONFIG["steps"]):
                     else:
                         cells.append("-")
                 lines.append("| " + " | ".join(cells) + " |")
+    exploration = [r for r in current if r["phase"] == "exploration"]
+    if exploration:
+        lines += [
+            "",
+            "Exploration (`--phase exploration`): DML-ALA settings tried on one seed and scored on the test "
+            "characters, so the setting picked from them is not an unbiased estimate on that seed; the final rows "
+            "of a setting picked here leave that seed out. Weight AUC: P(a correctly labelled positive pair "
+            "outweighs a mislabelled one) over the positive pairs of 20 training batches after training; ratio: "
+            "mean weight of the mislabelled over the correct ones.",
+            "",
+            "| base loss | noise | row | seed | R@1 | Delta R@1 | weight AUC | weight ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in sorted(exploration, key=lambda r: (r["base"], r["noise"], json.dumps(r["options"], sort_keys=True))):
+            reference = by.get((r["base"], r["noise"], "base", "{}"), {}).get(r["seed"])
+            delta = f"{100 * (r['recall@1'] - reference['recall@1']):+.1f}" if reference else "-"
+            auc = f"{r['weight_auc']:.2f}" if "weight_auc" in r else "-"
+            ratio = f"{r['weight_ratio']:.2f}" if "weight_ratio" in r else "-"
+            cells = [r["base"], f"{r['noise']:.0%}", _row_label(r["method"], r["options"]), str(r["seed"])]
+            lines.append("| " + " | ".join(cells + [f"{100 * r['recall@1']:.1f}", delta, auc, ratio]) + " |")
     if validation:
         lines += [
             "",
@@ -423,6 +511,19 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--steps", type=int, default=CONFIG["steps"], help="a smoke test's; the protocol is 300")
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow CPU threads (0: its default)")
+    parser.add_argument(
+        "--ala-options",
+        type=json.loads,
+        default={},
+        help='the DML-ALA row\'s options as JSON: ALAModel arguments, and "trusted": [classes, images per class] '
+        "for validation subsets from a verified set (default {}: the library defaults, noisy validation labels)",
+    )
+    parser.add_argument(
+        "--phase",
+        choices=("final", "exploration"),
+        default="final",
+        help="final: a row of the table; exploration: a setting tried on the test characters (listed apart)",
+    )
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
@@ -439,15 +540,15 @@ def main(argv=None):
         for noise in args.noise:
             for base in args.bases:  # the validation runs first
                 for method in args.methods:
-                    row_options(method, noise, base, full, args.steps, args.out, done)
+                    row_options(method, noise, base, full, args.steps, args.out, done, args.ala_options)
             # Seeds outermost: a stopped run leaves every row with the same seeds, paired.
             for seed in args.seeds:
                 for base in args.bases:
                     for method in args.methods:
-                        option = row_options(method, noise, base, full, args.steps, args.out, done)
+                        option = row_options(method, noise, base, full, args.steps, args.out, done, args.ala_options)
                         if option is None:
                             continue
-                        run("final", noise, base, method, option, seed, full, args.steps, args.out, done)
+                        run(args.phase, noise, base, method, option, seed, full, args.steps, args.out, done)
                         with open(table_path, "w") as f:
                             f.write(table(read_results(args.out), args.steps))
     records = read_results(args.out)

@@ -261,6 +261,8 @@ class ALAParams(_Section):
     # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step
     state: str | None = _field(None, choices=ala_options.STATE_MODES)
     weighting: str | None = _field(None, choices=ala_options.WEIGHTINGS)  # uniform: the base loss itself
+    # which tuples the assessor weighs: all (the paper) or positive_pairs (pair losses; negatives keep weight 1)
+    assessed: str | None = _field(None, choices=ala_options.ASSESSED)
 
     def arguments(self):
         return {k: v for k, v in self.to_dict().items() if v is not None}

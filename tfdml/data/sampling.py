@@ -369,6 +369,7 @@ def episode_dataset(
     parallel_batches=None,
     prefetch=True,
     disjoint_labels=True,
+    val_source=None,
 ):
     """DML-ALA episodes: per step a training subset and a validation subset with disjoint label sets.
 
@@ -382,6 +383,12 @@ def episode_dataset(
     classes are drawn independently of the training classes (their own epoch schedule), so the two subsets
     may share labels (and, for a shared class, images).
 
+    `val_source` draws the validation subsets from another source instead: a small set whose labels were
+    verified, for training under label noise (the assessor then learns what lowers the loss on labels that
+    can be trusted; with noisy validation labels its signal is mostly noise). Its label ids must mean the same
+    classes as `source`'s; its classes are scheduled on their own, so a validation class may also be in the
+    step's training subset (`disjoint_labels` must stay True: it does not apply).
+
     Returns:
       `tf.data.Dataset` whose elements are 4-tuples
       `(train_images [train_size, h, w, c], train_labels [train_size],
@@ -394,31 +401,33 @@ def episode_dataset(
     """
     train_classes, val_classes = _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes)
     k_train, k_val = train_size // train_classes, val_size // val_classes
+    loading = dict(image_size=image_size, augment=augment, preprocess=preprocess)
+    if val_source is not None and not disjoint_labels:
+        raise ValueError(
+            "disjoint_labels=False draws the validation subsets from source; with val_source they come from "
+            "val_source and the option does not apply."
+        )
+    if val_source is not None or not disjoint_labels:
+        ds = _independent_episodes(
+            source,
+            source if val_source is None else val_source,
+            ((train_classes, k_train), (val_classes, k_val)),
+            loading,
+            seed,
+            epochs,
+            drop_small_classes,
+            parallel_batches,
+        )
+        return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
     group = train_classes + val_classes
     classes = usable_classes(source, max(k_train, k_val), drop_small_classes)
-    needed = group if disjoint_labels else max(train_classes, val_classes)
-    if len(classes) < needed:
+    if len(classes) < group:
         raise ValueError(
-            f"{source.name} has {len(classes)} usable classes, fewer than "
-            + (
-                f"train_classes + val_classes = {train_classes} + {val_classes}: the two subsets need "
-                "disjoint label sets."
-                if disjoint_labels
-                else f"the {needed} classes of one subset."
-            )
+            f"{source.name} has {len(classes)} usable classes, fewer than train_classes + val_classes = "
+            f"{train_classes} + {val_classes}: the two subsets need disjoint label sets."
         )
     seed = _base_seed(seed)
     schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    if not disjoint_labels:
-        subsets = []
-        for index, (n, k) in enumerate(((train_classes, k_train), (val_classes, k_val))):
-            sampler = _BatchSampler(
-                source, classes, [k] * n, _fold(sample_seed, index), image_size, augment, preprocess
-            )
-            schedule = _slot_schedule(len(classes), n, _fold(schedule_seed, index), epochs)
-            subsets.append(_batches(sampler, schedule, n, parallel_batches))
-        ds = tf.data.Dataset.zip(tuple(subsets)).map(lambda train, val: (*train, *val))
-        return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
     # One batch of both subsets' classes (distinct by construction), split after the training images.
     ks = [k_train] * train_classes + [k_val] * val_classes
     sampler = _BatchSampler(source, classes, ks, sample_seed, image_size, augment, preprocess)
@@ -429,6 +438,26 @@ def episode_dataset(
 
     ds = _batches(sampler, schedule, group, parallel_batches).map(split)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def _independent_episodes(source, val_source, sizes, loading, seed, epochs, drop_small, parallel_batches):
+    """Episodes whose training subsets come from `source` and validation subsets from `val_source`, each
+    `(classes, k)` of `sizes` on its own class schedule, so the two may share labels (`episode_dataset`'s
+    `disjoint_labels=False` and `val_source`)."""
+    seed = _base_seed(seed)
+    schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    subsets = []
+    for index, (subset, (n, k)) in enumerate(zip((source, val_source), sizes)):
+        classes = usable_classes(subset, k, drop_small)
+        if len(classes) < n:
+            role = "training" if index == 0 else "validation"
+            raise ValueError(
+                f"{subset.name} has {len(classes)} usable classes, fewer than the {n} classes of one {role} subset."
+            )
+        sampler = _BatchSampler(subset, classes, [k] * n, _fold(sample_seed, index), **loading)
+        schedule = _slot_schedule(len(classes), n, _fold(schedule_seed, index), epochs)
+        subsets.append(_batches(sampler, schedule, n, parallel_batches))
+    return tf.data.Dataset.zip(tuple(subsets)).map(lambda train, val: (*train, *val))
 
 
 def _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes):

@@ -34,7 +34,7 @@ class EpisodeDerivatives:
             self.loss_tape.watch(self.embeddings)
             self.terms = model.base_loss.terms(self.train_y, self.embeddings)
         self.values = self.terms.values
-        self.assessed = model.assessed_tuples(self.terms)
+        self.assessed = model.assessed_tuples(self.terms, self.train_y)
         self._lookahead = None
 
     # -------------------------------------------------------------------------------- weights and losses

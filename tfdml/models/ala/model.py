@@ -99,6 +99,9 @@ class ALAModel(keras.Model):
         assessor_steps: `K`, assessor updates per episode (paper: 3); 0 only weights the tuples.
         meta_interval: update the assessor every `meta_interval`-th step only (default 1).
         weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
+        assessed: "all" (every tuple whose weight can change the loss, the paper) or "positive_pairs" (a pair
+            loss's positive pairs only; the negative pairs keep weight 1: under label noise the mislabelled
+            tuples are the positive pairs, and weighting the negatives only adds noise).
         embedding_dim: embedding size, when the embedder does not tell it.
 
     Example:
@@ -129,6 +132,7 @@ class ALAModel(keras.Model):
         assessor_steps=3,
         meta_interval=1,
         weighting="assessor",
+        assessed="all",
         embedding_dim=None,
         **kwargs,
     ):
@@ -172,6 +176,12 @@ class ALAModel(keras.Model):
         )
         _choice("state", state, options.STATE_MODES)
         self.weighting = _choice("weighting", weighting, options.WEIGHTINGS)
+        self.assessed = _choice("assessed", assessed, options.ASSESSED)
+        if self.assessed == "positive_pairs" and self.base_loss.tuple_kind != "pair":
+            raise ValueError(
+                f'assessed="positive_pairs" needs a pair loss (ContrastiveLoss); {type(self.base_loss).__name__} '
+                f"lists {self.base_loss.tuple_kind}s."
+            )
         self.assessor_steps = int(assessor_steps)
         if self.assessor_steps < 0:
             raise ValueError(f"assessor_steps must be >= 0, got {assessor_steps}.")
@@ -245,12 +255,17 @@ class ALAModel(keras.Model):
         weights = count * tf.nn.softmax(outputs / self.temperature)  # outputs: centred logits
         return self.weight_floor + (1.0 - self.weight_floor) * weights if self.weight_floor else weights
 
-    def assessed_tuples(self, terms):
+    def assessed_tuples(self, terms, labels):
         """Positions of the terms the assessor weights: with the loss's reduction, those whose weight can
-        change it (a zero term with a zero divisor adds nothing to the sum or to the count); all with sums."""
+        change it (a zero term with a zero divisor adds nothing to the sum or to the count); all with sums;
+        of those, the positive pairs only with `assessed="positive_pairs"`."""
         if self.reduction == "sum":
-            return tf.range(tf.shape(terms.values)[0])
-        matters = tf.logical_or(terms.term_divisors() > 0, tf.not_equal(tf.stop_gradient(terms.values), 0))
+            matters = tf.ones_like(terms.values, tf.bool)
+        else:
+            matters = tf.logical_or(terms.term_divisors() > 0, tf.not_equal(tf.stop_gradient(terms.values), 0))
+        if self.assessed == "positive_pairs":
+            pairs = tf.gather(labels, terms.indices)
+            matters = tf.logical_and(matters, tf.equal(pairs[:, 0], pairs[:, 1]))
         return tf.cast(tf.where(matters)[:, 0], tf.int32)
 
     def coefficients(self, terms, weights):
@@ -345,6 +360,7 @@ class ALAModel(keras.Model):
             assessor_steps=self.assessor_steps,
             meta_interval=self.meta_interval,
             weighting=self.weighting,
+            assessed=self.assessed,
             embedding_dim=self.embedding_dim,
         )
         return config
@@ -466,6 +482,7 @@ def ala_training(
     classes_per_batch=20,
     samples_per_class=5,
     val_classes=None,
+    val_source=None,
     episode=None,
     image_size=None,
     augment=False,
@@ -490,6 +507,9 @@ def ala_training(
             a tfdml embedder).
         classes_per_batch, samples_per_class, val_classes: the episode's sizes (defaults: the paper's 20 x 5
             training images and 4 x 5 validation images).
+        val_source: a `tfdml.data.Source` of images whose labels were verified, the validation subsets' source
+            (default None: `source` itself). Under label noise this is what makes the assessor's signal
+            trustworthy (the DML-ALA guide's label-noise section).
         episode: further `episode_dataset` arguments (they override the sizes; `disjoint_labels=False` for
             Table 1's random episodes).
         image_size, augment, preprocess: as for `episode_dataset`.
@@ -511,7 +531,13 @@ def ala_training(
     model.compile(optimizer=optimizer)
     arguments = {**options.episode_sizes(classes_per_batch, samples_per_class, val_classes), **dict(episode or {})}
     dataset = data_lib.episode_dataset(
-        source, image_size=image_size, augment=augment, preprocess=preprocess, seed=seed, **arguments
+        source,
+        image_size=image_size,
+        augment=augment,
+        preprocess=preprocess,
+        seed=seed,
+        val_source=val_source,
+        **arguments,
     )
     # The sampler is endless: exactly `steps` episodes, a size Keras can read (else it warns that the input ran out).
     return model, dataset.take(int(steps)).apply(tf.data.experimental.assert_cardinality(int(steps)))
