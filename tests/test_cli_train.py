@@ -209,8 +209,11 @@ def test_export_reloads_without_tfdml(runs, tmp_path):
 def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
     import tensorflow as tf
 
+    from tfdml import data
+
     export = _export_dir(runs)
     pixels, labels, _ = _eval_images(channels=1)
+    names = [data.glyphs("test", image_size=32).class_name(int(label)) for label in labels]
     queries = []
     for i in (0, 5):
         path = tmp_path / f"query{i}.png"
@@ -227,18 +230,19 @@ def test_search_and_evaluate_the_export(runs, tmp_path, capsys):
             "--json",
             str(tmp_path / "s.json"),
             "--query-label",
-            str(labels[0]),
+            names[0],
             "--query-label",
-            str(labels[5]),
+            names[5],
         ]
     )
     assert rc == 0, capsys.readouterr().err
     with open(tmp_path / "s.json") as f:
         found = json.load(f)
-    # the gallery is the evaluation set in order: each query finds itself first, with its own label
+    # the gallery is the evaluation set in order: each query finds itself first, with its own class (the
+    # index numbers only its gallery's classes, so its label numbers are positions among those)
     for entry, i in zip(found, (0, 5)):
         first = entry["neighbours"][0]
-        assert (first["id"], first["label"]) == (i, int(labels[i]))
+        assert (first["id"], first["class"], first["same_class"]) == (i, names[i], True)
         assert first["score"] == pytest.approx(1.0, abs=1e-4)
         assert len(entry["neighbours"]) == 3
 

@@ -166,7 +166,7 @@ def test_bad_target_is_named():
 def test_an_exported_index_records_its_recall_and_the_cli_prints_it(data, tmp_path):
     import argparse
 
-    from tfdml.cli.export import _recall_target
+    from tfdml.cli.export import _UNMEASURED, _recall_target
     from tfdml.export.gallery import EmbeddedGallery, _index_summary, save_index
     from tfdml.retrieval.index import describe_recall
 
@@ -178,7 +178,7 @@ def test_an_exported_index_records_its_recall_and_the_cli_prints_it(data, tmp_pa
     assert summary["settings"]["leaves_to_search"] == summary["recall"]["leaves_to_search"]
     line = describe_recall(summary["recall"])
     assert line.startswith("approximate, recall@10 0.9") and "(target 0.9, 500 gallery items" in line
-    assert _recall_target("none") is None and _recall_target("0.99") == 0.99
+    assert _recall_target("none") == _UNMEASURED and _recall_target("0.99") == 0.99
     for bad in ("1.5", "0", "high"):
         with pytest.raises(argparse.ArgumentTypeError, match=r"expected a recall in \(0, 1\] or 'none'"):
             _recall_target(bad)

@@ -20,10 +20,11 @@ The steps (each runs on as many workers as the runner gives it):
 with the output-folder rules of `tfdml embed` (refuse an existing folder unless `overwrite`, write a local
 folder in a staging folder renamed into place at the end) and writes `manifest.json`.
 
-Example:
-  >>> job = EmbedJob(model="exported_models/cub", output="embeddings/cub", image_dir="cub/images")
-  >>> manifest = run_embed(job)                                  # DirectRunner
-  >>> run_embed(job, ["--runner=FlinkRunner", "--flink_master=localhost:8081"])
+Example (an export and a folder of your own; `tests/test_beam.py` runs the same calls on generated images):
+
+    job = EmbedJob(model="exported_models/cub", output="embeddings/cub", image_dir="cub/images")
+    manifest = run_embed(job)                                  # DirectRunner
+    run_embed(job, ["--runner=FlinkRunner", "--flink_master=localhost:8081"])
 """
 
 import dataclasses

@@ -104,7 +104,7 @@ def _add_gallery_options(parser):
         metavar="R",
         help="for an approximate ScaNN index (galleries from 20,000 items): the recall@10 against exact "
         "search it must reach, measured on 500 gallery items left out of their own neighbours; the leaves "
-        "searched and re-ordering are raised until it holds at a 95% lower confidence bound (the mean less "
+        "searched and re-ordering are raised until it holds at a 95%% lower confidence bound (the mean less "
         "1.645 standard errors), and the measured recall, its bound, settings and query "
         "time are printed and recorded in the index. A target not met cheaper than exact search falls back "
         "to brute force, which is said. 'none' keeps the automatic settings unmeasured (default: the job's "

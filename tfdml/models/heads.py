@@ -23,7 +23,7 @@ import tensorflow as tf
 class L2Normalize(keras.layers.Layer):
     """`y = x / sqrt(max(sum(x^2), epsilon))` along `axis` (unit-norm rows; a zero row stays zero).
 
-    It computes in float32 unless given another `dtype`, also under a `mixed_float16` policy (its inputs are
+    Under a mixed-precision policy it computes in float32 unless given another `dtype` (its inputs are
     cast up, its output is float32, as mixed precision asks of a model's output layer): in float16 a sum of
     squares overflows past 65504 (activations from about 256 up) and `epsilon` is 0, so the row would come
     out zero or NaN.
@@ -32,7 +32,8 @@ class L2Normalize(keras.layers.Layer):
     """
 
     def __init__(self, axis=-1, epsilon=1e-12, **kwargs):
-        kwargs.setdefault("dtype", "float32")
+        if "dtype" not in kwargs and keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16"):
+            kwargs["dtype"] = "float32"  # a float64 (or float32) policy keeps its own precision
         super().__init__(**kwargs)
         self.axis = axis
         self.epsilon = epsilon

@@ -295,6 +295,7 @@ class MultiLevelEmbedder(MetricModel):
         else:
             c = self.num_classes
             logits = [y_pred[:, width + i * c : width + (i + 1) * c] for i in range(len(self.levels))]
+        logits = [tf.cast(lg, embeddings[self.levels[0]].dtype) for lg in logits]
         return [tf.concat([embeddings[level], lg], axis=-1) for level, lg in zip(self.levels, logits)], logits
 
     def _compiled_loss(self):
