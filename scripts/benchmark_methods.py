@@ -89,17 +89,45 @@ def index_batches(labels, classes_per_batch, samples_per_class, steps, seed):
     return rows
 
 
-def validation_batches(labels, batches, val_classes, samples_per_class, seed):
-    """`[steps, val_classes * K]` item indices: per step `val_classes` classes not in that step's batch, K
-    distinct items of each (DML-ALA's validation subsets, drawn in addition to the batches)."""
-    rng = np.random.default_rng([int(seed), 1])
+def validation_batches(labels, batches, val_classes, samples_per_class, seed, batch_labels=None, stream=1):
+    """`[steps, val_classes * K]` item indices: per step `val_classes` classes not in that step's batch (by
+    `batch_labels`, the labels the sampler sees; default `labels`), K distinct items of each by `labels`
+    (-1: an item no class may use), among the classes that have K items (DML-ALA's validation subsets, drawn
+    in addition to the batches). `stream` seeds the draw apart from the batches' (each benchmark keeps its own,
+    so its recorded runs stay reproducible)."""
+    rng = np.random.default_rng([int(seed), int(stream)])
+    batch_labels = labels if batch_labels is None else batch_labels
     by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    present = np.flatnonzero([len(items) >= samples_per_class for items in by_class])
     rows = np.empty((len(batches), val_classes * samples_per_class), np.int64)
     for step, batch in enumerate(batches):
-        others = np.setdiff1d(np.arange(len(by_class)), labels[batch])
+        others = np.setdiff1d(present, batch_labels[batch])
         classes = rng.choice(others, val_classes, replace=False)
         rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in classes])
     return rows
+
+
+def episodes(images, labels, batches, val_batches, val_labels=None):
+    """DML-ALA episodes `(train_x, train_y, val_x, val_y)` of the index `batches` and `val_batches` into the
+    tensors `images` and `labels` (the validation labels from `val_labels` when given: a verified set)."""
+    import tensorflow as tf
+
+    val_labels = labels if val_labels is None else val_labels
+    return tf.data.Dataset.from_tensor_slices((batches, val_batches)).map(
+        lambda idx, val: (
+            tf.gather(images, idx),
+            tf.gather(labels, idx),
+            tf.gather(images, val),
+            tf.gather(val_labels, val),
+        )
+    )
+
+
+def embed(model, images, batch=512):
+    """`model`'s embeddings of `images` (inference mode), `batch` at a time."""
+    return np.concatenate(
+        [np.asarray(model(images[i : i + batch], training=False)) for i in range(0, len(images), batch)]
+    )
 
 
 def evaluate(embeddings, labels):
@@ -207,14 +235,7 @@ def train_tfdml(spec, data, batches, config, seed, warm_start=None, keep_classif
         k = config["samples_per_class"]
         val_classes = episode_sizes(config["classes_per_batch"], k)["val_size"] // k
         val_batches = validation_batches(data["train_y"], batches, val_classes, k, seed)
-        dataset = tf.data.Dataset.from_tensor_slices((batches, val_batches)).map(
-            lambda idx, val: (
-                tf.gather(images, idx),
-                tf.gather(labels, idx),
-                tf.gather(images, val),
-                tf.gather(labels, val),
-            )
-        )
+        dataset = episodes(images, labels, batches, val_batches)
         trainer = ALAModel(
             model, base_loss=spec["loss"](num_classes), embedding_dim=config["embedding_dim"], **spec["ala"]
         )
@@ -226,10 +247,7 @@ def train_tfdml(spec, data, batches, config, seed, warm_start=None, keep_classif
         trainer = model
         trainer.compile(optimizer=optimizer, loss=spec["loss"](num_classes))
     trainer.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
-    embeddings = np.concatenate(
-        [np.asarray(model(data["test_x"][i : i + 512], training=False)) for i in range(0, len(data["test_x"]), 512)]
-    )
-    return embeddings, model
+    return embed(model, data["test_x"]), model
 
 
 # ------------------------------------------------------------------------------------------------ torch

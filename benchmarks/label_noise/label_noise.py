@@ -72,6 +72,7 @@ PRISM_MEMORIES = (660, 3000)
 PRISM_WINDOW = 30  # the threshold is the mean over the last 30 batches (the paper's configuration)
 VALIDATION_SEEDS = (0,)
 NOISE_SEED = 7919  # the noise of seed s is drawn from [NOISE_SEED, s, noise level in per mille]
+VALIDATION_STREAM = 104729  # DML-ALA's validation subsets of seed s are drawn from [s, VALIDATION_STREAM]
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -165,23 +166,6 @@ def commit():
         return None
 
 
-def validation_subsets(labels, batches, classes, samples_per_class, seed, batch_labels=None):
-    """`[steps, classes * samples_per_class]` item indices: per step, `classes` classes that the step's batch
-    does not hold (by `batch_labels`, the labels the sampler sees; default `labels`), `samples_per_class`
-    items of each by `labels` (-1: not available) (DML-ALA's validation subset, drawn in addition to the
-    batch)."""
-    rng = np.random.default_rng([int(seed), 104729])
-    batch_labels = labels if batch_labels is None else batch_labels
-    by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
-    present = np.flatnonzero([len(items) >= samples_per_class for items in by_class])
-    rows = np.empty((len(batches), classes * samples_per_class), np.int64)
-    for step, batch in enumerate(batches):
-        others = np.setdiff1d(present, np.unique(batch_labels[batch]))
-        chosen = rng.choice(others, classes, replace=False)
-        rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in chosen])
-    return rows
-
-
 def trusted_labels(data, classes, per_class, seed):
     """Labels of a small verified set: `per_class` images of each of `classes` training characters drawn at
     random, with their true labels (what a user gets by checking that many images by hand); -1 elsewhere."""
@@ -210,25 +194,18 @@ def train_ala(spec, data, batches, config, seed):
     trusted = options.pop("trusted", None)
     sizes = episode_sizes(config["classes_per_batch"], config["samples_per_class"])
     val_labels = data["train_y"] if trusted is None else trusted_labels(data, *trusted, seed)
-    extra = validation_subsets(
+    extra = bm.validation_batches(
         val_labels,
         batches,
         sizes["val_size"] // sizes["samples_per_class"],
         sizes["samples_per_class"],
         seed,
         batch_labels=data["train_y"],
+        stream=VALIDATION_STREAM,
     )
     embedder = bm.tfdml_embedder(config, seed=seed)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
-    val_labels = tf.constant(val_labels)
-    dataset = tf.data.Dataset.from_tensor_slices((batches, extra)).map(
-        lambda idx, val: (
-            tf.gather(images, idx),
-            tf.gather(labels, idx),
-            tf.gather(images, val),
-            tf.gather(val_labels, val),
-        )
-    )
+    dataset = bm.episodes(images, labels, batches, extra, tf.constant(val_labels))
     model = ALAModel(
         embedder,
         base_loss=spec["ala_base"](data["num_classes"]),
@@ -237,11 +214,7 @@ def train_ala(spec, data, batches, config, seed):
     )
     model.compile(optimizer=keras.optimizers.Adam(config["learning_rate"]))
     model.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
-    test = data["test_x"]
-    embeddings = np.concatenate(
-        [np.asarray(embedder(test[i : i + 512], training=False)) for i in range(0, len(test), 512)]
-    )
-    return embeddings, model
+    return bm.embed(embedder, data["test_x"]), model
 
 
 WEIGHT_AUC_BATCHES = 20

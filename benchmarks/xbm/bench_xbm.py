@@ -86,10 +86,7 @@ def run_one(loss_name, setup, data, seed):
     start = time.process_time()
     model.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
     train_cpu_seconds = time.process_time() - start
-    embeddings = np.concatenate(
-        [np.asarray(model(data["test_x"][i : i + 512], training=False)) for i in range(0, len(data["test_x"]), 512)]
-    )
-    return dict(bm.evaluate(embeddings, data["test_y"]), train_cpu_seconds=train_cpu_seconds)
+    return dict(bm.evaluate(bm.embed(model, data["test_x"]), data["test_y"]), train_cpu_seconds=train_cpu_seconds)
 
 
 def run_timing(loss_name, data, seed=0):

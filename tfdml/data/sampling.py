@@ -430,7 +430,7 @@ def episode_dataset(
     schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     # One batch of both subsets' classes (distinct by construction), split after the training images.
     ks = [k_train] * train_classes + [k_val] * val_classes
-    sampler = _BatchSampler(source, classes, ks, sample_seed, image_size, augment, preprocess)
+    sampler = _BatchSampler(source, classes, ks, sample_seed, **loading)
     schedule = _slot_schedule(len(classes), group, schedule_seed, epochs)
 
     def split(images, labels):
