@@ -283,6 +283,9 @@ def _check_meta_gradient(model, episode, rates):
         ("margin_distance_weighted", {"state": "per_step"}),
         ("triplet_all", {"variant": "paper"}),
         ("contrastive", {"variant": "paper", "state": "per_step"}),
+        ("triplet_all", {"assessed": "positive_pairs"}),
+        ("margin_distance_weighted", {"assessed": "positive_pairs", "weights": "sigmoid"}),
+        ("contrastive", {"assessed": "positive_pairs", "weights": "sigmoid", "state": "per_step"}),
     ],
 )
 def test_meta_gradient_equals_central_finite_differences(name, kwargs):

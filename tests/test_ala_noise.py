@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfdml.losses import ContrastiveLoss
+from tfdml.losses import ContrastiveLoss, MarginLoss, TripletLoss
 from tfdml.models import ALAModel
 
 CLASSES, PER_CLASS, DIM, NOISE = 12, 40, 8, 0.4
@@ -118,5 +118,25 @@ def test_positive_pairs_only_leave_the_negative_pairs_at_weight_one():
     assert ALAModel(embedder, base_loss="contrastive", assessed="positive_pairs").get_config()["assessed"] == (
         "positive_pairs"
     )
-    with pytest.raises(ValueError, match='assessed="positive_pairs" needs a pair loss .* TripletLoss lists triplets'):
-        ALAModel(embedder, base_loss="triplet", assessed="positive_pairs")
+
+
+@pytest.mark.parametrize("base_loss", [TripletLoss(), MarginLoss(seed=3)])
+def test_positive_pairs_of_a_triplet_loss_share_one_weight(base_loss):
+    """`assessed="positive_pairs"` on a triplet loss: one weight per anchor-positive pair, shared by all the
+    pair's triplets, mean 1 over the pairs; a pair whose triplets all sit at zero keeps weight 1."""
+    x, true, noisy, rng = _noisy_clusters(1)
+    keras.utils.set_random_seed(1)
+    embedder = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(8), keras.layers.UnitNormalization()])
+    model = ALAModel(embedder, base_loss=base_loss, assessor_units=8, state="per_step", assessed="positive_pairs")
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    model.fit(_episodes(x, noisy, rng, 5, val_labels=true.astype("int32")), verbose=0)
+    index = _subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
+    triplets, weights = (t.numpy() for t in model.tuple_weights(x[index], noisy[index]))
+    pair_weights = {}
+    for (anchor, positive, _), weight in zip(triplets, weights):
+        pair_weights.setdefault((anchor, positive), set()).add(round(float(weight), 6))
+    assert all(len(values) == 1 for values in pair_weights.values())
+    shared = np.array([next(iter(values)) for values in pair_weights.values()])
+    assert np.std(shared) > 1e-4
+    np.testing.assert_allclose(np.mean(shared), 1.0, rtol=1e-5)
+    assert len(pair_weights) < len(triplets) or isinstance(base_loss, MarginLoss)  # several triplets a pair

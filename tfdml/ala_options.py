@@ -9,9 +9,10 @@ WEIGHTINGS = ("assessor", "uniform")
 LOOKAHEADS = ("sgd", "optimizer")
 ASSESSOR_INPUTS = ("embeddings", "embeddings+geometry", "geometry")
 STATE_MODES = ("per_tuple", "per_step")
-# Which tuples the assessor weighs: "all" (the paper) or "positive_pairs" (pair losses: the positive pairs only,
-# the negative pairs keep weight 1; under label noise the mislabelled tuples are positive pairs, and weighting
-# the negatives only adds the meta-gradient's noise).
+# Which tuples the assessor weighs: "all" (the paper) or "positive_pairs" (a pair loss's positive pairs only, the
+# negative pairs keep weight 1; a triplet loss's anchor-positive pairs, one weight shared by the pair's
+# triplets): under label noise the mislabelled tuples are the positive pairs, and weighting the negatives only
+# adds the meta-gradient's noise.
 ASSESSED = ("all", "positive_pairs")
 # How the assessor's outputs become weights: "softmax" (centred logits, softmax over the step's tuples at a
 # temperature, mean 1) or "sigmoid" (the paper's A in (0, 1), used as it is).

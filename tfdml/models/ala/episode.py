@@ -35,35 +35,40 @@ class EpisodeDerivatives:
             self.terms = model.base_loss.terms(self.train_y, self.embeddings)
         self.values = self.terms.values
         self.assessed = model.assessed_tuples(self.terms, self.train_y)
+        self.units, self.unit_of = model.assessed_units(self.terms, self.assessed)
         self._lookahead = None
 
     # -------------------------------------------------------------------------------- weights and losses
     def weights(self):
-        """`(weights [T], raw assessor outputs [A], new assessor state)`: the weights of every listed tuple
+        """`(weights [T], raw assessor outputs [U], new assessor state)`: the weights of every listed tuple
         (1 for those whose weight cannot change the loss, module docstring of the package)."""
         model = self.model
         embeddings = tf.stop_gradient(self.embeddings)
-        indices = tf.gather(self.terms.indices, self.assessed)
         features = None
         if model.assessor_input != "embeddings":
-            features = self.features(embeddings, indices)
-        raw, new_state = model.assessor(embeddings, indices, features)
-        assessed = model.weights_from_outputs(tf.cast(raw, self.values.dtype))
+            features = self.features(embeddings)
+        raw, new_state = model.assessor(embeddings, self.units, features)
+        per_unit = model.weights_from_outputs(tf.cast(raw, self.values.dtype))
+        assessed = tf.gather(per_unit, self.unit_of)
         full = tf.tensor_scatter_nd_update(tf.ones_like(self.values), self.assessed[:, None], assessed)
         return full, raw, new_state
 
-    def features(self, embeddings, indices):
-        """Geometry of each assessed tuple, `[A, 3]`, standardised over them: `(d_ap, d_an, term)` for
-        triplets, `(d, term, +-1 for a positive / negative pair)` for pairs. Constants."""
+    def features(self, embeddings):
+        """Geometry of each assessed unit, `[U, 3]`, standardised over them: `(d_ap, d_an, term)` for
+        triplets, `(d, term, +-1 for a positive / negative pair)` for pairs, `(d_ap, mean d_an, mean term)`
+        over the triplets of an anchor-positive pair. Constants."""
         distances = pairwise_distance(embeddings)
         values = tf.stop_gradient(tf.gather(self.values, self.assessed))
         if self.terms.kind == "pair":
-            d = tf.gather_nd(distances, indices)
-            same = tf.equal(tf.gather(self.train_y, indices[:, 0]), tf.gather(self.train_y, indices[:, 1]))
+            d = tf.gather_nd(distances, self.units)
+            same = tf.equal(tf.gather(self.train_y, self.units[:, 0]), tf.gather(self.train_y, self.units[:, 1]))
             features = tf.stack([d, values, tf.where(same, tf.ones_like(d), -tf.ones_like(d))], axis=1)
         else:
-            d_ap, d_an = triplet_distances(distances, indices)
+            d_ap, d_an = triplet_distances(distances, tf.gather(self.terms.indices, self.assessed))
             features = tf.stack([d_ap, d_an, values], axis=1)
+            if self.units.shape[-1] == 2:  # anchor-positive pairs: the mean over each pair's triplets
+                count = tf.shape(self.units)[0]
+                features = tf.math.unsorted_segment_mean(features, self.unit_of, count)
         count = tf.maximum(tf.cast(tf.shape(features)[0], features.dtype), 1.0)
         mean = tf.reduce_sum(features, axis=0) / count
         std = tf.sqrt(tf.reduce_sum(tf.square(features - mean), axis=0) / count)
@@ -149,15 +154,18 @@ class EpisodeDerivatives:
 
     # ------------------------------------------------------------------------------------------ logs
     def logs(self, weights, raw=None):
-        """Per-step logs (package docstring) over the assessed tuples."""
+        """Per-step logs (package docstring): the weights' over the assessed units, the hardness over the
+        assessed triplets."""
         dtype = self.values.dtype
         applied = tf.gather(tf.cast(weights, dtype), self.assessed)
-        count = tf.cast(tf.size(applied), dtype)
-        mean = safe_divide(tf.reduce_sum(applied), count)
+        units = tf.shape(self.units)[0]
+        per_unit = tf.math.unsorted_segment_max(applied, self.unit_of, units)  # a unit's terms share its weight
+        count = tf.cast(units, dtype)
+        mean = safe_divide(tf.reduce_sum(per_unit), count)
         logs = {
             "loss": self.model.loss_log(self.terms, weights),
             "weight_mean": mean,
-            "weight_variance": safe_divide(tf.reduce_sum(tf.square(applied - mean)), count),
+            "weight_variance": safe_divide(tf.reduce_sum(tf.square(per_unit - mean)), count),
         }
         if raw is not None:
             raw = tf.cast(raw, dtype)
@@ -166,7 +174,9 @@ class EpisodeDerivatives:
             indices = tf.gather(self.terms.indices, self.assessed)
             d_ap, d_an = triplet_distances(pairwise_distance(tf.stop_gradient(self.embeddings)), indices)
             ratio = safe_divide(d_ap, d_an)
-            logs["hardness"] = safe_divide(tf.reduce_sum(ratio), count)
-            logs["weighted_hardness"] = safe_divide(tf.reduce_sum(applied * ratio), count)
-            logs["hardness_ratio"] = safe_divide(logs["weighted_hardness"], mean * logs["hardness"])
+            triplets = tf.cast(tf.size(applied), dtype)
+            logs["hardness"] = safe_divide(tf.reduce_sum(ratio), triplets)
+            logs["weighted_hardness"] = safe_divide(tf.reduce_sum(applied * ratio), triplets)
+            term_mean = safe_divide(tf.reduce_sum(applied), triplets)
+            logs["hardness_ratio"] = safe_divide(logs["weighted_hardness"], term_mean * logs["hardness"])
         return logs

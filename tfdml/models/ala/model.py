@@ -48,6 +48,11 @@ def resolve_base_loss(base_loss, loss_params=None):
     return base_loss
 
 
+def _pair_keys(indices):
+    """One int64 key per `(anchor, positive)` of triplet rows `[T, 3]` (rows are below 2**31)."""
+    return tf.cast(indices[:, 0], tf.int64) * (2**31) + tf.cast(indices[:, 1], tf.int64)
+
+
 def _choice(name, value, choices):
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
@@ -100,8 +105,9 @@ class ALAModel(keras.Model):
         meta_interval: update the assessor every `meta_interval`-th step only (default 1).
         weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
         assessed: "all" (every tuple whose weight can change the loss, the paper) or "positive_pairs" (a pair
-            loss's positive pairs only; the negative pairs keep weight 1: under label noise the mislabelled
-            tuples are the positive pairs, and weighting the negatives only adds noise).
+            loss's positive pairs only, the negative pairs keep weight 1; a triplet loss's anchor-positive
+            pairs, one weight shared by the pair's triplets: under label noise the mislabelled tuples are the
+            positive pairs, and weighting the negatives only adds noise).
         embedding_dim: embedding size, when the embedder does not tell it.
 
     Example:
@@ -177,11 +183,6 @@ class ALAModel(keras.Model):
         _choice("state", state, options.STATE_MODES)
         self.weighting = _choice("weighting", weighting, options.WEIGHTINGS)
         self.assessed = _choice("assessed", assessed, options.ASSESSED)
-        if self.assessed == "positive_pairs" and self.base_loss.tuple_kind != "pair":
-            raise ValueError(
-                f'assessed="positive_pairs" needs a pair loss (ContrastiveLoss); {type(self.base_loss).__name__} '
-                f"lists {self.base_loss.tuple_kind}s."
-            )
         self.assessor_steps = int(assessor_steps)
         if self.assessor_steps < 0:
             raise ValueError(f"assessor_steps must be >= 0, got {assessor_steps}.")
@@ -215,7 +216,7 @@ class ALAModel(keras.Model):
     def _init_assessor(self, optimizer_name, units, num_layers, state):
         geometry = self.assessor_input != "embeddings"
         self.assessor = TupleAssessor(
-            tuple_size=2 if self.base_loss.tuple_kind == "pair" else 3,
+            tuple_size=2 if self.base_loss.tuple_kind == "pair" or self.assessed == "positive_pairs" else 3,
             units=units,
             num_layers=num_layers,
             state=state,
@@ -258,15 +259,32 @@ class ALAModel(keras.Model):
     def assessed_tuples(self, terms, labels):
         """Positions of the terms the assessor weights: with the loss's reduction, those whose weight can
         change it (a zero term with a zero divisor adds nothing to the sum or to the count); all with sums;
-        of those, the positive pairs only with `assessed="positive_pairs"`."""
+        of those, for a pair loss with `assessed="positive_pairs"`, the positive pairs only."""
         if self.reduction == "sum":
             matters = tf.ones_like(terms.values, tf.bool)
         else:
             matters = tf.logical_or(terms.term_divisors() > 0, tf.not_equal(tf.stop_gradient(terms.values), 0))
-        if self.assessed == "positive_pairs":
+        if self.assessed == "positive_pairs" and terms.kind == "pair":
             pairs = tf.gather(labels, terms.indices)
             matters = tf.logical_and(matters, tf.equal(pairs[:, 0], pairs[:, 1]))
+        elif self.assessed == "positive_pairs":  # every triplet of an anchor-positive pair with one that matters
+            keys, pair_of = tf.unique(_pair_keys(terms.indices))
+            pair_matters = tf.math.unsorted_segment_max(tf.cast(matters, tf.int32), pair_of, tf.size(keys))
+            matters = tf.gather(pair_matters, pair_of) > 0
         return tf.cast(tf.where(matters)[:, 0], tf.int32)
+
+    def assessed_units(self, terms, assessed):
+        """`(units, unit_of)`: what the assessor gives one weight each, as rows of the batch (`[U, 2]` pairs or
+        `[U, 3]` triplets), and the unit of each assessed term (`[A]`). One unit per assessed term, except for
+        a triplet loss with `assessed="positive_pairs"`: its units are the anchor-positive pairs, and every
+        triplet of a pair shares the pair's weight (under label noise a mislabelled positive pair is what
+        is wrong, whatever the negative)."""
+        indices = tf.gather(terms.indices, assessed)
+        if self.assessed != "positive_pairs" or terms.kind == "pair":
+            return indices, tf.range(tf.shape(indices)[0], dtype=tf.int32)
+        keys, unit_of = tf.unique(_pair_keys(indices))
+        first = tf.math.unsorted_segment_min(tf.range(tf.shape(indices)[0]), unit_of, tf.size(keys))
+        return tf.gather(indices[:, :2], first), unit_of
 
     def coefficients(self, terms, weights):
         """`d L(w) / d term_i`, differentiable in the weights: the loss's reduction, or the weights (sums)."""
