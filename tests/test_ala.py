@@ -179,7 +179,7 @@ def test_assessor_outputs_have_no_common_shift():
 def test_only_tuples_whose_weight_can_change_the_loss_are_assessed(loss):
     """A zero term with a zero divisor adds nothing whatever its weight: it is not assessed (weight 1), and
     any weight on it leaves the loss unchanged."""
-    model = ALAModel(_embedder("float64"), base_loss=loss, assessor_units=3, dtype="float64")
+    model = ALAModel(_embedder("float64"), base_loss=loss, assessor_units=3, dtype="float64", assessed="all")
     x, y = _episode(dtype="float64", seed=4, train_classes=4)[:2]
     episode = EpisodeDerivatives(model, x, y)
     values, divisors = episode.values.numpy(), episode.terms.term_divisors().numpy()
@@ -194,10 +194,18 @@ def test_only_tuples_whose_weight_can_change_the_loss_are_assessed(loss):
 
 
 # ------------------------------------------------------------------------------------ meta-gradient
-def _float64_model(loss, optimizer=None, variant="default", state="per_tuple", **kwargs):
-    """A float64 ALA model, the new layer ("head") at 8x the base rate by default; returns it and the rates."""
+def _float64_model(loss, optimizer=None, variant="default", state="per_tuple", assessed="all", **kwargs):
+    """A float64 ALA model, the new layer ("head") at 8x the base rate by default; returns it and the rates.
+    Every tuple weighted and read as one sequence (the paper's choices) unless told otherwise."""
     model = ALAModel(
-        _embedder("float64"), base_loss=loss, assessor_units=3, state=state, dtype="float64", variant=variant, **kwargs
+        _embedder("float64"),
+        base_loss=loss,
+        assessor_units=3,
+        state=state,
+        assessed=assessed,
+        dtype="float64",
+        variant=variant,
+        **kwargs,
     )
     head = model.embedder.layers[1]
     model.compile(

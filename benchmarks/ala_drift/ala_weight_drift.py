@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
-def run(steps, noise, seed, every, path, weight_range=None):
+def run(steps, noise, seed, every, path, weight_range=None, choices=None):
     import keras
     import tensorflow as tf
     import test_ala_noise as problem
@@ -44,7 +44,9 @@ def run(steps, noise, seed, every, path, weight_range=None):
         [keras.Input((problem.DIM,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(8)]
         + [keras.layers.UnitNormalization()]
     )
-    model = ALAModel(embedder, base_loss=ContrastiveLoss(neg_margin=1.0), weight_range=weight_range)
+    model = ALAModel(
+        embedder, base_loss=ContrastiveLoss(neg_margin=1.0), weight_range=weight_range, **dict(choices or {})
+    )
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
     update = tf.function(model.ala_update)
     probe_index = problem._subset(rng, noisy, np.arange(problem.TRAIN_CLASSES))
@@ -115,13 +117,17 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=25, help="record every N-th step")
     parser.add_argument("--weight-range", type=float, default=None, help="ALAModel(weight_range=...)")
+    parser.add_argument("--state", default=None, help="ALAModel(state=...) (default: the library's)")
+    parser.add_argument("--assessed", default=None, help="ALAModel(assessed=...) (default: the library's)")
     parser.add_argument("--summary", action="store_true", help="only summarise the recorded runs")
     args = parser.parse_args(argv)
     os.makedirs(OUT_DIR, exist_ok=True)
     suffix = "" if args.weight_range is None else f"_range{args.weight_range:g}"
+    choices = {name: getattr(args, name) for name in ("state", "assessed") if getattr(args, name) is not None}
+    suffix += "".join(f"_{value}" for value in choices.values())
     path = os.path.join(OUT_DIR, f"drift_noise{args.noise:g}{suffix}.jsonl")
     if not args.summary:
-        run(args.steps, args.noise, args.seed, args.every, path, args.weight_range)
+        run(args.steps, args.noise, args.seed, args.every, path, args.weight_range, choices)
     for name in sorted(os.listdir(OUT_DIR)):
         if name.endswith(".jsonl"):
             print(json.dumps(summary(os.path.join(OUT_DIR, name))))

@@ -233,13 +233,20 @@ def weight_auc(model, data, batches):
     for batch in batches:
         tuples, weights = model.tuple_weights(data["train_x"][batch], data["train_y"][batch])
         tuples, weights = np.asarray(tuples), np.asarray(weights)
-        anchor, positive = batch[tuples[:, 0]], batch[tuples[:, 1]]
+        # One entry per anchor-positive pair (a triplet loss's pairs share their weight, or have one per
+        # triplet with assessed="all": their mean).
+        pairs, inverse = np.unique(tuples[:, :2], axis=0, return_inverse=True)
+        weights = np.bincount(inverse.ravel(), weights) / np.bincount(inverse.ravel())
+        anchor, positive = batch[pairs[:, 0]], batch[pairs[:, 1]]
         same = data["train_y"][anchor] == data["train_y"][positive]
         correct = true[anchor] == true[positive]
         clean.append(weights[same & correct])
         wrong.append(weights[same & ~correct])
     clean, wrong = np.concatenate(clean), np.concatenate(wrong)
-    auc = float(np.mean((clean[:, None] > wrong[None, :]) + 0.5 * (clean[:, None] == wrong[None, :])))
+    from sklearn.metrics import roc_auc_score  # ties count one half
+
+    scores = np.concatenate([clean, wrong])
+    auc = float(roc_auc_score(np.r_[np.ones(len(clean)), np.zeros(len(wrong))], scores))
     return {"weight_auc": round(auc, 4), "weight_ratio": round(float(wrong.mean() / clean.mean()), 4)}
 
 

@@ -82,9 +82,10 @@ class ALAModel(keras.Model):
             instance. With every weight 1 the real step is exactly that loss's step; its variables (the margin
             loss's `beta`) are trained by its own optimizer.
         loss_params: arguments of a base loss given by name.
-        variant: "default" (softmax weights over the tuples, the base loss's reduction, geometry input, Adam
-            1e-3 assessor) or "paper" (Algorithm 1 literally: sigmoid weights, sums over tuples, embeddings
-            input, SGD 4e-4 assessor). The switches below override single choices; None takes the variant's.
+        variant: "default" (softmax weights over the positive pairs, one shared assessor state per step, the
+            base loss's reduction, geometry input, Adam 1e-3 assessor) or "paper" (Algorithm 1 literally:
+            sigmoid weights of every tuple, the recurrence over tuples, sums over tuples, embeddings input,
+            SGD 4e-4 assessor). The switches below override single choices; None takes the variant's.
         weights: "softmax" (`w = n softmax((z - mean z) / temperature)` over the step's assessed tuples, mixed
             with uniform weights by `weight_floor`) or "sigmoid" (the paper's `A` in (0, 1)).
         temperature: softmax temperature (default 1).
@@ -98,13 +99,15 @@ class ALAModel(keras.Model):
         assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
         assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
         state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
-            step) or "per_step" (all tuples from one shared state; cheaper).
+            step; the paper variant's) or "per_step" (all tuples from one shared state; cheaper; the default
+            variant's).
         inner_learning_rate: one rate for every variable in an SGD virtual step (implies `lookahead="sgd"`).
         assessor_learning_rate: the assessor optimizer's rate (`b` of eq 12).
         assessor_steps: `K`, assessor updates per episode (paper: 3); 0 only weights the tuples.
         meta_interval: update the assessor every `meta_interval`-th step only (default 1).
         weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
-        assessed: "all" (every tuple whose weight can change the loss, the paper) or "positive_pairs" (a pair
+        assessed: "all" (every tuple whose weight can change the loss, the paper variant's) or
+            "positive_pairs" (the default variant's: a pair
             loss's positive pairs only, the negative pairs keep weight 1; a triplet loss's anchor-positive
             pairs, one weight shared by the pair's triplets: under label noise the mislabelled tuples are the
             positive pairs, and weighting the negatives only adds noise).
@@ -132,13 +135,13 @@ class ALAModel(keras.Model):
         assessor_input=None,
         assessor_units=64,
         assessor_layers=2,
-        state="per_tuple",
+        state=None,
         inner_learning_rate=None,
         assessor_learning_rate=None,
         assessor_steps=3,
         meta_interval=1,
         weighting="assessor",
-        assessed="all",
+        assessed=None,
         embedding_dim=None,
         **kwargs,
     ):
@@ -180,9 +183,9 @@ class ALAModel(keras.Model):
             defaults["assessor_input"] if assessor_input is None else assessor_input,
             options.ASSESSOR_INPUTS,
         )
-        _choice("state", state, options.STATE_MODES)
+        state = _choice("state", defaults["state"] if state is None else state, options.STATE_MODES)
         self.weighting = _choice("weighting", weighting, options.WEIGHTINGS)
-        self.assessed = _choice("assessed", assessed, options.ASSESSED)
+        self.assessed = _choice("assessed", defaults["assessed"] if assessed is None else assessed, options.ASSESSED)
         self.assessor_steps = int(assessor_steps)
         if self.assessor_steps < 0:
             raise ValueError(f"assessor_steps must be >= 0, got {assessor_steps}.")
