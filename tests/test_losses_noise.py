@@ -11,6 +11,7 @@ from tests.references import numpy_losses
 from tests.references import numpy_noise as ref
 from tfdml.losses import PRISM, ContrastiveLoss, MarginLoss, SmallLossWeighting, TripletLoss, TripletSemiHardLoss
 from tfdml.losses.noise import farthest_positive_pairs, prism_clean_probability, prism_keep
+from tfdml.ops import reduce_terms
 
 
 def _batch(classes=6, per_class=4, dim=8, seed=0, spread=0.3):
@@ -49,6 +50,33 @@ def test_heuristic_loss_leaves_out_the_terms_of_the_dropped_pairs(drop_rate):
     np.testing.assert_allclose(
         triplet(labels, x).numpy(), ref.triplet_all_without(labels, embeddings, dropped, 0.3), rtol=1e-10
     )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ContrastiveLoss(pos_margin=0.1, neg_margin=1.1),
+        lambda: TripletLoss(margin=0.3),
+        lambda: MarginLoss(sampling="all"),
+    ],
+)
+def test_heuristic_terms_are_the_kept_terms_and_reduce_to_its_value(make):
+    """`terms` lists the wrapped loss's terms minus those on a dropped pair (what DML-ALA then weighs): no
+    kept term touches a dropped pair, and their reduction is the heuristic's value, value and gradient."""
+    labels, embeddings = _batch(classes=5, per_class=3, seed=4, spread=0.9)
+    dropped = ref.farthest_positive_pairs(labels, embeddings, 0.5)
+    loss = SmallLossWeighting(make(), drop_rate=0.5)
+    assert loss.tuple_kind == make().tuple_kind
+    x = tf.constant(embeddings)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        terms = loss.terms(tf.constant(labels), x)
+        value, expected = reduce_terms(terms), loss(labels, x)
+    pairs = {tuple(sorted(p)) for p in terms.indices.numpy()[:, :2].tolist()}
+    assert not pairs & dropped
+    assert len(terms.values) < len(make().terms(tf.constant(labels), x).values)
+    np.testing.assert_allclose(value.numpy(), expected.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(tape.gradient(value, x).numpy(), tape.gradient(expected, x).numpy(), rtol=1e-10)
 
 
 def test_heuristic_at_rate_zero_is_the_wrapped_loss():

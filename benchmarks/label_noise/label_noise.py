@@ -183,7 +183,8 @@ def train_ala(spec, data, batches, config, seed):
     """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
     drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings. With the option
     `trusted: [classes, per_class]` the validation subsets come from a small verified set (`trusted_labels`)
-    instead of the noisy training labels."""
+    instead of the noisy training labels; with `heuristic: drop_rate` DML-ALA weighs the terms that the
+    small-loss heuristic keeps (`SmallLossWeighting(base, drop_rate)` as its base loss)."""
     import keras
     import tensorflow as tf
 
@@ -192,6 +193,7 @@ def train_ala(spec, data, batches, config, seed):
 
     options = dict(spec["ala_options"])
     trusted = options.pop("trusted", None)
+    drop_rate = options.pop("heuristic", None)
     sizes = episode_sizes(config["classes_per_batch"], config["samples_per_class"])
     val_labels = data["train_y"] if trusted is None else trusted_labels(data, *trusted, seed)
     extra = bm.validation_batches(
@@ -206,9 +208,14 @@ def train_ala(spec, data, batches, config, seed):
     embedder = bm.tfdml_embedder(config, seed=seed)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
     dataset = bm.episodes(images, labels, batches, extra, tf.constant(val_labels))
+    base_loss = spec["ala_base"](data["num_classes"])
+    if drop_rate is not None:  # DML-ALA on the pairs the small-loss heuristic keeps
+        from tfdml.losses import SmallLossWeighting
+
+        base_loss = SmallLossWeighting(base_loss, drop_rate=drop_rate)
     model = ALAModel(
         embedder,
-        base_loss=spec["ala_base"](data["num_classes"]),
+        base_loss=base_loss,
         embedding_dim=config["embedding_dim"],
         **options,
     )

@@ -26,6 +26,8 @@ window are non-trainable variables that `tfdml.models.MetricModel` tracks and sa
 leave them alone (`loss.training`).
 """
 
+import dataclasses
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -145,6 +147,7 @@ class SmallLossWeighting(_WrappedLoss):
     Example:
         >>> loss = SmallLossWeighting(ContrastiveLoss(), drop_rate=0.3)
         >>> model.compile(optimizer="adam", loss=loss)
+        >>> ala = tfdml.models.ALAModel(embedder, base_loss=loss)   # DML-ALA weighs the kept pairs
     """
 
     def __init__(self, loss, drop_rate, name="small_loss_weighting", **kwargs):
@@ -162,9 +165,31 @@ class SmallLossWeighting(_WrappedLoss):
         hit = tf.gather_nd(dropped, tf.cast(terms.indices[:, :2], tf.int32))
         return 1 - tf.cast(hit, terms.values.dtype)
 
+    @property
+    def tuple_kind(self):
+        return self.loss.tuple_kind
+
     def compute(self, labels, embeddings):
         terms = self.loss.terms(labels, embeddings)
         return reduce_terms(terms, self.weights(labels, embeddings, terms))
+
+    def terms(self, labels, embeddings):
+        """The wrapped loss's terms without those of the dropped pairs (`reduce_terms` of them is `compute`:
+        a weight 0 removes a term from the sums and the counts), so that a method weighting tuples, such as
+        `tfdml.models.ALAModel`, weighs the kept ones."""
+        terms = self.loss.terms(labels, embeddings)
+        kept = tf.where(self.weights(labels, embeddings, terms) > 0)[:, 0]
+
+        def keep(values):
+            return None if values is None else tf.gather(values, kept)
+
+        return dataclasses.replace(
+            terms,
+            values=keep(terms.values),
+            indices=keep(terms.indices),
+            divisors=keep(terms.divisors),
+            groups=keep(terms.groups),
+        )
 
     def get_config(self):
         return {**super().get_config(), "drop_rate": self.drop_rate}
