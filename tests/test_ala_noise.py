@@ -120,6 +120,23 @@ def test_positive_pairs_only_leave_the_negative_pairs_at_weight_one():
     )
 
 
+def test_default_variant_chooses_by_the_base_loss_tuples():
+    """The default variant weighs a pair loss's positive pairs from one state per step and a triplet loss's
+    every triplet through the recurrence (the measured choice, `tfdml.ala_options.choices_for`); the paper
+    variant weighs every tuple through the recurrence; explicit choices win."""
+    embedder = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(8), keras.layers.UnitNormalization()])
+
+    def choices(**kwargs):
+        model = ALAModel(embedder, assessor_units=4, **kwargs)
+        return model.assessed, model.assessor.state
+
+    assert choices(base_loss="contrastive") == ("positive_pairs", "per_step")
+    assert choices(base_loss="triplet") == ("all", "per_tuple")
+    assert choices(base_loss="margin") == ("all", "per_tuple")
+    assert choices(base_loss="contrastive", variant="paper") == ("all", "per_tuple")
+    assert choices(base_loss="triplet", assessed="positive_pairs", state="per_step") == ("positive_pairs", "per_step")
+
+
 @pytest.mark.parametrize("base_loss", [TripletLoss(), MarginLoss(seed=3)])
 def test_positive_pairs_of_a_triplet_loss_share_one_weight(base_loss):
     """`assessed="positive_pairs"` on a triplet loss: one weight per anchor-positive pair, shared by all the

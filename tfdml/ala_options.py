@@ -30,11 +30,12 @@ VARIANTS = {
         "assessor_input": "geometry",
         "assessor_optimizer": "adam",
         "assessor_learning_rate": 1e-3,
-        # Measured on glyphs (benchmarks/label_noise): the paper's per-tuple recurrence over every tuple was
-        # 22 R@1 points below the plain contrastive loss on clean data; one shared state per step over the
-        # positive pairs is above it, clean and under label noise, at a third of the step's time.
-        "state": "per_step",
-        "assessed": "positive_pairs",
+        # By the base loss's tuples (`choices_for`): measured on glyphs (benchmarks/label_noise), the paper's
+        # recurrence over every pair was 22 R@1 points below the plain contrastive loss on clean data, one
+        # shared state per step over the positive pairs above it, clean and under label noise; for triplet
+        # losses positive-pair weights collapsed all-triplets training under noise, so they keep the paper's.
+        "state": {"pair": "per_step", "triplet": "per_tuple"},
+        "assessed": {"pair": "positive_pairs", "triplet": "all"},
     },
     "paper": {
         "weights": "sigmoid",
@@ -47,6 +48,19 @@ VARIANTS = {
         "assessed": "all",
     },
 }
+
+
+def choices_for(variant, tuple_kind):
+    """The choices of `variant` for a base loss whose terms are `tuple_kind` ("pair" or "triplet") tuples:
+    `VARIANTS[variant]` with the per-kind entries resolved.
+
+    Example:
+        >>> choices_for("default", "pair")["assessed"]
+        'positive_pairs'
+    """
+    return {k: v[tuple_kind] if isinstance(v, dict) else v for k, v in VARIANTS[variant].items()}
+
+
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_WEIGHT_FLOOR = 0.0
 

@@ -18,18 +18,20 @@ so that with every weight 1 the real step is exactly the loss's step (`tests/tes
 
 with `L_va` the base loss on the validation subset. Two variants (`ALAModel(variant=...)`):
 
-- `variant="default"`: the assessor weighs the positive pairs (`assessed="positive_pairs"`: a pair loss's
-  positive pairs, the negative pairs keeping weight 1; a triplet loss's anchor-positive pairs, each weight
-  shared by the pair's triplets), all from one shared LSTM state per step (`state="per_step"`). Its outputs
-  are centred logits, `z_i` = its Dense head's output minus the mean over the step's pairs; `w_i = n
-  softmax(z / temperature)_i` over the `n` assessed pairs (mean 1), optionally `f + (1 - f) w_i` with
-  `weight_floor=f` (default 0: a pair the meta-gradient says hurts can be silenced). There is no idle degree
-  of freedom: the outputs have no common shift (centred), the reduction ignores a common scale of the
-  weights, and the logits are linear (no sigmoid to saturate). The assessor reads each pair's geometry
-  (`assessor_input="geometry"`), trained by Adam(1e-3); SGD look-ahead. Why positive pairs: on glyphs
-  (`benchmarks/label_noise`) weighting every tuple with the recurrence over tuples was 22 R@1 points below
-  the plain contrastive loss on clean data, and under label noise the mislabelled tuples are positive pairs.
-  `assessed="all"` and `state="per_tuple"` give the paper's choice on the default variant's weights.
+- `variant="default"`: for a pair loss the assessor weighs the positive pairs (`assessed="positive_pairs"`,
+  the negative pairs keeping weight 1), all from one shared LSTM state per step (`state="per_step"`); for a
+  triplet loss every triplet, read as one sequence (`assessed="all"`, `state="per_tuple"`, as the paper;
+  `assessed="positive_pairs"` gives a triplet loss one weight per anchor-positive pair, shared by its
+  triplets). The outputs are centred logits, `z_i` = the Dense head's output minus the mean over the step's
+  assessed tuples; `w_i = n softmax(z / temperature)_i` over the `n` of them (mean 1), optionally
+  `f + (1 - f) w_i` with `weight_floor=f` (default 0: a tuple the meta-gradient says hurts can be
+  silenced). There is no idle degree of freedom: the outputs have no common shift (centred), the reduction
+  ignores a common scale of the weights, and the logits are linear (no sigmoid to saturate). The assessor
+  reads each tuple's geometry (`assessor_input="geometry"`), trained by Adam(1e-3); SGD look-ahead. Why the
+  per-kind choice (`tfdml.ala_options.choices_for`, measured on glyphs in `benchmarks/label_noise`): with
+  the contrastive loss, weighting every pair through the recurrence was 22 R@1 points below the plain loss
+  on clean data, the positive pairs from one state per step above it, clean and under 40 % label noise; with
+  all-triplets training, positive-pair weights collapsed under noise.
 - `variant="paper"`: Algorithm 1 literally: every tuple weighted, `w_i = A_i = sigmoid(z_i)` read by the
   recurrence over tuples (eq 8), the sums of eqs 10-13 over tuples (`reduction="sum"`: no division, the
   paper's rates), the concatenated tuple embeddings as input, SGD(4e-4).
