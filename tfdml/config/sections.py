@@ -258,10 +258,12 @@ class ALAParams(_Section):
     inner_learning_rate: float | None = _field(None, above=0.0)  # one rate for the virtual step (eq 10)
     assessor_learning_rate: float | None = _field(None, above=0.0)  # the assessor's own optimizer
     assessor_steps: int | None = _field(None, minimum=0)  # K assessor updates per episode (0: weights only)
-    # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step
+    # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step;
+    # null: per_step for pair losses, per_tuple for triplet losses
     state: str | None = _field(None, choices=ala_options.STATE_MODES)
     weighting: str | None = _field(None, choices=ala_options.WEIGHTINGS)  # uniform: the base loss itself
-    # which tuples the assessor weighs: all (the paper) or positive_pairs (pair losses; negatives keep weight 1)
+    # which tuples the assessor weighs: all (the paper) or positive_pairs (a pair loss's positive pairs, a triplet
+    # loss's anchor-positive pairs); null: positive_pairs for pair losses, all for triplet losses
     assessed: str | None = _field(None, choices=ala_options.ASSESSED)
 
     def arguments(self):
