@@ -235,6 +235,12 @@ def test_a_projected_index_meets_its_target_and_returns_exact_values(tmp_path):
     assert plain.settings["projection_dims"] == 0 and plain.settings["dimensions_per_block"] == 2
     with pytest.raises(ValueError, match=r"projection_dims must be in \(0, 128\) or 0 \(none\), got 128"):
         ScannIndex(gallery, mode="approximate", target_recall=None, projection_dims=128)
+    # Squared distances are searched unprojected (ScaNN's PCA serves dot products only), and still meet the target.
+    scaled = 3.0 * gallery
+    l2 = ScannIndex(scaled, distance="squared_l2", mode="approximate", target_recall=0.95)
+    assert l2.mode == "approximate" and l2.settings["projection_dims"] == 0 and l2.recall["lower_bound"] >= 0.95
+    with pytest.raises(ValueError, match="projection_dims applies to the dot_product distance only"):
+        ScannIndex(scaled, distance="squared_l2", mode="approximate", target_recall=None, projection_dims=32)
 
 
 def test_a_projection_that_misses_the_target_is_dropped_before_brute_force(monkeypatch):

@@ -18,7 +18,8 @@ Automatic settings (`mode="auto"`), by database size `N` (see `auto_settings`):
   in ~20 % less time (`benchmarks/search/README.md`). A projected index that misses its recall target is built
   again without the projection before it falls back to brute force (`index.recall["projected"]` keeps the
   first attempt's record).
-  Data without such a subspace (e.g. isotropic clusters) is not projected (`projection_dims` 0; see `principal_dims`).
+  Data without such a subspace (e.g. isotropic clusters) is not projected (`projection_dims` 0; see
+  `principal_dims`), nor is a `"squared_l2"` index (ScaNN's projection serves dot products only).
 
 How many leaves to search and how many AH candidates to re-score exactly depend on the data far more than
 on its size (on 1M x 512 synthetic clustered vectors 1 % of the leaves find 0.57 of the exact 10 nearest,
@@ -213,8 +214,10 @@ class ScannIndex:
         self.settings = {}
         if self.mode == "approximate":
             projection = settings.get("projection_dims")
-            if projection is None:  # chosen from the data (see the module docstring)
-                projection = principal_dims(embeddings)
+            if projection is None:  # chosen from the data (see the module docstring); ScaNN projects dot products only
+                projection = principal_dims(embeddings) if distance == "dot_product" else 0
+            elif projection and distance != "dot_product":
+                raise ValueError(f"projection_dims applies to the dot_product distance only (ScaNN), got {distance!r}.")
             self._set_approximate(settings, projection)
         self.recall = None
         self._searcher = self._build(embeddings)
