@@ -135,6 +135,13 @@ def test_default_variant_chooses_by_the_base_loss_tuples():
     assert choices(base_loss="margin") == ("all", "per_tuple")
     assert choices(base_loss="contrastive", variant="paper") == ("all", "per_tuple")
     assert choices(base_loss="triplet", assessed="positive_pairs", state="per_step") == ("positive_pairs", "per_step")
+    # the logits of a pair loss's softmax weights are bounded (r = 1) unless asked otherwise; inf survives a save
+    assert ALAModel(embedder, base_loss="contrastive", assessor_units=4).weight_range == 1.0
+    assert ALAModel(embedder, base_loss="triplet", assessor_units=4).weight_range is None
+    assert ALAModel(embedder, base_loss="contrastive", weights="sigmoid", assessor_units=4).weight_range is None
+    unbounded = ALAModel(embedder, base_loss="contrastive", weight_range=float("inf"), assessor_units=4)
+    assert unbounded.weight_range is None
+    assert ALAModel.from_config(unbounded.get_config()).weight_range is None
 
 
 @pytest.mark.parametrize("base_loss", [TripletLoss(), MarginLoss(seed=3)])

@@ -246,7 +246,8 @@ class ALAParams(_Section):
     weights: str | None = _field(None, choices=ala_options.WEIGHT_FORMS)
     temperature: float | None = _field(None, above=0.0)  # softmax weights' temperature
     weight_floor: float | None = _field(None, minimum=0.0)  # softmax weights mixed with uniform ones
-    weight_range: float | None = _field(None, above=0.0)  # bound r on the logits, r tanh(z / r)
+    # bound r on the logits, r tanh(z / r); null: 1 for a pair loss's softmax weights, else none; .inf: none
+    weight_range: float | None = _field(None, above=0.0)
     # how the weighted terms are reduced (tfdml.ala_options.REDUCTIONS)
     reduction: str | None = _field(None, choices=ala_options.REDUCTIONS)
     lookahead: str | None = _field(None, choices=ala_options.LOOKAHEADS)  # virtual step: SGD or the optimizer's

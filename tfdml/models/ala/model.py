@@ -1,6 +1,7 @@
 """`ALAModel`, the Keras model that trains an embedder with DML-ALA, and `ala_training` (package docstring)."""
 
 import inspect
+import math
 import warnings
 
 import keras
@@ -93,7 +94,8 @@ class ALAModel(keras.Model):
         weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
             (default 0: a tuple can be silenced).
         weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
-            `exp(2 r / temperature)` (default None: unbounded).
+            `exp(2 r / temperature)` (default: 1 for a pair loss's softmax weights, else unbounded;
+            `float("inf")`: unbounded).
         reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
         lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
             compiled optimizer's step with its state held constant).
@@ -162,7 +164,9 @@ class ALAModel(keras.Model):
             raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}.")
         if self.weight_form == "sigmoid" and self.weight_floor:
             raise ValueError('weight_floor mixes softmax weights with uniform ones; it needs weights="softmax".')
-        self.weight_range = None if weight_range is None else float(weight_range)
+        if weight_range is None and self.weight_form == "softmax":
+            weight_range = defaults["weight_range"]
+        self.weight_range = None if weight_range is None or math.isinf(float(weight_range)) else float(weight_range)
         if self.weight_range is not None and (self.weight_range <= 0 or self.weight_form != "softmax"):
             raise ValueError(f'weight_range must be > 0 and needs weights="softmax", got {weight_range}.')
         reduction = defaults["reduction"] if reduction is None else reduction
@@ -370,7 +374,7 @@ class ALAModel(keras.Model):
             weights=self.weight_form,
             temperature=self.temperature,
             weight_floor=self.weight_floor,
-            weight_range=self.weight_range,
+            weight_range=self._saved_weight_range(),
             reduction=self.reduction,
             lookahead=self.lookahead,
             assessor_input=self.assessor_input,
@@ -386,6 +390,12 @@ class ALAModel(keras.Model):
             embedding_dim=self.embedding_dim,
         )
         return config
+
+    def _saved_weight_range(self):
+        """Unbounded softmax weights are saved as inf: None would take a pair loss's default bound back."""
+        if self.weight_range is None and self.weight_form == "softmax":
+            return float("inf")
+        return self.weight_range
 
     @classmethod
     def from_config(cls, config):
