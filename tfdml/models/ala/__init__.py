@@ -26,8 +26,9 @@ with `L_va` the base loss on the validation subset. Two variants (`ALAModel(vari
   assessed tuples; `w_i = n softmax(z / temperature)_i` over the `n` of them (mean 1), optionally
   `f + (1 - f) w_i` with `weight_floor=f` (default 0: a tuple the meta-gradient says hurts can be
   silenced), with the logits bounded, `r tanh(z / r)`, by `weight_range=r` (default 1 for pair losses, where
-  unbounded logits let one clean glyph run of five collapse onto a few pairs; unbounded for triplet losses). There is no idle degree of freedom: the outputs have no common shift (centred), the reduction
-  ignores a common scale of the weights, and the logits are linear (no sigmoid to saturate). The assessor
+  unbounded logits let one clean glyph run of five collapse onto a few pairs; unbounded for triplet losses).
+  There is no idle degree of freedom: the outputs have no common shift (centred), the reduction ignores a
+  common scale of the weights, and the logits are linear (no sigmoid to saturate). The assessor
   reads each tuple's geometry (`assessor_input="geometry"`), trained by Adam(1e-3); SGD look-ahead. Why the
   per-kind choice (`tfdml.ala_options.choices_for`, measured on glyphs in `benchmarks/label_noise`): with
   the contrastive loss, weighting every pair through the recurrence was 22 R@1 points below the plain loss
