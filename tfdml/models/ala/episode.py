@@ -59,16 +59,16 @@ class EpisodeDerivatives:
         over the triplets of an anchor-positive pair. Constants."""
         distances = pairwise_distance(embeddings)
         values = tf.stop_gradient(tf.gather(self.values, self.assessed))
+        indices = tf.gather(self.terms.indices, self.assessed)
         if self.terms.kind == "pair":
-            d = tf.gather_nd(distances, self.units)
-            same = tf.equal(tf.gather(self.train_y, self.units[:, 0]), tf.gather(self.train_y, self.units[:, 1]))
+            d = tf.gather_nd(distances, indices)
+            same = tf.equal(tf.gather(self.train_y, indices[:, 0]), tf.gather(self.train_y, indices[:, 1]))
             features = tf.stack([d, values, tf.where(same, tf.ones_like(d), -tf.ones_like(d))], axis=1)
         else:
-            d_ap, d_an = triplet_distances(distances, tf.gather(self.terms.indices, self.assessed))
+            d_ap, d_an = triplet_distances(distances, indices)
             features = tf.stack([d_ap, d_an, values], axis=1)
-            if self.units.shape[-1] == 2:  # anchor-positive pairs: the mean over each pair's triplets
-                count = tf.shape(self.units)[0]
-                features = tf.math.unsorted_segment_mean(features, self.unit_of, count)
+        # One row per unit, the mean over its terms (a single term, except a triplet loss's anchor-positive pairs).
+        features = tf.math.unsorted_segment_mean(features, self.unit_of, tf.shape(self.units)[0])
         count = tf.maximum(tf.cast(tf.shape(features)[0], features.dtype), 1.0)
         mean = tf.reduce_sum(features, axis=0) / count
         std = tf.sqrt(tf.reduce_sum(tf.square(features - mean), axis=0) / count)
