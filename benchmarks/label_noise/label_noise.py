@@ -237,7 +237,7 @@ def weight_auc(model, data, batches):
     true = data.get("true_y")
     if true is None or not np.any(true != data["train_y"]):
         return None
-    clean, wrong, near = [], [], []
+    clean, wrong, near_clean, near_wrong = [], [], [], []
     for batch in batches:
         tuples, weights = model.tuple_weights(data["train_x"][batch], data["train_y"][batch])
         tuples, weights = np.asarray(tuples), np.asarray(weights)
@@ -249,20 +249,23 @@ def weight_auc(model, data, batches):
         anchor, positive = batch[pairs[:, 0]], batch[pairs[:, 1]]
         same = data["train_y"][anchor] == data["train_y"][positive]
         correct = true[anchor] == true[positive]
+        nearness = -np.linalg.norm(embeddings[pairs[:, 0]] - embeddings[pairs[:, 1]], axis=1)
         clean.append(weights[same & correct])
         wrong.append(weights[same & ~correct])
-        distance = np.linalg.norm(embeddings[pairs[:, 0]] - embeddings[pairs[:, 1]], axis=1)
-        near.append((-distance[same & correct], -distance[same & ~correct]))
+        near_clean.append(nearness[same & correct])
+        near_wrong.append(nearness[same & ~correct])
     clean, wrong = np.concatenate(clean), np.concatenate(wrong)
     from sklearn.metrics import roc_auc_score  # ties count one half
 
     truth = np.r_[np.ones(len(clean)), np.zeros(len(wrong))]
-    auc = float(roc_auc_score(truth, np.concatenate([clean, wrong])))
-    distance_auc = float(roc_auc_score(truth, np.concatenate([np.concatenate(part) for part in zip(*near)])))
+
+    def auc(positives, negatives):
+        return round(float(roc_auc_score(truth, np.concatenate([positives, negatives]))), 4)
+
     return {
-        "weight_auc": round(auc, 4),
+        "weight_auc": auc(clean, wrong),
         "weight_ratio": round(float(wrong.mean() / clean.mean()), 4),
-        "distance_auc": round(distance_auc, 4),
+        "distance_auc": auc(np.concatenate(near_clean), np.concatenate(near_wrong)),
     }
 
 
