@@ -144,11 +144,14 @@ def test_weights_reweight_the_terms_through_the_losses_own_reduction():
 def test_softmax_weights_of_centred_outputs_with_temperature_and_floor():
     """`w = n softmax(z / T)` of the centred outputs `z`, mixed with 1 by the floor; mean 1; a tuple whose output
     is far below the others' goes to ~0 without a floor."""
-    model = ALAModel(_embedder("float64"), assessor_units=3, dtype="float64", temperature=0.5, weight_floor=0.2)
+    unbounded = {"weight_range": float("inf")}
+    model = ALAModel(
+        _embedder("float64"), assessor_units=3, dtype="float64", temperature=0.5, weight_floor=0.2, **unbounded
+    )
     z = np.array([0.3, -0.1, 0.5, -0.7])
     softmax = np.exp(z / 0.5) / np.exp(z / 0.5).sum()
     np.testing.assert_allclose(model.weights_from_outputs(tf.constant(z)).numpy(), 0.2 + 0.8 * 4 * softmax, rtol=1e-12)
-    silencing = ALAModel(_embedder("float64"), assessor_units=3, dtype="float64")
+    silencing = ALAModel(_embedder("float64"), assessor_units=3, dtype="float64", **unbounded)
     weights = silencing.weights_from_outputs(tf.constant([4.0, 4.0, 4.0, -12.0], tf.float64)).numpy()
     assert weights[-1] < 1e-6 and np.isclose(weights.mean(), 1.0)
     bounded = ALAModel(_embedder("float64"), assessor_units=3, dtype="float64", weight_range=1.5, temperature=0.5)

@@ -120,24 +120,25 @@ def test_positive_pairs_only_leave_the_negative_pairs_at_weight_one():
     )
 
 
-def test_default_variant_chooses_by_the_base_loss_tuples():
-    """The default variant weighs a pair loss's positive pairs from one state per step and a triplet loss's
-    every triplet through the recurrence (the measured choice, `tfdml.ala_options.choices_for`); the paper
-    variant weighs every tuple through the recurrence; explicit choices win."""
+def test_default_variant_weighs_positive_pairs_for_every_base_loss():
+    """The default variant weighs the positive pairs from one state per step, for pair and triplet losses alike
+    (the measured choice, `tfdml.ala_options.VARIANTS`); the paper variant weighs every tuple through the
+    recurrence; explicit choices win."""
     embedder = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(8), keras.layers.UnitNormalization()])
 
     def choices(**kwargs):
         model = ALAModel(embedder, assessor_units=4, **kwargs)
         return model.assessed, model.assessor.state
 
-    assert choices(base_loss="contrastive") == ("positive_pairs", "per_step")
-    assert choices(base_loss="triplet") == ("all", "per_tuple")
-    assert choices(base_loss="margin") == ("all", "per_tuple")
+    for base_loss in ("contrastive", "triplet", "margin"):
+        assert choices(base_loss=base_loss) == ("positive_pairs", "per_step")
     assert choices(base_loss="contrastive", variant="paper") == ("all", "per_tuple")
-    assert choices(base_loss="triplet", assessed="positive_pairs", state="per_step") == ("positive_pairs", "per_step")
-    # the logits of a pair loss's softmax weights are bounded (r = 1) unless asked otherwise; inf survives a save
+    assert choices(base_loss="triplet", variant="paper") == ("all", "per_tuple")
+    assert choices(base_loss="triplet", assessed="all", state="per_tuple") == ("all", "per_tuple")
+    # the logits of the softmax weights are bounded (r = 1) unless asked otherwise; inf survives a save
     assert ALAModel(embedder, base_loss="contrastive", assessor_units=4).weight_range == 1.0
-    assert ALAModel(embedder, base_loss="triplet", assessor_units=4).weight_range is None
+    assert ALAModel(embedder, base_loss="triplet", assessor_units=4).weight_range == 1.0
+    assert ALAModel(embedder, base_loss="triplet", variant="paper", assessor_units=4).weight_range is None
     assert ALAModel(embedder, base_loss="contrastive", weights="sigmoid", assessor_units=4).weight_range is None
     unbounded = ALAModel(embedder, base_loss="contrastive", weight_range=float("inf"), assessor_units=4)
     assert unbounded.weight_range is None

@@ -29,7 +29,14 @@ characters (`reality_check.split_training_classes`); each candidate trains on th
 `VALIDATION_SEEDS` and is scored by MAP@R on the 50 (noisy labels); the best is used for the test rows. The
 heuristic's drop rate: `HEURISTIC_RATES`, per base loss. PRISM: its rate is the noise rate (the paper's
 setting on synthetic noise, an oracle the heuristic does not get); its memory size, `PRISM_MEMORIES`, chosen
-on the contrastive loss for all three. Phase "validation" lines hold those runs.
+on the contrastive loss for all three. DML-ALA: the options given, or, when `--ala-options` is a JSON list, the
+candidate with the best validation MAP@R (the split's verified set is drawn from its 100 training characters).
+Phase "validation" lines hold those runs.
+
+Regimes (`--regime`), as in the reality check: `scratch` (random initial weights) or `pretrained` (every row
+of a seed starts from the same softmax-pretrained embedder, trained on that seed's noisy training labels; the
+base losses at their tuned settings of that regime); a pretrained run's line has `"regime": "pretrained"`,
+and the table shows the regime asked for.
 
 Results: one JSON line per run appended to `results.jsonl` as it finishes (a stopped run loses nothing);
 runs already there are skipped. `table.md` is written from every line.
@@ -73,6 +80,10 @@ PRISM_WINDOW = 30  # the threshold is the mean over the last 30 batches (the pap
 VALIDATION_SEEDS = (0,)
 NOISE_SEED = 7919  # the noise of seed s is drawn from [NOISE_SEED, s, noise level in per mille]
 VALIDATION_STREAM = 104729  # DML-ALA's validation subsets of seed s are drawn from [s, VALIDATION_STREAM]
+# The reality check's regimes: "scratch" (random initial weights) or "pretrained" (every row starts from the
+# seed's softmax-pretrained embedder, trained on the same noisy training labels, `rc.Pretrained`); set by
+# --regime, recorded in each line (lines without it are scratch runs).
+REGIME = "scratch"
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -82,12 +93,26 @@ def noisy_data(data, noise, seed):
     return dict(data, train_y=labels.astype(np.int64), true_y=data["train_y"], corrupted=corrupted)
 
 
+def validation_split(data):
+    """`rc.split_training_classes(data)` (100 training characters by their noisy labels, renumbered, and 50 to
+    score) keeping the true labels in the renumbered space, for the verified set and the weight AUC: an image
+    whose true character is one of the 50 gets `-1 - character`, equal to no training label."""
+    part = rc.split_training_classes(data)
+    if "true_y" in data:
+        kept = np.isin(data["train_y"], np.unique(part["test_y"]), invert=True)
+        classes = np.unique(data["train_y"][kept])  # part["train_y"] is their rank in this sorted list
+        true = data["true_y"][kept]
+        inside = np.isin(true, classes)
+        part["true_y"] = np.where(inside, np.searchsorted(classes, true), -1 - true).astype(np.int64)
+    return part
+
+
 # ------------------------------------------------------------------------------------------------ settings
 def tuned_setting(base):
-    """`(reality-check method name, tuned parameters)` of base loss `base`, scratch regime."""
+    """`(reality-check method name, tuned parameters)` of base loss `base` in the current `REGIME`."""
     name = BASES[base]
     lines = rc.read_lines(os.path.join(rc.OUT_DIR, "results.jsonl"), rc.protocol(bm.CONFIG))
-    best = rc.best_setting(lines, "scratch", name)
+    best = rc.best_setting(lines, REGIME, name)
     if best is None:
         raise SystemExit(f"the reality check has no complete search of {name}: run scripts/reality_check.py first")
     return name, best[1]
@@ -171,7 +196,7 @@ def trusted_labels(data, classes, per_class, seed):
     random, with their true labels (what a user gets by checking that many images by hand); -1 elsewhere."""
     rng = np.random.default_rng([int(seed), 7907])
     true = data.get("true_y", data["train_y"])
-    chosen = rng.choice(np.unique(true), classes, replace=False)
+    chosen = rng.choice(np.unique(true[true >= 0]), classes, replace=False)
     labels = np.full_like(true, -1)
     for c in chosen:
         picked = rng.choice(np.flatnonzero(true == c), per_class, replace=False)
@@ -179,7 +204,7 @@ def trusted_labels(data, classes, per_class, seed):
     return labels
 
 
-def train_ala(spec, data, batches, config, seed):
+def train_ala(spec, data, batches, config, seed, warm_start=None):
     """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
     drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings. With the option
     `trusted: [classes, per_class]` the validation subsets come from a small verified set (`trusted_labels`)
@@ -206,6 +231,8 @@ def train_ala(spec, data, batches, config, seed):
         stream=VALIDATION_STREAM,
     )
     embedder = bm.tfdml_embedder(config, seed=seed)
+    if warm_start is not None:
+        bm.transfer_weights(warm_start, embedder)
     images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
     dataset = bm.episodes(images, labels, batches, extra, tf.constant(val_labels))
     base_loss = spec["ala_base"](data["num_classes"])
@@ -269,9 +296,9 @@ def weight_auc(model, data, batches):
     }
 
 
-def train_and_test(spec, learning_rate, data, seed, steps):
-    """Trains `spec` on `data`'s (noisy) training labels and evaluates on its test part: the metrics and the
-    training's wall and CPU seconds."""
+def train_and_test(spec, learning_rate, data, seed, steps, warm_start=None):
+    """Trains `spec` on `data`'s (noisy) training labels, from `warm_start`'s weights when given, and evaluates
+    on its test part: the metrics and the training's wall and CPU seconds."""
     config = dict(CONFIG, steps=steps, learning_rate=learning_rate)
     batches = bm.index_batches(
         data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
@@ -279,9 +306,9 @@ def train_and_test(spec, learning_rate, data, seed, steps):
     started, cpu = time.time(), time.process_time()
     extra, model = {}, None
     if "ala_base" in spec:
-        embeddings, model = train_ala(spec, data, batches, config, seed)
+        embeddings, model = train_ala(spec, data, batches, config, seed, warm_start)
     else:
-        embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed)
+        embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed, warm_start=warm_start)
     wall, cpu = time.time() - started, time.process_time() - cpu
     if model is not None:
         extra.update(weight_auc(model, data, batches[:WEIGHT_AUC_BATCHES]) or {})
@@ -291,13 +318,13 @@ def train_and_test(spec, learning_rate, data, seed, steps):
 
 def key(record):
     fields = ("phase", "noise", "base", "base_method", "method", "options", "seed")
-    return json.dumps([record[f] for f in fields], sort_keys=True)
+    return json.dumps([record[f] for f in fields] + [record.get("regime", "scratch")], sort_keys=True)
 
 
 def read_results(path=RESULTS, steps=None):
     """The lines of `path` (the latest per key), those of `steps` training steps only when given; the clean
     base rows not run here are the reality check's (`reality_check_clean_runs`)."""
-    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) else {}
+    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) and REGIME == "scratch" else {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
@@ -319,14 +346,19 @@ def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, do
         "options": options,
         "seed": seed,
         "steps": steps,
+        **({"regime": REGIME} if REGIME != "scratch" else {}),
     }
     if done is not None and key(record) in done:
         return done[key(record)]
     data = noisy_data(full, noise, seed)
     if phase == "validation":
-        data = rc.split_training_classes(data)
+        data = validation_split(data)
     spec, learning_rate = method_spec(base, method, options)
-    record.update(train_and_test(spec, learning_rate, data, seed, steps))
+    warm_start = None
+    if REGIME == "pretrained":  # the softmax-pretrained embedder of this seed, data part and noise level
+        cache = os.path.join(HERE, "cache", f"noise{round(1000 * noise)}")
+        warm_start = rc.Pretrained(CONFIG, cache).get(phase if phase == "validation" else "final", data, seed)
+    record.update(train_and_test(spec, learning_rate, data, seed, steps, warm_start))
     record.update(
         learning_rate=learning_rate,
         commit=commit(),
@@ -351,8 +383,11 @@ def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, do
 
 def row_options(method, noise, base, full, steps, path=RESULTS, done=None, ala_options=None):
     """The options of row `method` at `noise` (None: no such row), running the validation it needs;
-    `ala_options` those of the DML-ALA row (ALAModel arguments, and `trusted`)."""
+    `ala_options` those of the DML-ALA row (ALAModel arguments, and `trusted`), or a list of candidates chosen
+    among on the validation split like the heuristic's rate (clean labels: the choice at 40 % noise)."""
     if method == "ala":
+        if isinstance(ala_options, list):
+            return validated(method, ala_options, noise if noise > 0 else 0.4, base, full, steps, path, done)
         return dict(ala_options or {})
     if method == "heuristic":
         # Clean labels: the rate validated at 40 % noise (what dropping costs where nothing is wrong, at the
@@ -408,14 +443,20 @@ def _row_label(method, options):
 def table(records, steps=CONFIG["steps"]):
     """Markdown: per base loss and noise level, each row's R@1 and MAP@R (mean +- standard error over seeds),
     the paired difference to the base loss, and the fraction of the noise's cost recovered."""
-    current = [r for r in records.values() if r["steps"] == steps and r["base_method"] == BASES[r["base"]]]
+    current = [
+        r
+        for r in records.values()
+        if r["steps"] == steps and r["base_method"] == BASES[r["base"]] and r.get("regime", "scratch") == REGIME
+    ]
     finals = [r for r in current if r["phase"] == "final"]
     by = {}
     for r in finals:
         by.setdefault((r["base"], r["noise"], r["method"], json.dumps(r["options"], sort_keys=True)), {})[r["seed"]] = r
     lines = [
         f"Glyphs, 150 training / 151 test characters, symmetric label noise on the training labels; small CNN, "
-        f"{steps} steps of 22 x 3 batches, each base loss at its tuned clean setting (reality check, scratch). "
+        f"{steps} steps of 22 x 3 batches"
+        + (" from the seed's softmax-pretrained embedder" if REGIME == "pretrained" else "")
+        + f", each base loss at its tuned clean setting (reality check, {REGIME}). "
         "Mean +- standard error over seeds (%). Delta: the row minus the base loss at the same noise, paired by "
         "seed. Noise cost: clean base minus noisy base, paired by seed (the clean base rows are the reality "
         "check's final runs, the same protocol, batches and initial weights, unless run here). Recovered: mean "
@@ -514,13 +555,22 @@ def main(argv=None):
         default=CONFIG["steps"],
         help="300: the protocol of table.md; 600: the issue's original length (results_600.jsonl)",
     )
+    parser.add_argument(
+        "--regime",
+        choices=("scratch", "pretrained"),
+        default="scratch",
+        help="scratch: random initial weights; pretrained: every row starts from the seed's softmax-pretrained "
+        "embedder (the reality check's warm start, on the same noisy labels; cached under cache/), at the base "
+        "losses' tuned settings of that regime",
+    )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow CPU threads (0: its default)")
     parser.add_argument(
         "--ala-options",
         type=json.loads,
         default={},
         help='the DML-ALA row\'s options as JSON: ALAModel arguments, and "trusted": [classes, images per class] '
-        "for validation subsets from a verified set (default {}: the library defaults, noisy validation labels)",
+        "for validation subsets from a verified set (default {}: the library defaults, noisy validation labels); "
+        "a JSON list of such objects: candidates, the one with the best validation MAP@R is the row's",
     )
     parser.add_argument(
         "--phase",
@@ -531,6 +581,8 @@ def main(argv=None):
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
+    global REGIME
+    REGIME = args.regime
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     table_path = TABLE if args.out == RESULTS else os.path.splitext(args.out)[0] + "_table.md"
     if not args.table_only:

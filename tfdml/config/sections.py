@@ -260,11 +260,11 @@ class ALAParams(_Section):
     assessor_learning_rate: float | None = _field(None, above=0.0)  # the assessor's own optimizer
     assessor_steps: int | None = _field(None, minimum=0)  # K assessor updates per episode (0: weights only)
     # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step;
-    # null: per_step for pair losses, per_tuple for triplet losses
+    # null: the variant's (per_step by default, per_tuple for the paper variant)
     state: str | None = _field(None, choices=ala_options.STATE_MODES)
     weighting: str | None = _field(None, choices=ala_options.WEIGHTINGS)  # uniform: the base loss itself
     # which tuples the assessor weighs: all (the paper) or positive_pairs (a pair loss's positive pairs, a triplet
-    # loss's anchor-positive pairs); null: positive_pairs for pair losses, all for triplet losses
+    # loss's anchor-positive pairs); null: the variant's (positive_pairs by default, all for the paper variant)
     assessed: str | None = _field(None, choices=ala_options.ASSESSED)
 
     def arguments(self):
