@@ -33,8 +33,9 @@ VARIANTS = {
         # One shared state per step over the positive pairs (a triplet loss's anchor-positive pairs, each weight
         # shared by the pair's triplets), measured on glyphs (benchmarks/label_noise, 600 steps, 5 seeds): clean,
         # within a point of the plain loss or above it (contrastive +5.6, margin and all triplets level; warm
-        # start level), at 40 % label noise with a verified validation set +4.5 to +7.7 R@1 for all three; the
-        # paper's recurrence over every pair was 22 R@1 points below the plain contrastive loss on clean data.
+        # start level for all three), at 40 % label noise with a verified validation set +4.5 to +7.7 R@1 for
+        # all three; the paper's recurrence over every pair was 22 R@1 points below the plain contrastive loss
+        # on clean data.
         "state": "per_step",
         "assessed": "positive_pairs",
         # Softmax logits bounded, r tanh(z / r): unbounded, one clean contrastive run of five collapsed (42.5
