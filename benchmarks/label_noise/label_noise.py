@@ -385,15 +385,16 @@ def row_options(method, noise, base, full, steps, path=RESULTS, done=None, ala_o
     """The options of row `method` at `noise` (None: no such row), running the validation it needs;
     `ala_options` those of the DML-ALA row (ALAModel arguments, and `trusted`), or a list of candidates chosen
     among on the validation split like the heuristic's rate (clean labels: the choice at 40 % noise)."""
+    # Clean labels: the setting validated at 40 % noise (what it costs where nothing is wrong, at the setting a
+    # user would have chosen for noisy data).
+    validation_noise = noise if noise > 0 else 0.4
     if method == "ala":
         if isinstance(ala_options, list):
-            return validated(method, ala_options, noise if noise > 0 else 0.4, base, full, steps, path, done)
+            return validated(method, ala_options, validation_noise, base, full, steps, path, done)
         return dict(ala_options or {})
     if method == "heuristic":
-        # Clean labels: the rate validated at 40 % noise (what dropping costs where nothing is wrong, at the
-        # rate a user would have chosen for noisy data).
         candidates = [{"drop_rate": rate} for rate in HEURISTIC_RATES]
-        return validated(method, candidates, noise if noise > 0 else 0.4, base, full, steps, path, done)
+        return validated(method, candidates, validation_noise, base, full, steps, path, done)
     if method == "prism":
         if noise == 0:
             return None  # the paper's rate is the noise rate: nothing to drop on clean labels

@@ -20,21 +20,19 @@ with `L_va` the base loss on the validation subset. Two variants (`ALAModel(vari
 
 - `variant="default"`: the assessor weighs the positive pairs (`assessed="positive_pairs"`): a pair loss's
   positive pairs, the negative pairs keeping weight 1, or a triplet loss's anchor-positive pairs, one weight
-  shared by the pair's triplets; all from one shared LSTM state per step (`state="per_step"`). The outputs
-  are centred logits, `z_i` = the Dense head's output minus the mean over the step's
-  assessed tuples; `w_i = n softmax(z / temperature)_i` over the `n` of them (mean 1), optionally
-  `f + (1 - f) w_i` with `weight_floor=f` (default 0: a tuple the meta-gradient says hurts can be
-  silenced), with the logits bounded, `r tanh(z / r)`, by `weight_range=r` (default 1: unbounded logits let
-  one clean contrastive glyph run of five, and all-triplets training under label noise, collapse onto a few
-  pairs).
-  There is no idle degree of freedom: the outputs have no common shift (centred), the reduction ignores a
-  common scale of the weights, and the logits are linear (no sigmoid to saturate). The assessor
-  reads each tuple's geometry (`assessor_input="geometry"`), trained by Adam(1e-3); SGD look-ahead. Why these
-  choices (`tfdml.ala_options.VARIANTS`, measured on glyphs in `benchmarks/label_noise`): with the
-  contrastive loss, weighting every pair through the recurrence was 22 R@1 points below the plain loss on
-  clean data; the positive pairs from one state per step, bounded at 1, are within a point of the plain
-  contrastive, margin and all-triplets losses clean or above them (600 steps) and above them under 40 %
-  label noise with a verified validation set.
+  shared by the pair's triplets; all from one shared LSTM state per step (`state="per_step"`). The outputs are
+  centred logits, `z_i` = the Dense head's output minus the mean over the step's assessed tuples; `w_i = n
+  softmax(z / temperature)_i` over the `n` of them (mean 1), optionally `f + (1 - f) w_i` with `weight_floor=f`
+  (default 0: a tuple the meta-gradient says hurts can be silenced), with the logits bounded, `r tanh(z / r)`,
+  by `weight_range=r` (default 1: unbounded logits let one clean contrastive glyph run of five, and all-triplets
+  training under label noise, collapse onto a few pairs). There is no idle degree of freedom: the outputs have
+  no common shift (centred), the reduction ignores a common scale of the weights, and the logits are linear (no
+  sigmoid to saturate). The assessor reads each tuple's geometry (`assessor_input="geometry"`), trained by
+  Adam(1e-3); SGD look-ahead. Why these choices (`tfdml.ala_options.VARIANTS`, measured on glyphs in
+  `benchmarks/label_noise`): with the contrastive loss, weighting every pair through the recurrence was 22 R@1
+  points below the plain loss on clean data; the positive pairs from one state per step, bounded at 1, are
+  within a point of the plain contrastive, margin and all-triplets losses clean or above them (600 steps) and
+  above them under 40 % label noise with a verified validation set.
 - `variant="paper"`: Algorithm 1 literally: every tuple weighted, `w_i = A_i = sigmoid(z_i)` read by the
   recurrence over tuples (eq 8), the sums of eqs 10-13 over tuples (`reduction="sum"`: no division, the
   paper's rates), the concatenated tuple embeddings as input, SGD(4e-4).
