@@ -287,3 +287,89 @@ def test_prism_config_roundtrip_and_bad_arguments():
 def test_prism_fit_lowers_the_wrapped_loss():
     loss = PRISM(TripletSemiHardLoss(margin=0.2), noise_rate=0.2, memory_size=64, embedding_dim=4)
     checks.assert_fit_lowers_loss(loss, measure=TripletSemiHardLoss(margin=0.2))
+
+
+# ------------------------------------------------------------------------------------------------ job configuration
+def _job(overrides):
+    from tfdml.config import load_config
+
+    small = ["loss.name=contrastive", "data.classes_per_batch=4", "data.samples_per_class=2"]
+    return load_config(overrides=[*small, *overrides])
+
+
+def test_job_configuration_wraps_the_loss_for_label_noise_and_trains():
+    import keras
+
+    from tfdml import pipeline
+
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(size=(16, 32, 32, 1)).astype(np.float32), np.repeat(np.arange(8), 2).astype(np.int32)
+
+    keras.utils.set_random_seed(0)
+    model, _ = pipeline.build_model(_job(["loss.label_noise.rate=0.25"]), (32, 32, 1), total_steps=2)
+    assert isinstance(model.loss, SmallLossWeighting) and isinstance(model.loss.loss, ContrastiveLoss)
+    assert model.loss.drop_rate == 0.25
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"]).all()
+
+    prism = [f"loss.label_noise.{k}" for k in ("method=prism", "rate=0.2", "memory_size=16", "window_size=5")]
+    model, embedder = pipeline.build_model(_job(prism), (32, 32, 1), total_steps=2)
+    loss = model.loss
+    assert isinstance(loss, PRISM) and isinstance(loss.loss, ContrastiveLoss)
+    assert (loss.noise_rate, loss.memory_size, loss.embedding_dim, loss.window_size) == (
+        0.2,
+        16,
+        embedder.embedding_dim,
+        5,
+    )
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+    # The first batch meets an empty memory and keeps all 8; the second drops floor(0.2 x 8) = 1.
+    assert int(loss.memory_count.numpy()) == 15
+
+
+def test_job_configuration_gives_dml_ala_the_pairs_the_heuristic_keeps():
+    from tfdml import pipeline
+    from tfdml.models import ALAModel
+
+    config = _job(["ala.enabled=true", "loss.label_noise.rate=0.5"])
+    model, _ = pipeline.build_model(config, (32, 32, 1), total_steps=2)
+    assert isinstance(model, ALAModel) and isinstance(model.base_loss, SmallLossWeighting)
+    assert isinstance(model.base_loss.loss, ContrastiveLoss) and model.base_loss.drop_rate == 0.5
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["loss.label_noise.method=prism"], "memory_size: prism needs the size of its memory"),
+        (["loss.label_noise.rate=1"], r"rate: must be a number in \[0, 0.99\], got 1.0"),
+        (["loss.label_noise.rate=-0.1"], r"rate: must be a number in \[0, 0.99\], got -0.1"),
+        (["loss.label_noise.memory_size=16"], "memory_size: applies to method=prism only, not small_loss"),
+        (["loss.label_noise.method=coteaching"], "loss.label_noise.method: .*coteaching"),
+        (
+            ["loss.name=triplet_semihard", "loss.label_noise.rate=0.3"],
+            "triplet_semihard does not list its terms; it works with contrastive, margin, triplet",
+        ),
+        (
+            ["ala.enabled=true", "loss.label_noise.method=prism", "loss.label_noise.memory_size=16"],
+            "DML-ALA .* which prism does not list; use method=small_loss",
+        ),
+        (
+            ["loss.label_noise.method=prism", "loss.label_noise.memory_size=7"],
+            r"memory_size: 7 is less than a batch .* = 8\)",
+        ),
+        (
+            ["model.type=multilevel", "model.levels=[L,H]", "loss.label_noise.method=prism"]
+            + ["loss.label_noise.memory_size=16"],
+            "prism's memory holds one embedding per image; model.levels",
+        ),
+        (
+            ["loss.label_noise.rate=0.3", "loss.cross_batch_memory.memory_size=16"],
+            "label_noise: one wrapper around the loss at a time",
+        ),
+    ],
+)
+def test_job_configuration_refuses_label_noise_settings_that_cannot_work(overrides, message):
+    from tfdml.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _job(overrides)

@@ -73,7 +73,8 @@ EXPORT_RECORD = "tfdml_export.json"
 
 def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
     """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), in a
-    `CrossBatchMemory` of `embedding_dim`-wide embeddings with `cross_batch_memory`."""
+    `CrossBatchMemory` of `embedding_dim`-wide embeddings with `cross_batch_memory`, in `SmallLossWeighting`
+    or `PRISM` with `label_noise`."""
 
     params = dict(section.params)
     schedule = section.dynamic_temperature
@@ -88,6 +89,14 @@ def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
     if memory is not None:
         loss = losses.CrossBatchMemory(
             loss, memory_size=memory.memory_size, embedding_dim=embedding_dim, start_step=memory.start_step
+        )
+    noise = section.label_noise
+    if noise is not None and noise.method == "small_loss":
+        loss = losses.SmallLossWeighting(loss, drop_rate=noise.rate)
+    elif noise is not None:
+        window = {} if noise.window_size is None else {"window_size": noise.window_size}
+        loss = losses.PRISM(
+            loss, noise_rate=noise.rate, memory_size=noise.memory_size, embedding_dim=embedding_dim, **window
         )
     return loss
 
@@ -469,7 +478,11 @@ def build_model(config, input_shape, total_steps):
     # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
     # reads the embedding size from the tfdml embedder.
     ala_params = config.ala.params.arguments()
-    model = ALAModel(embedder, base_loss=config.loss.name, loss_params=config.loss.params or None, **ala_params)
+    if config.loss.label_noise is None:
+        model = ALAModel(embedder, base_loss=config.loss.name, loss_params=config.loss.params or None, **ala_params)
+    else:  # the assessor weighs the pairs the small-loss heuristic keeps (PRISM is refused with ALA)
+        base_loss = build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim)
+        model = ALAModel(embedder, base_loss=base_loss, **ala_params)
     model.compile(optimizer=optimizer)
     return model, embedder
 

@@ -18,9 +18,11 @@ ScaNN (`tfdml.retrieval.ScannIndex`, auto settings, sweeping leaves searched) ag
 
 Task `scale`: evaluation at scale, time and peak memory: `tfdml.retrieval.evaluate` (exact, and
 `exact=False`: ScaNN, the index meeting its recall target) beside pytorch-metric-learning's
-`AccuracyCalculator` (faiss `IndexFlatL2`, `k="max_bin_count"`) on the same SOP-like embeddings, the same
-metrics (R@1, MAP@R, R-precision), each in its own process; peak memory is the process's peak resident
-memory above what it held after generating the data (`VmHWM`).
+`AccuracyCalculator` (`pml_faiss`: its defaults, faiss `IndexFlatL2`, `k="max_bin_count"`;
+`pml_faiss_hnsw`: its options for a large gallery, an HNSW index and a label comparison function that
+counts matches class by class) on the same SOP-like embeddings, the same metrics (R@1, MAP@R,
+R-precision), each in its own process; peak memory is the process's peak resident memory above what it
+held after generating the data (`VmHWM`).
 
     python benchmarks/retrieval_eval/bench_retrieval.py --task eval [--n 60000 --dim 512] [--skip faiss_flat]
     python benchmarks/retrieval_eval/bench_retrieval.py --task qps [--n 1000000 --dim 128 --queries 5000] [--hnsw]
@@ -65,11 +67,13 @@ def sop_like(n, dim, seed=0, super_classes=12, spread=0.6, class_spread=0.27):
     return x[order].astype(np.float32), labels[order]
 
 
-def reference_metrics(neighbours, labels, ks):
-    """Recall@K and MAP@R written from the formulas (same-set mode, the query already removed)."""
-    hits = labels[neighbours] == labels[:, None]
+def reference_metrics(neighbours, labels, ks, query_labels=None):
+    """Recall@K, MAP@R and R-precision written from the formulas (same-set mode, the query already removed):
+    every item a query, or the queries of `query_labels` (items of the set whose neighbours are `neighbours`)."""
+    query_labels = labels if query_labels is None else query_labels
+    hits = labels[neighbours] == query_labels[:, None]
     counts = np.bincount(labels)
-    r = counts[labels] - 1
+    r = counts[query_labels] - 1
     valid = r > 0
     hits, r = hits[valid], r[valid]
     out = {f"recall@{k}": float(np.mean(hits[:, :k].any(axis=1))) for k in ks}
@@ -77,6 +81,7 @@ def reference_metrics(neighbours, labels, ks):
     relevant = hits & (ranks[None, :] <= r[:, None])
     precision = np.cumsum(relevant, axis=1) / ranks[None, :]
     out["map@r"] = float(np.mean((precision * relevant).sum(axis=1) / r))
+    out["r_precision"] = float(np.mean(relevant.sum(axis=1) / r))
     return out
 
 
@@ -87,12 +92,16 @@ def drop_self(found, k):
     return found[np.arange(k + 1)[None, :] != drop[:, None]].reshape(len(found), k)
 
 
-def numpy_exact(x, k, chunk=1024):
+def numpy_exact(x, k, chunk=1024, queries=None):
+    """Each query's `k` nearest items of `x` by L2, itself left out: every item a query, or those `queries`
+    indexes."""
+    queries = np.arange(len(x)) if queries is None else queries
     sq = np.einsum("ij,ij->i", x, x)
-    out = np.empty((len(x), k), np.int64)
-    for s in range(0, len(x), chunk):
-        d = sq[None, :] - 2.0 * (x[s : s + chunk] @ x.T)
-        d[np.arange(len(d)), np.arange(s, s + len(d))] = np.inf
+    out = np.empty((len(queries), k), np.int64)
+    for s in range(0, len(queries), chunk):
+        rows = queries[s : s + chunk]
+        d = sq[None, :] - 2.0 * (x[rows] @ x.T)
+        d[np.arange(len(d)), rows] = np.inf
         part = np.argpartition(d, k, axis=1)[:, :k]
         order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
         out[s : s + chunk] = np.take_along_axis(part, order, axis=1)
@@ -293,7 +302,12 @@ def bench_qps(args):
     print(json.dumps(result, indent=2))
 
 
-SCALE_RUNS = ("tfdml_exact", "tfdml_approximate", "pml_faiss")
+SCALE_RUNS = ("tfdml_exact", "tfdml_approximate", "pml_faiss", "pml_faiss_hnsw", "numpy_exact_sample")
+# numpy_exact_sample: the exact metrics of this many random queries (each against all N items), the reference
+# where exact all-pairs search is out of reach (10^12 scores at 1,000,000 items).
+EXACT_SAMPLE = 20000
+# pml_faiss_hnsw's index: faiss IndexHNSWFlat(d, M), efConstruction 40, efSearch as below (k is 13 here).
+PML_HNSW_M, PML_HNSW_EF_SEARCH = 32, 64
 
 
 def _peak_mib():
@@ -309,7 +323,15 @@ def _reset_peak():
 def scale_child(run, n, dim, seed):
     """One evaluation of the `scale` task in this process: `{seconds, peak_mib, metrics}`."""
     x, labels = sop_like(n, dim, seed=seed)
-    if run.startswith("tfdml"):
+    if run == "numpy_exact_sample":
+
+        def compute():
+            queries = np.sort(np.random.default_rng(seed).choice(n, min(n, EXACT_SAMPLE), replace=False))
+            neighbours = numpy_exact(x, int(np.bincount(labels).max()) - 1, chunk=128, queries=queries)
+            found = reference_metrics(neighbours, labels, (1,), query_labels=labels[queries])
+            return {"R@1": found["recall@1"], "MAP@R": found["map@r"], "R-precision": found["r_precision"]}
+
+    elif run.startswith("tfdml"):
         from tfdml.retrieval import evaluate
 
         def compute():
@@ -320,10 +342,26 @@ def scale_child(run, n, dim, seed):
         import torch
         from pytorch_metric_learning.utils.accuracy_calculator import AccuracyCalculator
 
+        options = {}
+        if run == "pml_faiss_hnsw":
+            # What PML offers for a large gallery, its own options: an approximate faiss index for the k-NN
+            # (`FaissKNN(index_init_fn=...)`), and a label comparison function other than its built-in
+            # `torch.eq`, which makes it count each class's matches in a loop over the classes instead of one
+            # `[classes, N]` boolean tensor (143 GB at 1,000,000 SOP-like items).
+            import faiss
+            from pytorch_metric_learning.utils.inference import FaissKNN
+
+            def hnsw(dim):
+                index = faiss.IndexHNSWFlat(dim, PML_HNSW_M)
+                index.hnsw.efConstruction, index.hnsw.efSearch = 40, PML_HNSW_EF_SEARCH
+                return index
+
+            options = {"knn_func": FaissKNN(index_init_fn=hnsw), "label_comparison_fn": lambda a, b: torch.eq(a, b)}
         calculator = AccuracyCalculator(
             include=("precision_at_1", "mean_average_precision_at_r", "r_precision"),
             k="max_bin_count",
             device=torch.device("cpu"),
+            **options,
         )
 
         def compute():

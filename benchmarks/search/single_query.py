@@ -1,20 +1,23 @@
-"""One query at a time, the default `ScannIndex` against faiss HNSW, timed interleaved in one process.
+"""One query at a time, the default `ScannIndex` against a faiss index, timed interleaved in one process.
 
 `bench_search.py` measures each method in its own process, one after another; on a shared machine the load
 moves between them by more than the difference being measured. This script builds, on the same gallery
 (`bench_search.gallery`), the index `tfdml export` builds (`ScannIndex(gallery)`, recall target 0.95) and
-faiss `IndexHNSWFlat(d, 32)` (efConstruction 40, efSearch 10: its least setting for k = 10, the one
-`bench_search.py` selects for recall 0.90 and 0.95 on the embedding-like data), then times single queries in
-rounds that alternate the methods (and their order), so that both see the same load:
+one faiss index as `bench_search.py` builds it, at one setting (`--faiss KIND:SETTING`; default `hnsw:10`:
+`IndexHNSWFlat(d, 32)`, efConstruction 40, efSearch 10, its least setting for k = 10 and the one
+`bench_search.py` selects for recall 0.90 and 0.95 on the embedding-like data; `ivf_flat:NPROBE`,
+`ivfpq_refine:NPROBE,K_FACTOR`), then times single queries in rounds that alternate the methods (and their
+order), so that both see the same load:
 
 - `scann_default`: `ScannIndex.search(query)` (a `[D]` query, the single-query path);
 - `scann_raw`: ScaNN's own `search` call with the same settings (what the wrapper adds);
-- `faiss_hnsw`: `index.search(query[None], 10)` with one OpenMP thread.
+- `faiss_<kind>`: `index.search(query[None], 10)` with one OpenMP thread.
 
 It prints one JSON object: per method the recall@10 against exact search on the 256 test queries, the median
 wall time of a single query over all rounds, the median of each round, and the CPU time per query.
 
     nice python benchmarks/search/single_query.py --data embedding --size 1000000 > single_query_embedding.json
+    nice python benchmarks/search/single_query.py --data clustered --faiss ivf_flat:512 > single_query_clustered.json
 """
 
 import argparse
@@ -38,8 +41,17 @@ def main():
     parser.add_argument("--size", type=int, default=1000000)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--ef-search", type=int, default=10)
+    parser.add_argument(
+        "--faiss",
+        default="hnsw:10",
+        help="the faiss index and its setting: hnsw:EF_SEARCH, ivf_flat:NPROBE or ivfpq_refine:NPROBE,K_FACTOR",
+    )
     args = parser.parse_args()
+    kind, _, text = args.faiss.partition(":")
+    if kind not in ("hnsw", "ivf_flat", "ivfpq_refine") or not text:
+        parser.error(f"--faiss: expected KIND:SETTING with KIND hnsw, ivf_flat or ivfpq_refine, got {args.faiss!r}")
+    setting = tuple(int(part) for part in text.split(","))
+    setting = setting[0] if kind != "ivfpq_refine" else setting
     import faiss
 
     from tfdml.retrieval import ScannIndex
@@ -54,11 +66,9 @@ def main():
     out["scann_default_build_seconds"] = time.perf_counter() - start
     out["scann_default_settings"], out["scann_default_index_recall"] = scann.settings, scann.recall
     start = time.perf_counter()
-    hnsw = faiss.IndexHNSWFlat(args.dim, 32, faiss.METRIC_INNER_PRODUCT)
-    hnsw.hnsw.efConstruction = 40
-    hnsw.add(g)
-    hnsw.hnsw.efSearch = args.ef_search
-    out["faiss_hnsw_build_seconds"] = time.perf_counter() - start
+    index, configure, _, _ = bench.build_faiss(kind, g)
+    configure(setting)
+    out[f"faiss_{kind}_build_seconds"] = time.perf_counter() - start
     del g
     faiss.omp_set_num_threads(1)
 
@@ -72,7 +82,7 @@ def main():
             leaves_to_search=settings["leaves_to_search"],
             pre_reorder_num_neighbors=pre_reorder,
         )[0],
-        "faiss_hnsw": lambda x: hnsw.search(x[None], bench.K)[1][0],
+        f"faiss_{kind}": lambda x: index.search(x[None], bench.K)[1][0],
     }
     for search in methods.values():  # warm-up
         for x in q[:20]:
@@ -100,7 +110,7 @@ def main():
             "ms_per_query_round_medians": [round(1e3 * float(np.median(t)), 4) for t in wall[name]],
             "cpu_ms_per_query_rounds": [round(1e3 * c, 4) for c in cpu[name]],
         }
-    out["faiss_hnsw"]["efSearch"] = args.ef_search
+    out[f"faiss_{kind}"]["setting"] = setting
     print(json.dumps(out, indent=1, default=float))
 
 

@@ -210,6 +210,36 @@ class MemoryConfig(_Section):
 
 
 @dataclasses.dataclass
+class LabelNoiseConfig(_Section):
+    """Training under label noise (`tfdml.losses.noise`): the loss's terms that mislabelled samples likely
+    make weigh 0."""
+
+    _KEY = "loss.label_noise"
+    # small_loss: tfdml.losses.SmallLossWeighting (each batch's farthest positive pairs dropped; needs no
+    # verified data); prism: tfdml.losses.PRISM (Liu et al. 2021: the samples least likely clean against a
+    # memory's class centres dropped)
+    method: str = _field("small_loss", choices=("small_loss", "prism"))
+    # small_loss: the fraction of each batch's positive pairs dropped; prism: the expected noise rate. Choose it
+    # on a validation split of the training classes (at 40 % noise the glyphs benchmark's split chose 0.25 for
+    # the contrastive and margin losses, 0.5 for all triplets)
+    rate: float = _field(0.25, minimum=0.0, maximum=0.99)
+    # prism: embeddings the memory holds (the paper: about the training set; at least a batch)
+    memory_size: int | None = _field(None, minimum=1, maximum=10_000_000)
+    window_size: int | None = _field(None, minimum=1, maximum=10_000)  # prism: past thresholds averaged (null: 30)
+
+    def check(self, key):
+        if self.method == "prism" and self.memory_size is None:
+            raise ConfigError(
+                f"{key}.memory_size: prism needs the size of its memory of past embeddings (the paper: about "
+                "the number of training images; at least a batch)"
+            )
+        if self.method != "prism":
+            for name in ("memory_size", "window_size"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{key}.{name}: applies to method=prism only, not {self.method}")
+
+
+@dataclasses.dataclass
 class LossConfig(_Section):
     """The loss (`tfdml.losses`) and its arguments."""
 
@@ -219,10 +249,16 @@ class LossConfig(_Section):
     dynamic_temperature: TemperatureConfig | None = None  # RLL eq. 15
     # XBM (Wang et al. 2020): tfdml.losses.CrossBatchMemory around the loss
     cross_batch_memory: MemoryConfig | None = None
+    # for training labels with errors: the small-loss heuristic or PRISM around the loss.
+    label_noise: LabelNoiseConfig | None = None
 
     def check(self, key):
         if self.dynamic_temperature is not None and self.name != "ranked_list":
             raise ConfigError(f"{key}.dynamic_temperature: applies to loss.name=ranked_list only, not {self.name}")
+        if self.label_noise is not None and self.cross_batch_memory is not None:
+            raise ConfigError(
+                f"{key}.label_noise: one wrapper around the loss at a time; this job also sets {key}.cross_batch_memory"
+            )
 
     def check_with_library(self, key):
         from tfdml import losses
@@ -234,6 +270,21 @@ class LossConfig(_Section):
                 f"{key}.cross_batch_memory: {self.name} has no pairs to a memory of past "
                 f"embeddings; a cross-batch memory works with {', '.join(usable)}"
             )
+        noise = self.label_noise
+        if noise is not None and noise.method == "small_loss" and not _lists_terms(getattr(losses, LOSSES[self.name])):
+            usable = sorted(name for name, cls in LOSSES.items() if _lists_terms(getattr(losses, cls)))
+            raise ConfigError(
+                f"{key}.label_noise: the small-loss heuristic drops the terms of far positive pairs, and "
+                f"{self.name} does not list its terms; it works with {', '.join(usable)} (prism works with any "
+                "pair-based loss)"
+            )
+
+
+def _lists_terms(loss_class):
+    """Whether a tfdml loss class lists its per-tuple terms (what `SmallLossWeighting` and DML-ALA weigh)."""
+    from tfdml.losses.base import MetricLoss
+
+    return loss_class.terms is not MetricLoss.terms
 
 
 @dataclasses.dataclass
@@ -471,21 +522,38 @@ class Config(_Section):
             )
         if self.loss.cross_batch_memory is not None:
             self._check_memory(self.loss.cross_batch_memory)
+        if self.loss.label_noise is not None and self.loss.label_noise.method == "prism":
+            self._check_prism(self.loss.label_noise)
+
+    def _check_prism(self, prism):
+        key = "loss.label_noise"
+        if self.ala.enabled:
+            raise ConfigError(
+                f"{key}.method: DML-ALA (ala.enabled) weighs the terms of the loss, which prism does not list; use "
+                "method=small_loss (DML-ALA then weighs the pairs the heuristic keeps)"
+            )
+        if self.loss.name in UNPAIRED_LOSSES:
+            raise ConfigError(f"{key}.method: prism selects the samples of pair-based losses, not {self.loss.name}")
+        self._check_stored_embeddings(key, "prism's memory", prism.memory_size)
 
     def _check_memory(self, memory):
         key = "loss.cross_batch_memory"
         if self.ala.enabled:
             raise ConfigError(f"{key}: DML-ALA (ala.enabled) trains on its own episodes, without a memory")
+        self._check_stored_embeddings(key, "the memory", memory.memory_size)
+
+    def _check_stored_embeddings(self, key, memory, memory_size):
+        """A memory of past embeddings (XBM's queue, PRISM's) holds one per image, and at least a batch."""
         if self.model.type == "multilevel" and len(self.model.levels) > 1:
             raise ConfigError(
-                f"{key}: the memory holds one embedding per image; model.levels "
+                f"{key}: {memory} holds one embedding per image; model.levels "
                 f"{self.model.levels} gives {len(self.model.levels)} (use model.levels=[H] or "
                 "model.type=single)"
             )
         batch = self.data.classes_per_batch * self.data.samples_per_class
-        if memory.memory_size < batch:
+        if memory_size < batch:
             raise ConfigError(
-                f"{key}.memory_size: {memory.memory_size} is less than a batch "
+                f"{key}.memory_size: {memory_size} is less than a batch "
                 f"(data.classes_per_batch x data.samples_per_class = {batch})"
             )
 
