@@ -17,7 +17,7 @@ It prints one JSON object: per method the recall@10 against exact search on the 
 wall time of a single query over all rounds, the median of each round, and the CPU time per query.
 
     nice python benchmarks/search/single_query.py --data embedding --size 1000000 > single_query_embedding.json
-    nice python benchmarks/search/single_query.py --data clustered --faiss ivf_flat:512 > single_query_clustered.json
+    python benchmarks/search/single_query.py --data clustered --faiss ivfpq_refine:512,16 > single_query_clustered.json
 """
 
 import argparse
@@ -48,10 +48,12 @@ def main():
     )
     args = parser.parse_args()
     kind, _, text = args.faiss.partition(":")
-    if kind not in ("hnsw", "ivf_flat", "ivfpq_refine") or not text:
-        parser.error(f"--faiss: expected KIND:SETTING with KIND hnsw, ivf_flat or ivfpq_refine, got {args.faiss!r}")
-    setting = tuple(int(part) for part in text.split(","))
-    setting = setting[0] if kind != "ivfpq_refine" else setting
+    parts = text.split(",")
+    if kind not in ("hnsw", "ivf_flat", "ivfpq_refine") or len(parts) != 1 + (kind == "ivfpq_refine"):
+        parser.error(f"--faiss: expected hnsw:N, ivf_flat:N or ivfpq_refine:N,M, got {args.faiss!r}")
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        parser.error(f"--faiss: the settings are positive integers, got {text!r}")
+    setting = tuple(int(part) for part in parts) if kind == "ivfpq_refine" else int(parts[0])
     import faiss
 
     from tfdml.retrieval import ScannIndex
