@@ -91,7 +91,7 @@ def auto_settings(num_points, dim, distance="dot_product", projection_dims=0):
         # 100k 7 (0.08 ms; build 19 s against 9 s); on the embedding-like data the time was the same and the
         # recall on fresh queries 0.956 against 0.940 (benchmarks/search/README.md). Above 100k, 250k samples of
         # 1M clustered vectors needed 240 leaves against 320, but the embedding-like index then recorded 0.962
-        # on gallery items and gave 0.943 on fresh queries: a sample that fits the gallery overstates its recall.
+        # on gallery items and gave 0.943 on fresh queries (100k samples: 0.958 and 0.957), below the target.
         "training_sample_size": int(min(num_points, 100000)),
         # 4 dimensions per 4-bit block from 256 dimensions: at 100k x 512 (embedding-like data, recall@10 0.95
         # either way after tuning) a single query took 0.11 ms against 0.18 ms with 2, and the build 59 s
