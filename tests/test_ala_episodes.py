@@ -104,3 +104,38 @@ def test_validation_subsets_from_a_verified_source():
         data.episode_dataset(source, val_source=verified, **dict(kwargs, val_size=8, val_classes=4))
     with pytest.raises(ValueError, match="with val_source they come from val_source"):
         data.episode_dataset(source, val_source=verified, disjoint_labels=False, **kwargs)
+
+
+def test_job_configuration_draws_the_validation_subsets_from_a_verified_folder(tmp_path):
+    """`ala.val_path`: the job's episodes take their validation subsets from a folder of hand-checked images
+    (decoded to the training images' channels), their training subsets from the job's data."""
+    import tensorflow as tf
+
+    from tfdml import pipeline
+    from tfdml.config import ConfigError, load_config
+
+    verified = tmp_path / "verified"
+    for c in range(4):  # the default job's validation subset: 4 classes of 3 images
+        (verified / f"class_{c}").mkdir(parents=True)
+        for i in range(3):
+            image = tf.io.encode_png(np.full((20, 24, 3), 200, np.uint8)).numpy()  # RGB: decoded to grey
+            (verified / f"class_{c}" / f"{i}.png").write_bytes(image)
+    job = ["ala.enabled=true", "loss.name=contrastive"]
+    config = pipeline.resolve_paths(load_config(overrides=[*job, f"ala.val_path={verified}"]))
+    assert config.ala.val_path == str(verified)
+    train_source, eval_source = pipeline.load_sources(config.data)
+    train = pipeline.make_datasets(config, train_source, eval_source).train
+    for train_x, train_y, val_x, val_y in _episodes(train, 3):
+        assert train_x.shape == (66, 32, 32, 1) and val_x.shape == (12, 32, 32, 1)
+        np.testing.assert_allclose(val_x, 200)  # the verified images, resized
+        assert not np.allclose(train_x, 200)  # glyphs
+        assert np.unique(train_y, return_counts=True)[1].tolist() == [3] * 22
+        assert sorted(np.unique(val_y, return_counts=True)[1]) == [3, 3, 3, 3]
+
+    for overrides, message in [
+        ([f"ala.val_path={verified}"], "ala.val_path: applies with ala.enabled=true only"),
+        ([*job, f"ala.val_path={tmp_path / 'missing'}"], "ala.val_path: no such directory"),
+        ([*job, f"ala.val_path={verified / 'class_0'}"], "ala.val_path: .*class_0 has no class sub-folders"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(overrides=overrides)

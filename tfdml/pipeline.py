@@ -121,9 +121,13 @@ def resolve_paths(config):
                 if getattr(data, key) is not None
             }
         )
+    ala = config.ala
+    if ala.val_path is not None:
+        ala = ala.replace(val_path=os.path.abspath(ala.val_path))
     return dataclasses.replace(
         config,
         data=data,
+        ala=ala,
         report=config.report.replace(dir=report_dir),
         training=config.training.replace(
             checkpoint_dir=config.training.checkpoint_dir or os.path.join(report_dir, "checkpoints")
@@ -398,6 +402,17 @@ class Datasets:
     pixels: object  # the same batches (raw-pixel baseline, report grid)
 
 
+def _verified_source(path, channels):
+    """`ala.val_path`'s image folder (None without one), decoded to the training images' `channels`: DML-ALA's
+    validation subsets come from it."""
+    if path is None:
+        return None
+    try:
+        return data_lib.image_folder(path, channels=channels)
+    except (ValueError, FileNotFoundError) as error:
+        raise ConfigError(f"ala.val_path: {error}") from None
+
+
 def make_datasets(config, train_source, eval_source, num_replicas=1):
     """Raw pixels, resized, cropped or augmented as the job says: the embedder applies its own pixel
     preprocessing (its first layer), as the exported model does."""
@@ -413,7 +428,12 @@ def make_datasets(config, train_source, eval_source, num_replicas=1):
     section = "ala.episode" if config.ala.enabled else "data"
     try:
         if config.ala.enabled:
-            train = data_lib.episode_dataset(train_source, **common, **config.ala.episode.arguments(config.data))
+            train = data_lib.episode_dataset(
+                train_source,
+                val_source=_verified_source(config.ala.val_path, train_source.channels),
+                **common,
+                **config.ala.episode.arguments(config.data),
+            )
         else:
             train = data_lib.class_balanced_dataset(
                 train_source,

@@ -367,6 +367,21 @@ class ALAConfig(_Section):
     enabled: bool = False  # train with ALAModel on episodes instead of plain batches
     params: ALAParams = _field(factory=ALAParams)
     episode: EpisodeConfig = _field(factory=EpisodeConfig)
+    # an image folder (DIR/<class name>/<image files>) whose labels were checked by hand: the validation subsets
+    # come from it (tfdml.data.episode_dataset's val_source), not from the training data; under label noise
+    # the assessor needs it. null: from the training data
+    val_path: str | None = None
+
+    def check(self, key):
+        if self.val_path is None:
+            return
+        if not self.enabled:
+            raise ConfigError(f"{key}.val_path: applies with {key}.enabled=true only")
+        if not os.path.isdir(self.val_path):
+            raise ConfigError(f"{key}.val_path: no such directory: {self.val_path}")
+        problem = _image_folder_problem(self.val_path)
+        if problem:
+            raise ConfigError(f"{key}.val_path: {problem}")
 
 
 def _optimizer_name(value, key):
