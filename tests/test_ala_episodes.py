@@ -132,6 +132,13 @@ def test_job_configuration_draws_the_validation_subsets_from_a_verified_folder(t
         assert np.unique(train_y, return_counts=True)[1].tolist() == [3] * 22
         assert sorted(np.unique(val_y, return_counts=True)[1]) == [3, 3, 3, 3]
 
+    broken = tmp_path / "broken" / "class_0"
+    broken.mkdir(parents=True)
+    (broken / "0.png").write_bytes(b"not an image")  # a file: the configuration's cheap layout check passes
+    config = load_config(overrides=[*job, f"ala.val_path={broken.parent}"])
+    with pytest.raises(ConfigError, match="^ala.val_path: image folder .* none of its 1 image files can be decoded"):
+        pipeline.make_datasets(config, train_source, eval_source)
+
     for overrides, message in [
         ([f"ala.val_path={verified}"], "ala.val_path: applies with ala.enabled=true only"),
         ([*job, f"ala.val_path={tmp_path / 'missing'}"], "ala.val_path: no such directory"),

@@ -310,20 +310,22 @@ def load_sources(data):
             )
         except DatasetUnavailable as error:
             raise ConfigError(_unavailable_message(data, error)) from None
-    # An image folder without images is the user's input, so its error names the key.
-    try:
-        train = data_lib.image_folder(data.path)
-    except (ValueError, FileNotFoundError) as error:
-        raise ConfigError(f"data.path: {error}") from None
+    train = _open_image_folder(data.path, "data.path")
     if data.eval_path is None:
         try:
             return class_halves(train)
         except ValueError as error:
             raise ConfigError(f"data.path: {error} (or give data.eval_path, --eval-image-dir)") from None
+    return train, _open_image_folder(data.eval_path, "data.eval_path")
+
+
+def _open_image_folder(path, key, channels=3):
+    """`tfdml.data.image_folder(path)`; an image folder without images is the user's input, so its error is
+    a `ConfigError` naming the configuration `key`."""
     try:
-        return train, data_lib.image_folder(data.eval_path)
+        return data_lib.image_folder(path, channels=channels)
     except (ValueError, FileNotFoundError) as error:
-        raise ConfigError(f"data.eval_path: {error}") from None
+        raise ConfigError(f"{key}: {error}") from None
 
 
 def _unavailable_message(data, error):
@@ -402,17 +404,6 @@ class Datasets:
     pixels: object  # the same batches (raw-pixel baseline, report grid)
 
 
-def _verified_source(path, channels):
-    """`ala.val_path`'s image folder (None without one), decoded to the training images' `channels`: DML-ALA's
-    validation subsets come from it."""
-    if path is None:
-        return None
-    try:
-        return data_lib.image_folder(path, channels=channels)
-    except (ValueError, FileNotFoundError) as error:
-        raise ConfigError(f"ala.val_path: {error}") from None
-
-
 def make_datasets(config, train_source, eval_source, num_replicas=1):
     """Raw pixels, resized, cropped or augmented as the job says: the embedder applies its own pixel
     preprocessing (its first layer), as the exported model does."""
@@ -426,13 +417,13 @@ def make_datasets(config, train_source, eval_source, num_replicas=1):
     )
     # What the sampler cannot do with this data (too few classes or images) is a setting of that section.
     section = "ala.episode" if config.ala.enabled else "data"
+    verified = None  # ala.val_path: the validation subsets from hand-checked images, decoded as the training ones
+    if config.ala.enabled and config.ala.val_path is not None:  # opened outside the try: its errors name its key
+        verified = _open_image_folder(config.ala.val_path, "ala.val_path", channels=train_source.channels)
     try:
         if config.ala.enabled:
             train = data_lib.episode_dataset(
-                train_source,
-                val_source=_verified_source(config.ala.val_path, train_source.channels),
-                **common,
-                **config.ala.episode.arguments(config.data),
+                train_source, val_source=verified, **common, **config.ala.episode.arguments(config.data)
             )
         else:
             train = data_lib.class_balanced_dataset(
@@ -498,11 +489,9 @@ def build_model(config, input_shape, total_steps):
     # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
     # reads the embedding size from the tfdml embedder.
     ala_params = config.ala.params.arguments()
-    if config.loss.label_noise is None:
-        model = ALAModel(embedder, base_loss=config.loss.name, loss_params=config.loss.params or None, **ala_params)
-    else:  # the assessor weighs the pairs the small-loss heuristic keeps (PRISM is refused with ALA)
-        base_loss = build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim)
-        model = ALAModel(embedder, base_loss=base_loss, **ala_params)
+    # With loss.label_noise the assessor weighs the pairs the small-loss heuristic keeps (PRISM is refused).
+    base_loss = build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim)
+    model = ALAModel(embedder, base_loss=base_loss, **ala_params)
     model.compile(optimizer=optimizer)
     return model, embedder
 

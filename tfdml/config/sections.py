@@ -96,18 +96,21 @@ class DataConfig(_Section):
                     "per class (tfdml train --image-dir DIR)"
                 )
             for name in ("path", "eval_path"):
-                folder = getattr(self, name)
-                if folder is None:
-                    continue
-                if not os.path.isdir(folder):
-                    raise ConfigError(f"{key}.{name}: no such directory: {folder}")
-                problem = _image_folder_problem(folder)
-                if problem:
-                    raise ConfigError(f"{key}.{name}: {problem}")
+                if getattr(self, name) is not None:
+                    _check_image_folder(getattr(self, name), f"{key}.{name}")
 
     def check_with_library(self, key):
         if self.source == "tfds":
             _check_tfds_name(self.name, f"{key}.name")
+
+
+def _check_image_folder(folder, key):
+    """A `ConfigError` naming `key` unless `folder` is a directory laid out as an image folder."""
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{key}: no such directory: {folder}")
+    problem = _image_folder_problem(folder)
+    if problem:
+        raise ConfigError(f"{key}: {problem}")
 
 
 def _image_folder_problem(folder):
@@ -271,20 +274,13 @@ class LossConfig(_Section):
                 f"embeddings; a cross-batch memory works with {', '.join(usable)}"
             )
         noise = self.label_noise
-        if noise is not None and noise.method == "small_loss" and not _lists_terms(getattr(losses, LOSSES[self.name])):
-            usable = sorted(name for name, cls in LOSSES.items() if _lists_terms(getattr(losses, cls)))
+        if noise is not None and noise.method == "small_loss" and getattr(losses, LOSSES[self.name]).tuple_kind is None:
+            usable = sorted(name for name, cls in LOSSES.items() if getattr(losses, cls).tuple_kind is not None)
             raise ConfigError(
                 f"{key}.label_noise: the small-loss heuristic drops the terms of far positive pairs, and "
                 f"{self.name} does not list its terms; it works with {', '.join(usable)} (prism works with any "
                 "pair-based loss)"
             )
-
-
-def _lists_terms(loss_class):
-    """Whether a tfdml loss class lists its per-tuple terms (what `SmallLossWeighting` and DML-ALA weigh)."""
-    from tfdml.losses.base import MetricLoss
-
-    return loss_class.terms is not MetricLoss.terms
 
 
 @dataclasses.dataclass
@@ -377,11 +373,7 @@ class ALAConfig(_Section):
             return
         if not self.enabled:
             raise ConfigError(f"{key}.val_path: applies with {key}.enabled=true only")
-        if not os.path.isdir(self.val_path):
-            raise ConfigError(f"{key}.val_path: no such directory: {self.val_path}")
-        problem = _image_folder_problem(self.val_path)
-        if problem:
-            raise ConfigError(f"{key}.val_path: {problem}")
+        _check_image_folder(self.val_path, f"{key}.val_path")
 
 
 def _optimizer_name(value, key):
