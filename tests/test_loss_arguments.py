@@ -8,19 +8,20 @@ import pytest
 
 from tfdml import losses
 from tfdml.config import ConfigError, load_config
-from tfdml.losses.arguments import Argument, declared
+from tfdml.losses.arguments import REQUIRED, Argument, declared
 from tfdml.losses.base import MetricLoss
 
-DECLARED = [losses.ContrastiveLoss, losses.TripletLoss, losses.MarginLoss]
+DECLARED = [losses.ContrastiveLoss, losses.TripletLoss, losses.MarginLoss, losses.RankedListLoss, losses.GroupLoss]
 
 
 @pytest.mark.parametrize("cls", DECLARED)
 def test_signature_and_config_follow_the_declaration(cls):
     parameters = inspect.signature(cls).parameters
-    loss = cls()
+    loss = cls(num_classes=5) if cls is losses.GroupLoss else cls()
     for argument in cls.ARGUMENTS:
         assert parameters[argument.name].default == argument.default
-        assert loss.get_config()[argument.name] == argument.default
+        if argument.default is not REQUIRED:
+            assert loss.get_config()[argument.name] == argument.default
     assert cls.from_config(loss.get_config()).get_config() == loss.get_config()
 
 

@@ -57,6 +57,8 @@ class Argument:
             return value
         if isinstance(self.default, bool):
             return bool(value)
+        if self.default is REQUIRED and isinstance(value, float) and value.is_integer():
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return value
         if not (math.isfinite(value) and self._inside(value)):
@@ -66,6 +68,10 @@ class Argument:
     def _inside(self, value):
         low_ok = (self.above is None or value > self.above) and (self.minimum is None or value >= self.minimum)
         return low_ok and (self.maximum is None or value <= self.maximum)
+
+
+# The default of an argument that has none (`GroupLoss`'s `num_classes`).
+REQUIRED = inspect.Parameter.empty
 
 
 def _signature(arguments, default_name):
@@ -102,6 +108,7 @@ def declared(cls):
 
     __init__.__signature__ = signature
     cls.__init__ = __init__
+    cls.declared_config = get_config  # for a class whose get_config adjusts a value (a serialized schedule)
     if "get_config" not in vars(cls):
         cls.get_config = get_config
     return cls
