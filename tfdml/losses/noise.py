@@ -105,6 +105,8 @@ def prism_clean_probability(labels, embeddings, memory_labels, memory_embeddings
     embeddings = ops.stop_gradient(ops.convert_to_tensor(embeddings))
     memory_labels = ops.convert_to_tensor(memory_labels)
     memory_embeddings = ops.cast(memory_embeddings, embeddings.dtype)
+    if memory_labels.shape[0] == 0:  # no memory at all: no class is scored
+        return ops.ones_like(embeddings[:, 0])
     centres, centre_labels, present = _class_centres(memory_labels, memory_embeddings, memory_valid)
     logits = ops.matmul(embeddings, ops.transpose(centres))  # [B, M]
     own = (ops.cast(labels, centre_labels.dtype)[:, None] == centre_labels[None, :]) & present[None, :]
