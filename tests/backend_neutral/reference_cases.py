@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 import tfdml.losses as losses
+from tests.backend_neutral import pair_proxy_cases
 from tests.references import numpy_losses as ref
 from tests.references import shared_reference_cases
 
@@ -33,6 +34,7 @@ class Case:
     gradient: np.ndarray = None
     normalise: bool = False
     rtol: float = 1e-8
+    gradient_atol: float = 1e-9  # value None: a gradient-only case
 
 
 def _pml_contrastive():
@@ -118,12 +120,19 @@ def _tfa_references():
                 )
 
 
-CASES = [*_pml_contrastive(), *_shared_reference(), *_numpy_references(), *_tfa_references()]
+CASES = [
+    *_pml_contrastive(),
+    *_shared_reference(),
+    *_numpy_references(),
+    *_tfa_references(),
+    *pair_proxy_cases.cases(Case),
+]
 
 # Losses whose `model.fit` must lower the loss on every backend: `name -> make()`.
 FIT_LOSSES = {
     "triplet": lambda: losses.TripletLoss(margin=0.2),
     "contrastive": lambda: losses.ContrastiveLoss(),
+    **pair_proxy_cases.FIT_LOSSES,
 }
 
 # Tuple losses whose `compute` (its fast path) must equal `reduce_terms` of its dense terms, value and gradient.

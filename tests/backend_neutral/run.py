@@ -21,6 +21,8 @@ FLOAT32_TOLERANCE = {"torch": (2e-6, 1e-6)}
 def check_case(case):
     """None if `case` passes, else a line saying what differs."""
     rtol, grad_atol = FLOAT32_TOLERANCE.get(keras.backend.backend(), (case.rtol, 1e-9))
+    if case.gradient is not None:  # float32 round-off scales with the gradient
+        grad_atol = max(grad_atol * max(1.0, np.abs(case.gradient).max()), case.gradient_atol)
     loss = case.make()
     labels = keras.ops.convert_to_tensor(case.labels)
 
@@ -28,7 +30,7 @@ def check_case(case):
         return loss(labels, l2_normalize(x) if case.normalise else x)
 
     value, grad = value_and_gradient(fn, case.embeddings)
-    if not np.isclose(value, case.value, rtol=max(rtol, case.rtol), atol=1e-12):
+    if case.value is not None and not np.isclose(value, case.value, rtol=max(rtol, case.rtol), atol=1e-12):
         return f"{case.name}: value {value!r}, expected {case.value!r}"
     if not np.all(np.isfinite(grad)):
         return f"{case.name}: gradient not finite"
