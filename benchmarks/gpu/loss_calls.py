@@ -95,7 +95,7 @@ def _copy_proxies(case, tfdml_loss, peer_loss):
 
     proxies = np.asarray(tfdml_loss.trainable_variables[0].value)
     with torch.no_grad():
-        getattr(peer_loss, case.peer_proxies).copy_(torch.from_numpy(proxies.T if case.peer_transposed else proxies))
+        getattr(peer_loss, case.peer_proxies).copy_(torch.tensor(proxies.T if case.peer_transposed else proxies))
 
 
 def error_text(exc):
