@@ -43,7 +43,7 @@ def small_run(tmp_path_factory):
     if not HAS_PML:
         print(f"test_gpu_benchmark: {NO_PML_REASON}; running --no-peer")
         command.append("--no-peer")
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, f"bench_gpu.py --small failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     with open(out / "results.json") as f:
         results = json.load(f)
