@@ -4,9 +4,10 @@ Submodules load on first use (`tfdml.losses`, `tfdml.data`, `tfdml.models`, `tfd
 `tfdml.export`, ...), so `import tfdml` stays cheap (milliseconds; TensorFlow alone takes seconds).
 
 tfdml's Keras-serializable classes (`tfdml>Embedder`, the losses, the schedules) and its loss aliases
-(`compile(loss="ranked_list")`) are registered as soon as Keras and TensorFlow are both imported, before or
-after tfdml: `import keras, tfdml; keras.models.load_model("model.keras")` loads a tfdml model, as it loads
-Keras' own, without importing TensorFlow for a user who does not.
+(`compile(loss="ranked_list")`) are registered as soon as Keras (and, on Keras' TensorFlow backend,
+TensorFlow) is imported, before or after tfdml: `import keras, tfdml; keras.models.load_model("model.keras")`
+loads a tfdml model, as it loads Keras' own. On the JAX and PyTorch backends only the losses are registered
+(the models, schedules and pipeline are TensorFlow's), and TensorFlow is not imported for them.
 """
 
 import importlib
@@ -41,7 +42,10 @@ _SUBMODULES = (
 # Importing these registers every class tfdml saves with `keras.saving.register_keras_serializable` (models,
 # layers, losses with the cross-batch memory, learning-rate schedules) and the loss aliases.
 _REGISTERING = ("tfdml.losses", "tfdml.models", "tfdml.optimizers")
-# TensorFlow imports Keras while it initializes, and Keras imports TensorFlow: registration waits for both.
+# What registers on Keras' other backends: the losses (`keras.ops`); the rest is TensorFlow's.
+_REGISTERING_ANY_BACKEND = ("tfdml.losses",)
+# TensorFlow imports Keras while it initializes, and Keras imports TensorFlow: on Keras' TensorFlow backend
+# registration waits for both, on the others for Keras only.
 _FRAMEWORK = ("tensorflow", "keras")
 
 
@@ -56,10 +60,13 @@ def _register_when_ready(just_executed=None):
     imported (`import tfdml.losses` imports TensorFlow midway: registering then would import tfdml.models,
     which needs the complete tfdml.losses). True when done. The module whose loader just returned is complete.
     """
-    for name in _FRAMEWORK:
-        module = sys.modules.get(name)
-        if module is None or (name != just_executed and _initializing(module)):
-            return False
+    keras = sys.modules.get("keras")
+    if keras is None or ("keras" != just_executed and _initializing(keras)):
+        return False
+    on_tensorflow = keras.config.backend() == "tensorflow"
+    tensorflow = sys.modules.get("tensorflow")
+    if on_tensorflow and (tensorflow is None or ("tensorflow" != just_executed and _initializing(tensorflow))):
+        return False
     if any(
         name.startswith("tfdml.") and name != just_executed and _initializing(module)
         for name, module in list(sys.modules.items())
@@ -67,7 +74,7 @@ def _register_when_ready(just_executed=None):
         return False
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
-    for name in _REGISTERING:
+    for name in _REGISTERING if on_tensorflow else _REGISTERING_ANY_BACKEND:
         importlib.import_module(name)
     return True
 

@@ -9,7 +9,9 @@ so per-sample `sample_weight` has no meaning and is rejected.
 Under `tf.distribute` (MirroredStrategy, MultiWorkerMirroredStrategy) every loss sees the *global* batch by
 default: `__call__` gathers labels and `y_pred` (whatever its width) from all replicas and scales the value
 by `1 / num_replicas`, so training on N replicas matches one device on the same global batch (see
-`tfdml.distribute`). `cross_replica=False` keeps per-replica losses instead.
+`tfdml.distribute`). `cross_replica=False` keeps per-replica losses instead. That gathering is TensorFlow's
+(`tf.distribute`): on the JAX and PyTorch backends the losses compute on the batch they are given, and
+TensorFlow is never imported.
 
 Losses that own variables (for example a learnable margin `beta`) list them in `trainable_variables`
 and may name the optimizer that must train them in `variable_optimizer`; state that is not trained (the
@@ -24,10 +26,12 @@ Losses whose pairs may have their far end in a separate reference set (`tfdml.op
 """
 
 import keras
-import tensorflow as tf
 
-from tfdml.distribute import gather_replicas, labels_for_symbolic_build, scale_for_replicas
 from tfdml.ops import validate_inputs
+
+
+def _on_tensorflow():
+    return keras.backend.backend() == "tensorflow"
 
 
 class MetricLoss(keras.losses.Loss):
@@ -60,14 +64,17 @@ class MetricLoss(keras.losses.Loss):
                 f"{type(self).__name__} is a batch-level metric-learning loss and does not accept "
                 f"sample_weight (got one). Weight classes through the sampler instead."
             )
-        with tf.name_scope(self.name or type(self).__name__):
+        with keras.name_scope(self.name or type(self).__name__):
             dtype = None if self.dtype in (None, "float32") else self.dtype
-            y_true = labels_for_symbolic_build(y_true)
-            labels, embeddings = validate_inputs(y_true, y_pred, dtype=dtype)
+            if not _on_tensorflow():
+                return self.compute(*validate_inputs(y_true, y_pred, dtype=dtype))
+            from tfdml import distribute  # tf.distribute: TensorFlow only
+
+            labels, embeddings = validate_inputs(distribute.labels_for_symbolic_build(y_true), y_pred, dtype=dtype)
             if self.cross_replica:
-                labels, embeddings = gather_replicas(labels, embeddings)
+                labels, embeddings = distribute.gather_replicas(labels, embeddings)
             # Keras sums replica gradients: 1/N makes the sum the single-device gradient.
-            return scale_for_replicas(self.compute(labels, embeddings))
+            return distribute.scale_for_replicas(self.compute(labels, embeddings))
 
     def call(self, y_true, y_pred):
         labels, embeddings = validate_inputs(y_true, y_pred)

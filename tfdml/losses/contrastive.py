@@ -16,45 +16,41 @@ Each mean runs over its non-zero ("active") terms only and is 0 when none is act
 """
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
     as_scalar,
-    mean_of_positive,
-    pair_indices_with_targets,
+    distance_matrix,
     pair_masks,
-    pairwise_distance,
+    reduce_terms,
     reference_embeddings,
+    upper_pair_mask,
     validate_inputs,
 )
 
 
-def _contrastive_loss(labels, embeddings, pos_margin, neg_margin, references=None):
-    dist = pairwise_distance(embeddings, reference_embeddings(references))
-    dtype = dist.dtype
-    zeros = tf.zeros_like(dist)
+def contrastive_terms(labels, embeddings, pos_margin=0.0, neg_margin=1.0, references=None, distance="euclidean"):
+    """The contrastive loss's terms, written once: dense `[B, G]` pair terms, `[d - pos_margin]+` for a
+    positive pair (group 0) and `[neg_margin - d]+` for a negative pair (group 1), each group a mean over its
+    non-zero terms. Within a batch the unordered pairs `i < j` (the mean over ordered pairs counts each pair
+    twice, in the sum and in the count); with references every query-reference pair. `reduce_terms` of them
+    is `contrastive_loss`."""
+    dist = distance_matrix(distance, embeddings, reference_embeddings(references))
     positives, negatives = pair_masks(labels, references)
-    pos_terms = tf.where(positives, tf.nn.relu(dist - as_scalar(pos_margin, dtype)), zeros)
-    neg_terms = tf.where(negatives, tf.nn.relu(as_scalar(neg_margin, dtype) - dist), zeros)
-    return mean_of_positive(pos_terms) + mean_of_positive(neg_terms)
+    if references is None:
+        upper = upper_pair_mask(ops.shape(labels)[0])
+        positives, negatives = ops.logical_and(positives, upper), ops.logical_and(negatives, upper)
+    pos_terms = ops.relu(dist - as_scalar(pos_margin, dist.dtype))
+    neg_terms = ops.relu(as_scalar(neg_margin, dist.dtype) - dist)
+    values = ops.where(positives, pos_terms, ops.where(negatives, neg_terms, ops.zeros_like(dist)))
+    groups = ops.where(positives, 0, 1)
+    valid = ops.logical_or(positives, negatives)
+    return TupleTerms(values, None, "pair", "mean_active", groups=groups, num_groups=2, valid=valid)
 
 
-def contrastive_terms(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
-    """The contrastive loss's terms: every unordered pair `(i, j)`, `i < j`, its hinge, grouped into positive
-    (group 0) and negative (group 1) pairs, each group a mean over its non-zero terms (the mean over ordered
-    pairs counts each pair twice, in the sum and in the count). `reduce_terms` of them is `contrastive_loss`."""
-    pairs, is_positive = pair_indices_with_targets(labels)
-    d = tf.gather_nd(pairwise_distance(embeddings), pairs)
-    values = tf.where(
-        is_positive, tf.nn.relu(d - as_scalar(pos_margin, d.dtype)), tf.nn.relu(as_scalar(neg_margin, d.dtype) - d)
-    )
-    groups = tf.where(is_positive, 0, 1)
-    return TupleTerms(values, pairs, "pair", "mean_active", groups=groups, num_groups=2)
-
-
-def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
+def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0, distance="euclidean"):
     """Contrastive loss of a batch: mean active `[d - pos_margin]+` + mean active `[neg_margin - d]+`.
 
     Args:
@@ -62,12 +58,14 @@ def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
         embeddings: float `[B, D]`.
         pos_margin: positive pairs are pulled until their distance is at most this.
         neg_margin: negative pairs are pushed until their distance is at least this.
+        distance: `"euclidean"` (default), `"squared_euclidean"`, `"cosine"` or a callable
+            `(embeddings, gallery) -> [B, G]` distances (`tfdml.ops.distance_matrix`).
 
     Returns:
         Scalar loss; 0 when no pair is active.
     """
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _contrastive_loss(labels, embeddings, pos_margin, neg_margin)
+    return reduce_terms(contrastive_terms(labels, embeddings, pos_margin, neg_margin, distance=distance))
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -100,11 +98,15 @@ class ContrastiveLoss(MetricLoss):
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
-        return _contrastive_loss(labels, embeddings, self.pos_margin, self.neg_margin, references)
+        return reduce_terms(self.dense_terms(labels, embeddings, references))
+
+    def dense_terms(self, labels, embeddings, references=None):
+        """The dense pair terms (`contrastive_terms`)."""
+        return contrastive_terms(labels, embeddings, self.pos_margin, self.neg_margin, references)
 
     def terms(self, labels, embeddings):
-        """The unreduced pair terms (`contrastive_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value."""
-        return contrastive_terms(labels, embeddings, self.pos_margin, self.neg_margin)
+        """The unreduced pair terms, listed; `tfdml.ops.reduce_terms` gives `compute`'s value."""
+        return self.dense_terms(labels, embeddings).listed()
 
     def get_config(self):
         config = super().get_config()

@@ -1,20 +1,22 @@
 """Triplet losses: `TripletLoss` with all / batch-hard / semi-hard mining, and drop-in replacements for
-tensorflow-addons' `TripletSemiHardLoss` and `TripletHardLoss`.
+tensorflow-addons' `TripletSemiHardLoss` and `TripletHardLoss`, in `keras.ops` (every backend).
 
 A triplet `(a, p, n)` has `y_p == y_a`, `p != a` and `y_n != y_a`; its hinge loss is
 `[m + d_ap - d_an]+` (or the soft margin `log(1 + exp(d_ap - d_an))`).
 
-No `[B, B, B]` tensor is ever built (at B = 1024 it would hold 1e9 entries). The triplet sums run in
-"positive slots": slot `k` pairs every anchor with its k-th positive, so one `[B, B]` pass covers the
-triplets `(a, p_k(a), n)` of all anchors and negatives at once. A batch with K samples per class needs
-K - 1 passes: O(K B^2) time, O(B^2) memory. The exact (sub)gradient of the sum is accumulated in the same
-passes (each active triplet adds `+dterm` to `d_ap` and `-dterm` to `d_an`) and handed to autodiff with
-`tf.custom_gradient`, so backprop stores nothing per slot. Everything is matmul-free elementwise work and
-row reductions that XLA fuses into one loop.
+`triplet_terms` writes `TripletLoss`'s terms once, as a dense `[B, B, G]` tensor with the mask of the
+triplets its mining keeps; the loss is their shared reduction (`tfdml.ops.reduce_terms`). `compute` takes the
+one fast path, `triplet_fast_path`, which gives the same value without the `[B, B, B]` tensor (at B = 1024 it
+would hold 1e9 entries): batch-hard mining is a row max and a row min; all and semi-hard triplets are summed
+in "positive slots": slot `k` pairs every anchor with its k-th positive, so one `[B, B]` pass covers the
+triplets `(a, p_k(a), n)` of all anchors and negatives at once. A batch with K samples per class needs K - 1
+passes: O(K B^2) time, O(B^2) memory. The exact (sub)gradient of the sum is accumulated in the same passes
+(each active triplet adds `+dterm` to `d_ap` and `-dterm` to `d_an`) and handed to autodiff with
+`keras.ops.custom_gradient`, so backprop stores nothing per slot.
 """
 
 import keras
-import tensorflow as tf
+from keras import backend, ops
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
@@ -30,78 +32,70 @@ from tfdml.ops import (
     positive_mask,
     reference_embeddings,
     safe_divide,
-    triplet_distances,
-    triplet_indices,
+    triplet_mask,
     validate_inputs,
 )
 
 MINING_STRATEGIES = ("all", "hard", "semi_hard")
 
 
+def _upstream(args, upstream):
+    # keras.ops.custom_gradient: TensorFlow and JAX pass the upstream gradient positionally, PyTorch by keyword.
+    return args[0] if upstream is None else upstream
+
+
 def _positive_slots(pos):
     """`rank[a, j]`: index of positive `j` among anchor `a`'s positives (slot k = every anchor's k-th
-    positive), and the number of slots (the most positives any anchor has)."""
-    pos_int = tf.cast(pos, tf.int32)
-    rank = tf.cumsum(pos_int, axis=1, exclusive=True)
-    return rank, tf.reduce_max(tf.reduce_sum(pos_int, axis=1))
+    positive), -1 where `j` is no positive, and the number of slots (the most positives any anchor has)."""
+    pos_int = ops.cast(pos, "int32")
+    rank = ops.cumsum(pos_int, axis=1) - pos_int
+    return ops.where(pos, rank, -ops.ones_like(rank)), ops.max(ops.sum(pos_int, axis=1))
+
+
+def _slot_terms(dist, neg, slot, margin, semi_hard, soft):
+    """`(terms, active, slope)` `[B, G]` of the triplets `(a, k-th positive of a, n)` of one slot."""
+    dtype = dist.dtype
+    anchor_pos = ops.sum(slot * dist, axis=1, keepdims=True)  # d_ap of the k-th positive
+    has_slot = ops.max(slot, axis=1, keepdims=True) > 0
+    gap = anchor_pos - dist  # gap[a, n] = d_ap - d_an
+    valid = ops.logical_and(neg, has_slot)
+    if semi_hard:
+        valid = ops.logical_and(valid, ops.logical_and(gap < 0, gap > -margin))
+    if not soft:
+        valid = ops.logical_and(valid, gap + margin > 0)
+    active = ops.cast(valid, dtype)
+    if soft:
+        return ops.softplus(gap) * active, active, ops.sigmoid(gap) * active
+    return ops.where(valid, gap + margin, ops.zeros_like(gap)), active, active
 
 
 def _triplet_sums(dist, pos, neg, margin, semi_hard, soft):
-    """`(sum of the triplet terms, number of triplets counted)` over all (or the semi-hard) triplets.
+    """`[sum of the triplet terms, number of triplets counted]` over all (or the semi-hard) triplets.
 
     Hinge terms `m + d_ap - d_an` count where positive; soft terms `log(1 + exp(d_ap - d_an))` always.
-    Semi-hard triplets are those with `d_ap < d_an < d_ap + m`. One `[B, B]` pass per positive slot (the
-    k-th positive of every anchor at once), so memory stays O(B^2); the exact gradient is accumulated in
-    the same pass instead of being stored per slot for backprop.
+    Semi-hard triplets are those with `d_ap < d_an < d_ap + m`. One `[B, G]` pass per positive slot.
     """
     dtype = dist.dtype
     margin = as_scalar(margin, dtype)
-    rank, num_slots = _positive_slots(pos)
-    zero = tf.zeros([], dtype)
+    slot_rank, num_slots = _positive_slots(pos)
 
-    slot_rank = tf.where(pos, rank, -tf.ones_like(rank))  # slot k of anchor a: slot_rank[a] == k
-    infinity = tf.constant(float("inf"), dtype)
-
-    @tf.custom_gradient
+    @ops.custom_gradient
     def sums(dist):
-        # Non-negatives at +inf never satisfy d_an < d_ap + m; anchors without a k-th positive get a -inf
-        # threshold. Hinges are then -inf (never NaN) wherever a triplet does not exist.
-        neg_dist = tf.where(neg, dist, infinity)
-
         def slot_step(k, total, count, grad):
-            slot = tf.cast(tf.equal(slot_rank, k), dtype)
-            anchor_pos = tf.reduce_sum(slot * dist, axis=1, keepdims=True)  # d_ap of the k-th positive
-            has_slot = tf.reduce_max(slot, axis=1, keepdims=True) > 0
-            if soft:
-                gap = anchor_pos - dist  # gap[a, n] = d_ap - d_an
-                valid = tf.logical_and(neg, has_slot)
-                if semi_hard:
-                    valid = tf.logical_and(valid, tf.logical_and(gap < 0, gap > -margin))
-                active = tf.cast(valid, dtype)
-                terms = tf.nn.softplus(gap) * active
-                slope = tf.sigmoid(gap) * active
-            else:
-                hinge = tf.where(has_slot, anchor_pos + margin, -infinity) - neg_dist
-                valid = hinge > 0
-                if semi_hard:
-                    valid = tf.logical_and(valid, hinge < margin)  # d_an > d_ap
-                active = tf.cast(valid, dtype)
-                terms = tf.where(valid, hinge, tf.zeros_like(hinge))
-                slope = active
+            slot = ops.cast(ops.equal(slot_rank, k), dtype)
+            terms, active, slope = _slot_terms(dist, neg, slot, margin, semi_hard, soft)
             # d total / d d_ap = sum_n slope[a, n]; d total / d d_an = -slope[a, n].
-            row_slope = tf.reduce_sum(slope, axis=1, keepdims=True)
-            grad = grad + slot * row_slope - slope
-            return k + 1, total + tf.reduce_sum(terms), count + tf.reduce_sum(active), grad
+            grad = grad + slot * ops.sum(slope, axis=1, keepdims=True) - slope
+            return k + 1, total + ops.sum(terms), count + ops.sum(active), grad
 
-        _, total, count, grad_dist = tf.while_loop(
-            lambda k, *_: k < num_slots, slot_step, (tf.constant(0, tf.int32), zero, zero, tf.zeros_like(dist))
-        )
+        zero = ops.zeros((), dtype)
+        start = (ops.convert_to_tensor(0, "int32"), zero, zero, ops.zeros_like(dist))
+        _, total, count, grad_dist = ops.while_loop(lambda k, *_: k < num_slots, slot_step, start)
 
-        def grad(d_total, d_count):
-            del d_count  # a count: piecewise constant
-            return d_total * grad_dist
+        def grad(*args, upstream=None):
+            return _upstream(args, upstream)[0] * grad_dist  # the count is piecewise constant
 
-        return (total, count), grad
+        return ops.stack([total, count]), grad
 
     return sums(dist)
 
@@ -111,22 +105,30 @@ def _check_mining(mining):
         raise ValueError(f"mining must be one of {MINING_STRATEGIES}, got {mining!r}.")
 
 
-def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=None):
-    dist = pairwise_distance(embeddings, reference_embeddings(references), squared=squared)
-    pos, neg = pair_masks(labels, references)
-    if mining == "hard":
-        hardest_pos = masked_max(dist, pos, axis=1)
-        hardest_neg = masked_min(dist, neg, axis=1)
-        gap = hardest_pos - hardest_neg
-        terms = tf.nn.softplus(gap) if soft else tf.nn.relu(gap + as_scalar(margin, dist.dtype))
-        has_both = tf.logical_and(tf.reduce_any(pos, axis=1), tf.reduce_any(neg, axis=1))
-        return masked_mean(terms, has_both)
-    total, num_active = _triplet_sums(dist, pos, neg, margin, semi_hard=(mining == "semi_hard"), soft=soft)
-    return safe_divide(total, num_active)
+def _hinge(gap, margin, soft):
+    return ops.softplus(gap) if soft else ops.relu(gap + as_scalar(margin, gap.dtype))
 
 
-def triplet_terms(labels, embeddings, margin=0.2, mining="all", soft=False, squared=False):
-    """The triplet loss's terms, the triplets its mining defines, as `(anchor, positive, negative)` rows:
+def _mined(dist, pos, neg, margin, mining):
+    """bool `[B, B, G]`: the triplets `mining` keeps at these (constant) distances."""
+    valid = triplet_mask(pos, neg)
+    constant = ops.stop_gradient(dist)
+    if mining == "semi_hard":
+        gap = constant[:, :, None] - constant[:, None, :]
+        return ops.logical_and(valid, ops.logical_and(gap < 0, gap > -as_scalar(margin, dist.dtype)))
+    if mining == "hard":  # (a, farthest positive, nearest negative), the first of ties
+        far_pos = ops.argmax(ops.where(pos, constant, -ops.ones_like(constant)), axis=1)
+        near_neg = ops.argmin(ops.where(neg, constant, ops.max(constant) + 1.0), axis=1)
+        size, columns = ops.shape(dist)[0], ops.shape(dist)[1]
+        one_pos = ops.equal(ops.arange(size)[None, :], ops.cast(far_pos, "int32")[:, None])
+        one_neg = ops.equal(ops.arange(columns)[None, :], ops.cast(near_neg, "int32")[:, None])
+        return ops.logical_and(valid, ops.logical_and(one_pos[:, :, None], one_neg[:, None, :]))
+    return valid
+
+
+def triplet_terms(labels, embeddings, margin=0.2, mining="all", soft=False, squared=False, references=None):
+    """The triplet loss's terms, written once: dense `[B, B, G]` `(anchor, positive, negative)` terms
+    `[m + d_ap - d_an]+` (soft: `log(1 + exp(d_ap - d_an))`) with the mask of the triplets the mining keeps:
 
     - `"all"`: every valid triplet; hinge terms reduced by their mean over the non-zero ones, soft terms by
       their mean over all.
@@ -134,30 +136,31 @@ def triplet_terms(labels, embeddings, margin=0.2, mining="all", soft=False, squa
     - `"hard"`: per anchor with a positive and a negative, `(a, farthest positive, nearest negative)`; their
       mean.
 
-    Lists the `B (K - 1) (B - K)` triplets of a `B`-sample batch (K per class) for `"all"` and `"semi_hard"`:
-    for the modest batches that weighted tuples need. `reduce_terms` of them is `triplet_loss`.
+    `reduce_terms` of them is `triplet_loss` (`triplet_fast_path` computes it without the `[B, B, G]` tensor).
     """
-    dist = pairwise_distance(embeddings, squared=squared)
-    if mining == "hard":
-        pos, neg = positive_mask(labels), negative_mask(labels)
-        anchors = tf.where(tf.logical_and(tf.reduce_any(pos, axis=1), tf.reduce_any(neg, axis=1)))[:, 0]
-        anchors = tf.cast(anchors, tf.int32)
-        constant = tf.stop_gradient(dist)
-        far_pos = tf.argmax(tf.where(pos, constant, -tf.ones_like(constant)), axis=1, output_type=tf.int32)
-        beyond = tf.reduce_max(constant) + tf.ones_like(constant)
-        near_neg = tf.argmin(tf.where(neg, constant, beyond), axis=1, output_type=tf.int32)
-        triplets = tf.stack([anchors, tf.gather(far_pos, anchors), tf.gather(near_neg, anchors)], axis=1)
-    else:
-        triplets = triplet_indices(labels)
-    d_ap, d_an = triplet_distances(dist, triplets)
-    gap = d_ap - d_an
-    margin = as_scalar(margin, dist.dtype)
-    if mining == "semi_hard":
-        keep = tf.where(tf.logical_and(gap < 0, gap > -margin))[:, 0]
-        triplets, gap = tf.gather(triplets, keep), tf.gather(gap, keep)
-    values = tf.nn.softplus(gap) if soft else tf.nn.relu(gap + margin)
+    dist = pairwise_distance(embeddings, reference_embeddings(references), squared=squared)
+    pos, neg = pair_masks(labels, references)
+    valid = _mined(dist, pos, neg, margin, mining)
+    values = ops.where(valid, _hinge(dist[:, :, None] - dist[:, None, :], margin, soft), 0.0)
     reduction = "mean_active" if mining == "all" and not soft else "mean"
-    return TupleTerms(values, triplets, "triplet", reduction)
+    return TupleTerms(values, None, "triplet", reduction, valid=valid)
+
+
+def triplet_fast_path(dist, pos, neg, margin, mining, soft):
+    """`reduce_terms(triplet_terms(...))` from the `[B, G]` distances and pair masks, without the `[B, B, G]`
+    tensor: row max/min for batch-hard mining, positive slots (`_triplet_sums`) for the others."""
+    if mining == "hard":
+        gap = masked_max(dist, pos, axis=1) - masked_min(dist, neg, axis=1)
+        has_both = ops.logical_and(ops.any(pos, axis=1), ops.any(neg, axis=1))
+        return masked_mean(_hinge(gap, margin, soft), has_both)
+    sums = _triplet_sums(dist, pos, neg, margin, semi_hard=(mining == "semi_hard"), soft=soft)
+    return safe_divide(sums[0], sums[1])
+
+
+def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=None):
+    dist = pairwise_distance(embeddings, reference_embeddings(references), squared=squared)
+    pos, neg = pair_masks(labels, references)
+    return triplet_fast_path(dist, pos, neg, margin, mining, soft)
 
 
 def triplet_loss(labels, embeddings, margin=0.2, mining="all", soft=False, squared=False):
@@ -221,9 +224,13 @@ class TripletLoss(MetricLoss):
     def compute(self, labels, embeddings, references=None):
         return _triplet_loss(labels, embeddings, self.margin, self.mining, self.soft, self.squared, references)
 
+    def dense_terms(self, labels, embeddings, references=None):
+        """The dense triplet terms (`triplet_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value."""
+        return triplet_terms(labels, embeddings, self.margin, self.mining, self.soft, self.squared, references)
+
     def terms(self, labels, embeddings):
-        """The unreduced triplet terms (`triplet_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value."""
-        return triplet_terms(labels, embeddings, self.margin, self.mining, self.soft, self.squared)
+        """The unreduced triplet terms, listed (`TupleTerms.listed`)."""
+        return self.dense_terms(labels, embeddings).listed()
 
     def get_config(self):
         config = super().get_config()
@@ -253,7 +260,7 @@ def _tfa_distances(embeddings, distance_metric):
         return pairwise_distance(embeddings, squared=True)
     if distance_metric == "angular":
         return pairwise_angular_distance(embeddings)
-    return tf.cast(tf.convert_to_tensor(distance_metric(embeddings)), embeddings.dtype)
+    return ops.cast(distance_metric(embeddings), embeddings.dtype)
 
 
 def _as_input_dtype(value, y_pred):
@@ -261,25 +268,24 @@ def _as_input_dtype(value, y_pred):
     dtype = getattr(y_pred, "dtype", None)
     if dtype is None:
         return value
-    dtype = tf.as_dtype(dtype)
-    return tf.cast(value, dtype) if dtype.is_floating and dtype != value.dtype else value
+    dtype = backend.standardize_dtype(dtype)
+    floating = backend.is_float_dtype(dtype)
+    return ops.cast(value, dtype) if floating and dtype != backend.standardize_dtype(value.dtype) else value
 
 
 def _no_positive_pair_gives_zero(loss, pos):
-    return tf.where(tf.reduce_any(pos), loss, tf.zeros_like(loss))
+    return ops.where(ops.any(pos), loss, ops.zeros_like(loss))
 
 
 def _split_ties(mask, dist, value):
     """One-hot (ties share equally) of the entries of `mask` where `dist` equals the row's `value`."""
-    hit = tf.cast(tf.logical_and(mask, tf.equal(dist, value)), dist.dtype)
-    return safe_divide(hit, tf.reduce_sum(hit, axis=1, keepdims=True))
+    hit = ops.cast(ops.logical_and(mask, ops.equal(dist, value)), dist.dtype)
+    return safe_divide(hit, ops.sum(hit, axis=1, keepdims=True))
 
 
 def _row_min_where_empty(masked_value, mask, dist):
     """tensorflow-addons' masked max/min of a row with no entry in `mask` is the row's minimum of `dist`."""
-    return tf.where(
-        tf.reduce_any(mask, axis=1, keepdims=True), masked_value, tf.reduce_min(dist, axis=1, keepdims=True)
-    )
+    return ops.where(ops.any(mask, axis=1, keepdims=True), masked_value, ops.min(dist, axis=1, keepdims=True))
 
 
 def _semihard_negative_sums(dist, pos, neg, margin):
@@ -292,31 +298,35 @@ def _semihard_negative_sums(dist, pos, neg, margin):
     dtype = dist.dtype
     margin = as_scalar(margin, dtype)
     rank, num_slots = _positive_slots(pos)
-    farthest = _row_min_where_empty(masked_max(dist, neg, axis=1, keepdims=True), neg, dist)
-    fallback = tf.where(tf.reduce_any(neg, axis=1, keepdims=True), neg, tf.ones_like(neg))
-    zero = tf.zeros([], dtype)
+    fallback = ops.where(ops.any(neg, axis=1, keepdims=True), neg, ops.ones_like(neg))
 
-    @tf.custom_gradient
+    @ops.custom_gradient
     def total_of(dist):
+        # Inside: a value of `dist` captured from outside would escape JAX's custom_gradient trace.
+        farthest = _row_min_where_empty(masked_max(dist, neg, axis=1, keepdims=True), neg, dist)
+
         def slot_step(k, total, grad):
-            slot = tf.cast(tf.logical_and(pos, tf.equal(rank, k)), dtype)
-            has_slot = tf.reduce_sum(slot, axis=1, keepdims=True)
-            anchor_pos = tf.reduce_sum(slot * dist, axis=1, keepdims=True)
-            farther = tf.logical_and(neg, dist > anchor_pos)
-            has_farther = tf.reduce_any(farther, axis=1, keepdims=True)
+            slot = ops.cast(ops.equal(rank, k), dtype)
+            has_slot = ops.sum(slot, axis=1, keepdims=True)
+            anchor_pos = ops.sum(slot * dist, axis=1, keepdims=True)
+            farther = ops.logical_and(neg, dist > anchor_pos)
+            has_farther = ops.any(farther, axis=1, keepdims=True)
             nearest_farther = masked_min(dist, farther, axis=1, keepdims=True)
-            neg_dist = tf.where(has_farther, nearest_farther, farthest)
-            chosen = tf.where(
+            neg_dist = ops.where(has_farther, nearest_farther, farthest)
+            chosen = ops.where(
                 has_farther, _split_ties(farther, dist, nearest_farther), _split_ties(fallback, dist, farthest)
             )
-            active = tf.cast(margin + anchor_pos - neg_dist > 0, dtype) * has_slot
-            total = total + tf.reduce_sum(active * (margin + anchor_pos - neg_dist))
+            active = ops.cast(margin + anchor_pos - neg_dist > 0, dtype) * has_slot
+            total = total + ops.sum(active * (margin + anchor_pos - neg_dist))
             return k + 1, total, grad + active * (slot - chosen)
 
-        _, total, grad_dist = tf.while_loop(
-            lambda k, *_: k < num_slots, slot_step, (tf.constant(0, tf.int32), zero, tf.zeros_like(dist))
-        )
-        return total, lambda d_total: d_total * grad_dist
+        start = (ops.convert_to_tensor(0, "int32"), ops.zeros((), dtype), ops.zeros_like(dist))
+        _, total, grad_dist = ops.while_loop(lambda k, *_: k < num_slots, slot_step, start)
+
+        def grad(*args, upstream=None):
+            return _upstream(args, upstream) * grad_dist
+
+        return total, grad
 
     return total_of(dist)
 
@@ -325,7 +335,7 @@ def _triplet_semihard_loss(labels, embeddings, margin, distance_metric="L2"):
     dist = _tfa_distances(embeddings, distance_metric)
     pos = positive_mask(labels)
     total = _semihard_negative_sums(dist, pos, negative_mask(labels), margin)
-    return safe_divide(total, tf.reduce_sum(tf.cast(pos, dist.dtype)))
+    return safe_divide(total, ops.sum(ops.cast(pos, dist.dtype)))
 
 
 def triplet_semihard_loss(labels, embeddings, margin=1.0, distance_metric="L2"):
@@ -354,10 +364,8 @@ def _triplet_hard_loss(labels, embeddings, margin, soft, distance_metric="L2"):
     neg = negative_mask(labels)
     # As tfa: an anchor without positive uses its row minimum (0 for "L2"), one without negative its row maximum.
     hardest_pos = _row_min_where_empty(masked_max(dist, pos, axis=1, keepdims=True), pos, dist)[:, 0]
-    hardest_neg = tf.where(tf.reduce_any(neg, axis=1), masked_min(dist, neg, axis=1), tf.reduce_max(dist, axis=1))
-    gap = hardest_pos - hardest_neg
-    terms = tf.nn.softplus(gap) if soft else tf.nn.relu(gap + as_scalar(margin, dist.dtype))
-    return _no_positive_pair_gives_zero(tf.reduce_mean(terms), pos)
+    hardest_neg = ops.where(ops.any(neg, axis=1), masked_min(dist, neg, axis=1), ops.max(dist, axis=1))
+    return _no_positive_pair_gives_zero(ops.mean(_hinge(hardest_pos - hardest_neg, margin, soft)), pos)
 
 
 def triplet_hard_loss(labels, embeddings, margin=1.0, soft=False, distance_metric="L2"):

@@ -1,15 +1,21 @@
-"""Masked weighting and reductions that stay finite on empty sets."""
+"""Masked weighting and reductions that stay finite on empty sets, in `keras.ops` (every backend)."""
 
-import tensorflow as tf
+import numpy as np
+from keras import backend, ops
+
+
+def lowest(dtype):
+    """The most negative finite value of a float dtype (the fill of entries outside a mask)."""
+    return float(np.finfo(backend.standardize_dtype(dtype)).min)
 
 
 def safe_divide(numerator, denominator):
     """`numerator / denominator`, and 0 (with zero gradient) where the denominator is 0."""
-    numerator = tf.convert_to_tensor(numerator)
-    denominator = tf.cast(denominator, numerator.dtype)
-    nonzero = tf.not_equal(denominator, 0)
-    return tf.where(
-        nonzero, numerator / tf.where(nonzero, denominator, tf.ones_like(denominator)), tf.zeros_like(numerator)
+    numerator = ops.convert_to_tensor(numerator)
+    denominator = ops.cast(denominator, numerator.dtype)
+    nonzero = ops.not_equal(denominator, 0)
+    return ops.where(
+        nonzero, numerator / ops.where(nonzero, denominator, ops.ones_like(denominator)), ops.zeros_like(numerator)
     )
 
 
@@ -19,41 +25,44 @@ def masked_softmax(logits, mask, axis=-1):
     The max of the masked entries is subtracted first, so large temperatures (`exp(50 * x)`) cannot
     overflow; a row with no true entry is all zeros, never NaN.
     """
-    logits = tf.convert_to_tensor(logits)
-    mask = tf.cast(mask, tf.bool)
-    very_negative = tf.fill(tf.shape(logits), tf.constant(logits.dtype.min, logits.dtype))
-    masked_logits = tf.where(mask, logits, very_negative)
-    row_max = tf.stop_gradient(tf.reduce_max(masked_logits, axis=axis, keepdims=True))
-    row_max = tf.where(tf.reduce_any(mask, axis=axis, keepdims=True), row_max, tf.zeros_like(row_max))
-    exp = tf.where(mask, tf.exp(tf.where(mask, logits - row_max, tf.zeros_like(logits))), tf.zeros_like(logits))
-    return safe_divide(exp, tf.reduce_sum(exp, axis=axis, keepdims=True))
+    logits = ops.convert_to_tensor(logits)
+    mask = ops.cast(mask, "bool")
+    row_max = ops.stop_gradient(masked_max(logits, mask, axis=axis, keepdims=True))
+    exp = ops.where(mask, ops.exp(ops.where(mask, logits - row_max, ops.zeros_like(logits))), ops.zeros_like(logits))
+    return safe_divide(exp, ops.sum(exp, axis=axis, keepdims=True))
 
 
 def masked_max(values, mask, axis=-1, keepdims=False):
     """Max over masked entries; rows with no entry give 0."""
-    values = tf.convert_to_tensor(values)
-    mask = tf.cast(mask, tf.bool)
-    filled = tf.where(mask, values, tf.fill(tf.shape(values), tf.constant(values.dtype.min, values.dtype)))
-    result = tf.reduce_max(filled, axis=axis, keepdims=keepdims)
-    any_entry = tf.reduce_any(mask, axis=axis, keepdims=keepdims)
-    return tf.where(any_entry, result, tf.zeros_like(result))
+    values = ops.convert_to_tensor(values)
+    mask = ops.cast(mask, "bool")
+    filled = ops.where(mask, values, ops.full_like(values, lowest(values.dtype)))
+    result = ops.max(filled, axis=axis, keepdims=keepdims)
+    any_entry = ops.any(mask, axis=axis, keepdims=keepdims)
+    return ops.where(any_entry, result, ops.zeros_like(result))
 
 
 def masked_min(values, mask, axis=-1, keepdims=False):
     """Min over masked entries; rows with no entry give 0."""
-    return -masked_max(-tf.convert_to_tensor(values), mask, axis=axis, keepdims=keepdims)
+    return -masked_max(-ops.convert_to_tensor(values), mask, axis=axis, keepdims=keepdims)
+
+
+def masked_sum(values, mask, axis=None, keepdims=False):
+    """Sum over masked entries (entries outside the mask never reach the sum, even if not finite)."""
+    values = ops.convert_to_tensor(values)
+    return ops.sum(ops.where(ops.cast(mask, "bool"), values, ops.zeros_like(values)), axis=axis, keepdims=keepdims)
 
 
 def masked_mean(values, mask, axis=None):
     """Mean over masked entries; 0 when there is none."""
-    values = tf.convert_to_tensor(values)
-    mask = tf.cast(mask, values.dtype)
-    return safe_divide(tf.reduce_sum(values * mask, axis=axis), tf.reduce_sum(mask, axis=axis))
+    values = ops.convert_to_tensor(values)
+    count = ops.sum(ops.cast(mask, values.dtype), axis=axis)
+    return safe_divide(masked_sum(values, mask, axis=axis), count)
 
 
 def mean_of_positive(values):
     """Mean of the strictly positive entries (the "active" terms of a hinge loss); 0 when none is."""
-    values = tf.convert_to_tensor(values)
+    values = ops.convert_to_tensor(values)
     return masked_mean(values, values > 0)
 
 
@@ -64,17 +73,17 @@ def masked_logsumexp(values, mask, axis=-1, add_one=False, keepdims=False):
     The largest masked entry is subtracted before `exp`, so scales such as `exp(80 * x)` cannot overflow, and
     entries outside the mask never reach `exp` (no inf * 0 in the gradient).
     """
-    values = tf.convert_to_tensor(values)
-    mask = tf.cast(mask, tf.bool)
-    any_entry = tf.reduce_any(mask, axis=axis, keepdims=True)
-    shift = tf.stop_gradient(masked_max(values, mask, axis=axis, keepdims=True))
+    values = ops.convert_to_tensor(values)
+    mask = ops.cast(mask, "bool")
+    any_entry = ops.any(mask, axis=axis, keepdims=True)
+    shift = ops.stop_gradient(masked_max(values, mask, axis=axis, keepdims=True))
     if add_one:
-        shift = tf.maximum(shift, tf.zeros_like(shift))
-    exp = tf.where(mask, tf.exp(tf.where(mask, values - shift, tf.zeros_like(values))), tf.zeros_like(values))
-    total = tf.reduce_sum(exp, axis=axis, keepdims=True)
+        shift = ops.maximum(shift, ops.zeros_like(shift))
+    exp = ops.where(mask, ops.exp(ops.where(mask, values - shift, ops.zeros_like(values))), ops.zeros_like(values))
+    total = ops.sum(exp, axis=axis, keepdims=True)
     if add_one:
-        total = total + tf.exp(-shift)
-    result = tf.where(
-        any_entry, shift + tf.math.log(tf.where(any_entry, total, tf.ones_like(total))), tf.zeros_like(total)
+        total = total + ops.exp(-shift)
+    result = ops.where(
+        any_entry, shift + ops.log(ops.where(any_entry, total, ops.ones_like(total))), ops.zeros_like(total)
     )
-    return result if keepdims else tf.squeeze(result, axis=axis)
+    return result if keepdims else ops.squeeze(result, axis=axis)

@@ -13,7 +13,7 @@ Losses that accept references take `references=None` (the batch itself, the usua
 
 from typing import NamedTuple
 
-import tensorflow as tf
+from keras import ops
 
 from tfdml.ops.masks import negative_mask, positive_mask, same_label_mask
 
@@ -28,10 +28,10 @@ class References(NamedTuple):
         valid: bool `[G]`, the rows that hold a reference.
     """
 
-    labels: tf.Tensor
-    embeddings: tf.Tensor
-    query_columns: tf.Tensor
-    valid: tf.Tensor
+    labels: object
+    embeddings: object
+    query_columns: object
+    valid: object
 
 
 def reference_embeddings(references):
@@ -49,11 +49,11 @@ def pair_masks(labels, references=None, include_self=False):
     """
     if references is None:
         return (same_label_mask(labels) if include_self else positive_mask(labels)), negative_mask(labels)
-    valid = references.valid[None, :]
+    valid = ops.cast(references.valid, "bool")[None, :]
     same = same_label_mask(labels, references.labels)
-    positives = same & valid
+    positives = ops.logical_and(same, valid)
     if not include_self:
-        columns = tf.range(tf.shape(references.labels)[0], dtype=tf.int32)
-        own_copy = tf.equal(references.query_columns[:, None], columns[None, :])
-        positives = positives & tf.logical_not(own_copy)
-    return positives, tf.logical_not(same) & valid
+        columns = ops.arange(ops.shape(references.labels)[0], dtype="int32")
+        own_copy = ops.equal(ops.cast(references.query_columns, "int32")[:, None], columns[None, :])
+        positives = ops.logical_and(positives, ops.logical_not(own_copy))
+    return positives, ops.logical_and(ops.logical_not(same), valid)

@@ -19,6 +19,12 @@ per term to the same reduction, so that with every weight 1 they train exactly t
                    loss (`divisors`)
 - `extra`: a term that is not a tuple's and is never weighted (the margin loss's `nu * beta` regulariser).
 
+A loss writes its terms once, densely with static shapes (`dense=True`): `values` is `[B, G]` for pairs (query
+`i`, reference `j`) or `[B, B, G]` for triplets (anchor, positive, negative), with a bool `valid` mask of the same
+shape; its value is `reduce_terms` of them (no variable-length list, so it runs on every backend and under XLA).
+`listed()` turns them into the `[T]` list of the valid tuples (`values [T]`, `indices [T, k]`), which methods
+that weight tuples one by one (DML-ALA) read; both reduce to the same value.
+
 The weights enter the divisor too: a weight 0 removes a tuple from the sum and from the count (the mean of
 the others, as if it had not been mined), and scaling all the weights of a group by a constant changes
 nothing. The divisors are piecewise constant in the embeddings, so `L(w) = sum_i u_i(w) v_i + extra` with
@@ -27,7 +33,7 @@ nothing. The divisors are piecewise constant in the embeddings, so `L(w) = sum_i
 
 import dataclasses
 
-import tensorflow as tf
+from keras import ops
 
 from tfdml.ops.reductions import safe_divide
 
@@ -40,25 +46,31 @@ class TupleTerms:
     """The unreduced terms of a tuple loss on one batch (module docstring).
 
     Attributes:
-        values: float `[T]`, one loss term per tuple (differentiable in the embeddings and loss variables).
+        values: float, one loss term per tuple (differentiable in the embeddings and loss variables): `[T]`
+            when listed; dense `[B, G]` (pairs) or `[B, B, G]` (triplets) with `valid`.
         indices: int32 `[T, 3]` `(anchor, positive, negative)` rows for `kind="triplet"`, `[T, 2]` `(i, j)`
-            for `kind="pair"`.
+            for `kind="pair"` (listed terms; None for dense ones).
         kind: "triplet" or "pair".
         reduction: "mean", "mean_active" or "divisor".
-        divisors: float `[T]` (constants), each term's share of the divisor for `reduction="divisor"`.
-        groups: int32 `[T]` in `[0, num_groups)`: terms reduced separately, then added (None: one group).
+        divisors: float, shaped as `values` (constants), each term's share of the divisor for
+            `reduction="divisor"`.
+        groups: int32, shaped as `values`, in `[0, num_groups)`: terms reduced separately, then added (None:
+            one group).
         num_groups: number of groups.
         extra: scalar added after the reduction, never weighted (None: 0).
+        valid: bool, shaped as `values`, for dense terms: the entries that are tuples (None: listed terms).
+            Entries outside it hold a finite value (0) and count in no sum.
     """
 
-    values: tf.Tensor
-    indices: tf.Tensor
+    values: object
+    indices: object
     kind: str
     reduction: str
-    divisors: tf.Tensor = None
-    groups: tf.Tensor = None
+    divisors: object = None
+    groups: object = None
     num_groups: int = 1
-    extra: tf.Tensor = None
+    extra: object = None
+    valid: object = None
 
     def __post_init__(self):
         if self.kind not in TUPLE_KINDS:
@@ -69,44 +81,96 @@ class TupleTerms:
             raise ValueError('TupleTerms takes divisors with reduction="divisor", and only then.')
         if (self.groups is None) != (self.num_groups == 1):
             raise ValueError("TupleTerms takes groups exactly when num_groups > 1.")
+        if (self.valid is None) == (self.indices is None):
+            raise ValueError("TupleTerms takes indices (listed terms) or a valid mask (dense terms), not both.")
 
     def term_divisors(self):
         """`d_i` of each term (constants: gradients stopped)."""
         values = self.values
         if self.reduction == "mean":
-            return tf.ones_like(values)
+            return ops.ones_like(values)
         if self.reduction == "mean_active":
-            return tf.cast(tf.stop_gradient(values) > 0, values.dtype)
-        return tf.stop_gradient(tf.cast(self.divisors, values.dtype))
+            return ops.cast(ops.stop_gradient(values) > 0, values.dtype)
+        return ops.stop_gradient(ops.cast(self.divisors, values.dtype))
+
+    def flat(self):
+        """Dense terms as one `[B*G]` (or `[B*B*G]`) axis, with `valid` as the weights' mask."""
+        if self.valid is None:
+            return self
+
+        def flatten(x):
+            return None if x is None else ops.reshape(x, (-1,))
+
+        return dataclasses.replace(
+            self,
+            values=flatten(self.values),
+            divisors=flatten(self.divisors),
+            groups=flatten(self.groups),
+            valid=flatten(self.valid),
+        )
+
+    def listed(self):
+        """The valid tuples of dense terms as a list: `values [T]`, `indices [T, k]` in row-major order (a
+        data-dependent length: eager code and TensorFlow graphs). Listed terms are returned as they are."""
+        if self.valid is None:
+            return self
+        flat = self.flat()
+        (positions,) = ops.nonzero(flat.valid)
+        positions = ops.cast(positions, "int32")
+        indices, rest = [], positions
+        for size in reversed(tuple(ops.shape(self.valid))):
+            indices.insert(0, rest % size)
+            rest = rest // size
+
+        def take(x):
+            return None if x is None else ops.take(x, positions)
+
+        return dataclasses.replace(
+            flat,
+            values=take(flat.values),
+            indices=ops.stack(indices, axis=1),
+            divisors=take(flat.divisors),
+            groups=take(flat.groups),
+            valid=None,
+        )
 
 
 def _group_sum(values, terms):
     if terms.groups is None:
-        return tf.reduce_sum(values, keepdims=True)
-    return tf.math.unsorted_segment_sum(values, terms.groups, terms.num_groups)
+        return ops.sum(values, keepdims=True)
+    # A one-hot sum: few groups, and every backend keeps the values' dtype.
+    one_hot = ops.one_hot(ops.cast(terms.groups, "int32"), terms.num_groups, dtype=values.dtype)
+    return ops.sum(one_hot * values[:, None], axis=0)
 
 
 def _check_weights(terms, weights):
+    mask = None if terms.valid is None else ops.cast(terms.valid, terms.values.dtype)
     if weights is None:
-        return tf.ones_like(terms.values)
-    weights = tf.cast(tf.convert_to_tensor(weights), terms.values.dtype)
-    if weights.shape.rank is not None and weights.shape.rank != 1:
-        raise ValueError(f"weights must be one value per term, [T], got shape {weights.shape}.")
-    return weights
+        return ops.ones_like(terms.values) if mask is None else mask
+    weights = ops.cast(weights, terms.values.dtype)
+    if len(weights.shape) != len(terms.values.shape):
+        raise ValueError(
+            f"weights must be one value per term, {tuple(terms.values.shape)}, got shape {tuple(weights.shape)}."
+        )
+    return weights if mask is None else weights * mask
 
 
 def term_coefficients(terms, weights=None):
     """`u_i(w) = w_i / sum_{j in g(i)} w_j d_j`: the reduction's coefficient of each term, `L(w) = sum u_i v_i
     + extra` (0 in a group whose weighted divisor is 0). Differentiable in `weights`; constant in the values.
+    Shaped as `terms.values` (dense terms: 0 outside `valid`).
     """
     weights = _check_weights(terms, weights)
+    shape = ops.shape(weights)
+    terms, weights = terms.flat(), ops.reshape(weights, (-1,))
     divisor = _group_sum(weights * terms.term_divisors(), terms)
-    per_term = divisor[0] if terms.groups is None else tf.gather(divisor, terms.groups)
-    return safe_divide(weights, per_term * tf.ones_like(weights))
+    per_term = divisor[0] if terms.groups is None else ops.take(divisor, ops.cast(terms.groups, "int32"))
+    return ops.reshape(safe_divide(weights, per_term * ops.ones_like(weights)), shape)
 
 
 def reduce_terms(terms, weights=None):
-    """The loss value of `terms` with per-term `weights` (`[T]`, default all 1: exactly the loss's value).
+    """The loss value of `terms` with per-term `weights` (shaped as `terms.values`, default all 1: exactly the
+    loss's value).
 
     Example:
         >>> loss = tfdml.losses.ContrastiveLoss()
@@ -114,7 +178,7 @@ def reduce_terms(terms, weights=None):
         >>> reduce_terms(terms)                     # == loss.compute(labels, embeddings)
         >>> reduce_terms(terms, weights)            # the same loss, tuples re-weighted
     """
-    value = tf.reduce_sum(term_coefficients(terms, weights) * terms.values)
+    value = ops.sum(term_coefficients(terms, weights) * terms.values)
     if terms.extra is not None:
-        value = value + tf.cast(terms.extra, value.dtype)
+        value = value + ops.cast(terms.extra, value.dtype)
     return value

@@ -1,0 +1,34 @@
+"""The reference cases of the stateless losses (`tests/backend_neutral`) on every Keras 3 backend: TensorFlow
+in this process, JAX and PyTorch each in a subprocess (Keras fixes its backend per process), plus a
+`model.fit` per listed loss on each. A backend that is not installed is skipped with the reason."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from tests.backend_neutral import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_reference_cases_on_tensorflow():
+    assert keras.backend.backend() == "tensorflow"
+    failures = [line for line in map(run.check_case, run.CASES) if line]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("backend, module", [("jax", "jax"), ("torch", "torch")])
+def test_reference_cases_and_fit_on_other_backends(backend, module):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install tfdml[test])")
+    env = dict(os.environ, KERAS_BACKEND=backend, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.backend_neutral.run"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert f"{backend}: {len(run.CASES)} cases, {len(run.FIT_LOSSES)} fits, 0 failures" in result.stdout
