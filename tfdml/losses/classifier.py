@@ -17,14 +17,14 @@ weight) gives a finite gradient where `arccos` would give NaN.
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.proxies import ProxyLoss
 from tfdml.ops import as_scalar, pairwise_cosine_similarity, safe_sqrt, validate_inputs
 
 
 def _cross_entropy(labels, logits):
-    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    return ops.mean(ops.sparse_categorical_crossentropy(labels, logits, from_logits=True))
 
 
 def _normalized_softmax_loss(labels, embeddings, proxies, temperature):
@@ -34,7 +34,7 @@ def _normalized_softmax_loss(labels, embeddings, proxies, temperature):
 
 def _cosface_loss(labels, embeddings, proxies, margin, scale):
     cos = pairwise_cosine_similarity(embeddings, proxies)
-    target = tf.one_hot(labels, tf.shape(proxies)[0], dtype=cos.dtype)
+    target = ops.one_hot(labels, proxies.shape[0], dtype=cos.dtype)
     return _cross_entropy(labels, as_scalar(scale, cos.dtype) * (cos - as_scalar(margin, cos.dtype) * target))
 
 
@@ -42,12 +42,12 @@ def _arcface_loss(labels, embeddings, proxies, margin, scale):
     """`margin` in radians."""
     cos = pairwise_cosine_similarity(embeddings, proxies)
     dtype = cos.dtype
-    target = tf.one_hot(labels, tf.shape(proxies)[0], dtype=dtype)
-    target_cos = tf.clip_by_value(tf.reduce_sum(cos * target, axis=1), -1.0, 1.0)
+    target = ops.one_hot(labels, proxies.shape[0], dtype=dtype)
+    target_cos = ops.clip(ops.sum(cos * target, axis=1), -1.0, 1.0)
     cos_m, sin_m = as_scalar(math.cos(margin), dtype), as_scalar(math.sin(margin), dtype)
-    sin_theta = safe_sqrt(1.0 - tf.square(target_cos))
+    sin_theta = safe_sqrt(1.0 - ops.square(target_cos))
     # theta <= pi - m  <=>  cos(theta) >= cos(pi - m) = -cos(m); beyond it the logit keeps decreasing linearly.
-    modified = tf.where(
+    modified = ops.where(
         target_cos >= -cos_m,
         target_cos * cos_m - sin_theta * sin_m,
         target_cos - as_scalar(margin * math.sin(margin), dtype),
@@ -59,20 +59,20 @@ def _arcface_loss(labels, embeddings, proxies, margin, scale):
 def normalized_softmax_loss(labels, embeddings, proxies, temperature=0.05):
     """NormSoftmax: cross-entropy of the cosine similarities to the `[C, D]` class weights over `temperature`."""
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _normalized_softmax_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), temperature)
+    return _normalized_softmax_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), temperature)
 
 
 def cosface_loss(labels, embeddings, proxies, margin=0.35, scale=64.0):
     """CosFace (large margin cosine loss): `CE(scale (cos - margin [c == y]), y)`."""
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _cosface_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), margin, scale)
+    return _cosface_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), margin, scale)
 
 
 def arcface_loss(labels, embeddings, proxies, margin=28.6, scale=64.0):
     """ArcFace (additive angular margin), `margin` in degrees (28.6 = 0.5 rad, PML's default); see the module
     docstring."""
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _arcface_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), math.radians(margin), scale)
+    return _arcface_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), math.radians(margin), scale)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")

@@ -35,9 +35,10 @@ Losses whose pairs can run to a separate reference set (`supports_references`): 
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.base import _state_variable, _WrappedLoss
+from tfdml.losses.memory import RingBuffer, require_tensorflow
 from tfdml.ops import References
 
 # Attributes of the wrapped loss that the wrapper passes through (the RLL temperature schedule's step binding,
@@ -74,6 +75,7 @@ class CrossBatchMemory(_WrappedLoss):
     """
 
     def __init__(self, loss, memory_size=1024, embedding_dim=None, start_step=0, name="cross_batch_memory", **kwargs):
+        require_tensorflow("CrossBatchMemory")
         super().__init__(loss, name=name, **kwargs)
         loss = self.loss
         if not loss.supports_references:
@@ -106,12 +108,8 @@ class CrossBatchMemory(_WrappedLoss):
         """`(embeddings [M, D], labels [M], count, steps)`, created on first use (inside a strategy's scope
         when the loss is compiled there, so that they are mirrored)."""
         if self._state is None:
-            self._state = (
-                _state_variable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "xbm_embeddings"),
-                _state_variable(np.zeros(self.memory_size), "int32", "xbm_labels"),
-                _state_variable(0, "int64", "xbm_count"),
-                _state_variable(0, "int64", "xbm_steps"),
-            )
+            self._buffer = RingBuffer(self.memory_size, self.embedding_dim, self.dtype, "xbm")
+            self._state = (*self._buffer.variables, _state_variable(0, "int64", "xbm_steps"))
         return self._state
 
     @property
@@ -135,9 +133,8 @@ class CrossBatchMemory(_WrappedLoss):
 
     def stored(self):
         """`(labels [n], embeddings [n, D])` of the filled slots in slot order, `n = min(count, memory_size)`."""
-        embeddings, labels, count, _ = self._variables()
-        filled = int(min(int(count.numpy()), self.memory_size))
-        return labels.numpy()[:filled], embeddings.numpy()[:filled]
+        self._variables()
+        return self._buffer.stored()
 
     def reset_memory(self):
         """Empties the queue and restarts the warm-up."""
@@ -148,7 +145,8 @@ class CrossBatchMemory(_WrappedLoss):
     def non_trainable_variables(self):
         return list(self._variables()) + super().non_trainable_variables
 
-    def _check_batch(self, labels, embeddings):
+    def _checked_labels(self, labels, embeddings):
+        """`labels`, after checking the batch's width and that it fits in the memory (at run time in a graph)."""
         width = embeddings.shape[-1]
         if width is not None and width != self.embedding_dim:
             raise ValueError(
@@ -162,42 +160,36 @@ class CrossBatchMemory(_WrappedLoss):
         if size is not None:
             if size > self.memory_size:
                 raise ValueError(f"{message} (batch of {size}).")
-            return []
-        return [tf.debugging.assert_less_equal(tf.shape(labels)[0], self.memory_size, message=message)]
+            return labels
+        import tensorflow as tf  # a graph's run-time check; this loss runs on TensorFlow only
+
+        check = tf.debugging.assert_less_equal(tf.shape(labels)[0], self.memory_size, message=message)
+        with tf.control_dependencies([check]):
+            return tf.identity(labels)
 
     def compute(self, labels, embeddings):
         if not self.training:
             return self.loss.compute(labels, embeddings)
-        checks = self._check_batch(labels, embeddings)
-        memory, memory_labels, count, steps = self._variables()
-        with tf.control_dependencies(checks):
-            batch = tf.shape(labels, out_type=tf.int64)[0]
-        size = self.memory_size
-        slots = tf.cast(tf.math.floormod(count.value + tf.range(batch, dtype=tf.int64), size), tf.int32)
-        new_embeddings = tf.tensor_scatter_nd_update(
-            memory.value, slots[:, None], tf.cast(tf.stop_gradient(embeddings), memory.dtype)
-        )
-        new_labels = tf.tensor_scatter_nd_update(memory_labels.value, slots[:, None], labels)
-        new_count = count.value + batch
+        labels = self._checked_labels(labels, embeddings)
+        self._variables()
+        buffer, steps = self._buffer, self.steps
+        new_labels, new_embeddings, new_count, slots = buffer.written(labels, embeddings)
         if self.start_step > 0:
             use_memory = steps.value >= self.start_step
-            new_embeddings = tf.where(use_memory, new_embeddings, memory.value)
-            new_labels = tf.where(use_memory, new_labels, memory_labels.value)
-            new_count = tf.where(use_memory, new_count, count.value)
-        memory.assign(new_embeddings)
-        memory_labels.assign(new_labels)
-        count.assign(new_count)
+            new_embeddings = ops.where(use_memory, new_embeddings, buffer.embeddings.value)
+            new_labels = ops.where(use_memory, new_labels, buffer.labels.value)
+            new_count = ops.where(use_memory, new_count, buffer.count.value)
+        buffer.assign(new_labels, new_embeddings, new_count)
         steps.assign(steps.value + 1)
-
-        valid = tf.range(size, dtype=tf.int64) < tf.minimum(new_count, size)
-        references = References(new_labels, tf.cast(new_embeddings, embeddings.dtype), slots, valid)
+        valid = buffer.valid(new_count)
+        references = References(new_labels, ops.cast(new_embeddings, embeddings.dtype), slots, valid)
 
         def with_memory():
             return self.loss.compute(labels, embeddings, references)
 
         if self.start_step == 0:
             return with_memory()
-        return tf.cond(use_memory, with_memory, lambda: self.loss.compute(labels, embeddings))
+        return ops.cond(use_memory, with_memory, lambda: self.loss.compute(labels, embeddings))
 
     def get_config(self):
         config = super().get_config()

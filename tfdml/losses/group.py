@@ -12,22 +12,27 @@ Gradients flow through `W` (the embeddings) and the prior (the logits).
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.base import MetricLoss
+from tfdml.losses.label_checks import check_label_range
 from tfdml.ops import pairwise_pearson_similarity, same_label_mask, validate_embeddings, validate_inputs
 
 _LOG_EPSILON = 1e-12
 _LOG_ZERO = -1e30
 
 
+def _positions(labels):
+    """int32 `[B]`: `0, 1, ..., B - 1` (a cumulative sum, so that it needs no static batch size)."""
+    return ops.cumsum(ops.ones_like(labels, dtype="int32")) - 1
+
+
 def anchor_mask(labels, num_anchors):
     """`[B]` bool: true for the first `num_anchors` samples (in batch order) of each class."""
-    same = tf.cast(same_label_mask(labels), tf.int32)
-    # earlier[i, j] = 1 for j < i: rank of sample i among its class = same-class samples before it.
-    size = tf.shape(labels)[0]
-    earlier = tf.linalg.band_part(tf.ones([size, size], tf.int32), -1, 0) - tf.eye(size, dtype=tf.int32)
-    rank = tf.reduce_sum(same * earlier, axis=1)
+    positions = _positions(labels)
+    # earlier[i, j]: j comes before i; the rank of sample i among its class = same-class samples before it.
+    earlier = positions[None, :] < positions[:, None]
+    rank = ops.sum(ops.cast(same_label_mask(labels) & earlier, "int32"), axis=1)
     return rank < num_anchors
 
 
@@ -49,13 +54,13 @@ def replicator_dynamics(similarity, log_probabilities, num_iterations=1):
         `[B, m]` log of `X(num_iterations)`.
     """
     log_x = log_probabilities
-    floor = tf.constant(np.sqrt(np.finfo(log_x.dtype.as_numpy_dtype).tiny), log_x.dtype)
+    floor = float(np.sqrt(np.finfo(keras.backend.standardize_dtype(log_x.dtype)).tiny))
     for _ in range(num_iterations):
-        shift = tf.stop_gradient(tf.reduce_max(log_x, axis=0, keepdims=True))
-        support = tf.matmul(similarity, tf.exp(log_x - shift))
-        updated = tf.nn.log_softmax(log_x + shift + tf.math.log(tf.maximum(support, floor)), axis=1)
-        isolated = tf.reduce_all(support <= floor, axis=1, keepdims=True)
-        log_x = tf.where(isolated, log_x, updated)
+        shift = ops.stop_gradient(ops.max(log_x, axis=0, keepdims=True))
+        support = ops.matmul(similarity, ops.exp(log_x - shift))
+        updated = ops.log_softmax(log_x + shift + ops.log(ops.maximum(support, floor)), axis=1)
+        isolated = ops.all(support <= floor, axis=1, keepdims=True)
+        log_x = ops.where(isolated, log_x, updated)
     return log_x
 
 
@@ -70,20 +75,20 @@ def _check_group_params(temperature, num_iterations, num_anchors):
 
 def _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anchors, ce_weight, zero_diagonal):
     """Group Loss on validated inputs (int32 labels, float embeddings and logits of the same dtype)."""
-    num_classes = tf.shape(logits)[1]
-    similarity = tf.nn.relu(pairwise_pearson_similarity(embeddings))
-    diagonal = tf.zeros if zero_diagonal else tf.ones
-    similarity = tf.linalg.set_diag(similarity, diagonal(tf.shape(labels), dtype=similarity.dtype))
-    log_prior = tf.nn.log_softmax(logits / tf.cast(temperature, logits.dtype), axis=1)
-    one_hot = tf.one_hot(labels, num_classes, dtype=log_prior.dtype)
+    num_classes = logits.shape[-1]
+    similarity = ops.relu(pairwise_pearson_similarity(embeddings))
+    positions = _positions(labels)
+    diagonal = ops.cast(positions[:, None] == positions[None, :], similarity.dtype)
+    similarity = similarity * (1.0 - diagonal) + (0.0 if zero_diagonal else diagonal)
+    log_prior = ops.log_softmax(logits / ops.cast(temperature, logits.dtype), axis=1)
+    one_hot = ops.one_hot(labels, num_classes, dtype=log_prior.dtype)
     # log of the anchors' one-hot rows; -1e30 stands for log 0 (exp gives exactly 0, sums stay finite).
-    log_zero = tf.fill(tf.shape(one_hot), tf.constant(_LOG_ZERO, one_hot.dtype))
-    log_one_hot = tf.where(one_hot > 0, tf.zeros_like(one_hot), log_zero)
-    log_prior = tf.where(anchor_mask(labels, num_anchors)[:, None], log_one_hot, log_prior)
+    log_one_hot = ops.where(one_hot > 0, 0.0, ops.cast(_LOG_ZERO, one_hot.dtype))
+    log_prior = ops.where(anchor_mask(labels, num_anchors)[:, None], log_one_hot, log_prior)
     log_probabilities = replicator_dynamics(similarity, log_prior, num_iterations)
-    true_class = tf.exp(tf.reduce_sum(log_probabilities * one_hot, axis=1))
-    propagation = -tf.reduce_mean(tf.math.log(true_class + _LOG_EPSILON))
-    cross_entropy = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+    true_class = ops.exp(ops.sum(log_probabilities * one_hot, axis=1))
+    propagation = -ops.mean(ops.log(true_class + _LOG_EPSILON))
+    cross_entropy = ops.mean(ops.sparse_categorical_crossentropy(labels, logits, from_logits=True))
     return propagation + ce_weight * cross_entropy
 
 
@@ -116,15 +121,12 @@ def group_loss(
         raise ValueError(
             f"labels has {labels.shape[0]} entries but logits has {logits.shape[0]} rows; they must match."
         )
-    tf.debugging.assert_equal(
-        tf.shape(logits)[0], tf.shape(labels)[0], message="labels and logits must have the same batch size"
-    )
-    tf.debugging.assert_less(
+    labels = check_label_range(
         labels,
-        tf.shape(logits, out_type=labels.dtype)[1],
-        message="group_loss: labels must be < the number of logits columns",
+        logits.shape[-1],
+        "group_loss: labels must be < the number of logits columns",
+        "group_loss: labels must be >= 0",
     )
-    tf.debugging.assert_non_negative(labels, message="group_loss: labels must be >= 0")
     return _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anchors, ce_weight, zero_diagonal)
 
 
@@ -193,10 +195,12 @@ class GroupLoss(MetricLoss):
 
     def compute(self, labels, embeddings):
         embeddings, logits = self.split(embeddings)
-        tf.debugging.assert_less(
-            labels, self.num_classes, message=(f"{self.name}: labels must be < num_classes={self.num_classes}")
+        labels = check_label_range(
+            labels,
+            self.num_classes,
+            f"{self.name}: labels must be < num_classes={self.num_classes}",
+            f"{self.name}: labels must be >= 0",
         )
-        tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
         return _group_loss(
             labels,
             embeddings,

@@ -30,11 +30,12 @@ import dataclasses
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.base import MetricLoss, _state_variable, _WrappedLoss
 from tfdml.losses.cross_batch_memory import _positive_int
-from tfdml.ops import pairwise_distance, positive_mask, reduce_terms, safe_divide
+from tfdml.losses.memory import RingBuffer, require_tensorflow
+from tfdml.ops import masked_logsumexp, pairwise_distance, positive_mask, reduce_terms, safe_divide
 
 
 def _check_rate(value, name):
@@ -44,45 +45,81 @@ def _check_rate(value, name):
 
 
 # ------------------------------------------------------------------------------------------------ heuristic
+def _positions(vector):
+    """int32 `[N]`: `0, 1, ..., N - 1` for a `[N]` tensor (a cumulative sum: no static length needed)."""
+    return ops.cumsum(ops.ones_like(vector, dtype="int32")) - 1
+
+
+def _ranks(values, descending=False):
+    """int32 `[N]`: each entry's position in the sorted order of `values` (ties: the backend's sort order, the
+    lower index first on TensorFlow and JAX)."""
+    order = ops.argsort(-values if descending else values)
+    return ops.cast(ops.argsort(order), "int32")  # the inverse permutation
+
+
 def farthest_positive_pairs(labels, embeddings, drop_rate):
     """bool `[B, B]`, symmetric: the positive pairs `{i, j}` (same label, `i != j`) among the
     `round(drop_rate * P)` of the `P` unordered positive pairs of the batch with the largest distance
     `||f_i - f_j||` (halves rounded up; ties broken by row-major order). No gradient."""
-    embeddings = tf.stop_gradient(tf.convert_to_tensor(embeddings))
+    embeddings = ops.stop_gradient(ops.convert_to_tensor(embeddings))
     distances = pairwise_distance(embeddings)
-    size = tf.shape(labels)[0]
-    upper = tf.linalg.band_part(tf.ones([size, size], tf.bool), 0, -1)
-    pairs = tf.cast(tf.where(positive_mask(labels) & upper), tf.int32)  # [P, 2], i < j
-    values = tf.gather_nd(distances, pairs)
-    count = tf.shape(pairs)[0]
-    drop = tf.cast(tf.floor(tf.cast(count, tf.float64) * float(drop_rate) + 0.5), tf.int32)
-    _, farthest = tf.math.top_k(values, k=tf.minimum(drop, count))
-    chosen = tf.gather(pairs, farthest)
-    updates = tf.ones(tf.shape(chosen)[:1], tf.bool)
-    mask = tf.scatter_nd(chosen, updates, [size, size])
-    return mask | tf.transpose(mask)
+    positions = _positions(labels)
+    upper = positions[:, None] < positions[None, :]
+    pairs = positive_mask(labels) & upper
+    count = ops.sum(ops.cast(pairs, "float32"))
+    drop = ops.floor(count * float(drop_rate) + 0.5)
+    # Distances are >= 0: the -1 of the other entries ranks them after every pair.
+    flat_pairs = ops.reshape(pairs, (-1,))
+    ranks = _ranks(ops.where(flat_pairs, ops.reshape(distances, (-1,)), -1.0), descending=True)
+    chosen = ops.reshape(flat_pairs & (ops.cast(ranks, "float32") < drop), ops.shape(pairs))
+    return chosen | ops.transpose(chosen)
 
 
 # ------------------------------------------------------------------------------------------------ PRISM
+def _class_centres(memory_labels, memory_embeddings, memory_valid):
+    """`(centres [M, D], centre_labels [M], present bool [M])`: one row per class of the valid memory slots (the
+    mean of its embeddings), in label order, then rows that stand for no class (`present` false). Static
+    shapes: the slots sorted by label form one segment per class."""
+    valid = ops.cast(memory_valid, "bool")
+    size = memory_labels.shape[0]
+    # Empty slots sort last (their label is the largest int32) and weigh 0 in any segment they share.
+    keys = ops.where(valid, ops.cast(memory_labels, "int32"), np.iinfo(np.int32).max)
+    order = ops.argsort(keys)
+    sorted_labels = ops.take(keys, order)
+    sorted_valid = ops.take(valid, order)
+    weights = ops.cast(sorted_valid, memory_embeddings.dtype)[:, None]
+    starts = ops.concatenate([ops.ones_like(sorted_valid[:1]), sorted_labels[1:] != sorted_labels[:-1]], axis=0)
+    segment = ops.cumsum(ops.cast(starts, "int32")) - 1
+    sums = ops.segment_sum(ops.take(memory_embeddings, order, axis=0) * weights, segment, num_segments=size)
+    sizes = ops.segment_sum(weights, segment, num_segments=size)
+    centre_labels = ops.segment_max(sorted_labels, segment, num_segments=size)
+    return safe_divide(sums, sizes), centre_labels, sizes[:, 0] > 0
+
+
 def prism_clean_probability(labels, embeddings, memory_labels, memory_embeddings, memory_valid):
     """PRISM's probability that each label of the batch is clean, float `[B]` (no gradient).
 
     `p_i = exp(f_i . c_{y_i}) / sum_k exp(f_i . c_k)`, `c_k` the mean of the valid memory embeddings of class
     `k` and the sum over the classes with a valid memory entry; 1 where class `y_i` has none.
     """
-    embeddings = tf.stop_gradient(tf.convert_to_tensor(embeddings))
-    memory_embeddings = tf.cast(memory_embeddings, embeddings.dtype)
-    stored_labels = tf.boolean_mask(memory_labels, memory_valid)
-    stored = tf.boolean_mask(memory_embeddings, memory_valid)
-    classes, slot_class = tf.unique(stored_labels)
-    count = tf.shape(classes)[0]
-    sums = tf.math.unsorted_segment_sum(stored, slot_class, count)
-    sizes = tf.math.unsorted_segment_sum(tf.ones_like(stored[:, :1]), slot_class, count)
-    centres = safe_divide(sums, sizes)  # [K, D]
-    logits = tf.matmul(embeddings, centres, transpose_b=True)  # [B, K]
-    own = tf.equal(labels[:, None], classes[None, :])
-    log_p = tf.reduce_sum(tf.where(own, logits, tf.zeros_like(logits)), axis=1) - tf.reduce_logsumexp(logits, 1)
-    return tf.where(tf.reduce_any(own, axis=1), tf.exp(log_p), tf.ones_like(log_p))
+    embeddings = ops.stop_gradient(ops.convert_to_tensor(embeddings))
+    memory_labels = ops.convert_to_tensor(memory_labels)
+    memory_embeddings = ops.cast(memory_embeddings, embeddings.dtype)
+    centres, centre_labels, present = _class_centres(memory_labels, memory_embeddings, memory_valid)
+    logits = ops.matmul(embeddings, ops.transpose(centres))  # [B, M]
+    own = (ops.cast(labels, centre_labels.dtype)[:, None] == centre_labels[None, :]) & present[None, :]
+    log_p = ops.sum(ops.where(own, logits, 0.0), axis=1) - masked_logsumexp(logits, present[None, :], axis=1)
+    return ops.where(ops.any(own, axis=1), ops.exp(log_p), 1.0)
+
+
+def _pushed(window, window_count, value):
+    """The window with `value` appended: at slot `window_count` of a window that is not full, else at the end
+    after the oldest value leaves."""
+    width = window.shape[0]
+    slots = _positions(window)
+    full = window_count >= width
+    shifted = ops.where(full, ops.roll(window, -1), window)
+    return ops.where(slots == ops.minimum(window_count, width - 1), ops.cast(value, window.dtype), shifted)
 
 
 def prism_keep(scores, noise_rate, window, window_count, has_memory=True):
@@ -95,33 +132,26 @@ def prism_keep(scores, noise_rate, window, window_count, has_memory=True):
     latest value), every sample but the `r` lowest is kept. Without memory (`has_memory` False) every sample
     is kept and the window is unchanged.
     """
-    scores = tf.convert_to_tensor(scores)
-    size = tf.shape(scores)[0]
-    width = tf.shape(window)[0]
-    removed = tf.cast(tf.floor(tf.cast(size, tf.float64) * float(noise_rate)), tf.int32)
-    order = tf.argsort(scores, stable=True)
-    lowest = tf.scatter_nd(order[:removed, None], tf.ones([removed], tf.bool), [size])
-    quantile = tf.gather(scores, order[tf.maximum(removed - 1, 0)])
-    push = (removed > 0) & tf.math.is_finite(quantile) & tf.not_equal(quantile, 1) & has_memory
-    window = tf.convert_to_tensor(window)
-    shifted = tf.where(
-        window_count < width,
-        tf.tensor_scatter_nd_update(window, [[tf.minimum(window_count, width - 1)]], [tf.cast(quantile, window.dtype)]),
-        tf.concat([window[1:], tf.cast(quantile[None], window.dtype)], axis=0),
-    )
-    window = tf.where(push, shifted, window)
-    window_count = tf.where(push, tf.minimum(window_count + 1, width), window_count)
-    filled = tf.range(width) < window_count
-    threshold = safe_divide(tf.reduce_sum(tf.where(filled, window, tf.zeros_like(window))), window_count)
-    above = scores > tf.cast(threshold, scores.dtype)
-    nobody = tf.logical_not(tf.reduce_any(above))
-    use_window = (window_count > 0) & tf.logical_not(nobody)
-    keep = tf.where(use_window, above, tf.logical_not(lowest))
-    latest = tf.gather(window, tf.maximum(window_count - 1, 0))
+    scores, window = ops.convert_to_tensor(scores), ops.convert_to_tensor(window)
+    window_count = ops.cast(window_count, "int32")
+    removed = ops.cast(ops.floor(ops.cast(ops.shape(scores)[0], "float32") * float(noise_rate)), "int32")
+    ranks = _ranks(scores)
+    lowest = ranks < removed
+    quantile = ops.sum(ops.where(ranks == ops.maximum(removed - 1, 0), scores, 0.0))
+    push = (removed > 0) & ops.isfinite(quantile) & (quantile != 1) & has_memory
+    width = window.shape[0]
+    window = ops.where(push, _pushed(window, window_count, quantile), window)
+    window_count = ops.where(push, ops.minimum(window_count + 1, width), window_count)
+    slots = _positions(window)
+    threshold = safe_divide(ops.sum(ops.where(slots < window_count, window, 0.0)), window_count)
+    above = scores > ops.cast(threshold, scores.dtype)
+    nobody = ops.logical_not(ops.any(above))
+    keep = ops.where((window_count > 0) & ops.logical_not(nobody), above, ops.logical_not(lowest))
+    latest = ops.sum(ops.where(slots == ops.maximum(window_count - 1, 0), window, 0.0))
     reset = (window_count > 0) & nobody
-    window = tf.where(reset, tf.tensor_scatter_nd_update(window, [[0]], [latest]), window)
-    window_count = tf.where(reset, tf.ones_like(window_count), window_count)
-    keep = tf.where(has_memory, keep, tf.ones_like(keep))
+    window = ops.where(reset & (slots == 0), latest, window)
+    window_count = ops.where(reset, 1, window_count)
+    keep = ops.where(has_memory, keep, True)
     return keep, window, window_count
 
 
@@ -160,10 +190,15 @@ class SmallLossWeighting(_WrappedLoss):
         self.drop_rate = _check_rate(drop_rate, "drop_rate")
 
     def weights(self, labels, embeddings, terms):
-        """Float `[T]`: 0 for the terms on a dropped positive pair, 1 for the others."""
+        """Float, one per term (shaped as `terms.values`): 0 for the terms on a dropped positive pair, else 1."""
         dropped = farthest_positive_pairs(labels, embeddings, self.drop_rate)
-        hit = tf.gather_nd(dropped, tf.cast(terms.indices[:, :2], tf.int32))
-        return 1 - tf.cast(hit, terms.values.dtype)
+        if getattr(terms, "valid", None) is None:  # listed terms: their (anchor, positive) rows
+            size = ops.shape(dropped)[0]
+            flat = ops.cast(terms.indices[:, 0], "int32") * size + ops.cast(terms.indices[:, 1], "int32")
+            hit = ops.take(ops.reshape(dropped, (-1,)), flat)
+        else:  # dense terms: [B, B] pairs or [B, B, B] (anchor, positive, negative) triplets
+            hit = dropped if terms.kind == "pair" else dropped[:, :, None]
+        return 1 - ops.cast(hit, terms.values.dtype) * ops.ones_like(terms.values)
 
     @property
     def tuple_kind(self):
@@ -178,10 +213,13 @@ class SmallLossWeighting(_WrappedLoss):
         a weight 0 removes a term from the sums and the counts), so that a method weighting tuples, such as
         `tfdml.models.ALAModel`, weighs the kept ones."""
         terms = self.loss.terms(labels, embeddings)
-        kept = tf.where(self.weights(labels, embeddings, terms) > 0)[:, 0]
+        kept = self.weights(labels, embeddings, terms) > 0
+        if getattr(terms, "valid", None) is not None:  # dense terms: a smaller mask of the tuples
+            return dataclasses.replace(terms, valid=terms.valid & kept)
+        (kept,) = ops.nonzero(kept)  # listed terms: the kept rows (a data-dependent length)
 
         def keep(values):
-            return None if values is None else tf.gather(values, kept)
+            return None if values is None else ops.take(values, kept, axis=0)
 
         return dataclasses.replace(
             terms,
@@ -224,6 +262,7 @@ class PRISM(_WrappedLoss):
     """
 
     def __init__(self, loss, noise_rate, memory_size, embedding_dim, window_size=30, name="prism", **kwargs):
+        require_tensorflow("PRISM")
         super().__init__(loss, name=name, **kwargs)
         self.noise_rate = _check_rate(noise_rate, "noise_rate")
         self.memory_size = _positive_int(memory_size, "memory_size")
@@ -235,10 +274,9 @@ class PRISM(_WrappedLoss):
     def _variables(self):
         """`(embeddings [M, D], labels [M], count, window [W], window count)`, created on first use."""
         if self._state is None:
+            self._buffer = RingBuffer(self.memory_size, self.embedding_dim, self.dtype, "prism")
             self._state = (
-                _state_variable(np.zeros((self.memory_size, self.embedding_dim)), self.dtype, "prism_embeddings"),
-                _state_variable(np.zeros(self.memory_size), "int32", "prism_labels"),
-                _state_variable(0, "int64", "prism_count"),
+                *self._buffer.variables,
                 _state_variable(np.zeros(self.window_size), "float64", "prism_window"),
                 _state_variable(0, "int32", "prism_window_count"),
             )
@@ -251,9 +289,8 @@ class PRISM(_WrappedLoss):
 
     def stored(self):
         """`(labels [n], embeddings [n, D])` of the filled slots in slot order, `n = min(count, memory_size)`."""
-        embeddings, labels, count = (v.value.numpy() for v in self._variables()[:3])
-        filled = int(min(count, self.memory_size))
-        return labels[:filled], embeddings[:filled]
+        self._variables()
+        return self._buffer.stored()
 
     @property
     def non_trainable_variables(self):
@@ -261,22 +298,20 @@ class PRISM(_WrappedLoss):
 
     def select(self, labels, embeddings):
         """The keep mask of a training batch (bool `[B]`); updates the window and enqueues the kept samples."""
-        memory, memory_labels, count, window, window_count = self._variables()
-        size = self.memory_size
+        _, _, _, window, window_count = self._variables()
+        buffer = self._buffer
         batch = labels.shape[0]
-        if batch is not None and batch > size:
-            raise ValueError(f"{self.name}: a (global) batch of {batch} exceeds memory_size={size}; raise it.")
-        valid = tf.range(size, dtype=tf.int64) < tf.minimum(count.value, size)
-        scores = prism_clean_probability(labels, embeddings, memory_labels.value, memory.value, valid)
-        keep, new_window, new_count = prism_keep(
-            tf.cast(scores, tf.float64), self.noise_rate, window.value, window_count.value, count.value > 0
+        if batch is not None and batch > self.memory_size:
+            raise ValueError(
+                f"{self.name}: a (global) batch of {batch} exceeds memory_size={self.memory_size}; raise it."
+            )
+        scores = prism_clean_probability(
+            labels, embeddings, buffer.labels.value, buffer.embeddings.value, buffer.valid()
         )
-        kept = tf.cast(tf.where(keep)[:, 0], tf.int32)
-        slots = tf.cast(tf.math.floormod(count.value + tf.range(tf.size(kept), dtype=tf.int64), size), tf.int32)
-        stored = tf.cast(tf.gather(tf.stop_gradient(embeddings), kept), memory.dtype)
-        memory.assign(tf.tensor_scatter_nd_update(memory.value, slots[:, None], stored))
-        memory_labels.assign(tf.tensor_scatter_nd_update(memory_labels.value, slots[:, None], tf.gather(labels, kept)))
-        count.assign(count.value + tf.cast(tf.size(kept), tf.int64))
+        keep, new_window, new_count = prism_keep(
+            ops.cast(scores, "float64"), self.noise_rate, window.value, window_count.value, buffer.count.value > 0
+        )
+        buffer.assign(*buffer.written(labels, embeddings, keep)[:3])
         window.assign(new_window)
         window_count.assign(new_count)
         return keep
@@ -285,6 +320,8 @@ class PRISM(_WrappedLoss):
         if not self.training:
             return self.loss.compute(labels, embeddings)
         keep = self.select(labels, embeddings)
+        import tensorflow as tf  # the kept samples, a batch of data-dependent size: PRISM runs on TensorFlow only
+
         return self.loss.compute(tf.boolean_mask(labels, keep), tf.boolean_mask(embeddings, keep))
 
     def get_config(self):

@@ -19,7 +19,8 @@ sum over the negatives of both ends is a per-row logsumexp combined pairwise.
 """
 
 import keras
-import tensorflow as tf
+import numpy as np
+from keras import ops
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
@@ -35,6 +36,7 @@ from tfdml.ops import (
     pairwise_distance,
     positive_mask,
     reference_embeddings,
+    safe_divide,
     validate_inputs,
 )
 
@@ -46,10 +48,10 @@ def multi_similarity_mining(similarity, positives, negatives, epsilon=0.1):
     negative plus epsilon), a negative pair `(i, k)` when `S_ik + epsilon > min_{j in P_i} S_ij`. An anchor
     without positives or without negatives keeps no pair. The masks carry no gradient.
     """
-    similarity = tf.stop_gradient(similarity)
+    similarity = ops.stop_gradient(similarity)
     epsilon = as_scalar(epsilon, similarity.dtype)
-    has_pos = tf.reduce_any(positives, axis=1, keepdims=True)
-    has_neg = tf.reduce_any(negatives, axis=1, keepdims=True)
+    has_pos = ops.any(positives, axis=1, keepdims=True)
+    has_neg = ops.any(negatives, axis=1, keepdims=True)
     hardest_neg = masked_max(similarity, negatives, axis=1, keepdims=True)
     hardest_pos = masked_min(similarity, positives, axis=1, keepdims=True)
     mined_pos = positives & has_neg & (similarity - epsilon < hardest_neg)
@@ -73,7 +75,7 @@ def _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon
     alpha, beta, base = (as_scalar(v, dtype) for v in (alpha, beta, base))
     pos_term = masked_logsumexp(-alpha * (sim - base), positives, axis=1, add_one=True) / alpha
     neg_term = masked_logsumexp(beta * (sim - base), negatives, axis=1, add_one=True) / beta
-    return tf.reduce_mean(pos_term + neg_term)
+    return ops.mean(pos_term + neg_term)
 
 
 def multi_similarity_loss(labels, embeddings, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1):
@@ -99,16 +101,16 @@ def _circle_loss(labels, embeddings, m, gamma, references=None):
     dtype = sim.dtype
     positives, negatives = pair_masks(labels, references)
     m, gamma = as_scalar(m, dtype), as_scalar(gamma, dtype)
-    const = tf.stop_gradient(sim)
+    const = ops.stop_gradient(sim)
     # Self-paced weights a_ij are constants (the paper and PML detach them).
-    pos_logits = -gamma * tf.nn.relu(1.0 + m - const) * (sim - (1.0 - m))
-    neg_logits = gamma * tf.nn.relu(const + m) * (sim - m)
-    per_anchor = tf.nn.softplus(
+    pos_logits = -gamma * ops.relu(1.0 + m - const) * (sim - (1.0 - m))
+    neg_logits = gamma * ops.relu(const + m) * (sim - m)
+    per_anchor = ops.softplus(
         masked_logsumexp(pos_logits, positives, axis=1) + masked_logsumexp(neg_logits, negatives, axis=1)
     )
-    complete = tf.reduce_any(positives, axis=1) & tf.reduce_any(negatives, axis=1)
+    complete = ops.any(positives, axis=1) & ops.any(negatives, axis=1)
     # PML's AvgNonZeroReducer: the mean over the anchors whose loss is > 0.
-    return mean_of_positive(tf.where(complete, per_anchor, tf.zeros_like(per_anchor)))
+    return mean_of_positive(ops.where(complete, per_anchor, 0.0))
 
 
 def circle_loss(labels, embeddings, m=0.4, gamma=80.0):
@@ -127,17 +129,17 @@ def circle_loss(labels, embeddings, m=0.4, gamma=80.0):
 
 def _pairwise_logaddexp_of_row_sums(values, mask):
     """`[B, B]` `log(sum_{mask_i} exp(values_i.) + sum_{mask_j} exp(values_j.))`, 0 where both rows are empty."""
-    has_any = tf.reduce_any(mask, axis=1)
+    has_any = ops.any(mask, axis=1)
     row_lse = masked_logsumexp(values, mask, axis=1)  # 0 for an empty row, masked out below
-    very_negative = tf.fill(tf.shape(row_lse), tf.constant(row_lse.dtype.min, row_lse.dtype))
-    row_lse = tf.where(has_any, row_lse, very_negative)
+    very_negative = float(np.finfo(keras.backend.standardize_dtype(row_lse.dtype)).min)
+    row_lse = ops.where(has_any, row_lse, very_negative)
     a, b = row_lse[:, None], row_lse[None, :]
-    high = tf.maximum(a, b)
-    low = tf.minimum(a, b)
+    high = ops.maximum(a, b)
+    low = ops.minimum(a, b)
     either = has_any[:, None] | has_any[None, :]
     # log(e^a + e^b) = high + log(1 + e^(low - high)); an empty row's very negative value adds e^-huge = 0.
-    combined = high + tf.math.softplus(tf.where(either, low - high, tf.zeros_like(low)))
-    return tf.where(either, combined, tf.zeros_like(combined))
+    combined = high + ops.softplus(ops.where(either, low - high, 0.0))
+    return ops.where(either, combined, 0.0)
 
 
 def _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin):
@@ -145,12 +147,12 @@ def _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin):
     dtype = dist.dtype
     positives, negatives = positive_mask(labels), negative_mask(labels)
     neg_part = _pairwise_logaddexp_of_row_sums(as_scalar(neg_margin, dtype) - dist, negatives)
-    per_pair = tf.square(tf.nn.relu(neg_part + dist - as_scalar(pos_margin, dtype))) / 2.0
-    positives_f = tf.cast(positives, dtype)
-    num_pairs = tf.reduce_sum(positives_f)
+    per_pair = ops.square(ops.relu(neg_part + dist - as_scalar(pos_margin, dtype))) / 2.0
+    positives_f = ops.cast(positives, dtype)
+    num_pairs = ops.sum(positives_f)
     # PML computes nothing (loss 0) for a batch without a positive or without a negative pair.
-    has_negative = tf.cast(tf.reduce_any(negatives), dtype)
-    return has_negative * tf.math.divide_no_nan(tf.reduce_sum(per_pair * positives_f), num_pairs)
+    has_negative = ops.cast(ops.any(negatives), dtype)
+    return has_negative * safe_divide(ops.sum(per_pair * positives_f), num_pairs)
 
 
 def lifted_structure_loss(labels, embeddings, neg_margin=1.0, pos_margin=0.0):

@@ -25,9 +25,10 @@ import copy
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.base import MetricLoss
+from tfdml.losses.label_checks import check_label_range
 from tfdml.ops import (
     as_scalar,
     l2_normalize,
@@ -40,19 +41,20 @@ from tfdml.ops import (
 
 
 def _class_mask(labels, num_classes):
-    return tf.one_hot(labels, num_classes, on_value=True, off_value=False, dtype=tf.bool)
+    """bool `[B, num_classes]`: `mask[i, c] = labels[i] == c`."""
+    return labels[:, None] == ops.arange(num_classes, dtype=labels.dtype)[None, :]
 
 
 def _proxy_anchor_loss(labels, embeddings, proxies, margin, alpha):
     cos = pairwise_cosine_similarity(embeddings, proxies)  # [B, C]
     dtype = cos.dtype
-    num_classes = tf.shape(proxies)[0]
+    num_classes = proxies.shape[0]
     positives = _class_mask(labels, num_classes)
     margin, alpha = as_scalar(margin, dtype), as_scalar(alpha, dtype)
     pos_term = masked_logsumexp(-alpha * (cos - margin), positives, axis=0, add_one=True)  # [C]
-    neg_term = masked_logsumexp(alpha * (cos + margin), ~positives, axis=0, add_one=True)
-    classes_present = tf.reduce_sum(tf.cast(tf.reduce_any(positives, axis=0), dtype))
-    return safe_divide(tf.reduce_sum(pos_term), classes_present) + tf.reduce_sum(neg_term) / tf.cast(num_classes, dtype)
+    neg_term = masked_logsumexp(alpha * (cos + margin), ops.logical_not(positives), axis=0, add_one=True)
+    classes_present = ops.sum(ops.cast(ops.any(positives, axis=0), dtype))
+    return safe_divide(ops.sum(pos_term), classes_present) + ops.sum(neg_term) / num_classes
 
 
 def proxy_anchor_loss(labels, embeddings, proxies, margin=0.1, alpha=32.0):
@@ -69,16 +71,16 @@ def proxy_anchor_loss(labels, embeddings, proxies, margin=0.1, alpha=32.0):
         Scalar loss (PML's `DivisorReducer`: positive terms over the classes present, negative terms over all).
     """
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _proxy_anchor_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), margin, alpha)
+    return _proxy_anchor_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), margin, alpha)
 
 
 def _proxy_nca_loss(labels, embeddings, proxies, softmax_scale):
     sq_dist = pairwise_squared_distance(l2_normalize(embeddings), l2_normalize(proxies))
     logits = -as_scalar(softmax_scale, sq_dist.dtype) * sq_dist
-    per_sample = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    per_sample = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     # PML drops samples whose class probability underflows to 0 (and averages over the rest).
-    kept = tf.cast(tf.exp(-per_sample) > 0, sq_dist.dtype)
-    return safe_divide(tf.reduce_sum(per_sample * kept), tf.reduce_sum(kept))
+    kept = ops.cast(ops.exp(-per_sample) > 0, sq_dist.dtype)
+    return safe_divide(ops.sum(per_sample * kept), ops.sum(kept))
 
 
 def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=1.0):
@@ -92,7 +94,7 @@ def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=1.0):
         Scalar loss: mean over the samples.
     """
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _proxy_nca_loss(labels, embeddings, tf.cast(proxies, embeddings.dtype), softmax_scale)
+    return _proxy_nca_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), softmax_scale)
 
 
 def _copied(spec):
@@ -167,17 +169,13 @@ class ProxyLoss(MetricLoss):
             raise ValueError(
                 f"{self.name}: embeddings have dimension {dim} but the proxies have embedding_dim={self.embedding_dim}."
             )
-        checks = [
-            tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0"),
-            tf.debugging.assert_less(
-                labels,
-                self.num_classes,
-                message=(f"{self.name}: labels must be < num_classes={self.num_classes} (one proxy per class)"),
-            ),
-        ]
-        with tf.control_dependencies(checks):
-            labels = tf.identity(labels)
-        proxies = tf.cast(self.proxies.value, embeddings.dtype)
+        labels = check_label_range(
+            labels,
+            self.num_classes,
+            f"{self.name}: labels must be < num_classes={self.num_classes} (one proxy per class)",
+            f"{self.name}: labels must be >= 0",
+        )
+        proxies = ops.cast(self.proxies.value, embeddings.dtype)
         return type(self).loss_fn(labels, embeddings, proxies, **self.hyper_parameters())
 
     def get_config(self):

@@ -29,10 +29,19 @@ weightings, only their gradients' directions per query.
 import warnings
 
 import keras
-import tensorflow as tf
+import numpy as np
+from keras import ops
 
 from tfdml.losses.base import MetricLoss
-from tfdml.ops import as_scalar, pair_masks, pairwise_distance, reference_embeddings, safe_divide, validate_inputs
+from tfdml.ops import (
+    as_scalar,
+    masked_max,
+    pair_masks,
+    pairwise_distance,
+    reference_embeddings,
+    safe_divide,
+    validate_inputs,
+)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -59,9 +68,8 @@ class LinearTemperature:
         self.t2 = float(t2)
         self.max_steps = int(max_steps)
 
-    def __call__(self, step, dtype=tf.float32):
-        step = tf.minimum(tf.cast(step, dtype), tf.cast(self.max_steps, dtype))
-        step = tf.maximum(step, tf.zeros_like(step))
+    def __call__(self, step, dtype="float32"):
+        step = ops.clip(ops.cast(step, dtype), 0.0, float(self.max_steps))
         return self.t1 - step * ((self.t1 - self.t2) / self.max_steps)
 
     def get_config(self):
@@ -87,21 +95,38 @@ def _check_query_weighting(query_weighting):
         raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}, got {query_weighting!r}.")
 
 
+def _lowest(dtype):
+    """The most negative finite value of a float dtype: a masked-out entry of a max that loses to every real one."""
+    return float(np.finfo(keras.backend.standardize_dtype(dtype)).min)
+
+
 def _masked_exp_and_log_sum(logits, mask):
-    """`(e, log_sum)`: `e = exp(logits - row_max)` on `mask` (0 elsewhere) and the row's
+    """`(e, total, log_sum)`: `e = exp(logits - row_max)` on `mask` (0 elsewhere), its row sums and the row's
     `log sum_mask exp(logits)` (`-inf` for an empty row). Subtracting the row max keeps `tn = 50` finite."""
-    dtype = logits.dtype
-    lowest = tf.constant(dtype.min, dtype)
-    row_max = tf.reduce_max(tf.where(mask, logits, lowest), axis=1, keepdims=True)
-    exp = tf.where(mask, tf.exp(tf.where(mask, logits - row_max, tf.zeros_like(logits))), tf.zeros_like(logits))
-    total = tf.reduce_sum(exp, axis=1, keepdims=True)
+    row_max = masked_max(logits, mask, axis=1, keepdims=True)  # 0 for an empty row, where nothing is exp'd
+    zeros = ops.zeros_like(logits)
+    exp = ops.where(mask, ops.exp(ops.where(mask, logits - row_max, zeros)), zeros)
+    total = ops.sum(exp, axis=1, keepdims=True)
     has_any = total > 0
-    log_sum = tf.where(
-        has_any,
-        row_max + tf.math.log(tf.where(has_any, total, tf.ones_like(total))),
-        tf.fill(tf.shape(total), tf.constant(-float("inf"), dtype)),
-    )
+    log_sum = ops.where(has_any, row_max + ops.log(ops.where(has_any, total, ops.ones_like(total))), -np.inf)
     return exp, total, log_sum
+
+
+def _query_weights(log_s_pos, log_s_neg):
+    """`q = S / sum_k S(k)` from the log-sums of the mined positives' and negatives' weights (`-inf` for an
+    empty set): a softmax over the queries of `log S(i)`, 0 for a query with nothing mined."""
+    lowest = _lowest(log_s_pos.dtype)
+    mined_pos, mined_neg = ops.isfinite(log_s_pos), ops.isfinite(log_s_neg)
+    log_s_pos = ops.where(mined_pos, log_s_pos, lowest)
+    log_s_neg = ops.where(mined_neg, log_s_neg, lowest)
+    high = ops.maximum(log_s_pos, log_s_neg)
+    # log(e^a + e^b) = high + log(1 + e^(low - high)); an empty set's lowest value adds e^-huge = 0.
+    log_s = ops.squeeze(high + ops.log1p(ops.exp(ops.minimum(log_s_pos, log_s_neg) - high)), axis=1)
+    mined = ops.squeeze(mined_pos | mined_neg, axis=1)
+    top = ops.max(ops.where(mined, log_s, lowest))
+    zeros = ops.zeros_like(log_s)
+    s = ops.where(mined, ops.exp(ops.where(mined, log_s - top, zeros)), zeros)
+    return safe_divide(s, ops.sum(s))
 
 
 def ranked_list_weights(
@@ -126,34 +151,29 @@ def ranked_list_weights(
         `(c_pos, c_neg, q)`: `[B, B]`, `[B, B]` and `[B]`, all without gradient.
     """
     _check_query_weighting(query_weighting)
-    dist = tf.stop_gradient(distances)
+    dist = ops.stop_gradient(distances)
     dtype = dist.dtype
     alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     lam = as_scalar(lam, dtype)
     # The pair masks exclude j == i (the query's own copy among references), whose distance is not exactly 0.
     positives, negatives = pair_masks(labels, references)
-    mined_pos = tf.logical_and(positives, dist > pos_boundary)
-    mined_neg = tf.logical_and(negatives, dist < alpha)
+    mined_pos = positives & (dist > pos_boundary)
+    mined_neg = negatives & (dist < alpha)
     if isinstance(tp, (int, float)) and tp == 0:
         # The default tp = 0 weighs every mined positive 1: S_P is their count (cheaper than the softmax).
-        pos_exp = tf.cast(mined_pos, dtype)
-        pos_sum = tf.reduce_sum(pos_exp, axis=1, keepdims=True)
-        log_s_pos = tf.math.log(pos_sum)  # -inf without mined positive
+        pos_exp = ops.cast(mined_pos, dtype)
+        pos_sum = ops.sum(pos_exp, axis=1, keepdims=True)
+        log_s_pos = ops.where(pos_sum > 0, ops.log(ops.maximum(pos_sum, 1.0)), -np.inf)
     else:
         pos_exp, pos_sum, log_s_pos = _masked_exp_and_log_sum(as_scalar(tp, dtype) * (dist - pos_boundary), mined_pos)
     neg_exp, neg_sum, log_s_neg = _masked_exp_and_log_sum(as_scalar(tn, dtype) * (alpha - dist), mined_neg)
     w_pos = safe_divide(pos_exp, pos_sum)
     w_neg = safe_divide(neg_exp, neg_sum)
-    size = tf.shape(dist)[0]
     if query_weighting == "uniform":
-        q = tf.fill([size], 1.0 / tf.cast(size, dtype))
+        q = ops.ones_like(dist[:, 0]) / ops.cast(ops.shape(dist)[0], dtype)
     else:
-        log_s = tf.reduce_logsumexp(tf.concat([log_s_pos, log_s_neg], axis=1), axis=1)  # -inf: nothing mined
-        mined = tf.math.is_finite(log_s)
-        top = tf.reduce_max(tf.where(mined, log_s, tf.fill([size], tf.constant(dtype.min, dtype))))
-        s = tf.where(mined, tf.exp(tf.where(mined, log_s - top, tf.zeros_like(log_s))), tf.zeros_like(log_s))
-        q = safe_divide(s, tf.reduce_sum(s))
+        q = _query_weights(log_s_pos, log_s_neg)
     return (1.0 - lam) * q[:, None] * w_pos, lam * q[:, None] * w_neg, q
 
 
@@ -164,17 +184,17 @@ def _ranked_list_loss(
     dtype = embeddings.dtype
     if references is not None:
         # Each query's ranked list is the reference set (constants, whatever stop_gallery_gradient says).
-        dist = pairwise_distance(embeddings, tf.stop_gradient(reference_embeddings(references)))
+        dist = pairwise_distance(embeddings, ops.stop_gradient(reference_embeddings(references)))
     elif stop_gallery_gradient:
         # Sec. 3.2: "in the ranked list of x_i we regard the features of other examples as constants".
-        dist = pairwise_distance(embeddings, tf.stop_gradient(embeddings))
+        dist = pairwise_distance(embeddings, ops.stop_gradient(embeddings))
     else:
         dist = pairwise_distance(embeddings)
     c_pos, c_neg, _ = ranked_list_weights(labels, dist, margin, alpha, tn, tp, lam, query_weighting, references)
     alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     # Weights are constants (official code), so the loss is linear in the distances.
-    return tf.reduce_sum(c_pos * (dist - pos_boundary) + c_neg * (alpha - dist))
+    return ops.sum(c_pos * (dist - pos_boundary) + c_neg * (alpha - dist))
 
 
 def ranked_list_loss(
@@ -293,10 +313,10 @@ class RankedListLoss(MetricLoss):
         self._step = step
         return self
 
-    def temperature(self, step=None, dtype=tf.float32):
+    def temperature(self, step=None, dtype="float32"):
         """The negative temperature at `step` (default: the bound step counter's current value)."""
         if not self.has_schedule:
-            return tf.constant(self.tn, dtype)
+            return ops.convert_to_tensor(self.tn, dtype=dtype)
         if step is None:
             if self._step is None:
                 warnings.warn(
@@ -308,7 +328,7 @@ class RankedListLoss(MetricLoss):
                 step = 0
             else:
                 step = self._step
-        return self.tn(tf.convert_to_tensor(step), dtype=dtype)
+        return self.tn(ops.convert_to_tensor(step), dtype=dtype)
 
     supports_references = True
 

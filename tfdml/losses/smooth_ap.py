@@ -19,7 +19,7 @@ labels, for any batch; `tests/test_losses_smooth_ap.py` checks it against PML wh
 """
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
@@ -33,15 +33,16 @@ from tfdml.ops import (
 def _smooth_ap_loss(labels, embeddings, temperature):
     sim = pairwise_cosine_similarity(embeddings)  # [B, B]: s_ay
     dtype = sim.dtype
-    size = tf.shape(sim)[0]
-    same = tf.cast(same_label_mask(labels), dtype)  # P_a, the anchor included
+    positions = ops.cumsum(ops.ones_like(labels)) - 1
+    other = ops.cast(positions[:, None] != positions[None, :], dtype)  # y != x
+    same = ops.cast(same_label_mask(labels), dtype)  # P_a, the anchor included
     # steps[a, x, y] = sigmoid((s_ay - s_ax) / t), without the y == x term.
-    steps = tf.sigmoid((sim[:, None, :] - sim[:, :, None]) / as_scalar(temperature, dtype))
-    steps = steps * (1.0 - tf.eye(size, dtype=dtype))[None, :, :]
-    rank_all = 1.0 + tf.reduce_sum(steps, axis=2)
-    rank_pos = 1.0 + tf.reduce_sum(steps * same[:, None, :], axis=2)
-    ap = tf.reduce_sum(same * rank_pos / rank_all, axis=1) / tf.reduce_sum(same, axis=1)
-    return tf.reduce_mean(1.0 - ap)
+    steps = ops.sigmoid((sim[:, None, :] - sim[:, :, None]) / as_scalar(temperature, dtype))
+    steps = steps * other[None, :, :]
+    rank_all = 1.0 + ops.sum(steps, axis=2)
+    rank_pos = 1.0 + ops.sum(steps * same[:, None, :], axis=2)
+    ap = ops.sum(same * rank_pos / rank_all, axis=1) / ops.sum(same, axis=1)
+    return ops.mean(1.0 - ap)
 
 
 def smooth_ap_loss(labels, embeddings, temperature=0.01):

@@ -15,7 +15,7 @@ All are O(B^2): the per-pair softmax denominators of NT-Xent are one logsumexp p
 """
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
@@ -33,44 +33,41 @@ from tfdml.ops import (
 
 
 def n_pairs_indices(labels):
-    """PML's N-pair tuples: `(anchor_index [A], positive_index [A])` int.
+    """PML's N-pair tuples as static `[B]` arrays: `(is_anchor bool, positive_index int32)`.
 
     Each class with at least two samples contributes its first sample (lowest index) as anchor and its second
-    as that anchor's positive, in the order of the anchors' positions. O(B^2) booleans, O(B) otherwise.
+    as that anchor's positive, in the order of the anchors' positions. `positive_index[i]` is the second
+    sample of `i`'s class (`i`'s own index where the class has one sample, then `i` is no anchor). O(B^2)
+    booleans, O(B) otherwise.
     """
-    size = tf.shape(labels)[0]
-    position = tf.range(size)
-    # Each sample's class is named by the position of its first sample (argmax returns the first maximum).
-    first_of_class = tf.argmax(tf.cast(same_label_mask(labels), tf.int32), axis=1, output_type=tf.int32)
-    later = tf.where(tf.equal(position, first_of_class), tf.fill([size], size), position)
-    second_of_class = tf.math.unsorted_segment_min(later, first_of_class, size)  # `size` where there is none
-    has_pair = second_of_class < size
-    anchor_index = tf.reshape(tf.where(has_pair), [-1])
-    return anchor_index, tf.gather(second_of_class, anchor_index)
-
-
-@tf.custom_gradient
-def _dense_gradient(x):
-    """Identity whose gradient is a dense tensor, not `tf.gather`'s IndexedSlices (which the cross-replica
-    gather's backward pass and mixed-precision casts do not take)."""
-    return tf.identity(x), lambda upstream: tf.convert_to_tensor(upstream)
+    positions = ops.cumsum(ops.ones_like(labels, dtype="int32")) - 1
+    same = same_label_mask(labels)
+    earlier = positions[None, :] < positions[:, None]  # [i, j]: j before i
+    rank = ops.sum(ops.cast(same & earlier, "int32"), axis=1)  # rank of i within its class
+    is_second = rank == 1
+    # The second sample of each sample's class (argmax returns the first maximum, so any index if none).
+    second = ops.cast(ops.argmax(ops.cast(same & is_second[None, :], "int32"), axis=1), "int32")
+    has_second = ops.any(same & is_second[None, :], axis=1)
+    is_anchor = (rank == 0) & has_second
+    return is_anchor, ops.where(has_second, second, positions)
 
 
 def _n_pairs_loss(labels, embeddings, normalize):
-    # Only the [A, A] anchor-positive similarities are needed (A = classes with two samples, about B / 4 with
-    # class-balanced batches): gathering them is ~16x cheaper than the [B, B] matrix.
-    anchor_index, positive_index = n_pairs_indices(labels)
-    embeddings = _dense_gradient(embeddings)
-    anchor_rows, positive_rows = tf.gather(embeddings, anchor_index), tf.gather(embeddings, positive_index)
+    # Every sample's row against every sample's class positive ([B, B]); only the anchors' rows and columns
+    # enter the loss. The positives are gathered by a one-hot matmul, whose gradient is dense.
+    is_anchor, positive_index = n_pairs_indices(labels)
+    dtype = embeddings.dtype
+    positive_rows = ops.matmul(ops.one_hot(positive_index, ops.shape(labels)[0], dtype=dtype), embeddings)
+    anchor_rows = embeddings
     if normalize:
         anchor_rows, positive_rows = l2_normalize(anchor_rows), l2_normalize(positive_rows)
-    logits = tf.matmul(anchor_rows, positive_rows, transpose_b=True)
-    # Cross-entropy with the diagonal as targets (one fused op). A column at the dtype's minimum adds nothing
-    # to any softmax and keeps the op valid when there is no anchor ([0, 0] logits): the loss is then 0.
-    count = tf.shape(logits)[0]
-    padded = tf.pad(logits, [[0, 0], [0, 1]], constant_values=logits.dtype.min)
-    per_anchor = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.range(count), logits=padded)
-    return tf.math.divide_no_nan(tf.reduce_sum(per_anchor), tf.cast(count, logits.dtype))
+    logits = ops.matmul(anchor_rows, ops.transpose(positive_rows))
+    both = is_anchor[:, None] & is_anchor[None, :]
+    # Cross-entropy with the diagonal as targets, over the anchors' columns (a masked logsumexp).
+    target = ops.diagonal(logits)
+    per_anchor = masked_logsumexp(logits, both, axis=1) - target
+    anchors = ops.cast(is_anchor, dtype)
+    return safe_divide(ops.sum(per_anchor * anchors), ops.sum(anchors))
 
 
 def n_pairs_loss(labels, embeddings, normalize=True):
@@ -100,10 +97,10 @@ def _scaled_cosines(labels, embeddings, temperature, references=None):
 def _supcon_loss(labels, embeddings, temperature, references=None):
     logits, positives, negatives = _scaled_cosines(labels, embeddings, temperature, references)
     log_prob = logits - masked_logsumexp(logits, positives | negatives, axis=1, keepdims=True)
-    positives_f = tf.cast(positives, logits.dtype)
-    per_anchor = -safe_divide(tf.reduce_sum(log_prob * positives_f, axis=1), tf.reduce_sum(positives_f, axis=1))
+    positives_f = ops.cast(positives, logits.dtype)
+    per_anchor = -safe_divide(ops.sum(log_prob * positives_f, axis=1), ops.sum(positives_f, axis=1))
     # PML: 0 for a batch without a positive or without a negative pair, else AvgNonZeroReducer.
-    complete = tf.cast(tf.reduce_any(positives) & tf.reduce_any(negatives), logits.dtype)
+    complete = ops.cast(ops.any(positives) & ops.any(negatives), logits.dtype)
     return complete * mean_of_positive(per_anchor)
 
 
@@ -119,11 +116,11 @@ def supcon_loss(labels, embeddings, temperature=0.1):
 
 def _ntxent_loss(labels, embeddings, temperature, references=None):
     logits, positives, negatives = _scaled_cosines(labels, embeddings, temperature, references)
-    has_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
+    has_negative = ops.any(negatives, axis=1, keepdims=True)
     negative_lse = masked_logsumexp(logits, negatives, axis=1, keepdims=True)
     # -log(e^s / (e^s + e^r)) = softplus(r - s), with r the logsumexp of the anchor's negatives.
-    per_pair = tf.where(positives & has_negative, tf.nn.softplus(negative_lse - logits), tf.zeros_like(logits))
-    return safe_divide(tf.reduce_sum(per_pair), tf.reduce_sum(tf.cast(positives, logits.dtype)))
+    per_pair = ops.where(positives & has_negative, ops.softplus(negative_lse - logits), 0.0)
+    return safe_divide(ops.sum(per_pair), ops.sum(ops.cast(positives, logits.dtype)))
 
 
 def ntxent_loss(labels, embeddings, temperature=0.07):
