@@ -17,7 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_reference_cases_on_tensorflow():
     assert keras.backend.backend() == "tensorflow"
-    failures = [line for line in map(run.check_case, run.CASES) if line]
+    failures = [run.check_case(case) for case in run.CASES]
+    failures += [run.check_terms(name, make) for name, make in run.TERMS_LOSSES.items()]
+    failures = [line for line in failures if line]
     assert not failures, "\n".join(failures)
 
 

@@ -125,3 +125,10 @@ FIT_LOSSES = {
     "triplet": lambda: losses.TripletLoss(margin=0.2),
     "contrastive": lambda: losses.ContrastiveLoss(),
 }
+
+# Tuple losses whose `compute` (its fast path) must equal `reduce_terms` of its dense terms, value and gradient.
+TERMS_LOSSES = {
+    **{f"triplet/{mining}": (lambda m=mining: losses.TripletLoss(mining=m)) for mining in ("all", "hard", "semi_hard")},
+    "triplet/all/soft": lambda: losses.TripletLoss(soft=True),
+    "contrastive": lambda: losses.ContrastiveLoss(0.3, 1.2),
+}

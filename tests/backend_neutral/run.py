@@ -10,8 +10,8 @@ import keras
 import numpy as np
 
 from tests.backend_neutral.autodiff import value_and_gradient
-from tests.backend_neutral.reference_cases import CASES, FIT_LOSSES
-from tfdml.ops import l2_normalize
+from tests.backend_neutral.reference_cases import CASES, FIT_LOSSES, TERMS_LOSSES
+from tfdml.ops import l2_normalize, reduce_terms
 
 # Keras' PyTorch backend computes float64 matmuls and mixed float64/Python-number ops in float32
 # (`keras.backend.result_type` maps float64 to float32 off TensorFlow): float32 tolerances there.
@@ -37,6 +37,19 @@ def check_case(case):
     return None
 
 
+def check_terms(name, make, seed=3):
+    """None if the loss's `compute` equals `reduce_terms` of its dense terms (value and gradient)."""
+    loss = make()
+    rng = np.random.default_rng(seed)
+    labels = keras.ops.convert_to_tensor(rng.integers(0, 3, size=10).astype("int32"))
+    x = rng.normal(size=(10, 4)) * 0.5
+    fast = value_and_gradient(lambda e: loss.compute(labels, e), x)
+    listed = value_and_gradient(lambda e: reduce_terms(loss.dense_terms(labels, e)), x)
+    if not (np.isclose(fast[0], listed[0], rtol=1e-5) and np.allclose(fast[1], listed[1], atol=1e-5)):
+        return f"terms/{name}: fast path {fast[0]!r}, terms {listed[0]!r}"
+    return None
+
+
 def check_fit(name, make, epochs=6):
     """None if `model.fit` of a small embedder lowers the loss `make()`, else a line saying what happened."""
     keras.utils.set_random_seed(0)
@@ -53,6 +66,7 @@ def check_fit(name, make, epochs=6):
 
 def main(selected=None):
     failures = [check_case(case) for case in CASES if selected is None or case.name.startswith(selected)]
+    failures += [check_terms(name, make) for name, make in TERMS_LOSSES.items()]
     failures += [check_fit(name, make) for name, make in FIT_LOSSES.items()]
     failures = [line for line in failures if line]
     print(f"{keras.backend.backend()}: {len(CASES)} cases, {len(FIT_LOSSES)} fits, {len(failures)} failures")

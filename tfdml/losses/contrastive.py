@@ -76,6 +76,8 @@ class ContrastiveLoss(MetricLoss):
     distance (see `contrastive_loss`): non-squared hinges, unlike Hadsell et al. 2006's squared
     `1/2 d^2` / `1/2 [m - d]+^2` terms.
 
+    Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
+
     Args:
         pos_margin: distance below which positive pairs cost nothing (default 0).
         neg_margin: distance above which negative pairs cost nothing (default 1).

@@ -195,6 +195,8 @@ class TripletLoss(MetricLoss):
 
     See `triplet_loss` for the exact reductions. `"all"` runs in O(B^2) memory (no `[B, B, B]` tensor).
 
+    Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
+
     Args:
         margin: `m` (default 0.2).
         mining: `"all"` (default), `"hard"` or `"semi_hard"`.
@@ -416,6 +418,8 @@ class TripletSemiHardLoss(_TfaDropIn):
     `L = mean_{(a, p)} [margin + d_ap - d_an*]+` with `d_an*` the smallest `d_an > d_ap`, else the largest.
     Returns the input dtype (float16 in, float16 out), as tfa.
 
+    Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
+
     Args:
         margin: default 1.0, as in tfa.
         distance_metric: `"L2"` (default), `"squared-L2"`, `"angular"` or a callable `[B, D] -> [B, B]`, as
@@ -445,6 +449,8 @@ class TripletHardLoss(_TfaDropIn):
 
     `L = mean_a [max_p d_ap - min_n d_an + margin]+`, or `log(1 + exp(max_p d_ap - min_n d_an))` if `soft`.
     Returns the input dtype (float16 in, float16 out), as tfa.
+
+    Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
 
     Args:
         margin: default 1.0, as in tfa.

@@ -137,7 +137,7 @@ class TupleTerms:
 
 def _group_sum(values, terms):
     if terms.groups is None:
-        return ops.sum(values, keepdims=True)
+        return ops.sum(values, axis=0, keepdims=True)
     # A one-hot sum: few groups, and every backend keeps the values' dtype.
     one_hot = ops.one_hot(ops.cast(terms.groups, "int32"), terms.num_groups, dtype=values.dtype)
     return ops.sum(one_hot * values[:, None], axis=0)
