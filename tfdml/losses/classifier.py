@@ -19,12 +19,13 @@ import math
 import keras
 from keras import ops
 
+from tfdml.losses.portable import mean
 from tfdml.losses.proxies import ProxyLoss
 from tfdml.ops import as_scalar, pairwise_cosine_similarity, safe_sqrt, validate_inputs
 
 
 def _cross_entropy(labels, logits):
-    return ops.mean(ops.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    return mean(ops.sparse_categorical_crossentropy(labels, logits, from_logits=True))
 
 
 def _normalized_softmax_loss(labels, embeddings, proxies, temperature):

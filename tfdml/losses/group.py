@@ -16,6 +16,7 @@ from keras import ops
 
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.label_checks import check_label_range
+from tfdml.losses.portable import mean
 from tfdml.ops import pairwise_pearson_similarity, same_label_mask, validate_embeddings, validate_inputs
 
 _LOG_EPSILON = 1e-12
@@ -54,10 +55,11 @@ def replicator_dynamics(similarity, log_probabilities, num_iterations=1):
         `[B, m]` log of `X(num_iterations)`.
     """
     log_x = log_probabilities
-    floor = float(np.sqrt(np.finfo(keras.backend.standardize_dtype(log_x.dtype)).tiny))
     for _ in range(num_iterations):
         shift = ops.stop_gradient(ops.max(log_x, axis=0, keepdims=True))
         support = ops.matmul(similarity, ops.exp(log_x - shift))
+        # The floor of the product's own dtype (Keras' PyTorch backend multiplies float64 in float32).
+        floor = float(np.sqrt(np.finfo(keras.backend.standardize_dtype(support.dtype)).tiny))
         updated = ops.log_softmax(log_x + shift + ops.log(ops.maximum(support, floor)), axis=1)
         isolated = ops.all(support <= floor, axis=1, keepdims=True)
         log_x = ops.where(isolated, log_x, updated)
@@ -87,8 +89,8 @@ def _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anc
     log_prior = ops.where(anchor_mask(labels, num_anchors)[:, None], log_one_hot, log_prior)
     log_probabilities = replicator_dynamics(similarity, log_prior, num_iterations)
     true_class = ops.exp(ops.sum(log_probabilities * one_hot, axis=1))
-    propagation = -ops.mean(ops.log(true_class + _LOG_EPSILON))
-    cross_entropy = ops.mean(ops.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+    propagation = -mean(ops.log(true_class + _LOG_EPSILON))
+    cross_entropy = mean(ops.sparse_categorical_crossentropy(labels, logits, from_logits=True))
     return propagation + ce_weight * cross_entropy
 
 

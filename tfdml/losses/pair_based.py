@@ -19,10 +19,10 @@ sum over the negatives of both ends is a per-row logsumexp combined pairwise.
 """
 
 import keras
-import numpy as np
 from keras import ops
 
 from tfdml.losses.base import MetricLoss
+from tfdml.losses.portable import lowest, mean
 from tfdml.ops import (
     as_scalar,
     l2_normalize,
@@ -75,7 +75,7 @@ def _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon
     alpha, beta, base = (as_scalar(v, dtype) for v in (alpha, beta, base))
     pos_term = masked_logsumexp(-alpha * (sim - base), positives, axis=1, add_one=True) / alpha
     neg_term = masked_logsumexp(beta * (sim - base), negatives, axis=1, add_one=True) / beta
-    return ops.mean(pos_term + neg_term)
+    return mean(pos_term + neg_term)
 
 
 def multi_similarity_loss(labels, embeddings, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1):
@@ -131,7 +131,7 @@ def _pairwise_logaddexp_of_row_sums(values, mask):
     """`[B, B]` `log(sum_{mask_i} exp(values_i.) + sum_{mask_j} exp(values_j.))`, 0 where both rows are empty."""
     has_any = ops.any(mask, axis=1)
     row_lse = masked_logsumexp(values, mask, axis=1)  # 0 for an empty row, masked out below
-    very_negative = float(np.finfo(keras.backend.standardize_dtype(row_lse.dtype)).min)
+    very_negative = lowest(row_lse.dtype)
     row_lse = ops.where(has_any, row_lse, very_negative)
     a, b = row_lse[:, None], row_lse[None, :]
     high = ops.maximum(a, b)

@@ -33,6 +33,7 @@ import numpy as np
 from keras import ops
 
 from tfdml.losses.base import MetricLoss
+from tfdml.losses.portable import lowest
 from tfdml.ops import (
     as_scalar,
     masked_max,
@@ -95,11 +96,6 @@ def _check_query_weighting(query_weighting):
         raise ValueError(f"query_weighting must be one of {QUERY_WEIGHTINGS}, got {query_weighting!r}.")
 
 
-def _lowest(dtype):
-    """The most negative finite value of a float dtype: a masked-out entry of a max that loses to every real one."""
-    return float(np.finfo(keras.backend.standardize_dtype(dtype)).min)
-
-
 def _masked_exp_and_log_sum(logits, mask):
     """`(e, total, log_sum)`: `e = exp(logits - row_max)` on `mask` (0 elsewhere), its row sums and the row's
     `log sum_mask exp(logits)` (`-inf` for an empty row). Subtracting the row max keeps `tn = 50` finite."""
@@ -115,15 +111,15 @@ def _masked_exp_and_log_sum(logits, mask):
 def _query_weights(log_s_pos, log_s_neg):
     """`q = S / sum_k S(k)` from the log-sums of the mined positives' and negatives' weights (`-inf` for an
     empty set): a softmax over the queries of `log S(i)`, 0 for a query with nothing mined."""
-    lowest = _lowest(log_s_pos.dtype)
+    floor = lowest(log_s_pos.dtype)
     mined_pos, mined_neg = ops.isfinite(log_s_pos), ops.isfinite(log_s_neg)
-    log_s_pos = ops.where(mined_pos, log_s_pos, lowest)
-    log_s_neg = ops.where(mined_neg, log_s_neg, lowest)
+    log_s_pos = ops.where(mined_pos, log_s_pos, floor)
+    log_s_neg = ops.where(mined_neg, log_s_neg, floor)
     high = ops.maximum(log_s_pos, log_s_neg)
     # log(e^a + e^b) = high + log(1 + e^(low - high)); an empty set's lowest value adds e^-huge = 0.
     log_s = ops.squeeze(high + ops.log1p(ops.exp(ops.minimum(log_s_pos, log_s_neg) - high)), axis=1)
     mined = ops.squeeze(mined_pos | mined_neg, axis=1)
-    top = ops.max(ops.where(mined, log_s, lowest))
+    top = ops.max(ops.where(mined, log_s, floor))
     zeros = ops.zeros_like(log_s)
     s = ops.where(mined, ops.exp(ops.where(mined, log_s - top, zeros)), zeros)
     return safe_divide(s, ops.sum(s))

@@ -22,6 +22,7 @@ import keras
 from keras import ops
 
 from tfdml.losses.base import MetricLoss
+from tfdml.losses.portable import mean
 from tfdml.ops import (
     as_scalar,
     pairwise_cosine_similarity,
@@ -42,7 +43,7 @@ def _smooth_ap_loss(labels, embeddings, temperature):
     rank_all = 1.0 + ops.sum(steps, axis=2)
     rank_pos = 1.0 + ops.sum(steps * same[:, None, :], axis=2)
     ap = ops.sum(same * rank_pos / rank_all, axis=1) / ops.sum(same, axis=1)
-    return ops.mean(1.0 - ap)
+    return mean(1.0 - ap)
 
 
 def smooth_ap_loss(labels, embeddings, temperature=0.01):
