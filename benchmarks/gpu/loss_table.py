@@ -42,25 +42,9 @@ def _pml_with_miner(loss, miner):
     return call
 
 
-def _cases():
-    # tfdml and PML load lazily, so that `--no-peer` runs without torch and listing the cases imports nothing.
-    import tfdml.losses as tl
-
-    def pml():
-        from pytorch_metric_learning import losses, miners
-
-        return losses, miners
-
+def _tuple_cases(tl, pml):
+    """Triplet (all, semi-hard), margin and contrastive: the tuple losses."""
     return [
-        LossCase(
-            "ranked_list",
-            "Ranked List (uniform query weights)",
-            lambda c, d: tl.RankedListLoss(margin=0.4, tn=10.0, query_weighting="uniform"),
-            "RankedListLoss(margin=0.4, Tn=10)",
-            lambda c, d: pml()[0].RankedListLoss(margin=0.4, Tn=10),
-            clustered=True,
-        ),
-        LossCase("group", "Group Loss", lambda c, d: tl.GroupLoss(c), with_logits=True),
         LossCase(
             "triplet_all",
             "Triplet, all triplets",
@@ -91,6 +75,29 @@ def _cases():
             "ContrastiveLoss(pos_margin=0, neg_margin=1)",
             lambda c, d: pml()[0].ContrastiveLoss(pos_margin=0.0, neg_margin=1.0),
         ),
+    ]
+
+
+def _cases():
+    # tfdml and PML load lazily, so that `--no-peer` runs without torch and listing the cases imports nothing.
+    import tfdml.losses as tl
+
+    def pml():
+        from pytorch_metric_learning import losses, miners
+
+        return losses, miners
+
+    return [
+        LossCase(
+            "ranked_list",
+            "Ranked List (uniform query weights)",
+            lambda c, d: tl.RankedListLoss(margin=0.4, tn=10.0, query_weighting="uniform"),
+            "RankedListLoss(margin=0.4, Tn=10)",
+            lambda c, d: pml()[0].RankedListLoss(margin=0.4, Tn=10),
+            clustered=True,
+        ),
+        LossCase("group", "Group Loss", lambda c, d: tl.GroupLoss(c), with_logits=True),
+        *_tuple_cases(tl, pml),
         LossCase(
             "multi_similarity",
             "Multi-Similarity (+ mining)",
