@@ -48,6 +48,7 @@ from tfdml.beam import files as F
 from tfdml.data.sources import IMAGE_EXTENSIONS, ImageReadError, decode_image_bytes
 from tfdml.export import EMBEDDING_OUTPUT, IMAGE_INPUT, METADATA_FILE, SERVING_SIGNATURE, resolve_export_dir
 from tfdml.retrieval.index import MODES, ScannIndex, replace_directory
+from tfdml.retrieval_options import TARGET_RECALL
 
 INDEX_MODES = (*MODES, "none")
 _SKIPPED = "skipped"
@@ -81,7 +82,7 @@ class EmbedJob:
     num_shards: int = 4
     batch_size: int = 64
     index_mode: str = "auto"
-    target_recall: float = 0.95
+    target_recall: float = TARGET_RECALL
     num_neighbors: int = 10
     overwrite: bool = False
 

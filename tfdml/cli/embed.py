@@ -10,6 +10,7 @@ import os
 import sys
 
 from tfdml.cli import positive_int, usage_error
+from tfdml.retrieval_options import INDEX_MODES, TARGET_RECALL
 
 HELP = "Embed, shard and index a catalogue of images with an exported model on Apache Beam."
 
@@ -73,7 +74,7 @@ def register(subparsers):
     )
     options.add_argument(
         "--index-mode",
-        choices=["auto", "exact", "approximate", "none"],
+        choices=[*INDEX_MODES, "none"],
         default="auto",
         help="ScaNN index of each shard: auto (brute force below 20,000 items, else approximate), exact, "
         "approximate, or none.",
@@ -81,7 +82,7 @@ def register(subparsers):
     options.add_argument(
         "--target-recall",
         type=float,
-        default=0.95,
+        default=TARGET_RECALL,
         help="recall@--num-neighbors against exact search that an approximate shard index must reach "
         "(measured on the shard, as tfdml export measures its index).",
     )

@@ -43,8 +43,10 @@ import math
 
 import numpy as np
 
+from tfdml.retrieval_options import CALIBRATION_MODES
+
 DEFAULT_PRECISIONS = (0.5, 0.8, 0.9, 0.95, 0.99)
-MODES = ("auto", "open", "closed")
+MODES = CALIBRATION_MODES
 DEFAULT_ABSENT_SHARE = 0.5
 MIN_CLASSES = 2
 MIN_OPEN_SET_CLASSES = 4

@@ -53,10 +53,11 @@ import time
 import numpy as np
 
 from tfdml.ops.neighbours import validate_distance
+from tfdml.retrieval_options import INDEX_MODES, TARGET_RECALL
 
-MODES = ("auto", "exact", "approximate")
+MODES = INDEX_MODES
 EXACT_BELOW = 20000
-DEFAULT_TARGET_RECALL = 0.95
+DEFAULT_TARGET_RECALL = TARGET_RECALL
 RECALL_QUERIES = 500
 # The target must hold at this one-sided confidence: the recall measured on RECALL_QUERIES sampled queries has a
 # standard error (~0.005 at recall 0.95), and settings tuned to the sample's mean alone meet the target on other
