@@ -111,6 +111,11 @@ def _add_gallery_options(parser):
         "to brute force, which is said. 'none' keeps the automatic settings unmeasured (default: the job's "
         f"export.target_recall for a model in a report folder, else {TARGET_RECALL:g}).",
     )
+    _add_search_options(group)
+
+
+def _add_search_options(group):
+    """The search signature's options (in the gallery's group)."""
     group.add_argument(
         "--top-k",
         type=int,
