@@ -421,6 +421,12 @@ def _unpack_episode(data):
     return tuple(data)
 
 
+def _paper_optimizer(embedder):
+    """The paper's rates: Adam 1e-4, the new layers of a tfdml embedder at 10x."""
+    head = 10.0 if hasattr(embedder, "head_variables") else 1.0
+    return build_optimizer("adam", 1e-4, head_lr_multiplier=head, model=embedder)
+
+
 def ala_training(
     embedder,
     source,
@@ -473,20 +479,10 @@ def ala_training(
         ...                                base_loss="contrastive", classes_per_batch=22, samples_per_class=3)
         >>> model.fit(episodes)
     """
-    if optimizer is None:
-        head = 10.0 if hasattr(embedder, "head_variables") else 1.0
-        optimizer = build_optimizer("adam", 1e-4, head_lr_multiplier=head, model=embedder)
     model = ALAModel(embedder, base_loss=base_loss, weighting=weighting, **ala_kwargs)
-    model.compile(optimizer=optimizer)
+    model.compile(optimizer=_paper_optimizer(embedder) if optimizer is None else optimizer)
     arguments = {**options.episode_sizes(classes_per_batch, samples_per_class, val_classes), **dict(episode or {})}
-    dataset = data_lib.episode_dataset(
-        source,
-        image_size=image_size,
-        augment=augment,
-        preprocess=preprocess,
-        seed=seed,
-        val_source=val_source,
-        **arguments,
-    )
+    loading = dict(image_size=image_size, augment=augment, preprocess=preprocess)
+    dataset = data_lib.episode_dataset(source, seed=seed, val_source=val_source, **loading, **arguments)
     # The sampler is endless: exactly `steps` episodes, a size Keras can read (else it warns that the input ran out).
     return model, dataset.take(int(steps)).apply(tf.data.experimental.assert_cardinality(int(steps)))
