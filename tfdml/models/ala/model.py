@@ -80,37 +80,40 @@ class ALAModel(keras.Model):
             instance. With every weight 1 the real step is exactly that loss's step; its variables (the margin
             loss's `beta`) are trained by its own optimizer.
         loss_params: arguments of a base loss given by name.
-        variant: "default" (softmax weights, the base loss's reduction, geometry input, Adam 1e-3 assessor; the
-            positive pairs weighted from one shared assessor state per step, logits bounded at 1) or "paper"
-            (Algorithm 1 literally: sigmoid weights of every tuple, the recurrence over tuples, sums over tuples,
-            embeddings input, SGD 4e-4 assessor). The switches below override single choices; None takes the
-            variant's.
-        weights: "softmax" (`w = n softmax((z - mean z) / temperature)` over the step's assessed tuples, mixed
-            with uniform weights by `weight_floor`) or "sigmoid" (the paper's `A` in (0, 1)).
-        temperature: softmax temperature (default 1).
-        weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
-            (default 0: a tuple can be silenced).
-        weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
-            `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
-            `float("inf")`: unbounded).
-        reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
-        lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
-            compiled optimizer's step with its state held constant).
-        assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
-        assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
-        state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
-            step; the paper variant's) or "per_step" (all tuples from one shared state; cheaper; the default
-            variant's).
-        inner_learning_rate: one rate for every variable in an SGD virtual step (implies `lookahead="sgd"`).
-        assessor_learning_rate: the assessor optimizer's rate (`b` of eq 12).
-        assessor_steps: `K`, assessor updates per episode (paper: 3); 0 only weights the tuples.
-        meta_interval: update the assessor every `meta_interval`-th step only (default 1).
-        weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
-        assessed: "all" (every tuple whose weight can change the loss; the paper variant's) or "positive_pairs" (the
-            default variant's: a pair loss's positive pairs only, the negative pairs keep weight 1; a triplet loss's
-            anchor-positive pairs, one weight shared by the pair's triplets: under label noise the mislabelled
-            tuples are the positive pairs, and weighting the negatives only adds noise).
         embedding_dim: embedding size, when the embedder does not tell it.
+        **kwargs: DML-ALA's switches, declared (type, default, range) once in `tfdml.ala_options.ALAOptions`;
+            the other keywords go to `keras.Model`. None takes the variant's choice:
+
+            variant: "default" (softmax weights, the base loss's reduction, geometry input, Adam 1e-3 assessor; the
+                positive pairs weighted from one shared assessor state per step, logits bounded at 1) or "paper"
+                (Algorithm 1 literally: sigmoid weights of every tuple, the recurrence over tuples, sums over tuples,
+                embeddings input, SGD 4e-4 assessor). The switches below override single choices; None takes the
+                variant's.
+            weights: "softmax" (`w = n softmax((z - mean z) / temperature)` over the step's assessed tuples, mixed
+                with uniform weights by `weight_floor`) or "sigmoid" (the paper's `A` in (0, 1)).
+            temperature: softmax temperature (default 1).
+            weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
+                (default 0: a tuple can be silenced).
+            weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
+                `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
+                `float("inf")`: unbounded).
+            reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
+            lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
+                compiled optimizer's step with its state held constant).
+            assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
+            assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
+            state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
+                step; the paper variant's) or "per_step" (all tuples from one shared state; cheaper; the default
+                variant's).
+            inner_learning_rate: one rate for every variable in an SGD virtual step (implies `lookahead="sgd"`).
+            assessor_learning_rate: the assessor optimizer's rate (`b` of eq 12).
+            assessor_steps: `K`, assessor updates per episode (paper: 3); 0 only weights the tuples.
+            meta_interval: update the assessor every `meta_interval`-th step only (default 1).
+            weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
+            assessed: "all" (every tuple whose weight can change the loss; the paper variant's) or "positive_pairs" (the
+                default variant's: a pair loss's positive pairs only, the negative pairs keep weight 1; a triplet loss's
+                anchor-positive pairs, one weight shared by the pair's triplets: under label noise the mislabelled
+                tuples are the positive pairs, and weighting the negatives only adds noise).
 
     Example:
         >>> model = ALAModel(tfdml.models.Embedder("small_cnn", embedding_dim=64), base_loss="contrastive")
