@@ -301,7 +301,9 @@ def configuration_page(package=None):
     ]
 
     def section(cls, prefix, value):
-        comments = _field_comments(cls)
+        comments = {}  # a section's fields may be declared in a dataclass it extends (ala.params: ALAOptions)
+        for base in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
+            comments.update(_field_comments(base))
         hints = typing.get_type_hints(cls)
         rows, children = [], []
         for field in dataclasses.fields(cls):

@@ -3,6 +3,10 @@
 Before TensorFlow creates its devices, the one physical CPU is split into 4 logical CPU devices so that
 `tf.distribute.MirroredStrategy` can be tested with 2 and 4 replicas on any machine (single-device code
 keeps running on /CPU:0 as usual).
+
+Under pytest-xdist (`-n N`, the README's test command) each worker process runs whole test files
+(`--dist loadfile`: a module's fixtures are built once) and TensorFlow's op threads are shared out between the
+workers, so that N workers do not each start one thread per core.
 """
 
 import os
@@ -13,6 +17,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import tensorflow as tf  # noqa: E402
 
 NUM_LOGICAL_CPUS = 4
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 _cpus = tf.config.list_physical_devices("CPU")
 try:

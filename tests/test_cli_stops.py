@@ -214,7 +214,7 @@ def test_a_finished_report_is_kept(tmp_path, monkeypatch, capsys):
     def no_data(*args, **kwargs):
         raise AssertionError("data read before the report folder was checked")
 
-    monkeypatch.setattr(pipeline, "load_sources", no_data)
+    monkeypatch.setattr(pipeline.job, "load_sources", no_data)
     assert cli.main(["train", "--report-dir", "reports/glyphs_rll"]) == 2
     err = capsys.readouterr().err
     assert err == (
@@ -243,7 +243,7 @@ def test_outputs_and_options_are_checked_before_the_work(command, message, tmp_p
     def no_work(*args, **kwargs):
         raise AssertionError("work started before the outputs and options were checked")
 
-    monkeypatch.setattr(pipeline, "load_sources", no_work)
+    monkeypatch.setattr(pipeline.job, "load_sources", no_work)
     monkeypatch.setattr(keras.saving, "load_model", no_work)
     assert cli.main(command) == 2
     err = capsys.readouterr().err
@@ -255,7 +255,7 @@ def test_the_report_moves_into_place_whole(atomic, tmp_path, monkeypatch):
     """The new report replaces the folder in one step (or, without an atomic exchange, in renames that a rerun
     completes); the old folder and the checkpoints inside it go only afterwards."""
     if not atomic:
-        monkeypatch.setattr(pipeline, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(pipeline.folder, "_exchange", lambda a, b: False)
     report = tmp_path / "r"
     (report / "checkpoints").mkdir(parents=True)
     (report / "checkpoints" / "state").write_text("trained")

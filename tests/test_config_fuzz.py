@@ -95,7 +95,7 @@ def no_data(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("data read before the configuration was checked")
 
-    monkeypatch.setattr(pipeline, "load_sources", refuse)
+    monkeypatch.setattr(pipeline.job, "load_sources", refuse)
     monkeypatch.setattr(pipeline.data_lib, "embedded_source", refuse)
 
 

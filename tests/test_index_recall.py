@@ -4,7 +4,7 @@ measures on held-out queries; a target it cannot meet cheaper than exact search 
 import numpy as np
 import pytest
 
-from tfdml.retrieval import ScannIndex
+from tfdml.retrieval import ScannIndex, tuning
 from tfdml.retrieval import index as index_module
 
 
@@ -145,7 +145,7 @@ def test_a_target_not_met_cheaper_than_exact_search_falls_back_to_brute_force(da
         calls.append(fn)
         return fn(), (0.0 if len(calls) == 1 else 1.0)
 
-    monkeypatch.setattr(index_module, "_timed", timed)
+    monkeypatch.setattr(tuning, "timed", timed)
     index = ScannIndex(gallery, mode="approximate", target_recall=0.9)
     record = index.recall
     assert index.mode == "exact" and index.settings == {} and record["fell_back"]
@@ -155,7 +155,7 @@ def test_a_target_not_met_cheaper_than_exact_search_falls_back_to_brute_force(da
 
 def test_a_target_not_reached_with_every_leaf_falls_back(monkeypatch):
     gallery = unit_clusters(5000, 32, 400, seed=4)
-    monkeypatch.setattr(index_module, "_REORDER_STEPS", (0.1,))  # re-order 10 candidates, never more
+    monkeypatch.setattr(tuning, "REORDER_STEPS", (0.1,))  # re-order 10 candidates, never more
     index = ScannIndex(gallery, mode="approximate", target_recall=1.0, num_leaves=20, reorder_factor=1)
     if index.mode == "approximate":  # every leaf searched but only 11 candidates re-ordered: 1.0 is not met
         pytest.fail(f"expected a fallback, got {index.recall}")

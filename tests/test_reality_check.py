@@ -1,15 +1,10 @@
-"""The Reality Check protocol's own pieces (scripts/reality_check.py): its class split, its search draws and
-its paired differences. No training here; the script's runs are the benchmark."""
-
-import os
-import sys
+"""The Reality Check protocol's own pieces (benchmarks/reality_check/reality_check.py): its class split, its search
+draws and its paired differences. No training here; the script's runs are the benchmark."""
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-
-import reality_check as rc  # noqa: E402  (after the path insert)
+from benchmarks.reality_check import reality_check as rc
 
 
 def test_split_is_by_class_and_relabels_the_training_part():

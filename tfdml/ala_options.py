@@ -1,7 +1,12 @@
 """DML-ALA's choices as plain values, without TensorFlow: read by `tfdml.models.ala` (which validates its
 arguments against them) and by the configuration (`tfdml.config`'s `ala` section), which is parsed before
-TensorFlow is imported. One table, so that a choice is never typed twice.
+TensorFlow is imported. One table, so that a choice is never typed twice: `ALAOptions` declares each of
+`ALAModel`'s switches once (type, default, range), and the model, its `get_config` and the configuration's
+`ala.params` section are all made from it.
 """
+
+import dataclasses
+import math
 
 from tfdml.loss_names import TUPLE_KINDS
 
@@ -59,8 +64,125 @@ VARIANTS = {
 }
 
 
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_WEIGHT_FLOOR = 0.0
+def _option(default, *, choices=None, minimum=None, above=None, maximum=None):
+    """A switch with its default and its valid values (the keys `tfdml.config` validates a field with)."""
+    metadata = {"choices": choices, "minimum": minimum, "above": above, "maximum": maximum, "convert": None}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+    return value
+
+
+@dataclasses.dataclass
+class ALAOptions:
+    """`tfdml.models.ALAModel`'s switches (its docstring says what each does); None takes the variant's choice
+    (`VARIANTS`), or the default declared here. The configuration's `ala.params` section is this class."""
+
+    variant: str | None = _option("default", choices=tuple(VARIANTS))  # paper: Algorithm 1 literally
+    weights: str | None = _option(None, choices=WEIGHT_FORMS)  # how the assessor's outputs become weights
+    temperature: float | None = _option(1.0, above=0.0)  # softmax weights' temperature
+    weight_floor: float | None = _option(0.0, minimum=0.0)  # softmax weights mixed with uniform ones
+    # bound r on the logits, r tanh(z / r); null: the variant's (1 for the default variant's softmax weights, none
+    # for the paper's); .inf: none
+    weight_range: float | None = _option(None, above=0.0)
+    reduction: str | None = _option(None, choices=REDUCTIONS)  # how the weighted terms are reduced
+    lookahead: str | None = _option(None, choices=LOOKAHEADS)  # virtual step: SGD or the optimizer's
+    # what the assessor reads of a tuple: its embeddings (the paper), its distances and loss, or both
+    assessor_input: str | None = _option(None, choices=ASSESSOR_INPUTS)
+    assessor_units: int | None = _option(64, minimum=1)  # LSTM units of the assessor
+    assessor_layers: int | None = _option(2, minimum=1)  # LSTM layers of the assessor
+    # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step;
+    # null: the variant's (per_step by default, per_tuple for the paper variant)
+    state: str | None = _option(None, choices=STATE_MODES)
+    inner_learning_rate: float | None = _option(None, above=0.0)  # one rate for the virtual step (eq 10)
+    assessor_learning_rate: float | None = _option(None, above=0.0)  # the assessor's own optimizer
+    assessor_steps: int | None = _option(3, minimum=0)  # K assessor updates per episode (0: weights only)
+    meta_interval: int | None = _option(1, minimum=1)  # assessor updated every N steps
+    weighting: str | None = _option("assessor", choices=WEIGHTINGS)  # uniform: the base loss itself
+    # which tuples the assessor weighs: all (the paper) or positive_pairs (a pair loss's positive pairs, a triplet
+    # loss's anchor-positive pairs); null: the variant's (positive_pairs by default, all for the paper variant)
+    assessed: str | None = _option(None, choices=ASSESSED)
+
+    def arguments(self):
+        """The switches set to something other than their declared default (what an `ALAModel` call needs)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(ALAOptions)
+            if getattr(self, f.name) is not None and getattr(self, f.name) != f.default
+        }
+
+    def resolved(self):
+        """Every switch decided (None: the variant's choice or the declared default) and checked, as the model
+        runs; `ValueError` naming the switch otherwise. An unbounded `weight_range` is None."""
+        declared = {f.name: f.default for f in dataclasses.fields(ALAOptions)}
+        given = {name: value for name, value in dataclasses.asdict(self).items() if value is not None}
+        variant = _choice("variant", given.get("variant", declared["variant"]), VARIANTS)
+        if "inner_learning_rate" in given and "lookahead" not in given:
+            given["lookahead"] = "sgd"  # one rate only means something for a plain SGD look-ahead
+        chosen = {**declared, **{k: v for k, v in VARIANTS[variant].items() if k in declared}, **given}
+        for name, choices in (
+            ("weights", WEIGHT_FORMS),
+            ("reduction", REDUCTIONS),
+            ("lookahead", LOOKAHEADS),
+            ("assessor_input", ASSESSOR_INPUTS),
+            ("state", STATE_MODES),
+            ("weighting", WEIGHTINGS),
+            ("assessed", ASSESSED),
+        ):
+            _choice(name, chosen[name], choices)
+        chosen.update(_checked_numbers(chosen, given))
+        return ALAOptions(**chosen)
+
+    def saved(self):
+        """The resolved switches as `get_config` records them: unbounded softmax weights as inf (None would take
+        the variant's bound back)."""
+        values = dataclasses.asdict(self)
+        if values["weight_range"] is None and values["weights"] == "softmax":
+            values["weight_range"] = float("inf")
+        return values
+
+
+def _checked_numbers(chosen, given):
+    """The numeric switches of `chosen` converted and checked against each other."""
+    temperature, weight_floor = float(chosen["temperature"]), float(chosen["weight_floor"])
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {chosen['temperature']}.")
+    if not 0.0 <= weight_floor < 1.0:
+        raise ValueError(f"weight_floor must be in [0, 1), got {chosen['weight_floor']}.")
+    if chosen["weights"] == "sigmoid" and weight_floor:
+        raise ValueError('weight_floor mixes softmax weights with uniform ones; it needs weights="softmax".')
+    requested = given.get("weight_range")
+    weight_range = chosen["weight_range"] if chosen["weights"] == "softmax" or requested is not None else None
+    weight_range = None if weight_range is None or math.isinf(float(weight_range)) else float(weight_range)
+    if weight_range is not None and (weight_range <= 0 or chosen["weights"] != "softmax"):
+        raise ValueError(f'weight_range must be > 0 and needs weights="softmax", got {requested}.')
+    inner = chosen["inner_learning_rate"]
+    if inner is not None and chosen["lookahead"] != "sgd":
+        raise ValueError(
+            "inner_learning_rate sets the rate of an SGD look-ahead; it cannot be combined with "
+            f"lookahead={chosen['lookahead']!r}."
+        )
+    if inner is not None and float(inner) < 0:
+        raise ValueError(f"inner_learning_rate must be >= 0, got {inner}.")
+    counts = {
+        name: int(chosen[name]) for name in ("assessor_units", "assessor_layers", "assessor_steps", "meta_interval")
+    }
+    if counts["assessor_steps"] < 0:
+        raise ValueError(f"assessor_steps must be >= 0, got {chosen['assessor_steps']}.")
+    if counts["meta_interval"] < 1:
+        raise ValueError(f"meta_interval must be >= 1, got {chosen['meta_interval']}.")
+    return {
+        **counts,
+        "temperature": temperature,
+        "weight_floor": weight_floor,
+        "weight_range": weight_range,
+        "inner_learning_rate": None if inner is None else float(inner),
+        "assessor_learning_rate": float(chosen["assessor_learning_rate"]),
+    }
+
 
 # Episodes: the training subset is the base loss's whole batch, the validation subset is drawn in addition,
 # one validation class per this many training classes (the paper's 100 : 20 images).

@@ -9,6 +9,8 @@
   learning rate by 10 after 30 of 60 epochs: `schedule="step", boundaries=[0.5], factor=0.1`).
 - `freeze_batchnorm(model)`: the RLL paper's frozen BatchNorm (CUB, Cars), from `tfdml.models.backbones`.
 - `make_embedder(config, input_shape)`: an `Embedder` or `MultiLevelEmbedder` from a model section.
+- `build_loss(config, ...)`: a tfdml loss from a loss section, in `CrossBatchMemory`, `SmallLossWeighting` or
+  `PRISM` as the section says.
 
 RAdam (used by some Group Loss runs) is not part of `keras.optimizers` (Keras 3.15 has Adam, AdamW, Nadam,
 Lamb, Lion, ...); `name="radam"` raises a `tfdml.config.ConfigError` that says so instead of silently
@@ -19,7 +21,8 @@ group's own learning rate. For SGD without momentum this equals Caffe's L2 `weig
 differs only in that the decay term does not accumulate in the momentum buffer.
 """
 
-from tfdml.config import ModelConfig, OptimizerConfig
+from tfdml import losses
+from tfdml.config import LOSSES, ConfigError, ModelConfig, OptimizerConfig
 from tfdml.models import Embedder, MultiLevelEmbedder, backbones
 from tfdml.models.backbones import freeze_batchnorm  # noqa: F401  (re-exported: the configuration's name)
 from tfdml.optimizers import build_optimizer, build_schedule
@@ -88,3 +91,33 @@ def make_embedder(config, input_shape=None):
         head_units=config.head_units,
         **common,
     )
+
+
+def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
+    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), in a
+    `CrossBatchMemory` of `embedding_dim`-wide embeddings with `cross_batch_memory`, in `SmallLossWeighting`
+    or `PRISM` with `label_noise`."""
+
+    params = dict(section.params)
+    schedule = section.dynamic_temperature
+    if schedule is not None:
+        params["tn"] = losses.LinearTemperature(schedule.t1, schedule.t2, schedule.max_steps or total_steps)
+    if section.name == "group":
+        params.setdefault("num_classes", num_classes)
+        if params["num_classes"] is None:
+            raise ConfigError("model.num_classes: the group loss needs the classifier head size")
+    loss = getattr(losses, LOSSES[section.name])(**params)
+    memory = section.cross_batch_memory
+    if memory is not None:
+        loss = losses.CrossBatchMemory(
+            loss, memory_size=memory.memory_size, embedding_dim=embedding_dim, start_step=memory.start_step
+        )
+    noise = section.label_noise
+    if noise is not None and noise.method == "small_loss":
+        loss = losses.SmallLossWeighting(loss, drop_rate=noise.rate)
+    elif noise is not None:
+        window = {} if noise.window_size is None else {"window_size": noise.window_size}
+        loss = losses.PRISM(
+            loss, noise_rate=noise.rate, memory_size=noise.memory_size, embedding_dim=embedding_dim, **window
+        )
+    return loss

@@ -1,8 +1,8 @@
 """Do DML-ALA's assessor outputs drift or saturate over a long run? (issue 29, item 3)
 
-    nice -n 5 python benchmarks/ala_drift/ala_weight_drift.py                    # 5,000 steps, 40 % label noise
-    nice -n 5 python benchmarks/ala_drift/ala_weight_drift.py --steps 500 --noise 0.0
-    python benchmarks/ala_drift/ala_weight_drift.py --summary                    # the summary of benchmarks/ala_drift/
+    nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift                    # 5,000 steps, 40 % label noise
+    nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift --steps 500 --noise 0.0
+    python -m benchmarks.ala_drift.ala_weight_drift --summary                    # the summary of benchmarks/ala_drift/
 
 The problem of `tests/test_ala_noise.py` (Gaussian class clusters in 8 dimensions, a small MLP embedder, the
 contrastive loss, episodes of 6 x 4 training and 2 x 4 validation images), trained with `ALAModel` at the
@@ -17,22 +17,19 @@ and fits a linear trend to `output_std`.
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT_DIR = os.path.join(ROOT, "benchmarks", "ala_drift")
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 
 def run(steps, noise, seed, every, path, weight_range=None, choices=None):
     import keras
     import tensorflow as tf
-    import test_ala_noise as problem
 
+    from tests import test_ala_noise as problem  # the noisy clusters the ALA noise tests train on
     from tfdml.losses import ContrastiveLoss
     from tfdml.models import ALAModel
     from tfdml.models.ala.episode import EpisodeDerivatives

@@ -21,20 +21,16 @@ With `meta_interval` N > 1 only every N-th step is a meta step: the per-step fig
 multiple of 10 so that every N divides it.
 There is no other public DML-ALA implementation to compare against (peer figure: null).
 
-Usage: python benchmarks/ala_step/bench_ala.py [--repeats 20] [--only-meta-interval] [--embedders small,wide]
+Usage: python -m benchmarks.ala_step.bench_ala [--repeats 20] [--only-meta-interval] [--embedders small,wide]
 """
 
 import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-)  # this checkout's tfdml
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

@@ -14,8 +14,8 @@ Parts (each measured in its own process, so that its peak memory is its own):
   time) with shards of 20,000 x 256-d rows and 2, 4 or 8 shards: its peak memory against the catalogue's size.
 
 Usage:
-    nice -n 10 python benchmarks/beam/bench_beam.py --images 2000 8000 --out benchmarks/beam/results.json
-    python benchmarks/beam/bench_beam.py --table benchmarks/beam/results.json > benchmarks/beam/table.md
+    nice -n 10 python -m benchmarks.beam.bench_beam --images 2000 8000 --out benchmarks/beam/results.json
+    python -m benchmarks.beam.bench_beam --table benchmarks/beam/results.json > benchmarks/beam/table.md
 """
 
 import argparse
@@ -215,7 +215,7 @@ def main():
     parser.add_argument("--table", metavar="RESULTS", help="print the Markdown table of a results file")
     args = parser.parse_args()
     if args.table:
-        from table import table  # benchmarks/beam/table.py
+        from benchmarks.beam.table import table
 
         print(table(json.load(open(args.table))))
         return

@@ -11,7 +11,7 @@ Prints one JSON object: images/s (best of `--repeats`) and CPU microseconds per 
 `balancing_cost_cpu = tfdml CPU per image / ceiling CPU per image - 1` (target < 0.10). On a shared
 machine the CPU figure is the steadier one.
 
-    python benchmarks/data/bench_data.py [--classes 50 --per-class 20 --batches 40 --augment]
+    python -m benchmarks.data.bench_data [--classes 50 --per-class 20 --batches 40 --augment]
 """
 
 import argparse

@@ -4,7 +4,7 @@ Trains a small-CNN embedder on digits 0-4 (class-balanced 5 x 12 batches, 32x32)
 every variant and reports Recall@1 / MAP@R on the unseen digits 5-9 (exact search, each test image a query
 against all others). Prints one JSON object.
 
-  python benchmarks/digits_multilevel/digits_multilevel.py [--epochs 8] [--steps 30] [--seeds 0 1 2] [--dim 32]
+  python -m benchmarks.digits_multilevel.digits_multilevel [--epochs 8] [--steps 30] [--seeds 0 1 2] [--dim 32]
 
 Variants: `single` = RLL-H (Embedder, one head); `multi` = RLL-(L,M,H) (concatenated embedding; the
 per-level RLL-L/M/H results of the same model are reported too); `softmax` = Embedder with a classifier head

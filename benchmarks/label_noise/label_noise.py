@@ -1,16 +1,16 @@
 """Label-noise benchmark: what symmetric label noise costs each tuned base loss on glyphs, and how much of it
 the small-loss heuristic, PRISM and DML-ALA recover.
 
-    nice -n 5 python benchmarks/label_noise/label_noise.py --noise 0.4            # every row at 40 % noise
-    nice -n 5 python benchmarks/label_noise/label_noise.py --noise 0.4 --methods base --bases contrastive
-    python benchmarks/label_noise/label_noise.py --table-only                     # table.md from results.jsonl
+    nice -n 5 python -m benchmarks.label_noise.label_noise --noise 0.4            # every row at 40 % noise
+    nice -n 5 python -m benchmarks.label_noise.label_noise --noise 0.4 --methods base --bases contrastive
+    python -m benchmarks.label_noise.label_noise --table-only                     # table.md from results.jsonl
 
-Protocol (the reality check's, `scripts/reality_check.py` and `scripts/benchmark_methods.py`): glyphs at
-32 px, 20 images per character, 150 training / 151 test characters; a small CNN 16-32-64-128 with a 64-d
-embedding trained from scratch with Adam for 300 steps of 22 x 3 class-balanced batches. Each base loss runs
-at its tuned clean setting of the reality check (scratch regime; read from `benchmarks/reality_check/
-results.jsonl`): `contrastive` (`ContrastiveLoss`), `triplet` (`TripletSemiHardLoss`), `margin`
-(`MarginLoss`, distance-weighted sampling), each with its tuned learning rate.
+Protocol (the reality check's, `benchmarks/reality_check/reality_check.py` and
+`benchmarks/glyph_methods/benchmark_methods.py`): glyphs at 32 px, 20 images per character, 150 training / 151 test
+characters; a small CNN 16-32-64-128 with a 64-d embedding trained from scratch with Adam for 300 steps of 22 x 3
+class-balanced batches. Each base loss runs at its tuned clean setting of the reality check (scratch regime; read from
+`benchmarks/reality_check/ results.jsonl`): `contrastive` (`ContrastiveLoss`), `triplet` (`TripletSemiHardLoss`),
+`margin` (`MarginLoss`, distance-weighted sampling), each with its tuned learning rate.
 
 Noise: per seed, `round(noise * 3000)` training images chosen at random get the label of another training
 character chosen uniformly (symmetric noise); the batches are drawn on the noisy labels (what a user's
@@ -54,12 +54,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import benchmark_methods as bm  # noqa: E402  (after the path insert)
-import reality_check as rc  # noqa: E402
-
+from benchmarks.glyph_methods import benchmark_methods as bm  # noqa: E402
+from benchmarks.reality_check import reality_check as rc  # noqa: E402
 from tfdml.data.label_noise import symmetric_label_noise  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results.jsonl")
@@ -114,7 +111,9 @@ def tuned_setting(base):
     lines = rc.read_lines(os.path.join(rc.OUT_DIR, "results.jsonl"), rc.protocol(bm.CONFIG))
     best = rc.best_setting(lines, REGIME, name)
     if best is None:
-        raise SystemExit(f"the reality check has no complete search of {name}: run scripts/reality_check.py first")
+        raise SystemExit(
+            f"the reality check has no complete search of {name}: run benchmarks/reality_check/reality_check.py first"
+        )
     return name, best[1]
 
 

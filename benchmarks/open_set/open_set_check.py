@@ -15,18 +15,14 @@ seeds: other faces, sizes, rotations, blurs) so that none is a gallery item:
 For each, the precision of the matched top-1 neighbours on the mixed stream (a present query matched to a
 wrong class and any matched absent query are wrong), beside the precision the calibration states.
 
-    python benchmarks/open_set/open_set_check.py exported_models/glyphs_rll [--seeds 1 2 3] [--json out.json]
+    python -m benchmarks.open_set.open_set_check exported_models/glyphs_rll [--seeds 1 2 3] [--json out.json]
 """
 
 import argparse
 import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-)  # this checkout's tfdml
 
 import numpy as np  # noqa: E402
 

@@ -24,10 +24,10 @@ counts matches class by class) on the same SOP-like embeddings, the same metrics
 R-precision), each in its own process; peak memory is the process's peak resident memory above what it
 held after generating the data (`VmHWM`).
 
-    python benchmarks/retrieval_eval/bench_retrieval.py --task eval [--n 60000 --dim 512] [--skip faiss_flat]
-    python benchmarks/retrieval_eval/bench_retrieval.py --task qps [--n 1000000 --dim 128 --queries 5000] [--hnsw]
-    python benchmarks/retrieval_eval/bench_retrieval.py --task scale --n 100000 [--runs tfdml_exact pml_faiss ...]
-    python benchmarks/retrieval_eval/bench_retrieval.py --task scale --table scale_100000.json > scale_table.md
+    python -m benchmarks.retrieval_eval.bench_retrieval --task eval [--n 60000 --dim 512] [--skip faiss_flat]
+    python -m benchmarks.retrieval_eval.bench_retrieval --task qps [--n 1000000 --dim 128 --queries 5000] [--hnsw]
+    python -m benchmarks.retrieval_eval.bench_retrieval --task scale --n 100000 [--runs tfdml_exact pml_faiss ...]
+    python -m benchmarks.retrieval_eval.bench_retrieval --task scale --table scale_100000.json > scale_table.md
 """
 
 import argparse

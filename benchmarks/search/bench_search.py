@@ -31,8 +31,8 @@ row then reports, on the 256 test queries: recall@10 against `numpy_exact`, the 
 query (sent alone: one call per query) and of a batch of 32, build seconds and resident memory (MiB above
 the process's baseline after building, the gallery array itself freed), and the peak while searching.
 
-    nice python benchmarks/search/bench_search.py --data embedding --sizes 100000 [--methods ...]
-    python benchmarks/search/bench_search.py --table > benchmarks/search/table.md   # measures nothing
+    nice python -m benchmarks.search.bench_search --data embedding --sizes 100000 [--methods ...]
+    python -m benchmarks.search.bench_search --table > benchmarks/search/table.md   # measures nothing
 
 Results are kept in `benchmarks/search/results_<data>.json` (`--work` for elsewhere); a measured
 size/method is not run again (delete its entry to measure again).
@@ -50,7 +50,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # faiss's OpenMP threads spin while waiting by default; on cores shared with other work that makes a batch
 # of 32 slower than 32 single queries. Passive waiting measures the search, not the contention.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 
 import numpy as np  # noqa: E402
 

@@ -7,7 +7,7 @@ products of that, the query is never rounded), for float32, bfloat16 and int8. P
 recall@1, neighbour recall@10 against the float32 gallery and top-1 agreement with it.
 
     tfdml train                      # writes exported_models/glyphs_rll/<version>
-    nice python benchmarks/search/gallery_dtype_recall.py exported_models/glyphs_rll
+    nice python -m benchmarks.search.gallery_dtype_recall exported_models/glyphs_rll
 """
 
 import argparse
@@ -16,7 +16,6 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this checkout's tfdml
 
 import numpy as np  # noqa: E402
 

@@ -16,23 +16,21 @@ order), so that both see the same load:
 It prints one JSON object: per method the recall@10 against exact search on the 256 test queries, the median
 wall time of a single query over all rounds, the median of each round, and the CPU time per query.
 
-    nice python benchmarks/search/single_query.py --data embedding --size 1000000 > single_query_embedding.json
-    python benchmarks/search/single_query.py --data clustered --faiss ivfpq_refine:512,16 > single_query_clustered.json
+    nice python -m benchmarks.search.single_query --data embedding --size 1000000 > single_query_embedding.json
+    python -m benchmarks.search.single_query --data clustered --faiss ivfpq_refine:512,16 > single_query_clustered.json
 """
 
 import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the checkout
 
-import bench_search as bench  # noqa: E402
 import numpy as np  # noqa: E402
+
+from benchmarks.search import bench_search as bench  # noqa: E402
 
 
 def main():

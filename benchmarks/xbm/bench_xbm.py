@@ -1,13 +1,13 @@
 """Cross-batch memory on glyphs: a small batch with XBM against the same batch without it and a large batch.
 
-    python benchmarks/xbm/bench_xbm.py                                   # 2 losses x 3 set-ups x seeds 0-4 (~15 min)
-    python benchmarks/xbm/bench_xbm.py --seeds 0 1 --losses contrastive
-    python benchmarks/xbm/bench_xbm.py --summary-only                    # JSON summary, table and plot from the JSONL
-    python benchmarks/xbm/bench_xbm.py --steps 900 --start-step 300 --out-dir benchmarks/xbm/900_steps  # longer runs
+    python -m benchmarks.xbm.bench_xbm                                   # 2 losses x 3 set-ups x seeds 0-4 (~15 min)
+    python -m benchmarks.xbm.bench_xbm --seeds 0 1 --losses contrastive
+    python -m benchmarks.xbm.bench_xbm --summary-only                    # JSON summary, table and plot from the JSONL
+    python -m benchmarks.xbm.bench_xbm --steps 900 --start-step 300 --out-dir benchmarks/xbm/900_steps  # longer runs
 
-Protocol: that of `scripts/benchmark_methods.py` (glyphs at 32 px, trained on the "train" characters, Recall@1
-and MAP@R on the unseen "test" characters, the small CNN 16-32-64-128 with a 64-d embedding, Adam 2e-3), the
-same number of steps for every set-up, class-balanced C x K batches drawn once per seed:
+Protocol: that of `benchmarks/glyph_methods/benchmark_methods.py` (glyphs at 32 px, trained on the "train"
+characters, Recall@1 and MAP@R on the unseen "test" characters, the small CNN 16-32-64-128 with a 64-d embedding, Adam
+2e-3), the same number of steps for every set-up, class-balanced C x K batches drawn once per seed:
 
 - `small`: 8 classes x 3 images (24 per step);
 - `small_xbm96`, `small_xbm384`: the same batches, the loss wrapped in `CrossBatchMemory` with a memory of 96
@@ -32,10 +32,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-import benchmark_methods as bm  # noqa: E402
+from benchmarks.glyph_methods import benchmark_methods as bm  # noqa: E402
 
 OUT_DIR = os.path.join(ROOT, "benchmarks", "xbm")
 CONFIG = dict(bm.CONFIG, steps=300, samples_per_class=3)

@@ -46,65 +46,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from tfdml.beam import files as F
 from tfdml.data.sources import IMAGE_EXTENSIONS, ImageReadError, decode_image_bytes
+from tfdml.embed_job import EmbedJob  # noqa: F401  (tfdml.beam.EmbedJob: the job run_embed runs)
 from tfdml.export import EMBEDDING_OUTPUT, IMAGE_INPUT, METADATA_FILE, SERVING_SIGNATURE, resolve_export_dir
-from tfdml.retrieval.index import MODES, ScannIndex, replace_directory
+from tfdml.retrieval.index import ScannIndex, replace_directory
 
-INDEX_MODES = (*MODES, "none")
 _SKIPPED = "skipped"
-
-
-@dataclasses.dataclass(frozen=True)
-class EmbedJob:
-    """What `tfdml embed` does, checked once when made (`ValueError` naming the field).
-
-    Attributes:
-      model: the exported model: a version folder, or `<base>/<name>` (its latest version).
-      output: the output folder (local, or a URL such as `gs://bucket/path`).
-      image_dir: a folder tree `class/image` (one of `image_dir`, `images`, `tfrecords`).
-      images: a glob of image files; an image's class is its parent folder's name.
-      tfrecords: a glob of TFRecord files of `tf.train.Example`s (`image`, optional `id` and `class`).
-      file_format: `"tfrecord"` or `"parquet"` embedding shards.
-      num_shards: embedding files and indexes.
-      batch_size: the largest batch `RunInference` sends to the model.
-      index_mode: `ScannIndex` mode of each shard (`"auto"`, `"exact"`, `"approximate"`), or `"none"`.
-      target_recall: recall@`num_neighbors` against exact search an approximate shard index must reach.
-      num_neighbors: the `k` of that target.
-      overwrite: replace an existing output folder.
-    """
-
-    model: str
-    output: str
-    image_dir: str = None
-    images: str = None
-    tfrecords: str = None
-    file_format: str = "tfrecord"
-    num_shards: int = 4
-    batch_size: int = 64
-    index_mode: str = "auto"
-    target_recall: float = 0.95
-    num_neighbors: int = 10
-    overwrite: bool = False
-
-    def __post_init__(self):
-        given = [name for name in ("image_dir", "images", "tfrecords") if getattr(self, name)]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one input (image_dir, images or tfrecords), got {given or 'none'}.")
-        if self.file_format not in F.FORMATS:
-            raise ValueError(f"file_format must be one of {', '.join(F.FORMATS)}, got {self.file_format!r}.")
-        if self.index_mode not in INDEX_MODES:
-            raise ValueError(f"index_mode must be one of {', '.join(INDEX_MODES)}, got {self.index_mode!r}.")
-        for name in ("num_shards", "batch_size", "num_neighbors"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
-        if not 0.0 < float(self.target_recall) <= 1.0:
-            raise ValueError(f"target_recall must be in (0, 1], got {self.target_recall}.")
-
-    @property
-    def pattern(self):
-        """The file glob of the input: `image_dir/*/*` for a folder tree."""
-        if self.image_dir:
-            return F.join(self.image_dir, "*", "*")
-        return self.images or self.tfrecords
 
 
 def model_version_dir(model):

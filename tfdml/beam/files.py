@@ -21,7 +21,8 @@ import posixpath
 import numpy as np
 import tensorflow as tf
 
-FORMATS = ("tfrecord", "parquet")
+from tfdml.embed_job import FORMATS  # noqa: F401  (the formats the files are written in)
+
 SKIPPED_FILE = "skipped.jsonl"
 SHARDS_FILE = "shards.jsonl"
 MANIFEST_FILE = "manifest.json"

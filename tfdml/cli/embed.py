@@ -6,10 +6,12 @@ tfdml embed --model gs://b/models/cub/1 --tfrecords 'gs://b/images-*.tfrecord' -
     --runner DataflowRunner --project P --region europe-west1 --temp_location gs://b/tmp
 """
 
+import dataclasses
 import os
 import sys
 
 from tfdml.cli import positive_int, usage_error
+from tfdml.embed_job import EmbedJob
 
 HELP = "Embed, shard and index a catalogue of images with an exported model on Apache Beam."
 
@@ -27,65 +29,9 @@ def register(subparsers):
         "--direct_running_mode multi_processing, --flink_master, --project, --temp_location). Needs the beam extra "
         '(pip install "tfdml[beam]").',
     )
-    parser.add_argument(
-        "--model",
-        metavar="DIR",
-        required=True,
-        help="exported model: <base_dir>/<name> (latest version) or a version directory (a URL such as "
-        "gs://... must name the version directory).",
-    )
-    source = parser.add_argument_group("images (one of)")
-    source.add_argument(
-        "--image-dir", metavar="DIR", help="a folder tree DIR/<class>/<image>; the class is the sub-folder's name."
-    )
-    source.add_argument(
-        "--images",
-        metavar="GLOB",
-        help="image files matching a glob (quote it), e.g. 'photos/*/*.jpg'; an image's class is its parent "
-        "folder's name.",
-    )
-    source.add_argument(
-        "--tfrecords",
-        metavar="GLOB",
-        help="TFRecord files of tf.train.Examples with an 'image' bytes feature (the encoded image) and optional "
-        "'id' and 'class' bytes features (without 'id', the image's SHA-1).",
-    )
-    out = parser.add_argument_group("output")
-    out.add_argument(
-        "--output", metavar="DIR", required=True, help="the output folder (local, or a URL such as gs://...)."
-    )
-    out.add_argument(
-        "--format",
-        dest="file_format",
-        choices=["tfrecord", "parquet"],
-        default="tfrecord",
-        help="embedding files: TFRecord of tf.train.Examples or Parquet, each row id, class, embedding.",
-    )
-    out.add_argument("--num-shards", type=positive_int, default=4, help="embedding files and indexes, one per shard.")
-    out.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing output folder (a local one only once the new one is complete).",
-    )
-    options = parser.add_argument_group("embedding and index")
-    options.add_argument(
-        "--batch-size", type=positive_int, default=64, help="the largest batch of images sent to the model."
-    )
-    options.add_argument(
-        "--index-mode",
-        choices=["auto", "exact", "approximate", "none"],
-        default="auto",
-        help="ScaNN index of each shard: auto (brute force below 20,000 items, else approximate), exact, "
-        "approximate, or none.",
-    )
-    options.add_argument(
-        "--target-recall",
-        type=float,
-        default=0.95,
-        help="recall@--num-neighbors against exact search that an approximate shard index must reach "
-        "(measured on the shard, as tfdml export measures its index).",
-    )
-    options.add_argument("--num-neighbors", type=positive_int, default=10, help="the k of the recall target.")
+    groups = {}
+    for field in dataclasses.fields(EmbedJob):  # the job's fields are the options (tfdml.embed_job)
+        _add_job_option(parser, groups, field)
     evaluation = parser.add_argument_group("evaluation")
     evaluation.add_argument(
         "--evaluate",
@@ -104,6 +50,29 @@ def register(subparsers):
     )
     parser.set_defaults(func=run, beam_options=True)
     return parser
+
+
+def _add_job_option(parser, groups, field):
+    """The option of an `EmbedJob` field, in its argument group (made at its first field)."""
+    cli, target = field.metadata["cli"], parser
+    if cli["group"] is not None:
+        if cli["group"] not in groups:
+            groups[cli["group"]] = parser.add_argument_group(cli["group"])
+        target = groups[cli["group"]]
+    flag = cli["flag"] or "--" + field.name.replace("_", "-")
+    if field.type is bool:
+        target.add_argument(flag, dest=field.name, action="store_true", help=cli["help"])
+        return
+    number = {int: positive_int, float: float}.get(field.type)
+    kwargs = {"type": number} if number else {}
+    if cli["required"]:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = field.default
+    for key in ("metavar", "choices"):
+        if cli[key] is not None:
+            kwargs[key] = list(cli[key]) if key == "choices" else cli[key]
+    target.add_argument(flag, dest=field.name, help=cli["help"], **kwargs)
 
 
 def argument_problem(args):
@@ -138,26 +107,13 @@ def run(args):
 
 def _run(args):
     from tfdml import interrupts
-    from tfdml.beam import EmbedJob, evaluate_output, run_embed
+    from tfdml.beam import evaluate_output, run_embed
     from tfdml.beam.embed import input_problem, output_problem
     from tfdml.locks import FolderLock
 
     beam_options = [f"--runner={args.runner}", *args.extra]
     try:
-        job = EmbedJob(
-            model=args.model,
-            output=args.output,
-            image_dir=args.image_dir,
-            images=args.images,
-            tfrecords=args.tfrecords,
-            file_format=args.file_format,
-            num_shards=args.num_shards,
-            batch_size=args.batch_size,
-            index_mode=args.index_mode,
-            target_recall=args.target_recall,
-            num_neighbors=args.num_neighbors,
-            overwrite=args.overwrite,
-        )
+        job = EmbedJob(**{field.name: getattr(args, field.name) for field in dataclasses.fields(EmbedJob)})
         problem = output_problem(job.output, job.overwrite) or input_problem(job)
         if problem:
             return usage_error("embed", problem)

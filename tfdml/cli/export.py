@@ -13,6 +13,7 @@ import zipfile
 from tfdml.cli import positive_int, usage_error
 from tfdml.config import MATCH_MODES, ConfigError, ExportConfig, output_dir_problem
 from tfdml.locks import FolderLock
+from tfdml.retrieval_options import TARGET_RECALL
 
 HELP = "Export a trained Keras embedder as a TF Serving SavedModel, optionally with a ScaNN gallery index."
 
@@ -108,8 +109,13 @@ def _add_gallery_options(parser):
         "1.645 standard errors), and the measured recall, its bound, settings and query "
         "time are printed and recorded in the index. A target not met cheaper than exact search falls back "
         "to brute force, which is said. 'none' keeps the automatic settings unmeasured (default: the job's "
-        "export.target_recall for a model in a report folder, else 0.95).",
+        f"export.target_recall for a model in a report folder, else {TARGET_RECALL:g}).",
     )
+    _add_search_options(group)
+
+
+def _add_search_options(group):
+    """The search signature's options (in the gallery's group)."""
     group.add_argument(
         "--top-k",
         type=int,

@@ -17,22 +17,22 @@ from tfdml.config import output_file_problem
 
 HELP = "Find the nearest gallery images of query images with an exported model and its ScaNN index."
 
+DESCRIPTION = (
+    HELP + " The index is the one exported with the model version "
+    "(<base_dir>/<name>/<version>/assets.extra/tfdml_index, written by 'tfdml train', 'tfdml export "
+    "--gallery-dir' or tfdml.export.export_index); an index built with another version is refused. "
+    "Prints each neighbour's id (file path, or item number of an embedded data set), class, score and "
+    "match decision, and what 'match' promises (the calibration recorded at export: open set by "
+    "default, i.e. its precision holds on a stream of queries half of whose classes are absent from "
+    "the gallery); "
+    "optionally writes JSON and a retrieval grid PNG. Query files that cannot be decoded are skipped "
+    "and named. With --exact, the version's 'search' signature answers instead (exact cosine top-k "
+    "in TensorFlow, with calibrated match decisions: what TF Serving returns; no ScaNN needed)."
+)
+
 
 def register(subparsers):
-    parser = subparsers.add_parser(
-        "search",
-        help=HELP,
-        description=HELP + " The index is the one exported with the model version "
-        "(<base_dir>/<name>/<version>/assets.extra/tfdml_index, written by 'tfdml train', 'tfdml export "
-        "--gallery-dir' or tfdml.export.export_index); an index built with another version is refused. "
-        "Prints each neighbour's id (file path, or item number of an embedded data set), class, score and "
-        "match decision, and what 'match' promises (the calibration recorded at export: open set by "
-        "default, i.e. its precision holds on a stream of queries half of whose classes are absent from "
-        "the gallery); "
-        "optionally writes JSON and a retrieval grid PNG. Query files that cannot be decoded are skipped "
-        "and named. With --exact, the version's 'search' signature answers instead (exact cosine top-k "
-        "in TensorFlow, with calibrated match decisions: what TF Serving returns; no ScaNN needed).",
-    )
+    parser = subparsers.add_parser("search", help=HELP, description=DESCRIPTION)
     parser.add_argument(
         "queries", nargs="+", metavar="IMAGE", help="query image files (JPEG, PNG, BMP, GIF, WebP, TIFF)."
     )
@@ -190,21 +190,8 @@ def _run(args):
     report = []
     for q, path in enumerate(queries):
         print(f"{path}:")
-        neighbours = []
-        for rank, (found, value) in enumerate(zip(ids[q].tolist(), values[q]), start=1):
-            entry = {"rank": rank, "id": found, value_name: float(value)}
-            if index.labels is not None:
-                entry["label"] = index.labels[positions[q][rank - 1]].item()
-                entry["class"] = index.class_name(positions[q][rank - 1])
-            if flags is not None:
-                entry["same_class"] = bool(flags[q][rank - 1])
-            if threshold is not None:
-                entry["match"] = bool(value >= threshold)
-            neighbours.append(entry)
-            shown = f"  class {entry['class']}" if "class" in entry else ""
-            marked = "  match" if entry.get("match") else ""
-            print(f"  {rank:3d}. {describe_id(found)}{shown}  {value_name} {value:.4f}{marked}")
-        report.append({"query": path, "neighbours": neighbours})
+        found = zip(ids[q].tolist(), values[q], positions[q], [None] * len(positions[q]) if flags is None else flags[q])
+        report.append({"query": path, "neighbours": _neighbours(index, found, threshold, value_name)})
     query_titles = [
         _query_title(path, None if query_labels is None else query_labels[q], index) for q, path in enumerate(queries)
     ]
@@ -218,6 +205,26 @@ def _run(args):
         value_name,
     )
     return 0
+
+
+def _neighbours(index, found, threshold, value_name):
+    """The report entries of one query's neighbours (`found`: id, score, gallery position, same class or None),
+    each printed as one line."""
+    neighbours = []
+    for rank, (key, value, position, same_class) in enumerate(found, start=1):
+        entry = {"rank": rank, "id": key, value_name: float(value)}
+        if index.labels is not None:
+            entry["label"] = index.labels[position].item()
+            entry["class"] = index.class_name(position)
+        if same_class is not None:
+            entry["same_class"] = bool(same_class)
+        if threshold is not None:
+            entry["match"] = bool(value >= threshold)
+        neighbours.append(entry)
+        shown = f"  class {entry['class']}" if "class" in entry else ""
+        marked = "  match" if entry.get("match") else ""
+        print(f"  {rank:3d}. {describe_id(key)}{shown}  {value_name} {value:.4f}{marked}")
+    return neighbours
 
 
 def _write_outputs(args, report, images, pictures, flags, query_titles, value_name="score"):

@@ -20,6 +20,7 @@ from tfdml.config.schema import (
     output_dir_problem,
 )
 from tfdml.loss_names import LOSSES  # noqa: F401  (loss name -> tfdml.losses class name)
+from tfdml.retrieval_options import CALIBRATION_MODES, TARGET_RECALL
 
 # Losses that learn from one image per class (class proxies or a classifier; Group Loss refines a
 # classifier's predictions): every other loss needs positive pairs, >= 2 images per class in a batch.
@@ -28,8 +29,8 @@ UNPAIRED_LOSSES = ("proxy_anchor", "proxy_nca", "normalized_softmax", "arcface",
 ALA_LOSSES = ala_options.BASE_LOSSES
 # == tfdml.optimizers.OPTIMIZER_NAMES (tested); written out so that parsing a configuration imports no TensorFlow.
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "rmsprop")
-# == tfdml.retrieval.calibration.MODES (tested), written out for the same reason.
-MATCH_MODES = ("auto", "open", "closed")
+# The match calibration's modes, declared without TensorFlow (tfdml.retrieval_options).
+MATCH_MODES = CALIBRATION_MODES
 
 
 def _augment(value, key):
@@ -284,38 +285,11 @@ class LossConfig(_Section):
 
 
 @dataclasses.dataclass
-class ALAParams(_Section):
-    """`tfdml.models.ALAModel` arguments; null keeps the ALAModel default. The base loss is `loss`."""
+class ALAParams(_Section, ala_options.ALAOptions):
+    """`tfdml.models.ALAModel`'s switches, as `tfdml.ala_options.ALAOptions` declares them (types, defaults,
+    ranges); null takes the variant's choice. The base loss is `loss`."""
 
     _KEY = "ala.params"
-    variant: str | None = _field(None, choices=tuple(ala_options.VARIANTS))  # paper: Algorithm 1 literally
-    # how the assessor's outputs become weights (tfdml.ala_options.WEIGHT_FORMS)
-    weights: str | None = _field(None, choices=ala_options.WEIGHT_FORMS)
-    temperature: float | None = _field(None, above=0.0)  # softmax weights' temperature
-    weight_floor: float | None = _field(None, minimum=0.0)  # softmax weights mixed with uniform ones
-    # bound r on the logits, r tanh(z / r); null: 1 for a pair loss's softmax weights, else none; .inf: none
-    weight_range: float | None = _field(None, above=0.0)
-    # how the weighted terms are reduced (tfdml.ala_options.REDUCTIONS)
-    reduction: str | None = _field(None, choices=ala_options.REDUCTIONS)
-    lookahead: str | None = _field(None, choices=ala_options.LOOKAHEADS)  # virtual step: SGD or the optimizer's
-    # what the assessor reads of a tuple: its embeddings (the paper), its distances and loss, or both
-    assessor_input: str | None = _field(None, choices=ala_options.ASSESSOR_INPUTS)
-    meta_interval: int | None = _field(None, minimum=1)  # assessor updated every N steps
-    assessor_units: int | None = _field(None, minimum=1)  # LSTM units of the assessor (default 64)
-    assessor_layers: int | None = _field(None, minimum=1)  # LSTM layers of the assessor (default 2)
-    inner_learning_rate: float | None = _field(None, above=0.0)  # one rate for the virtual step (eq 10)
-    assessor_learning_rate: float | None = _field(None, above=0.0)  # the assessor's own optimizer
-    assessor_steps: int | None = _field(None, minimum=0)  # K assessor updates per episode (0: weights only)
-    # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step;
-    # null: the variant's (per_step by default, per_tuple for the paper variant)
-    state: str | None = _field(None, choices=ala_options.STATE_MODES)
-    weighting: str | None = _field(None, choices=ala_options.WEIGHTINGS)  # uniform: the base loss itself
-    # which tuples the assessor weighs: all (the paper) or positive_pairs (a pair loss's positive pairs, a triplet
-    # loss's anchor-positive pairs); null: the variant's (positive_pairs by default, all for the paper variant)
-    assessed: str | None = _field(None, choices=ala_options.ASSESSED)
-
-    def arguments(self):
-        return {k: v for k, v in self.to_dict().items() if v is not None}
 
 
 @dataclasses.dataclass
@@ -470,7 +444,7 @@ class ExportConfig(_Section):
     match_mode: str = _field("auto", choices=MATCH_MODES)
     # An approximate ScaNN index (galleries from 20,000 items; tfdml train's own index is exact): the
     # recall@10 against exact search its settings are raised to reach (null: automatic settings, unmeasured).
-    target_recall: float | None = _field(0.95, above=0.0, maximum=1.0)
+    target_recall: float | None = _field(TARGET_RECALL, above=0.0, maximum=1.0)
 
 
 @dataclasses.dataclass

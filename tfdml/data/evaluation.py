@@ -46,6 +46,17 @@ def eval_dataset(
             f"{source.name}: images have no fixed size (got shape {spec.shape}); pass "
             "image_size=... so that they can be batched."
         )
+    ds = _skipped_items_recorded(ds, source, n)
+    if not with_index:
+        ds = ds.map(lambda image, label, index: (image, label))
+    ds = ds.batch(batch_size)
+    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def _skipped_items_recorded(ds, source, n):
+    """`ds` of `(image, label, index)` with its undecodable items dropped and recorded in `source` (the gaps
+    in the indices)."""
+    spec = ds.element_spec[0]
     # A sentinel after the last item lets the gap scan below also see trailing corrupt items.
     sentinel = tf.data.Dataset.from_tensors(
         (tf.zeros(spec.shape, spec.dtype), tf.constant(-1, tf.int64), tf.constant(n, tf.int64))
@@ -66,8 +77,4 @@ def eval_dataset(
         tf.cond(tf.size(missing) > 0, report, lambda: tf.constant(0))
         return index + 1, element
 
-    ds = ds.scan(tf.constant(0, tf.int64), find_gaps).filter(lambda image, label, index: index < n)
-    if not with_index:
-        ds = ds.map(lambda image, label, index: (image, label))
-    ds = ds.batch(batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+    return ds.scan(tf.constant(0, tf.int64), find_gaps).filter(lambda image, label, index: index < n)

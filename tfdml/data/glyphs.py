@@ -99,6 +99,8 @@ LOOKALIKE_SAME = 0.12  # ... or below this in at least a quarter of them: the sa
 CONFUSION_LIMIT = 0.3
 CONFUSION_SEEDS = tuple(range(10))
 DEFAULT_ROTATION = 12.0  # images are rotated by up to +-this many degrees
+DEFAULT_SCALE = (0.55, 0.95)  # the glyph's longer side, a fraction of the image side drawn in this range
+DEFAULT_BLUR = 0.8  # Gaussian blur radius drawn up to this many pixels (at 32 px)
 CACHE_VERSION = 1
 
 
@@ -351,7 +353,13 @@ def _draw(glyph, image_size, params):
 
 
 def render_images(
-    classes, image_size=32, images_per_class=20, seed=0, max_rotation=DEFAULT_ROTATION, scale=(0.55, 0.95), max_blur=0.8
+    classes,
+    image_size=32,
+    images_per_class=20,
+    seed=0,
+    max_rotation=DEFAULT_ROTATION,
+    scale=DEFAULT_SCALE,
+    max_blur=DEFAULT_BLUR,
 ):
     """`uint8 [len(classes) * images_per_class, image_size, image_size]` images and their class indices.
 
@@ -403,8 +411,8 @@ def load_images(
     images_per_class=20,
     seed=0,
     max_rotation=DEFAULT_ROTATION,
-    scale=(0.55, 0.95),
-    max_blur=0.8,
+    scale=DEFAULT_SCALE,
+    max_blur=DEFAULT_BLUR,
     cache=True,
 ):
     """`render_images` of every class, read from the on-disk cache when it was generated before."""
@@ -439,8 +447,8 @@ def glyph_arrays(
     images_per_class=20,
     seed=0,
     max_rotation=DEFAULT_ROTATION,
-    scale=(0.55, 0.95),
-    max_blur=0.8,
+    scale=DEFAULT_SCALE,
+    max_blur=DEFAULT_BLUR,
     classes=None,
     cache=True,
 ):
@@ -465,8 +473,8 @@ def glyphs(
     images_per_class=20,
     seed=0,
     max_rotation=DEFAULT_ROTATION,
-    scale=(0.55, 0.95),
-    max_blur=0.8,
+    scale=DEFAULT_SCALE,
+    max_blur=DEFAULT_BLUR,
     classes=None,
     cache=True,
 ):

@@ -326,6 +326,19 @@ def class_balanced_dataset(
       >>> ds = tfdml.data.class_balanced_dataset(source, 4, 8, image_size=32, seed=0)
       >>> images, labels = next(iter(ds))   # images [32, 32, 32, 1], labels [32]: 4 digits x 8
     """
+    classes = _batch_classes(source, classes_per_batch, samples_per_class, epochs, num_replicas, drop_small_classes)
+    seed = _base_seed(seed)
+    schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    sampler = _UniformOrderBatchSampler(
+        source, classes, [samples_per_class] * classes_per_batch, sample_seed, image_size, augment, preprocess
+    )
+    schedule = _slot_schedule(len(classes), classes_per_batch, schedule_seed, epochs)
+    ds = _batches(sampler, schedule, classes_per_batch, parallel_batches)
+    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def _batch_classes(source, classes_per_batch, samples_per_class, epochs, num_replicas, drop_small_classes):
+    """The classes `class_balanced_dataset` draws from, after checking its settings (`ValueError`)."""
     _check_positive("classes_per_batch", classes_per_batch)
     _check_positive("samples_per_class", samples_per_class)
     if epochs is not None:
@@ -343,14 +356,7 @@ def class_balanced_dataset(
             f"{source.name} has {len(classes)} usable classes, fewer than classes_per_batch="
             f"{classes_per_batch}" + (" after dropping small classes" if drop_small_classes else "") + "."
         )
-    seed = _base_seed(seed)
-    schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    sampler = _UniformOrderBatchSampler(
-        source, classes, [samples_per_class] * classes_per_batch, sample_seed, image_size, augment, preprocess
-    )
-    schedule = _slot_schedule(len(classes), classes_per_batch, schedule_seed, epochs)
-    ds = _batches(sampler, schedule, classes_per_batch, parallel_batches)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+    return classes
 
 
 def episode_dataset(
@@ -402,25 +408,30 @@ def episode_dataset(
     train_classes, val_classes = _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes)
     k_train, k_val = train_size // train_classes, val_size // val_classes
     loading = dict(image_size=image_size, augment=augment, preprocess=preprocess)
+    _check_val_source(val_source, disjoint_labels)
+    sizes, drawing = ((train_classes, k_train), (val_classes, k_val)), (seed, epochs, drop_small_classes)
+    if val_source is not None or not disjoint_labels:
+        val_source = source if val_source is None else val_source
+        ds = _independent_episodes(source, val_source, sizes, loading, *drawing, parallel_batches)
+    else:
+        ds = _disjoint_episodes(source, sizes, loading, *drawing, parallel_batches)
+    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+
+
+def _check_val_source(val_source, disjoint_labels):
     if val_source is not None and not disjoint_labels:
         raise ValueError(
             "disjoint_labels=False draws the validation subsets from source; with val_source they come from "
             "val_source and the option does not apply."
         )
-    if val_source is not None or not disjoint_labels:
-        ds = _independent_episodes(
-            source,
-            source if val_source is None else val_source,
-            ((train_classes, k_train), (val_classes, k_val)),
-            loading,
-            seed,
-            epochs,
-            drop_small_classes,
-            parallel_batches,
-        )
-        return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
-    group = train_classes + val_classes
-    classes = usable_classes(source, max(k_train, k_val), drop_small_classes)
+
+
+def _disjoint_episodes(source, sizes, loading, seed, epochs, drop_small, parallel_batches):
+    """Episodes of `source` whose training and validation subsets (`(classes, k)` of `sizes`) are one batch of
+    distinct classes, split after the training images (`episode_dataset`'s default)."""
+    (train_classes, k_train), (val_classes, k_val) = sizes
+    train_size, group = train_classes * k_train, train_classes + val_classes
+    classes = usable_classes(source, max(k_train, k_val), drop_small)
     if len(classes) < group:
         raise ValueError(
             f"{source.name} has {len(classes)} usable classes, fewer than train_classes + val_classes = "
@@ -428,7 +439,6 @@ def episode_dataset(
         )
     seed = _base_seed(seed)
     schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-    # One batch of both subsets' classes (distinct by construction), split after the training images.
     ks = [k_train] * train_classes + [k_val] * val_classes
     sampler = _BatchSampler(source, classes, ks, sample_seed, **loading)
     schedule = _slot_schedule(len(classes), group, schedule_seed, epochs)
@@ -436,8 +446,7 @@ def episode_dataset(
     def split(images, labels):
         return images[:train_size], labels[:train_size], images[train_size:], labels[train_size:]
 
-    ds = _batches(sampler, schedule, group, parallel_batches).map(split)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+    return _batches(sampler, schedule, group, parallel_batches).map(split)
 
 
 def _independent_episodes(source, val_source, sizes, loading, seed, epochs, drop_small, parallel_batches):

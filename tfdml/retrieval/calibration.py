@@ -43,8 +43,10 @@ import math
 
 import numpy as np
 
+from tfdml.retrieval_options import CALIBRATION_MODES
+
 DEFAULT_PRECISIONS = (0.5, 0.8, 0.9, 0.95, 0.99)
-MODES = ("auto", "open", "closed")
+MODES = CALIBRATION_MODES
 DEFAULT_ABSENT_SHARE = 0.5
 MIN_CLASSES = 2
 MIN_OPEN_SET_CLASSES = 4
@@ -254,6 +256,35 @@ def _unmeasurable(labels):
     return None
 
 
+def _check_settings(target_precision, precisions, mode, absent_share):
+    for value in (target_precision, *precisions):
+        if not 0.0 < float(value) <= 1.0:
+            raise ValueError(f"precision targets must be in (0, 1], got {value}.")
+    if mode not in MODES:
+        raise ValueError(f"calibration mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if not 0.0 <= float(absent_share) < 1.0:
+        raise ValueError(f"absent_share must be in [0, 1), got {absent_share}.")
+
+
+def _table(curve, targets, mode):
+    """One row per precision target (ascending): the threshold that reaches it (None where none does) and what
+    it gives."""
+    table = []
+    for target in sorted({float(p) for p in targets}):
+        t, p, r, pp, ar, ok = _choose(curve, target)
+        table.append(
+            {
+                "target_precision": target,
+                "threshold": t if ok else None,
+                "precision": p,
+                "recall": r,
+                "present_precision": pp,
+                "absent_match_rate": ar if mode == "open" else None,
+            }
+        )
+    return table
+
+
 def calibrate(
     embeddings,
     labels,
@@ -281,40 +312,19 @@ def calibrate(
       >>> cal = calibrate(eval_embeddings, eval_labels, target_precision=0.9)
       >>> cal.threshold, cal.recall, cal.absent_match_rate
     """
-    for value in (target_precision, *precisions):
-        if not 0.0 < float(value) <= 1.0:
-            raise ValueError(f"precision targets must be in (0, 1], got {value}.")
-    if mode not in MODES:
-        raise ValueError(f"calibration mode must be one of {', '.join(MODES)}, got {mode!r}.")
-    if not 0.0 <= float(absent_share) < 1.0:
-        raise ValueError(f"absent_share must be in [0, 1), got {absent_share}.")
+    _check_settings(target_precision, precisions, mode, absent_share)
     labels = np.asarray(labels).reshape(-1)
     classes = len(np.unique(labels))
-    if mode == "auto":
-        mode = "open" if classes >= MIN_OPEN_SET_CLASSES else "closed"
+    mode = ("open" if classes >= MIN_OPEN_SET_CLASSES else "closed") if mode == "auto" else mode
     share = float(absent_share) if mode == "open" else 0.0
     scores, correct, absent_scores = top1_neighbours(embeddings, labels, absent=mode == "open")
-    if absent_scores is None:
-        absent_scores = np.zeros(0, np.float32)
+    absent_scores = np.zeros(0, np.float32) if absent_scores is None else absent_scores
     note = _unmeasurable(labels)
     curve = _curve(scores, correct, absent_scores, share)
-    table = []
     if note is None:
-        chosen = _choose(curve, target_precision)
-        for target in sorted({float(p) for p in (*precisions, target_precision)}):
-            t, p, r, pp, ar, ok = _choose(curve, target)
-            table.append(
-                {
-                    "target_precision": target,
-                    "threshold": t if ok else None,
-                    "precision": p,
-                    "recall": r,
-                    "present_precision": pp,
-                    "absent_match_rate": ar if mode == "open" else None,
-                }
-            )
+        chosen, table = _choose(curve, target_precision), _table(curve, (*precisions, target_precision), mode)
     else:
-        chosen = (math.inf, 0.0, 0.0, 0.0, 0.0, False)
+        chosen, table = (math.inf, 0.0, 0.0, 0.0, 0.0, False), []
     threshold, precision, recall, present_precision, absent_rate, reached = chosen
     return Calibration(
         float(target_precision),
@@ -324,9 +334,7 @@ def calibrate(
         reached,
         scores,
         correct,
-        curve[0],
-        curve[1],
-        curve[2],
+        *curve[:3],
         table,
         mode=mode,
         absent_share=share,

@@ -115,24 +115,24 @@ def evaluate(
 
         def search(needed):
             if exact:
-                return exact_search(
-                    queries,
-                    None if same_set else gallery,
-                    k=needed,
-                    distance=distance,
-                    chunk_size=chunk_size,
-                    progress=progress,
-                )[0]
+                gallery_or_none = None if same_set else gallery
+                found = exact_search(
+                    queries, gallery_or_none, needed, distance, chunk_size=chunk_size, progress=progress
+                )
+                return found[0]
             return _approximate_search(queries, gallery, needed, distance, same_set, index_kwargs)
 
         results.update(_retrieval_metrics(search, q_labels, gallery_labels, same_set, metrics, ks))
     if "nmi" in metrics or "f1" in metrics:
-        clusters = M.cluster_embeddings(queries, len(np.unique(q_labels)), seed=seed)
-        if "nmi" in metrics:
-            results["nmi"] = M.nmi(clusters, q_labels)
-        if "f1" in metrics:
-            results["f1"] = M.clustering_f1(clusters, q_labels)
+        results.update(_clustering_metrics(queries, q_labels, metrics, seed))
     return results
+
+
+def _clustering_metrics(queries, labels, metrics, seed):
+    """NMI and F1 (those in `metrics`) of the queries clustered by k-means into as many clusters as classes."""
+    clusters = M.cluster_embeddings(queries, len(np.unique(labels)), seed=seed)
+    scores = {"nmi": M.nmi, "f1": M.clustering_f1}
+    return {name: score(clusters, labels) for name, score in scores.items() if name in metrics}
 
 
 def _check_metrics(metrics, ks):

@@ -180,25 +180,35 @@ def fit_distributed(
         with strategy.scope():
             model = build_model()
             model.compile(optimizer=keras.optimizers.SGD(0.01), loss=tfdml.losses.RankedListLoss())
-        tfdml.training.fit_distributed(model, dataset, epochs=10, steps_per_epoch=500,
-                                       checkpoint_dir="/shared/run1")
+        tfdml.training.fit_distributed(model, dataset, epochs=10, steps_per_epoch=500, checkpoint_dir="/shared/run1")
     """
     strategy = strategy or model.distribute_strategy
     _check_arguments(model, strategy, dataset, epochs, steps_per_epoch, data_position)
     task_type, task_id = _task(strategy)
     chief = _is_chief(task_type, task_id)
     progress = _Progress(verbose, chief, epochs)
-
     cursor = _DataCursor(dataset, data_position if checkpoint_dir is not None else None)
     _build(model, strategy, dataset.element_spec)
     epoch_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="epochs_done")
     checkpoint = tf.train.Checkpoint(epochs_done=epoch_counter, **cursor.trackables(), **_training_state(model))
+    save = _saver(checkpoint, checkpoint_dir, chief, (task_type, task_id), max_checkpoints, cursor, progress)
+    train_step = _distributed_train_step(model, strategy)
+    return _train_epochs(model, train_step, cursor, checkpoint, save, epoch_counter, epochs, steps_per_epoch, progress)
+
+
+def _saver(checkpoint, checkpoint_dir, chief, task, max_checkpoints, cursor, progress):
+    """`save(epochs done)`, after restoring the checkpoint of an earlier run in `checkpoint_dir` (a no-op
+    without one)."""
     manager = None
     if checkpoint_dir is not None:
-        manager = _checkpoint_manager(checkpoint, checkpoint_dir, chief, task_type, task_id, max_checkpoints)
-        _resume(checkpoint, checkpoint_dir, cursor, progress, epoch_counter)
+        manager = _checkpoint_manager(checkpoint, checkpoint_dir, chief, *task, max_checkpoints)
+        _resume(checkpoint, checkpoint_dir, cursor, progress, checkpoint.epochs_done)
+    return lambda epochs_done: _save(manager, epochs_done, chief)
 
-    train_step = _distributed_train_step(model, strategy)
+
+def _train_epochs(model, train_step, cursor, checkpoint, save, epoch_counter, epochs, steps_per_epoch, progress):
+    """The epochs from the first not done to `epochs`, each saved by `save(epochs done)`; the history of those
+    run."""
     history = {}
     for epoch in range(int(epoch_counter.numpy()), epochs):
         model.reset_metrics()
@@ -209,13 +219,13 @@ def fit_distributed(
             for name, value in logs.items():
                 history.setdefault(name, []).append(value)
             progress.epoch(epoch, step, time.time() - start, logs)
-            _save(manager, epoch + 1, chief)
+            save(epoch + 1)
         if out_of_data:
             warnings.warn(
                 f"The dataset ran out of data after {step} steps of epoch {epoch + 1} (steps_per_epoch="
                 f"{steps_per_epoch}): the epoch ends early and the next one starts the dataset again, as in "
                 "`fit`. Repeat the dataset (`.repeat()`) or lower steps_per_epoch.",
-                stacklevel=2,
+                stacklevel=3,  # the caller of fit_distributed
             )
     return history
 

@@ -1,7 +1,7 @@
 """`ALAModel`, the Keras model that trains an embedder with DML-ALA, and `ala_training` (package docstring)."""
 
+import dataclasses
 import inspect
-import math
 import warnings
 
 import keras
@@ -49,15 +49,12 @@ def resolve_base_loss(base_loss, loss_params=None):
     return base_loss
 
 
+_SWITCHES = tuple(field.name for field in dataclasses.fields(options.ALAOptions))
+
+
 def _pair_keys(indices):
     """One int64 key per `(anchor, positive)` of triplet rows `[T, 3]` (rows are below 2**31)."""
     return tf.cast(indices[:, 0], tf.int64) * (2**31) + tf.cast(indices[:, 1], tf.int64)
-
-
-def _choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
-    return value
 
 
 def _embedding_size(embedder):
@@ -83,37 +80,40 @@ class ALAModel(keras.Model):
             instance. With every weight 1 the real step is exactly that loss's step; its variables (the margin
             loss's `beta`) are trained by its own optimizer.
         loss_params: arguments of a base loss given by name.
-        variant: "default" (softmax weights, the base loss's reduction, geometry input, Adam 1e-3 assessor; the
-            positive pairs weighted from one shared assessor state per step, logits bounded at 1) or "paper"
-            (Algorithm 1 literally: sigmoid weights of every tuple, the recurrence over tuples, sums over tuples,
-            embeddings input, SGD 4e-4 assessor). The switches below override single choices; None takes the
-            variant's.
-        weights: "softmax" (`w = n softmax((z - mean z) / temperature)` over the step's assessed tuples, mixed
-            with uniform weights by `weight_floor`) or "sigmoid" (the paper's `A` in (0, 1)).
-        temperature: softmax temperature (default 1).
-        weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
-            (default 0: a tuple can be silenced).
-        weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
-            `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
-            `float("inf")`: unbounded).
-        reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
-        lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
-            compiled optimizer's step with its state held constant).
-        assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
-        assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
-        state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
-            step; the paper variant's) or "per_step" (all tuples from one shared state; cheaper; the default
-            variant's).
-        inner_learning_rate: one rate for every variable in an SGD virtual step (implies `lookahead="sgd"`).
-        assessor_learning_rate: the assessor optimizer's rate (`b` of eq 12).
-        assessor_steps: `K`, assessor updates per episode (paper: 3); 0 only weights the tuples.
-        meta_interval: update the assessor every `meta_interval`-th step only (default 1).
-        weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
-        assessed: "all" (every tuple whose weight can change the loss; the paper variant's) or "positive_pairs" (the
-            default variant's: a pair loss's positive pairs only, the negative pairs keep weight 1; a triplet loss's
-            anchor-positive pairs, one weight shared by the pair's triplets: under label noise the mislabelled
-            tuples are the positive pairs, and weighting the negatives only adds noise).
         embedding_dim: embedding size, when the embedder does not tell it.
+        **kwargs: DML-ALA's switches, declared (type, default, range) once in `tfdml.ala_options.ALAOptions`;
+            the other keywords go to `keras.Model`. None takes the variant's choice:
+
+            variant: "default" (softmax weights, the base loss's reduction, geometry input, Adam 1e-3 assessor; the
+                positive pairs weighted from one shared assessor state per step, logits bounded at 1) or "paper"
+                (Algorithm 1 literally: sigmoid weights of every tuple, the recurrence over tuples, sums over tuples,
+                embeddings input, SGD 4e-4 assessor). The switches below override single choices; None takes the
+                variant's.
+            weights: "softmax" (`w = n softmax((z - mean z) / temperature)` over the step's assessed tuples, mixed
+                with uniform weights by `weight_floor`) or "sigmoid" (the paper's `A` in (0, 1)).
+            temperature: softmax temperature (default 1).
+            weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
+                (default 0: a tuple can be silenced).
+            weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
+                `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
+                `float("inf")`: unbounded).
+            reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
+            lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
+                compiled optimizer's step with its state held constant).
+            assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
+            assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
+            state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
+                step; the paper variant's) or "per_step" (all tuples from one shared state; cheaper; the default
+                variant's).
+            inner_learning_rate: one rate for every variable in an SGD virtual step (implies `lookahead="sgd"`).
+            assessor_learning_rate: the assessor optimizer's rate (`b` of eq 12).
+            assessor_steps: `K`, assessor updates per episode (paper: 3); 0 only weights the tuples.
+            meta_interval: update the assessor every `meta_interval`-th step only (default 1).
+            weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
+            assessed: "all" (every tuple whose weight can change the loss; the paper variant's) or "positive_pairs" (the
+                default variant's: a pair loss's positive pairs only, the negative pairs keep weight 1; a triplet loss's
+                anchor-positive pairs, one weight shared by the pair's triplets: under label noise the mislabelled
+                tuples are the positive pairs, and weighting the negatives only adds noise).
 
     Example:
         >>> model = ALAModel(tfdml.models.Embedder("small_cnn", embedding_dim=64), base_loss="contrastive")
@@ -122,83 +122,25 @@ class ALAModel(keras.Model):
         >>> tuples, weights = model.tuple_weights(images[:66], labels[:66])   # what the assessor learnt
     """
 
-    def __init__(
-        self,
-        embedder,
-        base_loss="triplet",
-        loss_params=None,
-        variant="default",
-        weights=None,
-        temperature=None,
-        weight_floor=None,
-        weight_range=None,
-        reduction=None,
-        lookahead=None,
-        assessor_input=None,
-        assessor_units=64,
-        assessor_layers=2,
-        state=None,
-        inner_learning_rate=None,
-        assessor_learning_rate=None,
-        assessor_steps=3,
-        meta_interval=1,
-        weighting="assessor",
-        assessed=None,
-        embedding_dim=None,
-        **kwargs,
-    ):
+    def __init__(self, embedder, base_loss="triplet", loss_params=None, embedding_dim=None, **kwargs):
+        # The switches are declared once, in tfdml.ala_options.ALAOptions; the rest of kwargs go to keras.Model.
+        switches = {name: kwargs.pop(name) for name in _SWITCHES if name in kwargs}
         super().__init__(**kwargs)
         if not isinstance(embedder, (keras.Model, keras.layers.Layer)):
             raise TypeError(f"embedder must be a Keras model or layer, got {type(embedder).__name__}.")
         self.embedder = embedder
         self.base_loss = resolve_base_loss(base_loss, loss_params)
-        self.variant = _choice("variant", variant, options.VARIANTS)
-        defaults = options.VARIANTS[self.variant]
-        self.weight_form = _choice("weights", defaults["weights"] if weights is None else weights, options.WEIGHT_FORMS)
-        self.temperature = float(options.DEFAULT_TEMPERATURE if temperature is None else temperature)
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
-        self.weight_floor = float(options.DEFAULT_WEIGHT_FLOOR if weight_floor is None else weight_floor)
-        if not 0.0 <= self.weight_floor < 1.0:
-            raise ValueError(f"weight_floor must be in [0, 1), got {weight_floor}.")
-        if self.weight_form == "sigmoid" and self.weight_floor:
-            raise ValueError('weight_floor mixes softmax weights with uniform ones; it needs weights="softmax".')
-        if weight_range is None and self.weight_form == "softmax":
-            weight_range = defaults["weight_range"]
-        self.weight_range = None if weight_range is None or math.isinf(float(weight_range)) else float(weight_range)
-        if self.weight_range is not None and (self.weight_range <= 0 or self.weight_form != "softmax"):
-            raise ValueError(f'weight_range must be > 0 and needs weights="softmax", got {weight_range}.')
-        reduction = defaults["reduction"] if reduction is None else reduction
-        self.reduction = _choice("reduction", reduction, options.REDUCTIONS)
-        if inner_learning_rate is not None and lookahead is None:
-            lookahead = "sgd"  # one rate only means something for a plain SGD look-ahead
-        lookahead = defaults["lookahead"] if lookahead is None else lookahead
-        self.lookahead = _choice("lookahead", lookahead, options.LOOKAHEADS)
-        if inner_learning_rate is not None and self.lookahead != "sgd":
-            raise ValueError(
-                "inner_learning_rate sets the rate of an SGD look-ahead; it cannot be combined with "
-                f"lookahead={lookahead!r}."
-            )
-        if inner_learning_rate is not None and float(inner_learning_rate) < 0:
-            raise ValueError(f"inner_learning_rate must be >= 0, got {inner_learning_rate}.")
-        self.inner_learning_rate = None if inner_learning_rate is None else float(inner_learning_rate)
-        self.assessor_input = _choice(
-            "assessor_input",
-            defaults["assessor_input"] if assessor_input is None else assessor_input,
-            options.ASSESSOR_INPUTS,
+        self.options = chosen = options.ALAOptions(**switches).resolved()
+        self.variant, self.weight_form, self.reduction = chosen.variant, chosen.weights, chosen.reduction
+        self.temperature, self.weight_floor, self.weight_range = (
+            chosen.temperature,
+            chosen.weight_floor,
+            chosen.weight_range,
         )
-        state = _choice("state", defaults["state"] if state is None else state, options.STATE_MODES)
-        self.weighting = _choice("weighting", weighting, options.WEIGHTINGS)
-        self.assessed = _choice("assessed", defaults["assessed"] if assessed is None else assessed, options.ASSESSED)
-        self.assessor_steps = int(assessor_steps)
-        if self.assessor_steps < 0:
-            raise ValueError(f"assessor_steps must be >= 0, got {assessor_steps}.")
-        self.meta_interval = int(meta_interval)
-        if self.meta_interval < 1:
-            raise ValueError(f"meta_interval must be >= 1, got {meta_interval}.")
-        self.assessor_learning_rate = float(
-            defaults["assessor_learning_rate"] if assessor_learning_rate is None else assessor_learning_rate
-        )
+        self.lookahead, self.inner_learning_rate = chosen.lookahead, chosen.inner_learning_rate
+        self.assessor_input, self.weighting, self.assessed = chosen.assessor_input, chosen.weighting, chosen.assessed
+        self.assessor_steps, self.meta_interval = chosen.assessor_steps, chosen.meta_interval
+        self.assessor_learning_rate = chosen.assessor_learning_rate
         embedding_dim = embedding_dim if embedding_dim is not None else _embedding_size(embedder)
         if embedding_dim is None:
             raise ValueError(
@@ -206,7 +148,8 @@ class ALAModel(keras.Model):
                 "tfdml embedder, or pass embedding_dim=..."
             )
         self.embedding_dim = int(embedding_dim)
-        self._init_assessor(defaults["assessor_optimizer"], assessor_units, assessor_layers, state)
+        assessor_optimizer = options.VARIANTS[self.variant]["assessor_optimizer"]
+        self._init_assessor(assessor_optimizer, chosen.assessor_units, chosen.assessor_layers, chosen.state)
         self._init_loss_variables()
         names = ["loss"]
         if self.weighting == "assessor":
@@ -369,32 +312,10 @@ class ALAModel(keras.Model):
         config.update(
             embedder=keras.saving.serialize_keras_object(self.embedder),
             base_loss=keras.saving.serialize_keras_object(self.base_loss),
-            variant=self.variant,
-            weights=self.weight_form,
-            temperature=self.temperature,
-            weight_floor=self.weight_floor,
-            weight_range=self._saved_weight_range(),
-            reduction=self.reduction,
-            lookahead=self.lookahead,
-            assessor_input=self.assessor_input,
-            assessor_units=self.assessor.units,
-            assessor_layers=self.assessor.num_layers,
-            state=self.assessor.state,
-            inner_learning_rate=self.inner_learning_rate,
-            assessor_learning_rate=self.assessor_learning_rate,
-            assessor_steps=self.assessor_steps,
-            meta_interval=self.meta_interval,
-            weighting=self.weighting,
-            assessed=self.assessed,
+            **self.options.saved(),
             embedding_dim=self.embedding_dim,
         )
         return config
-
-    def _saved_weight_range(self):
-        """Unbounded softmax weights are saved as inf: None would take a pair loss's default bound back."""
-        if self.weight_range is None and self.weight_form == "softmax":
-            return float("inf")
-        return self.weight_range
 
     @classmethod
     def from_config(cls, config):
@@ -503,6 +424,12 @@ def _unpack_episode(data):
     return tuple(data)
 
 
+def _paper_optimizer(embedder):
+    """The paper's rates: Adam 1e-4, the new layers of a tfdml embedder at 10x."""
+    head = 10.0 if hasattr(embedder, "head_variables") else 1.0
+    return build_optimizer("adam", 1e-4, head_lr_multiplier=head, model=embedder)
+
+
 def ala_training(
     embedder,
     source,
@@ -555,20 +482,10 @@ def ala_training(
         ...                                base_loss="contrastive", classes_per_batch=22, samples_per_class=3)
         >>> model.fit(episodes)
     """
-    if optimizer is None:
-        head = 10.0 if hasattr(embedder, "head_variables") else 1.0
-        optimizer = build_optimizer("adam", 1e-4, head_lr_multiplier=head, model=embedder)
     model = ALAModel(embedder, base_loss=base_loss, weighting=weighting, **ala_kwargs)
-    model.compile(optimizer=optimizer)
+    model.compile(optimizer=_paper_optimizer(embedder) if optimizer is None else optimizer)
     arguments = {**options.episode_sizes(classes_per_batch, samples_per_class, val_classes), **dict(episode or {})}
-    dataset = data_lib.episode_dataset(
-        source,
-        image_size=image_size,
-        augment=augment,
-        preprocess=preprocess,
-        seed=seed,
-        val_source=val_source,
-        **arguments,
-    )
+    loading = dict(image_size=image_size, augment=augment, preprocess=preprocess)
+    dataset = data_lib.episode_dataset(source, seed=seed, val_source=val_source, **loading, **arguments)
     # The sampler is endless: exactly `steps` episodes, a size Keras can read (else it warns that the input ran out).
     return model, dataset.take(int(steps)).apply(tf.data.experimental.assert_cardinality(int(steps)))

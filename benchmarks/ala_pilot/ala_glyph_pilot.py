@@ -1,24 +1,22 @@
 """DML-ALA configurations on the glyph method table's protocol, one seed at a time (a pilot for choosing defaults).
 
-    nice python scripts/ala_glyph_pilot.py --base-loss triplet --seed 0 --tag floor0.5 --ala '{"weight_floor": 0.5}'
+    nice python -m benchmarks.ala_pilot.ala_glyph_pilot --base-loss triplet --seed 0 --tag floor0.5 \
+        --ala '{"weight_floor": 0.5}'
 
-Trains `ALAModel` with the given arguments on the batches of `scripts/benchmark_methods.py` (its `CONFIG`,
-its seed's index batches, ALA's training/validation halves) and appends one JSON line (Recall@1, MAP@R on the
-unseen characters) to `benchmarks/ala_pilot/results.jsonl`. The uniform twins are the table's
+Trains `ALAModel` with the given arguments on the batches of `benchmarks/glyph_methods/benchmark_methods.py`
+(its `CONFIG`, its seed's index batches, ALA's training/validation halves) and appends one JSON line (Recall@1, MAP@R
+on the unseen characters) to `benchmarks/ala_pilot/results.jsonl`. The uniform twins are the table's
 `*_ala_uniform` rows of the same seed.
 """
 
 import argparse
 import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from benchmarks.glyph_methods import benchmark_methods as bm
 
-import benchmark_methods as bm  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():

@@ -1,26 +1,26 @@
 """Which loss should I use? Every method tuned the same way on glyphs, then tested (Musgrave et al.'s protocol).
 
-    python scripts/reality_check.py                           # search, then final runs: every method, both regimes
-    python scripts/reality_check.py --regimes scratch --methods contrastive rll_official
-    python scripts/reality_check.py --phase search            # only the searches
-    python scripts/reality_check.py --table-only              # table.md and methods.png from the JSONL
-    python scripts/reality_check.py --list                    # the methods and their search spaces
-    python scripts/reality_check.py --paired scratch rll_uniform margin_dw   # per-seed differences (JSON)
+    python -m benchmarks.reality_check.reality_check               # search, then final runs: every method, both regimes
+    python -m benchmarks.reality_check.reality_check --regimes scratch --methods contrastive rll_official
+    python -m benchmarks.reality_check.reality_check --phase search            # only the searches
+    python -m benchmarks.reality_check.reality_check --table-only              # table.md and methods.png from the JSONL
+    python -m benchmarks.reality_check.reality_check --list                    # the methods and their search spaces
+    python -m benchmarks.reality_check.reality_check --paired scratch rll_uniform margin_dw  # per-seed differences
 
 Protocol ("A Metric Learning Reality Check", Musgrave, Belongie and Lim, ECCV 2020, on a small scale):
 
 1. The training characters of `tfdml.data.glyphs` are split by class into a training part (two thirds) and
    a validation part (one third, `VALIDATION_FRACTION`, a fixed shuffle).
 2. Search: per method `TRIALS` settings, the same number for every method: trial 0 is the method's setting
-   in `scripts/benchmark_methods.py` (the papers' or libraries' defaults, Adam 2e-3), trials 1.. a seeded
-   random draw from `SEARCH_SPACE` (the method's own parameters and the learning rate). Each trial trains on
-   the training part (seed 0) and is scored by MAP@R on the validation classes.
+   in `benchmarks/glyph_methods/benchmark_methods.py` (the papers' or libraries' defaults, Adam 2e-3), trials
+   1.. a seeded random draw from `SEARCH_SPACE` (the method's own parameters and the learning rate). Each trial trains
+   on the training part (seed 0) and is scored by MAP@R on the validation classes.
 3. Final: the setting with the best validation MAP@R is retrained on all training characters with the
    seeds `FINAL_SEEDS` and evaluated on the unseen test characters: Recall@1, MAP@R and R-precision, mean and standard
    deviation over the seeds.
 
-Everything else is `scripts/benchmark_methods.py`'s (its data, batches, small CNN, training function and
-method definitions are imported from there): 32 px, 20 images per character, 300 steps of 22 x 3
+Everything else is `benchmarks/glyph_methods/benchmark_methods.py`'s (its data, batches, small CNN, training
+function and method definitions are imported from there): 32 px, 20 images per character, 300 steps of 22 x 3
 class-balanced batches, the 16-32-64-128 CNN with a 64-d embedding, Adam.
 
 Two regimes: `scratch` (random initial weights) and `pretrained`: the papers start from a backbone trained
@@ -46,11 +46,9 @@ import zlib
 
 import numpy as np
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(SCRIPTS)
-sys.path.insert(0, SCRIPTS)
+from benchmarks.glyph_methods import benchmark_methods as bm  # the method table's methods, data, training
 
-import benchmark_methods as bm  # noqa: E402  (after the path insert: the method table's methods, data, training)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 OUT_DIR = os.path.join(ROOT, "benchmarks", "reality_check")
 REGIMES = ("scratch", "pretrained")

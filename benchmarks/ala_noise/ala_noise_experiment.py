@@ -1,17 +1,17 @@
 """DML-ALA under label noise: does the assessor learn which tuples matter? Appends JSON lines, prints a summary.
 
-    nice python scripts/ala_noise_experiment.py                       # digits, defaults, 5 seeds, ALA + twin
-    nice python scripts/ala_noise_experiment.py --dataset glyphs      # retrieval on glyphs (the method table's
+    nice python -m benchmarks.ala_noise.ala_noise_experiment                     # digits, defaults, 5 seeds, ALA + twin
+    nice python -m benchmarks.ala_noise.ala_noise_experiment --dataset glyphs  # retrieval on glyphs (the method table's
                                                                       # protocol, noisy training labels)
-    nice python scripts/ala_noise_experiment.py --tag paper --ala '{"variant": "paper"}'
-    nice python scripts/ala_noise_experiment.py --summary             # only the summary of the JSONL
+    nice python -m benchmarks.ala_noise.ala_noise_experiment --tag paper --ala '{"variant": "paper"}'
+    nice python -m benchmarks.ala_noise.ala_noise_experiment --summary             # only the summary of the JSONL
 
 Protocol (issue 19). A fraction `--noise` (default 30 %) of the training images, chosen at random per seed,
 get another training class's label. Digits: train on digits 0-4 with those labels (episodes of 3 classes x 8
 images and a validation subset of the 2 other classes x 5, `tfdml.models.ala.ala_training`), small CNN
 (32-d, 16 px), `--steps` (300) steps of Adam(`--lr`, 1e-3), `ALAModel` at the library defaults unless
 `--ala` overrides arguments; retrieval (Recall@1, MAP@R) on digits 5-9. Glyphs: the glyph method table's
-protocol (`scripts/benchmark_methods.py`: 32 px, small CNN 16-32-64-128, Adam 2e-3, 300 steps of 22 x 3
+protocol (`benchmarks/glyph_methods/benchmark_methods.py`: 32 px, small CNN 16-32-64-128, Adam 2e-3, 300 steps of 22 x 3
 batches split into training and validation halves) with noisy training labels; retrieval on the unseen half.
 
 Each seed trains ALA and its uniform-weight twin (`weighting="uniform"`: the same episodes, tuples and
@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -40,9 +39,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tfdml import data, retrieval  # noqa: E402
 from tfdml.models import Embedder  # noqa: E402

@@ -1,9 +1,9 @@
 """Every metric-learning method of tfdml on the glyph data set, with one backbone, one sampler and one budget.
 
-    python scripts/benchmark_methods.py                          # every method x seeds 0-4 (~25 min, 2 cores)
-    python scripts/benchmark_methods.py --methods rll_uniform triplet_all --seeds 0 1
-    python scripts/benchmark_methods.py --table-only             # rebuild the table and plot from the JSONL
-    python scripts/benchmark_methods.py --list                   # the methods and whether they can run here
+    python -m benchmarks.glyph_methods.benchmark_methods                   # every method x seeds 0-4 (~25 min, 2 cores)
+    python -m benchmarks.glyph_methods.benchmark_methods --methods rll_uniform triplet_all --seeds 0 1
+    python -m benchmarks.glyph_methods.benchmark_methods --table-only        # rebuild the table and plot from the JSONL
+    python -m benchmarks.glyph_methods.benchmark_methods --list              # the methods and whether they can run here
 
 Protocol (the same for every row; `CONFIG` below): `tfdml.data.glyphs` at 32 px, training on the "train"
 half of the characters and retrieval on the unseen "test" half (Recall@1 and MAP@R, exact search, every test
@@ -36,8 +36,7 @@ import traceback
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CONFIG = {
     "image_size": 32,
@@ -356,7 +355,7 @@ def _pml(loss_name, miner=None, beta_optimizer=False, **params):
 class LossBuilder:
     """`builder(num_classes)` -> the tfdml loss `name(**params)`; `kind` says which of `num_classes` and
     `embedding_dim` it also takes. `with_params(**changes)` gives a builder of the same loss with other
-    parameters (the hyperparameter search of `scripts/reality_check.py`)."""
+    parameters (the hyperparameter search of `benchmarks/reality_check/reality_check.py`)."""
 
     def __init__(self, name, kind="plain", **params):
         self.name, self.kind, self.params = name, kind, params

@@ -1,0 +1,156 @@
+"""The job: its stages run in order under the report folder's lock, with a stop said as where it happened."""
+
+import dataclasses
+import os
+import time
+
+import keras
+import numpy as np
+
+from tfdml.callbacks import completed_epochs
+from tfdml.config import Config, default_config
+from tfdml.pipeline.data import (
+    _check_evaluation_data,
+    _check_unseen_classes,
+    fit_to_data,
+    load_sources,
+    make_datasets,
+    steps_per_epoch,
+)
+from tfdml.pipeline.evaluate import Evaluation, evaluate, export_once
+from tfdml.pipeline.folder import check_outputs, choose_report_dir, lock_report, prepare_report_dir, resolve_paths
+from tfdml.pipeline.report import finish_report
+from tfdml.pipeline.train import build_model, check_weights, is_chief, strategy_for, train_or_restore
+
+
+class JobError(RuntimeError):
+    """A failure after training (e.g. the export cannot be written); the message says what was kept."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the job; the message says where it stopped and how to go on."""
+
+
+def _interrupted(stage, config):
+    epochs, checkpoints = config.training.epochs, config.training.checkpoint_dir
+    if stage == "training":
+        done = completed_epochs(checkpoints)
+        if done:
+            return Interrupted(f"interrupted after epoch {done}/{epochs}; run the same command to resume")
+        return Interrupted(
+            f"interrupted in epoch 1/{epochs}, before its checkpoint: run the same command to start again"
+        )
+    if stage == "after training":
+        return Interrupted(
+            f"interrupted after training ({epochs}/{epochs} epochs, kept in {checkpoints}), before the report "
+            f"was complete; run the same command to write the report in {config.report.dir}"
+        )
+    if stage == "reported":
+        return Interrupted(f"stopped after the report in {config.report.dir} was complete; nothing was lost")
+    return Interrupted("interrupted before training started: run the same command to start")
+
+
+def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=False, overwrite=False):
+    """Runs the whole job; returns the metrics dict also written to `<report_dir>/metrics.json`.
+
+    `config`: a `Config` (default: the embedded default job); `restart`: discard an unfinished run in the
+    report directory instead of resuming it; `say`: where the one-line notices (resuming ...) go;
+    `fit_classes_per_batch`: train on all the classes of training data that has fewer than
+    `data.classes_per_batch` (see `fit_to_data`); `overwrite`: replace a finished run's report instead of
+    keeping it (see `choose_report_dir`).
+
+    Output folders are checked and the report folder locked (`tfdml.locks`; `LockedError` when another
+    process writes it) before anything is read or trained. The report is written beside its folder and
+    moved into place in one step; the checkpoints are cleared only then, so a run stopped after training
+    is taken to its report by the same call again. A stop (Ctrl-C, or SIGTERM under the CLI) raises
+    `Interrupted`, whose message says how to go on; a failed export raises `JobError` once the report is
+    in place."""
+    if not isinstance(config, Config):
+        config = Config.from_dict(config) if config is not None else default_config()
+    report_dir = choose_report_dir(config, overwrite, say)
+    config = resolve_paths(config.replace(report=config.report.replace(dir=report_dir)))
+    started = time.perf_counter()
+    check_outputs(config)
+    lock = lock_report(config, say)
+    try:
+        return _job(config, verbose, restart, say, fit_classes_per_batch, started)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _job(config, verbose, restart, say, fit_classes_per_batch, started):
+    stage = ["before training"]  # where a stop found the job (run_stages moves it on)
+    try:
+        keras.utils.set_random_seed(config.seed)
+        train_source, eval_source = load_sources(config.data)
+        config = fit_to_data(config, train_source, fit_classes_per_batch, say)
+        _check_evaluation_data(eval_source)
+        _check_unseen_classes(train_source, eval_source)
+        prepare_report_dir(config, restart, say)
+        outcome = run_stages(config, verbose, train_source, eval_source, stage)
+        if not outcome.summary.get("chief", True):
+            return outcome.summary
+        summary = finish_report(config, outcome, started, stage)
+    except KeyboardInterrupt:
+        raise _interrupted(stage[0], config) from None
+    if outcome.export_error is not None:
+        raise JobError(
+            f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
+            f"({outcome.export_error}); the report is complete in {config.report.dir}"
+        )
+    return summary
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the job's stages produced, for its report."""
+
+    summary: dict
+    history: dict = None
+    evaluation: Evaluation = None
+    embedder: object = None
+    eval_source: object = None
+    export_error: object = None  # the export failed (the report is written anyway)
+
+
+def run_stages(config, verbose, train_source, eval_source, stage):
+    steps = steps_per_epoch(config, train_source)
+    input_shape = (config.data.image_size, config.data.image_size, getattr(train_source, "channels", 3))
+    check_weights(config, train_source)
+
+    strategy = strategy_for(config.training.distribute)
+    with strategy.scope():
+        model, embedder = build_model(config, input_shape, config.training.epochs * steps)
+    datasets = make_datasets(config, train_source, eval_source, strategy.num_replicas_in_sync)
+    stage[0] = "training"
+    trained = train_or_restore(config, model, embedder, datasets, strategy, steps, verbose)
+    stage[0] = "after training"
+    summary = {
+        "name": config.name,
+        "train_seconds": round(trained.seconds, 2),  # every epoch, across resumed runs
+        "train_seconds_this_run": round(trained.seconds_this_run, 2),
+        "epochs_this_run": int(trained.epochs_this_run),
+    }
+    if not is_chief(strategy):
+        return Outcome(dict(summary, chief=False))
+
+    evaluation = evaluate(config, embedder, datasets)
+    summary.update(
+        {
+            "report_dir": config.report.dir,
+            "paper_target": config.paper_target,
+            "model": evaluation.results,
+            "raw_pixels": evaluation.baseline,
+            "eval_items": int(len(evaluation.labels)),
+            "eval_classes": int(len(np.unique(evaluation.labels))),
+            "match_calibration": evaluation.calibration.to_dict() if evaluation.calibration else None,
+            "steps_per_epoch": int(steps),
+            "history": {k: [float(v) for v in vs] for k, vs in trained.history.items()},
+        }
+    )
+    error = None
+    if config.export.enabled:
+        added, error = export_once(config, embedder, evaluation, eval_source)
+        summary.update(added)
+    return Outcome(summary, trained.history, evaluation, embedder, eval_source, error)

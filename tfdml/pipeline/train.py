@@ -1,0 +1,162 @@
+"""The model built in its distribution strategy, and its training (or the weights of a run stopped after
+training)."""
+
+import dataclasses
+import os
+import time
+
+import keras
+import tensorflow as tf
+
+from tfdml import callbacks as callbacks_lib
+from tfdml import recipes
+from tfdml.config import ConfigError
+from tfdml.models import ALAModel
+from tfdml.models.backbones import PretrainedWeightsError
+from tfdml.training import fit_distributed
+
+# In the checkpoint folder once training is complete: the embedder's weights (a rerun after a stop goes
+# straight to the report).
+TRAINED_WEIGHTS = "tfdml_trained.weights.h5"
+
+
+def check_weights(config, train_source):
+    """ImageNet weights take RGB images: said before the backbone is built, naming the key."""
+    channels = getattr(train_source, "channels", 3)
+    if config.model.weights == "imagenet" and channels != 3:
+        raise ConfigError(
+            f"model.weights: ImageNet weights take 3-channel (RGB) images, but the training data "
+            f"({train_source.name}) has {channels} channel(s): train from scratch with --set "
+            "model.weights=null, or use RGB images"
+        )
+
+
+def strategy_for(choice):
+    """The strategy for `training.distribute`: auto picks multi_worker when TF_CONFIG is set, mirrored with
+    several GPUs, else none."""
+
+    if choice == "auto":
+        if os.environ.get("TF_CONFIG"):
+            choice = "multi_worker"
+        elif len(tf.config.list_physical_devices("GPU")) > 1:
+            choice = "mirrored"
+    if choice == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if choice == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def is_chief(strategy):
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return (
+        resolver is None
+        or resolver.task_type in (None, "chief")
+        or (resolver.task_type == "worker" and resolver.task_id == 0)
+    )
+
+
+def build_model(config, input_shape, total_steps):
+    """`(trainable model, embedder)`, compiled, in the current strategy scope."""
+
+    try:
+        embedder = recipes.make_embedder(config.model, input_shape)
+    except PretrainedWeightsError as error:
+        raise ConfigError(
+            f"model.weights: {error.reason}; offline, train from scratch with --set "
+            "model.weights=null, or give the path of the backbone's keras.applications 'notop' "
+            "weights file downloaded elsewhere: --set model.weights=/path/to/file.h5"
+        ) from None
+    optimizer = recipes.make_optimizer(config.optimizer, embedder, total_steps)
+    if not config.ala.enabled:
+        embedder.compile(
+            optimizer=optimizer,
+            loss=recipes.build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim),
+        )
+        return embedder, embedder
+    # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
+    # reads the embedding size from the tfdml embedder.
+    ala_params = config.ala.params.arguments()
+    # With loss.label_noise the assessor weighs the pairs the small-loss heuristic keeps (PRISM is refused).
+    base_loss = recipes.build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim)
+    model = ALAModel(embedder, base_loss=base_loss, **ala_params)
+    model.compile(optimizer=optimizer)
+    return model, embedder
+
+
+# ---- training -----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Training:
+    history: dict  # {metric: [value per epoch]} over every epoch, those of resumed runs included
+    seconds: float  # training time of every epoch, summed over this process and the runs it resumed
+    seconds_this_run: float  # training time of the epochs this process trained
+    epochs_this_run: int  # how many epochs this process trained (the last ones)
+
+
+def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
+    """Fits `model`; returns a `Training` (history and training time over every epoch of the run, the
+    epochs of the runs it resumed included, and this process's share)."""
+
+    training, checkpoints = config.training, config.training.checkpoint_dir
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        # Keras 3 fit fails under MultiWorkerMirroredStrategy: tfdml's strategy.run loop trains the same
+        # model, checkpoints on the chief and resumes by itself (no Keras callbacks in this mode).
+
+        started, done = time.perf_counter(), callbacks_lib.completed_epochs(checkpoints)
+        history = fit_distributed(
+            model,
+            datasets.train,
+            epochs=training.epochs,
+            steps_per_epoch=steps,
+            checkpoint_dir=checkpoints,
+            strategy=strategy,
+            verbose=verbose,
+        )
+        seconds = time.perf_counter() - started  # this process only: the loop keeps no earlier epoch times
+        return Training(history, seconds, seconds, training.epochs - done)
+
+    callbacks = []
+    if training.eval_every:
+        callbacks.append(
+            callbacks_lib.RetrievalEvaluation(eval_ds, every_n_epochs=training.eval_every, ks=config.evaluation.ks)
+        )
+    if training.pretrain_epochs:
+        callbacks.append(callbacks_lib.ClassificationPretraining(training.pretrain_epochs))
+    # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen
+    # (resume_stream skips what the checkpointed epochs consumed); EpochLog keeps the earlier epochs' logs.
+    epoch_log = callbacks_lib.EpochLog(checkpoints)
+    callbacks += [
+        epoch_log,
+        keras.callbacks.BackupAndRestore(checkpoints, delete_checkpoint=False),  # cleared with the report
+        keras.callbacks.TensorBoard(os.path.join(config.report.dir, "tensorboard")),
+    ]
+    train_ds = callbacks_lib.resume_stream(datasets.train, checkpoints, steps)
+    model.fit(
+        train_ds, epochs=training.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose, shuffle=False
+    )  # tfdml.data batches come shuffled
+    return Training(
+        epoch_log.history(),
+        epoch_log.seconds(),
+        epoch_log.seconds(this_run=True),
+        len(epoch_log.epochs) - epoch_log.resumed_epochs,
+    )
+
+
+def train_or_restore(config, model, embedder, datasets, strategy, steps, verbose):
+    """Trains, or takes the weights of a run that was stopped after training; the trained weights are kept
+    in the checkpoints until the report is in place."""
+    checkpoints = config.training.checkpoint_dir
+    weights = os.path.join(checkpoints, TRAINED_WEIGHTS)
+    if os.path.exists(weights):
+        embedder.load_weights(weights)
+        log = callbacks_lib.EpochLog(checkpoints)
+        return Training(log.history(), log.seconds(), 0.0, 0)
+    trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
+    if is_chief(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        os.makedirs(checkpoints, exist_ok=True)
+        partial = weights + ".partial.weights.h5"
+        embedder.save_weights(partial)
+        os.replace(partial, weights)  # whole or absent
+    return trained
