@@ -3,7 +3,6 @@ generated command-line and configuration pages list every option and key (each k
 the README stays short and links into the site. The site build (`mkdocs build --strict`) needs the docs extra."""
 
 import dataclasses
-import importlib
 import inspect
 import os
 import re
@@ -18,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 
 import hooks  # noqa: E402  (docs/hooks.py: the generators the site build runs)
+from optional_extras import import_or_reason  # noqa: E402
 
 
 def _inventory(path):
@@ -60,21 +60,28 @@ def _runtime_public_names(module):
 
 def test_every_public_name_of_tfdml_is_in_the_api_reference(inventory):
     package = hooks.griffe_package()
-    missing = []
+    missing, absent = [], []  # absent: modules of an optional extra that is not installed here
     for top, submodules in hooks.public_modules().items():
         for path in [f"tfdml.{top}", *(f"tfdml.{top}.{sub}" for sub in submodules)]:
-            module = importlib.import_module(path)
+            module, reason = import_or_reason(path)
+            if module is None:
+                absent.append(reason)
+                continue
             static = package[path.split(".", 1)[1]]
             for name, value in _runtime_public_names(module).items():
                 member = static.members.get(name)
                 if member is not None and member.is_alias and not member.target_path.startswith("tfdml."):
                     continue  # another library's name passed on (tfdml.keras_private's Keras internals)
                 defined = getattr(value, "__module__", None), getattr(value, "__qualname__", name)
+                if set((defined[0] or "").split(".")[1:2]) & hooks.INTERNAL_MODULES:
+                    continue  # a name of an internal module (tfdml.locks.LockedError), not public API
                 candidates = {f"{path}.{name}", f"{defined[0]}.{defined[1]}"}
                 if not candidates & inventory:
                     missing.append(f"{path}.{name}")
     assert not missing, f"not in the API reference: {missing}"
     assert {"tfdml.losses.ranked_list.RankedListLoss", "tfdml.data.glyphs", "tfdml.cli.main"} <= inventory
+    if absent:
+        pytest.skip(f"checked without {len(absent)} module(s): {'; '.join(absent)}")
 
 
 def test_the_api_pages_cover_every_module_and_the_package_pages_link_each_public_name():
