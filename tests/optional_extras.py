@@ -44,6 +44,8 @@ def import_or_reason(path):
     except ImportError as error:
         missing = _missing_module(error)
         extra = extra_requirements().get(_normalise(missing.split(".")[0])) if missing else None
+        named = re.search(r"tfdml\[(\w+)\]", str(error))  # an optional module's own message names its extra
+        extra = extra or (named.group(1) if named and named.group(1) in set(extra_requirements().values()) else None)
         if extra is None or extra in ("test", "docs"):  # the README installs these: their absence is a failure
             raise
         return None, f'{path} needs the {extra} extra (pip install -e ".[{extra}]"): {error}'
