@@ -75,6 +75,19 @@ NOT_MEASURED = {
     "tfdml/training/loop.py": {"0.01": "an example learning rate"},
     "tfdml/beam/evaluation.py": {"0.21": "sample output", "0.32": "sample output", "0.61": "sample output"},
 }
+# Benchmark pages: their decimals must be held by their own results (and those of benchmarks they name).
+NOT_MEASURED.update(
+    {
+        "benchmarks/beam/README.md": {
+            "2.20": "the TensorFlow version",
+            "2.77": "the Apache Beam version",
+            "0.85": "the results' peak MiB in GB",
+            "1.25": "the results' peak MiB in GB",
+            "0.91": "the results' peak MiB in GB",
+        },
+        "benchmarks/retrieval_eval/README.md": {"0.0005": "a standard error computed from R@1", "0.95": "a target"},
+    }
+)
 # Results other than a benchmark's that a page reads from: the glyph guide, the committed class selection.
 EXTRA_RESULTS = {"docs/guides/glyphs.md": ["tfdml/data/glyph_classes.py"]}
 # Measured figures in files whose owners are rewriting them at the same time (strict xfail: remove once gone).
@@ -122,7 +135,7 @@ _HELD = {}
 
 
 def held_values(files):
-    """Every number of the given results files, rounded to 0-4 places, as strings (also x100: percentages)."""
+    """Every number of the given results files, rounded to 0-6 places, as strings (also x100: percentages)."""
     key = tuple(sorted(files))
     if key not in _HELD:
         values = set()
@@ -130,14 +143,14 @@ def held_values(files):
             with open(path, encoding="utf-8") as f:
                 for number in _numbers(f.read()):
                     for scaled in (number, 100 * number):
-                        values.update(f"{abs(scaled):.{places}f}" for places in range(5))
+                        values.update(f"{abs(scaled):.{places}f}" for places in range(7))
         _HELD[key] = values
     return _HELD[key]
 
 
 def results_files(page_text, page):
     """The results files of every benchmark the page links to (and of its extra sources)."""
-    names = set(re.findall(r"benchmarks/(\w+)/", page_text))
+    names = set(re.findall(r"benchmarks/(\w+)", page_text))
     files = [os.path.join(ROOT, extra) for extra in EXTRA_RESULTS.get(page, [])]
     for name in sorted(names):
         for path in glob.glob(os.path.join(ROOT, "benchmarks", name, "**", "*"), recursive=True):
@@ -171,6 +184,29 @@ def unheld_figures(text, page, extra_link_text=""):
 def pages():
     paths = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/limitations.md"]
     return paths + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "guides", "*.md")))
+
+
+def benchmark_pages():
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "benchmarks", "*", "README.md")))
+
+
+@pytest.mark.parametrize("page", benchmark_pages())
+def test_a_benchmark_page_states_the_decimals_its_results_hold(page):
+    """A benchmark page is a figure's home, so its prose may state figures; a decimal of two places or more
+    (a recall, a MAP@R, a ratio) must be one its results files hold at that precision, so that the page and
+    the tables generated from the results cannot disagree."""
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        text = f.read()
+    name = page.split("/")[1]
+    held = held_values(results_files(f"benchmarks/{name}/ {text}", page))
+    allowed = NOT_MEASURED.get(page, {})
+    found = [
+        (number, match.group(0))
+        for number, line in enumerate(prose(text).split("\n"), 1)
+        for match in re.finditer(r"(?<![\w.])\d+\.\d{2,}\b", line)
+        if match.group(0) not in held and match.group(0) not in allowed
+    ]
+    assert not found, f"{page} states decimals its results files do not hold: {found}"
 
 
 @pytest.mark.parametrize("page", pages())

@@ -314,3 +314,14 @@ def test_no_code_block_or_table_is_wider_than_the_column_at_1400_px(site):
         if json.loads(html.unescape(found.group(1))):
             wide[page] = json.loads(html.unescape(found.group(1)))
     assert not wide, f"wider than the text column at 1400 px: {wide}"
+
+
+def test_an_argument_documented_as_in_a_function_gets_its_description():
+    import griffe_shared_args
+
+    docs = {"f": "F.\n\nArgs:\n    margin: the gap\n      between the boundaries.\n    alpha: the boundary.\n"}
+    text = "C.\n\nArgs:\n    margin: as in `f`.\n    beta: as in `g`.\n    name: loss name.\n"
+    assert griffe_shared_args.resolve_as_in(text, docs.get) == (
+        "C.\n\nArgs:\n    margin: the gap between the boundaries. (as in `f`)\n    beta: as in `g`.\n"
+        "    name: loss name.\n"
+    )
