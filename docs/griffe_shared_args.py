@@ -4,6 +4,8 @@
   Google style reads as one argument called "name, version" that the signature lacks. Such a line becomes one
   entry per name with the shared text before the docstring is parsed, so each argument is listed, and a name
   that is not in the signature still warns (and fails `mkdocs build --strict`).
+- An argument documented as `as in `function`` (a class pointing at the function it wraps, in the same
+  module) gets that function's description of the argument, so the reference says what it is.
 - `Example:` sections hold doctests: they are read as the Google style's `Examples:` (code, not prose).
 - Attributes set in a method, without a docstring (`self.t1 = float(t1)`), are left out of the reference: the
   constructor's arguments document them.
@@ -72,12 +74,57 @@ def _signature(function):
 
 
 _EXAMPLE = re.compile(r"^(\s*)Example:\s*$", re.M)
+_AS_IN = re.compile(r"^(\s+)(\w+): (.*?)as in `(\w+)`\.?\s*$")
 
 
-def _rewrite(docstring, function):
+def argument_descriptions(text):
+    """`{argument: its description, continuation lines joined}` of a docstring's Args section."""
+    found, current, indent, in_args = {}, None, None, False
+    for line in split_shared_arguments(text).split("\n"):
+        if _SECTION.match(line):
+            in_args, indent = True, None
+            continue
+        if not in_args or not line.strip():
+            current = None if not line.strip() else current
+            continue
+        here = len(line) - len(line.lstrip())
+        indent = here if indent is None else indent
+        if here < indent:
+            in_args = False
+        elif here == indent and ":" in line:
+            current, _, description = line.strip().partition(":")
+            found[current] = description.strip()
+        elif current is not None:
+            found[current] += " " + line.strip()
+    return found
+
+
+def resolve_as_in(text, lookup):
+    """`name: as in `f`` lines of `text` with `f`'s description of `name` (`lookup(f)`: its docstring or
+    None), the pointer kept after it; lines whose function or argument is not found stay as they are."""
+    out = []
+    for line in text.split("\n"):
+        match = _AS_IN.match(line)
+        source = lookup(match.group(4)) if match else None
+        described = argument_descriptions(source).get(match.group(2)) if source else None
+        if described:
+            line = f"{match.group(1)}{match.group(2)}: {described} (as in `{match.group(4)}`)"
+        out.append(line)
+    return "\n".join(out)
+
+
+def _rewrite(docstring, function, module=None):
     if docstring is not None:
         text = _EXAMPLE.sub(r"\1Examples:", docstring.value)
-        docstring.value = split_shared_arguments(text, _signature(function)) if "," in text else text
+        text = split_shared_arguments(text, _signature(function)) if "," in text else text
+        if module is not None and "as in `" in text:
+
+            def lookup(name):
+                member = module.members.get(name)
+                return member.docstring.value if member is not None and member.docstring else None
+
+            text = resolve_as_in(text, lookup)
+        docstring.value = text
 
 
 class SharedArguments(griffe.Extension):
@@ -86,7 +133,7 @@ class SharedArguments(griffe.Extension):
 
     def on_class_members(self, *, cls, **kwargs):  # after __init__ is known: its docstring is the class's
         init = cls.members.get("__init__")
-        _rewrite(cls.docstring, None if init is None or init.is_alias else init)
+        _rewrite(cls.docstring, None if init is None or init.is_alias else init, cls.parent)
         for name, member in list(cls.members.items()):
             # Set in a method only (a dataclass field is also a class attribute, and its __init__ argument).
             if not member.is_alias and member.is_attribute and member.labels == {"instance-attribute"}:

@@ -32,18 +32,20 @@ if ROOT not in sys.path:
 
 PACKAGE = "tfdml"
 API_DIR = "reference/api"
+# Modules the library uses internally: importable, but not API a user programs against, so not in the reference.
+INTERNAL_MODULES = {"interrupts", "keras_private", "locks"}
 
 # --------------------------------------------------------------------------------------------------- modules
 
 
 def public_modules():
     """`{top-level module: [its submodules]}` of tfdml, read from the file system (no import): every module or
-    package whose name does not start with `_`; a plain module has no submodules."""
+    package whose name does not start with `_` and is not internal; a plain module has no submodules."""
     modules = {}
     folder = os.path.join(ROOT, PACKAGE)
     for entry in sorted(os.listdir(folder)):
         path = os.path.join(folder, entry)
-        if entry.startswith("_"):
+        if entry.startswith("_") or entry.removesuffix(".py") in INTERNAL_MODULES:
             continue
         if entry.endswith(".py"):
             modules[entry[:-3]] = []
@@ -57,17 +59,35 @@ def public_modules():
     return modules
 
 
+def _submodule_page(module, sub):
+    """The page of `tfdml.<module>.<sub>`. A page named `index.md` (or `README.md`) would be the folder's own
+    page, the URL of the package's page `<module>.md` (`retrieval.index`): it gets a `-module` suffix."""
+    name = f"{sub}-module" if sub.lower() in ("index", "readme") else sub
+    return f"{API_DIR}/{module}/{name}.md"
+
+
 def api_pages():
     """`{page path: title}` of the API reference, in nav order."""
     pages = {}
     for module, submodules in public_modules().items():
-        if submodules:
-            pages[f"{API_DIR}/{module}.md"] = f"{PACKAGE}.{module}"  # not <module>/index.md: retrieval.index
-            for sub in submodules:
-                pages[f"{API_DIR}/{module}/{sub}.md"] = f"{PACKAGE}.{module}.{sub}"
-        else:
-            pages[f"{API_DIR}/{module}.md"] = f"{PACKAGE}.{module}"
+        pages[f"{API_DIR}/{module}.md"] = f"{PACKAGE}.{module}"
+        for sub in submodules:
+            pages[_submodule_page(module, sub)] = f"{PACKAGE}.{module}.{sub}"
     return pages
+
+
+def check_one_source_per_url(files):
+    """Two source files that MkDocs maps to one URL (`a.md` and `a/index.md`) make one page silently replace
+    the other; the build stops and names them instead."""
+    by_url = {}
+    for file in files:
+        if file.is_documentation_page():
+            by_url.setdefault(file.url, []).append(file.src_uri)
+    clashes = {url: sources for url, sources in by_url.items() if len(sources) > 1}
+    if clashes:
+        from mkdocs.exceptions import PluginError
+
+        raise PluginError(f"pages that share one URL (one would hide the other): {clashes}")
 
 
 def griffe_package():
@@ -91,12 +111,24 @@ def public_names(module):
             continue
         if member.is_alias and target == f"{module.path}.{name}" and name in module.modules:
             continue  # a submodule reached through its package
+        if target.split(".")[1] in INTERNAL_MODULES:
+            continue  # an internal module's name used here (tfdml.locks.LockedError in tfdml.cli)
         names[name] = target
     return names
 
 
 def _first_line(docstring):
     return docstring.value.strip().split("\n\n")[0].replace("\n", " ") if docstring else ""
+
+
+def _summary(package, target):
+    """The first sentence of the docstring of `target` (a dotted path in tfdml), for one table row."""
+    try:
+        text = _first_line(package[target.split(".", 1)[1]].docstring)
+    except KeyError:
+        return ""
+    sentence = re.split(r"(?<=[a-z0-9)`])\. (?=[A-Z`(])", text, maxsplit=1)[0]
+    return sentence.replace("|", "\\|")
 
 
 def api_page(path, package=None):
@@ -132,14 +164,15 @@ def api_page(path, package=None):
         "",
         "## Public names",
         "",
-        "| name | defined in |",
-        "|---|---|",
+        "| name | defined in | what it is |",
+        "|---|---|---|",
     ]
     for name, target in sorted(public_names(module).items(), key=lambda item: item[0].lower()):
-        lines.append(f"| [`{name}`][{target}] | `{target.rsplit('.', 1)[0]}` |")
+        lines.append(f"| [`{name}`][{target}] | `{target.rsplit('.', 1)[0]}` | {_summary(package, target)} |")
     lines += ["", "## Modules", ""]
     for sub in public_modules()[title.split(".", 1)[1]]:
-        lines.append(f"- [`{title}.{sub}`]({module.name}/{sub}.md): {_first_line(module[sub].docstring)}")
+        link = os.path.relpath(_submodule_page(module.name, sub), API_DIR)
+        lines.append(f"- [`{title}.{sub}`]({link}): {_first_line(module[sub].docstring)}")
     return "\n".join(lines) + "\n"
 
 
@@ -430,11 +463,71 @@ def on_files(files, config):
             if name.endswith((".png", ".svg")):
                 path = os.path.relpath(os.path.join(folder, name), ROOT)
                 files.append(File(path, ROOT, config["site_dir"], config["use_directory_urls"]))
+    check_one_source_per_url(files)
     return files
 
 
+# ------------------------------------------------------------------------------------ generated tables
+
+
+_DRIFT_RUNS = {
+    "drift_noise0.4.jsonl": "default: positive pairs, one state per step, `weight_range=1`",
+    "drift_noise0.4_rangeinf.jsonl": "default with unbounded logits (`weight_range=inf`)",
+    "drift_noise0.4_per_tuple_all.jsonl": "the paper's recurrence over every pair, unbounded",
+    "drift_noise0.4_range2_per_tuple_all.jsonl": "the paper's recurrence over every pair, `weight_range=2`",
+}
+
+
+def ala_drift_table():
+    """The weight-drift benchmark's table, from `benchmarks/ala_drift/summary.json` (one JSON line per run)."""
+    import json
+
+    with open(os.path.join(ROOT, "benchmarks", "ala_drift", "summary.json")) as f:
+        runs = [json.loads(line) for line in f if line.strip()]
+    lines = [
+        "| run | finite | output spread: first → last tenth (max) | trend / 1,000 steps | largest weight: last"
+        " tenth (max) | smallest weight: last tenth | saturated LSTM units: last tenth (max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        name = run["file"].rsplit("/", 1)[-1]
+        spread, top, low, sat = (
+            run[k] for k in ("output_std", "probe_weight_max", "probe_weight_min", "state_h_saturated")
+        )
+        lines.append(
+            f"| {_DRIFT_RUNS.get(name, name)} (`{name}`) | {'yes' if run['all_finite'] else '**no**'} | "
+            f"{spread['first_tenth']:.2f} → {spread['last_tenth']:.2f} ({spread['max']:.1f}) | "
+            f"{run['output_std_trend_per_1000_steps']:+.2f} | {top['last_tenth']:.2f} ({top['max']:.1f}) | "
+            f"{low['last_tenth']:.2f} | {100 * sat['last_tenth']:.0f} % ({100 * sat['max']:.0f} %) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+GENERATED_TABLES = {"ala_drift": ala_drift_table}
+_GENERATED = re.compile(r"^<!-- generated: (\w+) -->$", re.M)
+
+
+def on_page_markdown(markdown, page, config, files):
+    """`<!-- generated: NAME -->` on a line of its own becomes the table `GENERATED_TABLES[NAME]` writes from
+    its benchmark's results file."""
+    return _GENERATED.sub(lambda match: GENERATED_TABLES[match.group(1)](), markdown)
+
+
+_INLINE_CODE = re.compile(r"<code>([^<\n]{24,})</code>")
+
+
+def break_points(content):
+    """Long inline code (`ala.episode.val_fraction`, `tfdml.retrieval.index`) may break after a dot or an
+    underscore (`<wbr>`), so that a narrow table cell wraps it there instead of mid-word or overflowing."""
+
+    def add(match):
+        return "<code>" + re.sub(r"(?<=[._/])(?=\w)", "<wbr>", match.group(1)) + "</code>"
+
+    return _INLINE_CODE.sub(add, content)
+
+
 def on_page_content(html_text, page, config, files):
-    return typeset(html_text)
+    return break_points(typeset(html_text))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Some examples are sketches that use names they do not define (`model.compile(...
 output) fails the test."""
 
 import doctest
-import importlib
 import inspect
 import os
 import sys
@@ -27,21 +26,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 
 import hooks  # noqa: E402  (docs/hooks.py: the public modules the API reference documents)
+from optional_extras import import_or_reason  # noqa: E402
 
 
 def _doctests():
-    tests = []
+    tests, skipped = [], []
     for top, submodules in hooks.public_modules().items():
         for path in [f"tfdml.{top}", *(f"tfdml.{top}.{sub}" for sub in submodules)]:
-            module = importlib.import_module(path)
+            module, reason = import_or_reason(path)
+            if module is None:
+                skipped.append(pytest.param(None, id=path, marks=pytest.mark.skip(reason=reason)))
+                continue
             for test in doctest.DocTestFinder(exclude_empty=True).find(module, path):
                 # Objects defined in this module (an imported one is tested where it is defined).
                 if test.examples and getattr(test, "filename", None) == getattr(module, "__file__", None):
                     tests.append(test)
-    return sorted({test.name: test for test in tests}.values(), key=lambda test: test.name)
+    tests = sorted({test.name: test for test in tests}.values(), key=lambda test: test.name)
+    return tests, skipped
 
 
-DOCTESTS = _doctests()
+DOCTESTS, SKIPPED_MODULES = _doctests()
 NAMES = {"tfdml": tfdml, "keras": keras, "np": np, "tf": tf}
 for _package in (tfdml.losses, tfdml.models, tfdml.optimizers, tfdml.callbacks):
     NAMES.update({n: v for n, v in vars(_package).items() if not n.startswith("_") and not inspect.ismodule(v)})
@@ -73,7 +77,7 @@ def _sketch_reason(example, error):
     return None
 
 
-@pytest.mark.parametrize("test", DOCTESTS, ids=[test.name for test in DOCTESTS])
+@pytest.mark.parametrize("test", [*(pytest.param(t, id=t.name) for t in DOCTESTS), *SKIPPED_MODULES])
 def test_docstring_examples(test, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     test.globs.update(NAMES)

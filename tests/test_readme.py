@@ -6,6 +6,8 @@ import contextlib
 import io
 import os
 import re
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -81,3 +83,40 @@ def test_model_summary_lists_each_layer_once(concepts):
     frozen = sum(int(np.prod(v.shape)) for v in model.non_trainable_weights)
     assert f"Trainable params: {trainable:,} " in summary and f"Non-trainable params: {frozen:,} " in summary
     assert trainable == sum(int(np.prod(v.shape)) for layer in model.layers for v in layer.trainable_weights)
+
+
+def test_the_suite_collects_without_the_optional_extras():
+    """What a newcomer who installs `.[test,docs]` only gets: every test module collects (the Beam tests and the
+    Beam modules' doctests skip with a reason) when `apache_beam` cannot be imported, installed or not."""
+    script = (
+        "import sys\n"
+        "sys.modules['apache_beam'] = None  # `import apache_beam` raises ModuleNotFoundError, find_spec is None\n"
+        "import pytest\n"
+        "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests']))\n"
+    )
+    root = os.path.dirname(README)
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "error" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+    assert "tests/test_doctests.py::test_docstring_examples[tfdml.beam]" in result.stdout
+
+
+def test_ci_runs_the_readme_commands_as_written():
+    """`.ci/run` reads its install and test commands from the README's `setup` and `setup-beam` snippets (the
+    ones the getting-started page includes), so what a newcomer types is what CI proves."""
+    sys.path.insert(0, os.path.join(os.path.dirname(README), ".ci"))
+    import readme_commands
+
+    setup, beam = readme_commands.commands("setup"), readme_commands.commands("setup-beam")
+    assert 'pip install -e ".[test,docs]"' in setup and any(c.startswith("python -m pytest") for c in setup)
+    assert 'pip install -e ".[beam]"' in beam and any(c.startswith("python -m pytest") for c in beam)
+    with open(os.path.join(os.path.dirname(README), ".ci", "run")) as f:
+        ci = f.read()
+    code = "\n".join(line for line in ci.splitlines() if not line.lstrip().startswith("#"))
+    assert "readme_commands.py setup)" in code and "readme_commands.py setup-beam)" in code
+    assert "pip install -e" not in code and "pytest -q" not in code, ".ci/run installs or tests on its own"
+    assert "-eq 5" in code, "pytest's exit code 5 (no tests collected) must fail CI"
+    with open(os.path.join(os.path.dirname(README), "docs", "getting-started.md")) as f:
+        assert '--8<-- "README.md:setup"' in f.read()

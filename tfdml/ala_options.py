@@ -38,16 +38,11 @@ VARIANTS = {
         "assessor_optimizer": "adam",
         "assessor_learning_rate": 1e-3,
         # One shared state per step over the positive pairs (a triplet loss's anchor-positive pairs, each weight
-        # shared by the pair's triplets), measured on glyphs (benchmarks/label_noise, 600 steps, 5 seeds): clean,
-        # within a point of the plain loss or above it (contrastive +5.6, margin and all triplets level; warm
-        # start level for all three), at 40 % label noise with a verified validation set +4.5 to +7.7 R@1 for
-        # all three; the paper's recurrence over every pair was 22 R@1 points below the plain contrastive loss
-        # on clean data.
+        # shared by the pair's triplets): the paper's recurrence over every pair trained far below the plain
+        # loss on clean data (the DML-ALA guide says why; benchmarks/label_noise measures both).
         "state": "per_step",
         "assessed": "positive_pairs",
-        # Softmax logits bounded, r tanh(z / r): unbounded, one clean contrastive run of five collapsed (42.5
-        # R@1) with the weight on a few pairs, and all-triplets training collapsed under noise; r = 1 gave 76.7
-        # there, and no collapse since (r = 2 was level on the validation split).
+        # Softmax logits bounded, r tanh(z / r): unbounded logits let training collapse onto a few pairs.
         "weight_range": 1.0,
     },
     "paper": {

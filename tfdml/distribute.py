@@ -15,17 +15,14 @@ equals the single-device gradient on the same global batch:
 - a variable the loss reads directly (the margin loss' mirrored `beta`) gets `(1/N) dL/dbeta` on each
   replica, `dL/dbeta` once summed.
 
-Outside a replica context, or with a single replica, every helper is the identity.
-
-Example:
+Outside a replica context, or with a single replica, every helper is the identity. Example:
 
     strategy = tf.distribute.MirroredStrategy()
     with strategy.scope():
         model = tfdml.models.Embedder("resnet50", embedding_dim=512)
         model.compile(optimizer="adam", loss=tfdml.losses.RankedListLoss())   # cross_replica=True
     model.fit(tfdml.data.class_balanced_dataset(source, 60, 3, image_size=224))  # the loss sees all 180
-
-For several machines (`MultiWorkerMirroredStrategy`) use `tfdml.training.fit_distributed`.
+    # several machines (MultiWorkerMirroredStrategy): tfdml.training.fit_distributed
 """
 
 import keras

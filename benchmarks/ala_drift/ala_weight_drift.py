@@ -1,4 +1,4 @@
-"""Do DML-ALA's assessor outputs drift or saturate over a long run? (issue 29, item 3)
+"""Do DML-ALA's assessor outputs drift or saturate over a long run?
 
     nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift                    # 5,000 steps, 40 % label noise
     nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift --steps 500 --noise 0.0

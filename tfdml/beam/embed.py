@@ -5,10 +5,8 @@ The steps (each runs on as many workers as the runner gives it):
 
 1. read: the files of a folder tree `class/image` or of a glob (class = the parent folder's name), or the
    `tf.train.Example`s of TFRecord files (features `image`: the encoded image, optional `id` and `class`);
-2. decode: `tfdml.data.sources.decode_image_bytes`, the decoder of `tfdml.export.read_image` (what a
-   client of the export uses), to uint8 pixels with the export's channel count. An image that cannot be read
-   or decoded goes to `skipped.jsonl` with its id (path) and the reason, and is counted: never dropped in
-   silence, never a failed pipeline;
+2. decode: `tfdml.export.read_image`'s decoder, to uint8 pixels with the export's channel count; an image
+   that cannot be read or decoded goes to `skipped.jsonl` with its id and the reason (never a failed pipeline);
 3. embed: `RunInference` with `TFModelHandlerTensor` running the SavedModel's `serving_default` signature,
    which resizes, crops and preprocesses in its graph: the embeddings are the served ones, by construction.
    A batch of images of different sizes is run one size at a time (the signature takes one size per call);

@@ -127,8 +127,8 @@ def _add_search_options(group):
         "--gallery-dtype",
         choices=("float32", "bfloat16", "int8"),
         help="how the search signature stores the gallery: float32 (exact), bfloat16 (half "
-        "the memory, scores within ~0.002) or int8 with per-row scales (a quarter; see "
-        "the README for the recall cost). Default: the job's, else float32.",
+        "the memory) or int8 with per-row scales (a quarter; the search benchmark measures "
+        "their recall cost). Default: the job's, else float32.",
     )
     group.add_argument(
         "--match-precision",

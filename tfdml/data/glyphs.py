@@ -7,21 +7,14 @@ and stroke weight, with a random blur. The glyph is scaled by its bounding box, 
 no class information: classes differ by shape alone. Split by class like CUB-200: `"train"` holds half
 of the characters, `"test"` the other half, so evaluation is on characters never seen in training.
 
-Look-alikes are not separate classes. `select_classes` finds them by rendering every candidate in every
-face, normalising each rendering as the images do (crop to the ink's bounding box, longer side to a fixed
-size) and measuring, per face, a shape distance (modified Hausdorff distance, minimised over the relative
-rotations the images can have); two characters are look-alikes when their median distance over the faces
-that draw both is small, or when they are the same shape in a quarter of those faces (`l` and `I` in
-sans-serif faces). Candidates are taken in a fixed order (digits, Latin, symbols, Greek, Cyrillic, ...) and
-each is kept only if it looks like no kept class: Greek Alpha and Cyrillic A go (they are Latin A), so do
-`o` (a small `O` once size is random), `c`, `s`, `v`, `w`, `x`, `z`... A second, independent check then
-looks at the images themselves (`confusions`): rendered as the data set renders them, size and position
-undone, how often is an image's nearest raw-pixel neighbour an image of one other class? Pairs the shape
-distance let through because they are one shape in only some faces, or differ only in size with other
-proportions in the rest (`M` / Cyrillic `м`, `Д` / `д`, `K` / Greek `κ`, `Σ` / `∑`, `r` / `Γ`) are confused
-as often as exact homoglyphs, and the later one goes too. `tools/make_glyph_classes.py` runs both (a few
-minutes) and writes the class list and what each dropped character looked like to
-`tfdml/data/glyph_classes.py`.
+Look-alikes are not separate classes. `select_classes` renders every candidate in every face, normalised as
+the images are, and keeps a character only if its shape distance (modified Hausdorff, minimised over the
+rotations the images can have) to every kept class is large in most faces: Greek Alpha and Cyrillic A go (they
+are Latin A), so do `o` (a small `O` once size is random), `c`, `s`, `v`... A second check (`confusions`)
+drops the later of two classes whose images are each other's nearest raw-pixel neighbours as often as exact
+homoglyphs' (`M` / Cyrillic `м`, `K` / Greek `κ`). `tools/make_glyph_classes.py` runs both and writes the
+class list, with what each dropped character looked like, to `tfdml/data/glyph_classes.py`. The glyph data
+set guide says more.
 
 Images are generated in a few seconds and cached under `~/.cache/tfdml/glyphs` (or `$TFDML_CACHE/glyphs`),
 keyed by every parameter and the font files, and are identical for a given seed.

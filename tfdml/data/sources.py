@@ -255,8 +255,8 @@ def image_folder(path, channels=3, extensions=IMAGE_EXTENSIONS, class_names=None
     (or the order of `class_names`, e.g. to match a query folder to a gallery folder).
 
     Only the file list and labels are held in memory; images are read and decoded lazily (TensorFlow's
-    decoders; Pillow for TIFF). With `validate=True` every file is checked once here (measured: 0.55 ms
-    of CPU per 500 x 375 JPEG, half a full decode; 0.06 ms per PNG; see `check_image_file`): undecodable
+    decoders; Pillow for TIFF). With `validate=True` every file is checked once here (about half the cost
+    of a full decode; see `check_image_file`): undecodable
     files (empty, truncated, not an image) are left out and
     named in one warning, and listed in `source.skipped_files` as `(path, reason)`. The class names are
     in `source.class_names`, the files in `source.paths`.

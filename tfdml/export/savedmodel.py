@@ -1,4 +1,24 @@
-"""`export_saved_model`: a Keras embedder -> TF Serving SavedModel (signatures, metadata, atomic write)."""
+"""`export_saved_model`: a Keras embedder -> TF Serving SavedModel (signatures, metadata, atomic write).
+
+Signatures: `serving_default` takes `images`, uint8 `[batch, height, width, channels]` of any size (1-channel
+images sent to an RGB model are repeated, RGB sent to a grayscale model converted to luma, ITU-R 601; other
+channel counts, an empty batch or empty images fail with an `InvalidArgumentError` that says so), runs
+`tfdml.data.eval_image` (resize, centre crop, pixel preprocessing: what the job evaluated with) and returns
+`embedding` (L2-normalised) plus the model's other named outputs (`L`, `M`, `H`); `embed_preprocessed` takes
+`preprocessed`, float32 `[batch, H, W, channels]` as the model takes it, and returns the same outputs.
+
+Model protocol (any Keras model works; tfdml embedders implement the optional parts):
+
+- outputs: `model.export_outputs(x)` (a dict with `"embedding"`), else `model(x, training=False)`: a tensor
+  or a dict with `"embedding"`; L2-normalised in the graph unless `model.embedding_normalized` says it is;
+- channels: `model.preprocessing_config()["channels"]`, else a static `model.input_shape[-1]`, else 3; input
+  size: `image_size=`, else `preprocessing_config()["image_size"]`, else a static `model.input_shape[1:3]`;
+- preprocessing: a model whose `preprocessing_config()` says `"applied_by_model": True` (every tfdml embedder)
+  takes raw 0-255 pixels and preprocesses them itself (`preprocess=` may only repeat its spec); for other
+  models the graph applies `preprocess=`, else `preprocessing_config()["preprocessing"]`. A spec
+  (`tfdml.models.preprocessing`) is `None` / `"none"`, `"unit"` (pixels / 255), `"symmetric"` (to [-1, 1]),
+  a dotted function name such as `"keras.applications.resnet50.preprocess_input"`, or a callable. The
+  metadata's `preprocessing` names it and `preprocessing_in_model` says where it happens."""
 
 import dataclasses
 import datetime

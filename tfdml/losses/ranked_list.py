@@ -240,9 +240,9 @@ class RankedListLoss(MetricLoss):
     `query_weighting="uniform"` gives every query `1 / B` (eq. 14 of the paper, the mean over queries).
 
     The defaults are the paper's (512-d GoogLeNet features). On small embeddings or short runs they train
-    worse than a tuned setting: on the README's glyph comparison ("Which loss should I use?") alpha = 1.2
-    mines nearly every negative and alpha - m = 0.8 almost no positive; tuned settings lower alpha - m to
-    about 0.4-0.5, and the uniform weighting trains best there. Search margin, alpha and tn for new data.
+    worse than a tuned setting: on the glyphs ("Choosing a loss" in the documentation) alpha = 1.2 mines
+    nearly every negative and alpha - m = 0.8 almost no positive; tuned settings lower alpha - m, and the
+    uniform weighting trains best there. Search margin, alpha and tn for new data.
 
     `tn` may be a number or a `LinearTemperature` schedule (eq. 15). A schedule needs the training step:
     `bind_step(optimizer.iterations)` (done by `tfdml.models.MetricModel.compile` and by the

@@ -8,8 +8,7 @@ classification top. `default_taps(backbone)` gives the low / mid / high tap laye
 - M = `inception_4e`: the reduction block that opens stage 5 (stride 32: 7x7 at 224 px);
 - H = `inception_5b`: the network's last block (stride 32).
 
-(Not the ends of stages 3 and 4: `inception_3c` and `inception_4e` already downsample.) The equivalents are
-the first, downsampling block of the stride-16 and stride-32 stages and the last block:
+The equivalents are the first, downsampling block of the stride-16 and stride-32 stages and the last block:
 
 | backbone       | L                  | M                  | H                  | at 224 px       |
 |----------------|--------------------|--------------------|--------------------|-----------------|
@@ -17,16 +16,13 @@ the first, downsampling block of the stride-16 and stride-32 stages and the last
 | inception_v3   | `mixed3`           | `mixed8`           | `mixed10`          | 12x12, 5x5, 5x5 |
 | small_cnn      | `block1_out`       | `block2_out`       | `block3_out`       | (32 px: 16, 8, 4) |
 
-InceptionV3's `mixed3` and `mixed8` are its two grid-reduction blocks (35->17 and 17->8 at 299 px), the
-counterparts of `inception_3c` and `inception_4e`. A small CNN with more blocks (`widths` of length n > 3) is
-tapped at its last three, `block{n-2}_out` to `block{n}_out`.
+InceptionV3's `mixed3` and `mixed8` are its grid-reduction blocks (35->17, 17->8 at 299 px). A small CNN
+with more blocks (`widths` of length n > 3) is tapped at its last three, `block{n-2}_out` to `block{n}_out`;
+any other functional backbone by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
 
-Any other functional backbone is tapped by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
-
-`preprocessing_name(backbone)` is the pixel preprocessing the backbone expects, as a
-`tfdml.models.preprocessing` spec applied to RGB pixels in [0, 255] by the embedder's first layer: the
-dotted name of the `keras.applications` function (for example `keras.applications.resnet50.preprocess_input`),
-"unit" (pixels / 255) for the small CNN, None for custom backbones (pixels used as they come).
+`preprocessing_name(backbone)` is the pixel preprocessing the backbone expects (a `tfdml.models.preprocessing`
+spec the embedder's first layer applies to 0-255 RGB pixels): the `keras.applications` function's dotted
+name, "unit" (pixels / 255) for the small CNN, None for custom backbones.
 """
 
 import re

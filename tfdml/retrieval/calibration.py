@@ -2,41 +2,26 @@
 for queries whose class is in the gallery and for queries whose class is not (open set).
 
 A served search returns neighbours for any photo, also for one of a class the gallery does not hold; the
-caller needs a yes/no "this is a match". `calibrate` fits that decision on held-out labelled embeddings
-(the job's evaluation data). Every item is used twice:
-
-- as a **present** query (its class is in the gallery): it queries all the other items (leave-one-out);
-  its top-1 neighbour by cosine similarity gives a score `s_i` and whether the match is correct,
-  `c_i = [label(top1) == label(i)]`;
-- as an **absent** query (open set, leave-one-class-out): its whole class is taken out of the gallery and
-  it queries the items of the other classes; its top-1 score `a_i` is always a wrong match (the question
-  "is this item in my catalogue?" must be answered no).
-
-For a threshold `t`, a query is accepted (`match`) when its top-1 score is `>= t`. On a stream of queries of
-which a share `absent_share` (default 0.5) belong to classes absent from the gallery:
+caller needs a yes/no "this is a match". `calibrate` fits that decision on held-out labelled embeddings (the
+job's evaluation data), using every item twice: as a **present** query (leave-one-out: its top-1 score `s_i`
+and whether that match is correct, `c_i`), and as an **absent** query (its whole class taken out of the
+gallery: its top-1 score `a_i` is always a wrong match). A query is accepted when its top-1 score is `>= t`;
+on a stream of which a share `pi = absent_share` (default 0.5) belongs to absent classes:
 
     precision(t) = (1 - pi) P_c(t) / ((1 - pi) P_s(t) + pi A(t))
-    P_c(t) = mean_i c_i [s_i >= t],  P_s(t) = mean_i [s_i >= t],  A(t) = mean_i [a_i >= t],  pi = absent_share
+    P_c(t) = mean_i c_i [s_i >= t],  P_s(t) = mean_i [s_i >= t],  A(t) = mean_i [a_i >= t]
     recall(t)    = sum_i c_i [s_i >= t] / sum_i c_i          (correct top-1 matches of present queries kept)
 
-The closed-set mode (`mode="closed"`, or `absent_share=0`) is the same with `pi = 0`: it controls wrong
-neighbours of present queries only, and says nothing about queries of absent classes, which it matches as
-readily as present ones. `mode="auto"` (the default) is open set whenever the data hold at least
-`MIN_OPEN_SET_CLASSES` classes (an absent class's items then meet at least three other classes).
+The closed-set mode (`mode="closed"`, or `absent_share=0`) is `pi = 0`: it says nothing about queries of absent
+classes, which it matches as readily as present ones. `mode="auto"` (the default) is open set when the data
+hold at least `MIN_OPEN_SET_CLASSES` classes. Leaving one class out keeps the gallery an absent query meets as
+large as the served one, so its impostor scores are those a served absent query gets.
 
-The chosen threshold is the smallest observed score `t` with `precision(t) >= target_precision` (the most
-matches at that precision); when no threshold reaches the target, it is `+inf` (nothing is a match) and
-`reached` is False. Items whose class has no other member count as present queries whose match is wrong,
-as a photo of an unknown product would be.
-
-Leaving one class out keeps the gallery an absent query meets as large as the served one (all classes but
-one), so the impostor scores are those a served absent query gets; holding out half of the classes at
-once would lower them (fewer classes to be confused with) and state a precision that does not hold.
-
-A calibration that cannot be measured (fewer than `MIN_CLASSES` classes, so no match can be wrong, or
-fewer than `MIN_QUERIES` items whose class has another member) records no threshold: `measurable` is False,
-`note` says why, and `match` is always false, rather than a threshold stated at a meaningless precision.
-"""
+The threshold is the smallest observed score with `precision(t) >= target_precision` (the most matches at
+that precision), or `+inf` with `reached` False when none reaches it. Items whose class has no other member
+count as present queries whose match is wrong. A calibration that cannot be measured (fewer than
+`MIN_CLASSES` classes or `MIN_QUERIES` items with a classmate) records no threshold: `measurable` is False,
+`note` says why, and `match` is always false."""
 
 import dataclasses
 import math

@@ -2,45 +2,27 @@
 
 Automatic settings (`mode="auto"`), by database size `N` (see `auto_settings`):
 
-- `N < 20,000`: exact brute force. It answers the default evaluation jobs in well under a second per
-  thousand queries and leaves nothing to tune.
-- `N >= 20,000`: partitioning tree + anisotropic hashing (AH, 2 dimensions per 4-bit block, 4 from 256
-  dimensions, anisotropic threshold 0.2 for dot products) + exact re-ordering. `num_leaves ~ sqrt(N)`
-  (ScaNN's guidance, so a leaf holds ~sqrt(N) points); trees and codebooks train on the whole gallery up
-  to 100k points, on a 100k sample above.
+- `N < 20,000`: exact brute force: fast enough at that size, and nothing to tune.
+- `N >= 20,000`: partitioning tree (`num_leaves ~ sqrt(N)`, ScaNN's guidance) + anisotropic hashing + exact
+  re-ordering; trees and codebooks train on the whole gallery up to 100k points, on a 100k sample above.
 - Embeddings of 128 dimensions or more whose energy lies in a subspace of at most half of them (real
   embeddings: low intrinsic dimension) are partitioned and hashed after a PCA projection onto the fewest
-  principal directions (a multiple of 16) that hold `PROJECTION_ENERGY` (98 %) of their summed squared norms;
-  the candidates are still re-ordered with exact dot products (or distances) of the full vectors, so the
-  returned values are exact. On 1M x 512 embedding-like data (96 directions) this makes the leaf centroids
-  and the hashed codes 5x smaller: a single query at recall@10 0.955 took ~0.08 ms of CPU against ~0.25 ms
-  for the same tree and codes over 512 dimensions, and 96 directions (98 %) gave the same recall as 128 (99 %)
-  in ~20 % less time (`benchmarks/search/README.md`). A projected index that misses its recall target is built
-  again without the projection before it falls back to brute force (`index.recall["projected"]` keeps the
-  first attempt's record).
-  Data without such a subspace (e.g. isotropic clusters) is not projected (`projection_dims` 0; see
-  `principal_dims`), nor is a `"squared_l2"` index (ScaNN's projection serves dot products only).
+  principal directions (a multiple of 16) that hold `PROJECTION_ENERGY` of their summed squared norms; the
+  candidates are still re-ordered with the full vectors, so the returned values are exact. A projected index
+  that misses its recall target is built again without the projection (`index.recall["projected"]` keeps
+  the first attempt's record). Other data, and `"squared_l2"` indexes, are not projected (`principal_dims`).
 
-How many leaves to search and how many AH candidates to re-score exactly depend on the data far more than
-on its size (on 1M x 512 synthetic clustered vectors 1 % of the leaves find 0.57 of the exact 10 nearest,
-on vectors shaped like real embeddings 0.97), so an approximate index **meets a recall target** rather
-than trusting fixed fractions: `target_recall` (default 0.95) is the recall@k (`k = num_neighbors`) against
-exact search that the index must reach. After building, it measures it on `RECALL_QUERIES` gallery items,
-each left out of its own neighbour lists (or on the `recall_queries` given, e.g. held-out evaluation
-queries), finds for each number of re-ordered candidates (40, 80, 160) the fewest leaves searched (doubling,
-then bisecting) at which the target holds at `RECALL_CONFIDENCE` (0.95, one-sided: the measured mean less 1.645
-standard errors of it is at least the target, so that it also holds on queries outside the sample), keeps the
-one of these settings whose single queries take the least time (`index.recall["candidates"]`), and records the
-measured recall, its standard error, that lower bound, the number of queries, the settings and the query time
-in `index.recall`
-(saved in `tfdml_index.json`). A target that is not met with every leaf searched, or only at a query time no
-better than exact search's on the same queries, falls back to brute force (`mode` becomes `"exact"`) and
-`index.recall["fallback"]` says why. `leaves_to_search` or `reorder` given explicitly are kept (the recall is
-still measured and recorded); `target_recall=None` skips the measurement.
-
-Values returned by `search` follow ScaNN: dot products (larger = nearer) for `"dot_product"`, squared
-Euclidean distances (smaller = nearer) for `"squared_l2"`.
-"""
+How many leaves to search and how many candidates to re-score depend on the data far more than on its size,
+so an approximate index **meets a recall target** rather than trusting fixed fractions: `target_recall`
+(default 0.95) is the recall@k against exact search the index must reach. After building, it measures it on
+`RECALL_QUERIES` gallery items, each left out of its own neighbour lists (or on the `recall_queries` given),
+finds for each number of re-ordered candidates the fewest leaves at which the target holds at
+`RECALL_CONFIDENCE` (one-sided: the mean less `z` standard errors is at least the target), keeps the fastest
+of these settings and records the recall, its standard error and bound, the settings and the query time in
+`index.recall` (saved in `tfdml_index.json`). A target not met with every leaf searched, or only no faster than
+exact search, falls back to brute force (`mode` becomes `"exact"`, `index.recall["fallback"]` says why).
+Explicit `leaves_to_search` or `reorder` are kept (the recall is still recorded); `target_recall=None` skips
+the measurement. The search benchmark (`benchmarks/search/`) measures speed and recall against faiss."""
 
 import json
 import math
@@ -81,18 +63,13 @@ def auto_settings(num_points, dim, distance="dot_product", projection_dims=0):
     return {
         "num_leaves": num_leaves,
         "leaves_to_search": leaves_to_search,
-        # Up to 100k samples train the tree and the AH codebooks: at 100k x 512 a tree trained on 20k of the
-        # clustered vectors needed 112 of 316 leaves for recall@10 0.95 (0.29 ms of CPU a query), trained on all
-        # 100k 7 (0.08 ms; build 19 s against 9 s); on the embedding-like data the time was the same and the
-        # recall on fresh queries 0.956 against 0.940 (benchmarks/search/README.md). Above 100k, 250k samples of
-        # 1M clustered vectors needed 240 leaves against 320, but the embedding-like index then recorded 0.962
-        # on gallery items and gave 0.943 on fresh queries (100k samples: 0.958 and 0.957), below the target.
+        # Up to 100k samples train the tree and the AH codebooks: a tree trained on a small sample needs many
+        # more leaves for the same recall, and larger samples did not hold the recall on fresh queries
+        # (benchmarks/search/).
         "training_sample_size": int(min(num_points, 100000)),
-        # 4 dimensions per 4-bit block from 256 dimensions: at 100k x 512 (embedding-like data, recall@10 0.95
-        # either way after tuning) a single query took 0.11 ms against 0.18 ms with 2, and the build 59 s
-        # against 88 s; the recall target makes up for the coarser codes with leaves and re-ordering. Counted on
-        # the searched vectors: projected to 128 dimensions (1M x 512 embedding-like data), 2 dimensions a block
-        # reached recall@10 0.95 re-ordering 40 candidates where 4 needed 160, in less time.
+        # 4 dimensions per 4-bit block from 256 dimensions: faster queries and builds at the same recall after
+        # tuning (the recall target makes up for the coarser codes with leaves and re-ordering); below 256 (also
+        # after a projection) 2 dimensions a block need fewer re-ordered candidates (benchmarks/search/).
         "dimensions_per_block": 4 if searched_dim >= 256 else 2,
         "anisotropic_quantization_threshold": 0.2 if distance == "dot_product" else float("nan"),
         # Candidates re-scored exactly: max(reorder, reorder_factor * k) at search time. Codes of
