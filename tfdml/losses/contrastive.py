@@ -25,8 +25,8 @@ from tfdml.ops import (
     TupleTerms,
     as_scalar,
     distance_matrix,
+    mean_of_positive,
     pair_masks,
-    reduce_terms,
     reference_embeddings,
     upper_pair_mask,
     validate_inputs,
@@ -38,7 +38,7 @@ def contrastive_terms(labels, embeddings, pos_margin=0.0, neg_margin=1.0, refere
     positive pair (group 0) and `[neg_margin - d]+` for a negative pair (group 1), each group a mean over its
     non-zero terms. Within a batch the unordered pairs `i < j` (the mean over ordered pairs counts each pair
     twice, in the sum and in the count); with references every query-reference pair. `reduce_terms` of them
-    is `contrastive_loss`."""
+    is `contrastive_loss` (`contrastive_fast_path` computes it without them)."""
     dist = distance_matrix(distance, embeddings, reference_embeddings(references))
     positives, negatives = pair_masks(labels, references)
     if references is None:
@@ -50,6 +50,18 @@ def contrastive_terms(labels, embeddings, pos_margin=0.0, neg_margin=1.0, refere
     groups = ops.where(positives, 0, 1)
     valid = ops.logical_or(positives, negatives)
     return TupleTerms(values, None, "pair", "mean_active", groups=groups, num_groups=2, valid=valid)
+
+
+def contrastive_fast_path(labels, embeddings, pos_margin=0.0, neg_margin=1.0, references=None, distance="euclidean"):
+    """`reduce_terms(contrastive_terms(...))` without the terms' bookkeeping (groups, divisors, weights): the
+    two means of the active hinges over the ordered pairs, each unordered pair counted twice in the sum and
+    in the count (the same means)."""
+    dist = distance_matrix(distance, embeddings, reference_embeddings(references))
+    positives, negatives = pair_masks(labels, references)
+    zeros = ops.zeros_like(dist)
+    pos_terms = ops.where(positives, ops.relu(dist - as_scalar(pos_margin, dist.dtype)), zeros)
+    neg_terms = ops.where(negatives, ops.relu(as_scalar(neg_margin, dist.dtype) - dist), zeros)
+    return mean_of_positive(pos_terms) + mean_of_positive(neg_terms)
 
 
 def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0, distance="euclidean"):
@@ -67,7 +79,7 @@ def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0, distanc
         Scalar loss; 0 when no pair is active.
     """
     labels, embeddings = validate_inputs(labels, embeddings)
-    return reduce_terms(contrastive_terms(labels, embeddings, pos_margin, neg_margin, distance=distance))
+    return contrastive_fast_path(labels, embeddings, pos_margin, neg_margin, distance=distance)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -103,7 +115,7 @@ class ContrastiveLoss(MetricLoss):
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
-        return reduce_terms(self.dense_terms(labels, embeddings, references))
+        return contrastive_fast_path(labels, embeddings, self.pos_margin, self.neg_margin, references)
 
     def dense_terms(self, labels, embeddings, references=None):
         """The dense pair terms (`contrastive_terms`)."""

@@ -138,9 +138,21 @@ class TupleTerms:
 def _group_sum(values, terms):
     if terms.groups is None:
         return ops.sum(values, axis=0, keepdims=True)
-    # A one-hot sum: few groups, and every backend keeps the values' dtype.
-    one_hot = ops.one_hot(ops.cast(terms.groups, "int32"), terms.num_groups, dtype=values.dtype)
-    return ops.sum(one_hot * values[:, None], axis=0)
+    # One masked sum per group (a handful): elementwise passes, cheaper than a one-hot or a segment sum over
+    # a dense [B * G] term axis, and every backend keeps the values' dtype.
+    groups = ops.cast(terms.groups, "int32")
+    return ops.stack([ops.sum(ops.where(groups == g, values, 0.0)) for g in range(terms.num_groups)])
+
+
+def _per_term(divisor, terms):
+    """Each term's group divisor."""
+    if terms.groups is None:
+        return divisor[0]
+    groups = ops.cast(terms.groups, "int32")
+    per_term = ops.zeros_like(terms.values)
+    for g in range(terms.num_groups):
+        per_term = ops.where(groups == g, divisor[g], per_term)
+    return per_term
 
 
 def _check_weights(terms, weights):
@@ -164,8 +176,7 @@ def term_coefficients(terms, weights=None):
     shape = ops.shape(weights)
     terms, weights = terms.flat(), ops.reshape(weights, (-1,))
     divisor = _group_sum(weights * terms.term_divisors(), terms)
-    per_term = divisor[0] if terms.groups is None else ops.take(divisor, ops.cast(terms.groups, "int32"))
-    return ops.reshape(safe_divide(weights, per_term * ops.ones_like(weights)), shape)
+    return ops.reshape(safe_divide(weights, _per_term(divisor, terms) * ops.ones_like(weights)), shape)
 
 
 def reduce_terms(terms, weights=None):
