@@ -99,7 +99,7 @@ def test_fuzzed_batches_are_finite(labels, data):
 
 def test_bad_inputs_are_rejected():
     checks.assert_bad_inputs_rejected(ContrastiveLoss())
-    with pytest.raises(ValueError, match="pos_margin and neg_margin must be >= 0"):
+    with pytest.raises(ValueError, match=r"ContrastiveLoss: neg_margin must be in \[0, 4\], got -1.0"):
         ContrastiveLoss(neg_margin=-1.0)
 
 

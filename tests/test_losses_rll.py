@@ -230,11 +230,11 @@ def test_fuzzed_batches_are_finite(labels, data):
 
 def test_bad_inputs_are_rejected():
     checks.assert_bad_inputs_rejected(RankedListLoss())
-    with pytest.raises(ValueError, match="lam balances .* must lie in \\[0, 1\\], got 1.5"):
+    with pytest.raises(ValueError, match=r"RankedListLoss: lam must be in \[0, 1\], got 1.5"):
         RankedListLoss(lam=1.5)
-    with pytest.raises(ValueError, match="tn must be >= 0"):
+    with pytest.raises(ValueError, match=r"RankedListLoss: tn must be in \[0, 10000\], got -1.0"):
         RankedListLoss(tn=-1.0)
-    with pytest.raises(ValueError, match="margin must be >= 0"):
+    with pytest.raises(ValueError, match=r"RankedListLoss: margin must be in \[0, 180\], got -0.1"):
         RankedListLoss(margin=-0.1)
 
 

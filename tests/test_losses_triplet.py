@@ -354,7 +354,7 @@ def test_bad_inputs_are_rejected():
     checks.assert_bad_inputs_rejected(TripletSemiHardLoss())
     with pytest.raises(ValueError, match="mining must be one of"):
         TripletLoss(mining="hardest")
-    with pytest.raises(ValueError, match="margin must be >= 0"):
+    with pytest.raises(ValueError, match=r"TripletLoss: margin must be in \[0, 180\], got -1.0"):
         TripletLoss(margin=-1.0)
     with pytest.raises(ValueError, match="mining must be one of"):
         triplet_loss([0, 0], [[0.0], [1.0]], mining="batch_hard")

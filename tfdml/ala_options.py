@@ -3,8 +3,10 @@ arguments against them) and by the configuration (`tfdml.config`'s `ala` section
 TensorFlow is imported. One table, so that a choice is never typed twice.
 """
 
+from tfdml.loss_names import TUPLE_KINDS
+
 # Base losses DML-ALA can weight: the tfdml losses that list per-tuple terms (`loss.terms`).
-BASE_LOSSES = ("triplet", "margin", "contrastive")
+BASE_LOSSES = tuple(TUPLE_KINDS)
 WEIGHTINGS = ("assessor", "uniform")
 LOOKAHEADS = ("sgd", "optimizer")
 ASSESSOR_INPUTS = ("embeddings", "embeddings+geometry", "geometry")

@@ -26,3 +26,8 @@ LOSSES = {
     "arcface": "ArcFaceLoss",
     "cosface": "CosFaceLoss",
 }
+
+# The losses that list per-tuple terms (`loss.terms`, weighted by DML-ALA and the small-loss heuristic) and
+# what their terms list: each class's `tuple_kind` reads this table, so "does this loss list terms?" has one
+# answer, also for the configuration before TensorFlow is imported.
+TUPLE_KINDS = {"triplet": "triplet", "margin": "triplet", "contrastive": "pair"}

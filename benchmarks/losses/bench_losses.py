@@ -8,6 +8,10 @@ number of threads (`--threads`, default 2). One JSON line per configuration:
     {"loss", "B", "D", "tfdml_ms", "tfdml_xla_ms", "peer", "peer_ms", "speedup", "*_median_ms",
      "speedup_median", "*_cpu_ms", "speedup_cpu", "tfdml_value", "peer_value", "threads", "load_avg_1min"}
 
+With `--jax` the same losses are also timed on Keras' JAX backend (`jax.jit` of value and gradient, in one
+subprocess: `jax_times.py`), adding `"jax_ms", "jax_median_ms", "jax_value", "speedup_jax"` (PML's time over
+JAX's) to each line, or `"jax_skipped"` with the reason for a loss that does not run on JAX yet.
+
 Times are the best of the timed calls (`*_median_ms`: the median), the least disturbed by other processes
 on a shared machine (spinning thread pools make loaded 2-thread timings erratic, PML's most). `speedup` is
 `peer_ms / min(tfdml_ms, tfdml_xla_ms)`. The two values show that both compute the same thing (PML's
@@ -383,6 +387,7 @@ def main():
     parser.add_argument("--batch-sizes", default=None, help="comma-separated batch sizes (default 60,180,1024)")
     parser.add_argument("--dims", default=None, help="comma-separated embedding sizes (default 64,512)")
     parser.add_argument("--threads", type=int, default=2, help="threads for both TensorFlow and torch (2)")
+    parser.add_argument("--jax", action="store_true", help="also time tfdml on Keras' JAX backend (jax_ms)")
     args = parser.parse_args()
     names = [n.strip() for n in args.losses.split(",") if n.strip()]
     unknown = [n for n in names if n not in choices]
@@ -395,11 +400,38 @@ def main():
     if args.dims:
         dims = [int(d) for d in args.dims.split(",")]
     repeats = min(args.repeats, 5) if args.quick else args.repeats
-    for name in names:
-        for batch_size in batch_sizes:
-            for dim in dims:
-                run = bench_ported if name in PORTED else bench
-                print(json.dumps(run(name, batch_size, dim, repeats)), flush=True)
+    configs = [(name, b, d) for name in names for b in batch_sizes for d in dims]
+    on_jax = jax_times(configs, repeats) if args.jax else {}
+    for name, batch_size, dim in configs:
+        run = bench_ported if name in PORTED else bench
+        row = run(name, batch_size, dim, repeats)
+        jax_row = on_jax.get((name, batch_size, dim), {})
+        row.update({k: v for k, v in jax_row.items() if k.startswith("jax")})
+        if "jax_ms" in row and "peer_ms" in row:
+            row["speedup_jax"] = round(row["peer_ms"] / row["jax_ms"], 2)
+        print(json.dumps(row), flush=True)
+
+
+def jax_times(configs, repeats):
+    """`{(loss, B, D): row}` of `jax_times.py`, run in one subprocess on Keras' JAX backend (the backend is
+    fixed per process); {} with a note on stderr when JAX is not installed."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("jax") is None:
+        print("jax is not installed: no JAX figures", file=sys.stderr)
+        return {}
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_times.py")
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={THREADS}"
+    out = subprocess.run(
+        [sys.executable, script, json.dumps(configs), str(repeats)], env=env, capture_output=True, text=True
+    )
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode:
+        print(out.stderr[-2000:], file=sys.stderr)
+    return {(r["loss"], r["B"], r["D"]): r for r in rows}
 
 
 if __name__ == "__main__":

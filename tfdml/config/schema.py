@@ -215,16 +215,19 @@ def _check_arguments(function, params, key, skip=()):
         if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
     _check_keys(params, known, key)
+    # A loss's own declaration (`tfdml.losses.arguments`) first, then the ranges by name.
+    ranges = {**LOSS_PARAM_RANGES, **{a.name: a.range() for a in getattr(function, "ARGUMENTS", ())}}
     for name, value in params.items():
         default = known[name].default
         if isinstance(default, bool):
             _convert(value, bool, f"{key}.{name}")
         elif isinstance(default, (int, float)) and value is not None:
             number = _convert(value, int if isinstance(default, int) else float, f"{key}.{name}")
-            _check_number(number, LOSS_PARAM_RANGES.get(name, {}), f"{key}.{name}")
+            _check_number(number, ranges.get(name, {}), f"{key}.{name}")
 
 
-# Ranges of the losses' numeric arguments, by name (the same meaning in every loss that has it); other
+# Ranges of the losses' numeric arguments, by name (the same meaning in every loss that has it), for the losses
+# that do not declare their arguments (`tfdml.losses.arguments`: a declared loss's own ranges come first); other
 # numeric arguments get the default range of `_check_number` (finite, within MAX_INT / MAX_FLOAT).
 LOSS_PARAM_RANGES = {
     "margin": {"minimum": 0.0, "maximum": 180.0},  # a distance or similarity margin; ArcFace's in degrees

@@ -18,6 +18,8 @@ Each mean runs over its non-zero ("active") terms only and is 0 when none is act
 import keras
 from keras import ops
 
+from tfdml.loss_names import TUPLE_KINDS
+from tfdml.losses.arguments import Argument, declared
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
@@ -69,6 +71,7 @@ def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0, distanc
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class ContrastiveLoss(MetricLoss):
     """Contrastive loss, `L = mean_{active} [d_ap - pos_margin]+ + mean_{active} [neg_margin - d_an]+`.
 
@@ -78,9 +81,9 @@ class ContrastiveLoss(MetricLoss):
 
     Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
 
-    Args:
-        pos_margin: distance below which positive pairs cost nothing (default 0).
-        neg_margin: distance above which negative pairs cost nothing (default 1).
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
+        pos_margin: distance below which positive pairs cost nothing.
+        neg_margin: distance above which negative pairs cost nothing.
         name: loss name.
 
     Example:
@@ -88,15 +91,15 @@ class ContrastiveLoss(MetricLoss):
         >>> model.compile(optimizer="adam", loss=loss)
     """
 
-    def __init__(self, pos_margin=0.0, neg_margin=1.0, name="contrastive_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        if pos_margin < 0 or neg_margin < 0:
-            raise ValueError(f"pos_margin and neg_margin must be >= 0, got {pos_margin} and {neg_margin}.")
-        self.pos_margin = float(pos_margin)
-        self.neg_margin = float(neg_margin)
+    DEFAULT_NAME = "contrastive_loss"
+    ARGUMENTS = (
+        # distances between unit vectors are at most 2
+        Argument("pos_margin", 0.0, "pull positive pairs to at most this distance", minimum=0.0, maximum=4.0),
+        Argument("neg_margin", 1.0, "push negative pairs to at least this distance", minimum=0.0, maximum=4.0),
+    )
 
     # `terms` lists pairs (`tfdml.ops.TupleTerms.kind`).
-    tuple_kind = "pair"
+    tuple_kind = TUPLE_KINDS["contrastive"]
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
@@ -109,8 +112,3 @@ class ContrastiveLoss(MetricLoss):
     def terms(self, labels, embeddings):
         """The unreduced pair terms, listed; `tfdml.ops.reduce_terms` gives `compute`'s value."""
         return self.dense_terms(labels, embeddings).listed()
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(pos_margin=self.pos_margin, neg_margin=self.neg_margin)
-        return config

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from tfdml.losses.arguments import REQUIRED, Argument, declared
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.label_checks import check_label_range
 from tfdml.losses.portable import mean
@@ -133,6 +134,7 @@ def group_loss(
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class GroupLoss(MetricLoss):
     """Group Loss over a model output that carries both the embedding and the class logits.
 
@@ -163,27 +165,15 @@ class GroupLoss(MetricLoss):
         >>> model.compile(keras.optimizers.Adam(2e-4), loss=GroupLoss(num_classes, temperature=24.0))
     """
 
-    def __init__(
-        self,
-        num_classes,
-        temperature=24.0,
-        num_iterations=1,
-        num_anchors=2,
-        ce_weight=1.0,
-        zero_diagonal=False,
-        name="group_loss",
-        **kwargs,
-    ):
-        super().__init__(name=name, **kwargs)
-        if int(num_classes) < 2:
-            raise ValueError(f"num_classes must be an integer >= 2, got {num_classes}.")
-        _check_group_params(temperature, int(num_iterations), int(num_anchors))
-        self.num_classes = int(num_classes)
-        self.temperature = float(temperature)
-        self.num_iterations = int(num_iterations)
-        self.num_anchors = int(num_anchors)
-        self.ce_weight = float(ce_weight)
-        self.zero_diagonal = bool(zero_diagonal)
+    DEFAULT_NAME = "group_loss"
+    ARGUMENTS = (
+        Argument("num_classes", REQUIRED, "training classes (width of the logits block)", minimum=2, maximum=10**9),
+        Argument("temperature", 24.0, "prior softmax temperature", above=0.0, maximum=1e4),
+        Argument("num_iterations", 1, "replicator-dynamics steps", minimum=0, maximum=1_000),
+        Argument("num_anchors", 2, "labelled anchors per class in the batch", minimum=0, maximum=100_000),
+        Argument("ce_weight", 1.0, "weight of the cross-entropy term", minimum=0.0, maximum=1e4),
+        Argument("zero_diagonal", False, "the paper's W_ii = 0 instead of the official W_ii = 1"),
+    )
 
     def split(self, y_pred):
         """`(embeddings, logits)` from the concatenated output `[B, D + num_classes]`."""
@@ -213,15 +203,3 @@ class GroupLoss(MetricLoss):
             self.ce_weight,
             self.zero_diagonal,
         )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_classes=self.num_classes,
-            temperature=self.temperature,
-            num_iterations=self.num_iterations,
-            num_anchors=self.num_anchors,
-            ce_weight=self.ce_weight,
-            zero_diagonal=self.zero_diagonal,
-        )
-        return config

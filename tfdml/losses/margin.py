@@ -30,6 +30,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdml.loss_names import TUPLE_KINDS
+from tfdml.losses.arguments import Argument, declared
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
@@ -295,6 +297,7 @@ def margin_loss(
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class MarginLoss(MetricLoss):
     """Margin loss (Wu et al. 2017) with a learnable boundary `beta`.
 
@@ -310,10 +313,10 @@ class MarginLoss(MetricLoss):
     its own optimizer, saved, checkpointed); under a plain `keras.Model` it is not tracked and stays at its
     initial value.
 
-    Args:
-        alpha: margin (0.2).
-        beta: initial boundary (1.2).
-        nu: regulariser weight on a learned beta (0; no effect with `learn_beta=False`).
+    Args (defaults, ranges and choices in `ARGUMENTS`, also the configuration's `loss.params`):
+        alpha: margin.
+        beta: initial boundary.
+        nu: regulariser weight on a learned beta (no effect with `learn_beta=False`).
         num_classes: if given, one beta per training class (official code), chosen by the anchor's class;
             labels must then lie in `[0, num_classes)`.
         learn_beta: make beta a trainable variable (`trainable_variables`), else a constant.
@@ -323,7 +326,7 @@ class MarginLoss(MetricLoss):
             trains the network.
         sampling: `"distance_weighted"` (one negative per anchor-positive pair drawn ~ `1 / q(d)`, see
             `distance_weighted_probabilities`) or `"all"` (every triplet, deterministic).
-        cutoff, nonzero_loss_cutoff: bounds of the distance-weighted sampler (0.5, 1.4).
+        cutoff, nonzero_loss_cutoff: bounds of the distance-weighted sampler.
         seed: integer for a stateless, reproducible draw (tests); `None` for fresh negatives every step.
 
     Example:
@@ -332,39 +335,23 @@ class MarginLoss(MetricLoss):
         >>> model.fit(class_balanced_dataset)   # trains beta with SGD(0.1, momentum 0.9)
     """
 
-    def __init__(
-        self,
-        alpha=0.2,
-        beta=1.2,
-        nu=0.0,
-        num_classes=None,
-        learn_beta=True,
-        beta_learning_rate=0.1,
-        sampling="distance_weighted",
-        cutoff=0.5,
-        nonzero_loss_cutoff=1.4,
-        seed=None,
-        name="margin_loss",
-        **kwargs,
-    ):
-        super().__init__(name=name, **kwargs)
-        _check_sampling(sampling, cutoff, nonzero_loss_cutoff)
-        if num_classes is not None and int(num_classes) < 1:
-            raise ValueError(f"num_classes must be a positive integer or None, got {num_classes}.")
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}.")
-        if beta_learning_rate <= 0:
-            raise ValueError(f"beta_learning_rate must be > 0, got {beta_learning_rate}.")
-        self.alpha = float(alpha)
-        self.initial_beta = float(beta)
-        self.nu = float(nu)
-        self.num_classes = None if num_classes is None else int(num_classes)
-        self.learn_beta = bool(learn_beta)
-        self.beta_learning_rate = float(beta_learning_rate)
-        self.sampling = sampling
-        self.cutoff = float(cutoff)
-        self.nonzero_loss_cutoff = float(nonzero_loss_cutoff)
-        self.seed = seed
+    DEFAULT_NAME = "margin_loss"
+    ARGUMENTS = (
+        Argument("alpha", 0.2, "margin around the boundary", minimum=0.0, maximum=1e4),
+        Argument("beta", 1.2, "initial boundary", minimum=0.0, maximum=1e4, attribute="initial_beta"),
+        Argument("nu", 0.0, "regulariser weight on a learned beta", minimum=0.0, maximum=1e4),
+        Argument("num_classes", None, "one beta per class (None: one beta)", minimum=1, maximum=10**9),
+        Argument("learn_beta", True, "beta is a trainable variable"),
+        Argument("beta_learning_rate", 0.1, "learning rate of beta's SGD", above=0.0, maximum=100.0),
+        Argument("sampling", "distance_weighted", "which triplets", choices=SAMPLING_MODES),
+        Argument("cutoff", 0.5, "sampler's lower distance clip", minimum=0.0, maximum=4.0),
+        Argument("nonzero_loss_cutoff", 1.4, "sampler's upper distance bound", minimum=0.0, maximum=4.0),
+        Argument("seed", None, "stateless draw seed (None: fresh draws)"),
+    )
+
+    def setup(self):
+        _check_sampling(self.sampling, self.cutoff, self.nonzero_loss_cutoff)
+        self.num_classes = None if self.num_classes is None else int(self.num_classes)
         self._beta = None
         self._optimizer = None
 
@@ -396,7 +383,7 @@ class MarginLoss(MetricLoss):
         return self._optimizer
 
     # `terms` lists triplets (`tfdml.ops.TupleTerms.kind`).
-    tuple_kind = "triplet"
+    tuple_kind = TUPLE_KINDS["margin"]
     supports_references = True
 
     def _beta_and_nu(self, labels):
@@ -434,19 +421,3 @@ class MarginLoss(MetricLoss):
         return margin_terms(
             labels, embeddings, beta, self.alpha, nu, self.sampling, self.cutoff, self.nonzero_loss_cutoff, self.seed
         )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            alpha=self.alpha,
-            beta=self.initial_beta,
-            nu=self.nu,
-            num_classes=self.num_classes,
-            learn_beta=self.learn_beta,
-            beta_learning_rate=self.beta_learning_rate,
-            sampling=self.sampling,
-            cutoff=self.cutoff,
-            nonzero_loss_cutoff=self.nonzero_loss_cutoff,
-            seed=self.seed,
-        )
-        return config

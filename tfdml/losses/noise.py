@@ -32,7 +32,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tfdml.losses.base import MetricLoss, _state_variable, _WrappedLoss
+from tfdml.losses.base import _state_variable, _WrappedLoss
 from tfdml.losses.cross_batch_memory import _positive_int
 from tfdml.losses.memory import RingBuffer, require_tensorflow
 from tfdml.ops import masked_logsumexp, pairwise_distance, positive_mask, reduce_terms, safe_divide
@@ -158,7 +158,7 @@ def prism_keep(scores, noise_rate, window, window_count, has_memory=True):
 
 
 def _has_terms(loss):
-    return type(loss).terms is not MetricLoss.terms
+    return loss.tuple_kind is not None
 
 
 @keras.saving.register_keras_serializable(package="tfdml")

@@ -32,6 +32,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from tfdml.losses.arguments import Argument, declared
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.portable import lowest
 from tfdml.ops import (
@@ -230,6 +231,7 @@ def ranked_list_loss(
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class RankedListLoss(MetricLoss):
     """Ranked List Loss, `L = sum_i q_i [(1 - lam) L_P(i) + lam L_N(i)]` (see `ranked_list_loss`).
 
@@ -258,37 +260,23 @@ class RankedListLoss(MetricLoss):
         >>> model.fit(x, y, callbacks=[tfdml.callbacks.DynamicTemperature()])
     """
 
-    def __init__(
-        self,
-        margin=0.4,
-        alpha=None,
-        tn=10.0,
-        tp=0.0,
-        lam=0.5,
-        stop_gallery_gradient=True,
-        query_weighting="official",
-        name="ranked_list_loss",
-        **kwargs,
-    ):
-        super().__init__(name=name, **kwargs)
-        _check_query_weighting(query_weighting)
-        if isinstance(tn, dict):
-            tn = keras.saving.deserialize_keras_object(tn)
-        if not isinstance(tn, LinearTemperature):
-            tn = float(tn)
-            if tn < 0:
-                raise ValueError(f"tn must be >= 0 (0 weighs mined negatives equally), got {tn}.")
-        if margin < 0:
-            raise ValueError(f"margin must be >= 0, got {margin}.")
-        if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"lam balances the positive and negative terms and must lie in [0, 1], got {lam}.")
-        self.margin = float(margin)
-        self.alpha = None if alpha is None else float(alpha)
-        self.tn = tn
-        self.tp = float(tp)
-        self.lam = float(lam)
-        self.stop_gallery_gradient = bool(stop_gallery_gradient)
-        self.query_weighting = query_weighting
+    DEFAULT_NAME = "ranked_list_loss"
+    ARGUMENTS = (
+        Argument("margin", 0.4, "m: gap between the positive and the negative boundary", minimum=0.0, maximum=180.0),
+        Argument("alpha", None, "negative boundary (None: 1 + m / 2)", minimum=0.0, maximum=1e4),
+        Argument("tn", 10.0, "negative temperature, or a LinearTemperature", minimum=0.0, maximum=1e4),
+        Argument("tp", 0.0, "positive temperature (negative: harder positives weigh less)", minimum=-1e4, maximum=1e4),
+        Argument("lam", 0.5, "weight of the negative term (1 - lam: the positive)", minimum=0.0, maximum=1.0),
+        Argument("stop_gallery_gradient", True, "the gallery side of every pair is a constant"),
+        Argument("query_weighting", "official", "weights of the queries", choices=QUERY_WEIGHTINGS),
+    )
+
+    def setup(self):
+        if isinstance(self.tn, dict):
+            self.tn = keras.saving.deserialize_keras_object(self.tn)
+        if not isinstance(self.tn, LinearTemperature):
+            self.tn = float(self.tn)
+        self.alpha = None if self.alpha is None else float(self.alpha)
         self._step = None
 
     @property
@@ -344,15 +332,6 @@ class RankedListLoss(MetricLoss):
         )
 
     def get_config(self):
-        config = super().get_config()
-        tn = keras.saving.serialize_keras_object(self.tn) if self.has_schedule else self.tn
-        config.update(
-            margin=self.margin,
-            alpha=self.alpha,
-            tn=tn,
-            tp=self.tp,
-            lam=self.lam,
-            stop_gallery_gradient=self.stop_gallery_gradient,
-            query_weighting=self.query_weighting,
-        )
+        config = self.declared_config()
+        config.update(tn=keras.saving.serialize_keras_object(self.tn) if self.has_schedule else self.tn)
         return config

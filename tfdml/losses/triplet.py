@@ -18,6 +18,8 @@ passes: O(K B^2) time, O(B^2) memory. The exact (sub)gradient of the sum is accu
 import keras
 from keras import backend, ops
 
+from tfdml.loss_names import TUPLE_KINDS
+from tfdml.losses.arguments import Argument, declared
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
@@ -190,6 +192,7 @@ def triplet_loss(labels, embeddings, margin=0.2, mining="all", soft=False, squar
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class TripletLoss(MetricLoss):
     """Triplet loss `[m + d_ap - d_an]+` with `"all"`, `"hard"` or `"semi_hard"` mining.
 
@@ -197,9 +200,9 @@ class TripletLoss(MetricLoss):
 
     Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
 
-    Args:
-        margin: `m` (default 0.2).
-        mining: `"all"` (default), `"hard"` or `"semi_hard"`.
+    Args (defaults, ranges and choices in `ARGUMENTS`, also the configuration's `loss.params`):
+        margin: `m`.
+        mining: `"all"`, `"hard"` or `"semi_hard"`.
         soft: soft margin `log(1 + exp(d_ap - d_an))`.
         squared: squared Euclidean distances.
         name: loss name.
@@ -209,18 +212,16 @@ class TripletLoss(MetricLoss):
         >>> model.compile(optimizer="adam", loss=loss)
     """
 
-    def __init__(self, margin=0.2, mining="all", soft=False, squared=False, name="triplet_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        _check_mining(mining)
-        if margin < 0:
-            raise ValueError(f"margin must be >= 0, got {margin}.")
-        self.margin = float(margin)
-        self.mining = mining
-        self.soft = bool(soft)
-        self.squared = bool(squared)
+    DEFAULT_NAME = "triplet_loss"
+    ARGUMENTS = (
+        Argument("margin", 0.2, "the hinge's margin m", minimum=0.0, maximum=180.0),
+        Argument("mining", "all", "which triplets count", choices=MINING_STRATEGIES),
+        Argument("soft", False, "soft margin log(1 + exp(d_ap - d_an)) instead of the hinge"),
+        Argument("squared", False, "squared Euclidean distances"),
+    )
 
     # `terms` lists triplets (`tfdml.ops.TupleTerms.kind`).
-    tuple_kind = "triplet"
+    tuple_kind = TUPLE_KINDS["triplet"]
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
@@ -233,11 +234,6 @@ class TripletLoss(MetricLoss):
     def terms(self, labels, embeddings):
         """The unreduced triplet terms, listed (`TupleTerms.listed`)."""
         return self.dense_terms(labels, embeddings).listed()
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(margin=self.margin, mining=self.mining, soft=self.soft, squared=self.squared)
-        return config
 
 
 # ------------------------------------------------------------------------------ tensorflow-addons drop-ins
