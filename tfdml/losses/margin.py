@@ -24,17 +24,24 @@ Triplets come from one of two samplers:
   beyond the cutoff falls back to a uniform draw over its negatives, so the loss is never NaN.
 - `"all"`: every `(a, p, n)` triplet, computed in O(B^2) memory (the hinge terms separate, so each
   anchor-positive term is counted once per negative of its anchor and vice versa).
+
+Written in `keras.ops` (TensorFlow, JAX, PyTorch); the two hinges are written once (`_hinges`). On TensorFlow
+the sampler draws one negative per listed anchor-positive pair with `tf.random.categorical` (stateless with an
+integer seed), as it always has; on the other backends it draws a dense `[B, G]` grid of negatives with
+`keras.random.categorical` (static shapes, traceable by `jax.jit`) and the loss masks it by the positive pairs:
+the same distribution, not the same draws.
 """
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import backend, ops
 
 from tfdml.loss_names import TUPLE_KINDS
 from tfdml.losses.arguments import Argument, declared
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
+    as_scalar,
     negative_mask,
     pair_indices,
     pair_masks,
@@ -42,7 +49,7 @@ from tfdml.ops import (
     reference_embeddings,
     safe_divide,
     triplet_distances,
-    triplet_indices,
+    triplet_mask,
     validate_inputs,
 )
 
@@ -52,32 +59,44 @@ SAMPLING_MODES = ("distance_weighted", "all")
 def _as_beta(beta, dtype):
     """beta as a tensor of the embedding dtype (Python numbers converted directly, no float32 round trip)."""
     if isinstance(beta, (int, float, list, tuple, np.ndarray, np.floating)):
-        return tf.constant(beta, dtype)
-    beta = tf.cast(tf.convert_to_tensor(beta), dtype)
-    if beta.shape.rank not in (0, 1):
-        raise ValueError(f"beta must be a scalar or a [num_classes] vector, got shape {beta.shape}.")
+        return ops.convert_to_tensor(np.asarray(beta), dtype)
+    beta = ops.cast(ops.convert_to_tensor(beta), dtype)
+    if len(beta.shape) not in (0, 1):
+        raise ValueError(f"beta must be a scalar or a [num_classes] vector, got shape {tuple(beta.shape)}.")
     return beta
 
 
 def _beta_per_anchor(beta, labels, dtype):
     """Broadcastable beta for anchors `labels`: a scalar stays scalar, a per-class vector is gathered."""
     beta = _as_beta(beta, dtype)
-    if beta.shape.rank == 0:
+    if len(beta.shape) == 0:
         return beta
-    if beta.shape.rank != 1:
-        raise ValueError(f"beta must be a scalar or a [num_classes] vector, got shape {beta.shape}.")
-    # A one-hot product instead of tf.gather: beta's gradient stays dense (optimizers, all-reduce).
-    return tf.linalg.matvec(tf.one_hot(labels, tf.shape(beta)[0], dtype=dtype), beta)
+    if len(beta.shape) != 1:
+        raise ValueError(f"beta must be a scalar or a [num_classes] vector, got shape {tuple(beta.shape)}.")
+    # A one-hot product instead of a gather: beta's gradient stays dense (optimizers, all-reduce).
+    return ops.matmul(ops.one_hot(labels, beta.shape[0], dtype=dtype), beta)
+
+
+def _hinges(d_ap, d_an, beta_a, alpha):
+    """The margin loss's two hinges, written once: `pos = [d_ap - beta + alpha]+`, `neg = [beta - d_an +
+    alpha]+` (any broadcastable shapes)."""
+    alpha = as_scalar(alpha, d_ap.dtype)
+    return ops.relu(d_ap - beta_a + alpha), ops.relu(beta_a - d_an + alpha)
+
+
+def _active(x):
+    return ops.cast(x > 0, x.dtype)
 
 
 def _regulariser(beta, beta_sum, num_triplets, active, nu, dtype):
     """`nu * beta` for a single beta; `nu * sum_triplets beta_{y_a} / (#pos>0 + #neg>0)` for per-class betas
     (official code and pytorch-metric-learning). 0 without triplets."""
     if nu == 0:
-        return tf.zeros([], dtype)
+        return ops.zeros((), dtype)
     beta = _as_beta(beta, dtype)
-    if beta.shape.rank == 0:
-        return nu * tf.where(num_triplets > 0, beta, tf.zeros([], dtype))
+    nu = as_scalar(nu, dtype)
+    if len(beta.shape) == 0:
+        return nu * ops.where(num_triplets > 0, beta, ops.zeros((), dtype))
     return nu * safe_divide(beta_sum, active)
 
 
@@ -96,43 +115,76 @@ def distance_weighted_log_weights(distances, negatives, dim, cutoff=0.5, nonzero
         nonzero_loss_cutoff: candidates at this distance or farther get zero weight.
 
     Returns:
-        `[B, G]` logits for `tf.random.categorical`. A row whose negatives all lie beyond
-        `nonzero_loss_cutoff` is uniform over its negatives; a row with no negative is uniform over all
-        candidates (its draws must be discarded by the caller).
+        `[B, G]` categorical logits. A row whose negatives all lie beyond `nonzero_loss_cutoff` is uniform
+        over its negatives; a row with no negative is uniform over all candidates (its draws must be
+        discarded by the caller).
     """
-    distances = tf.stop_gradient(tf.convert_to_tensor(distances))
+    distances = ops.stop_gradient(ops.convert_to_tensor(distances))
     dtype = distances.dtype
-    dim = tf.cast(dim, dtype)
+    dim = as_scalar(dim, dtype)
     # Inside the eligible band the clipped distance lies in [cutoff, min(nonzero_loss_cutoff, 2)) where
     # both logs are finite; outside it the value is masked anyway, so clip to keep the maths finite.
-    upper = tf.cast(min(float(nonzero_loss_cutoff), 2.0 - 1e-4), dtype)
-    d = tf.clip_by_value(distances, tf.cast(cutoff, dtype), upper)
-    log_weights = (2.0 - dim) * tf.math.log(d) - ((dim - 3.0) / 2.0) * tf.math.log(1.0 - 0.25 * tf.square(d))
-    eligible = tf.logical_and(negatives, distances < tf.cast(nonzero_loss_cutoff, dtype))
-    any_eligible = tf.reduce_any(eligible, axis=1, keepdims=True)
-    any_negative = tf.reduce_any(negatives, axis=1, keepdims=True)
+    upper = min(float(nonzero_loss_cutoff), 2.0 - 1e-4)
+    d = ops.clip(distances, as_scalar(float(cutoff), dtype), as_scalar(upper, dtype))
+    log_weights = (2.0 - dim) * ops.log(d) - ((dim - 3.0) / 2.0) * ops.log(1.0 - 0.25 * ops.square(d))
+    eligible = ops.logical_and(negatives, distances < as_scalar(float(nonzero_loss_cutoff), dtype))
+    any_eligible = ops.any(eligible, axis=1, keepdims=True)
+    any_negative = ops.any(negatives, axis=1, keepdims=True)
     # Fallbacks keep every row a valid categorical distribution: uniform over negatives, else over all.
-    support = tf.where(any_eligible, eligible, tf.where(any_negative, negatives, tf.ones_like(negatives)))
-    logits = tf.where(any_eligible, log_weights, tf.zeros_like(log_weights))
-    neg_inf = tf.fill(tf.shape(logits), tf.constant(-np.inf, dtype))
-    return tf.where(support, logits, neg_inf)
+    support = ops.where(any_eligible, eligible, ops.logical_or(negatives, ops.logical_not(any_negative)))
+    logits = ops.where(any_eligible, log_weights, ops.zeros_like(log_weights))
+    return ops.where(support, logits, ops.full_like(logits, -np.inf))
 
 
 def distance_weighted_probabilities(labels, embeddings, cutoff=0.5, nonzero_loss_cutoff=1.4):
     """`[B, B]` probability that the distance-weighted sampler draws negative `j` for anchor `i`.
 
-    Row `i` is the softmax of `distance_weighted_log_weights` (what `tf.random.categorical` samples from):
-    proportional to `1 / q(max(d_ij, cutoff))` over the negatives closer than `nonzero_loss_cutoff`
-    (Wu et al.'s `DistanceWeightedSampling`), uniform over the negatives when none is.
+    Row `i` is the softmax of `distance_weighted_log_weights` (what the sampler draws from): proportional to
+    `1 / q(max(d_ij, cutoff))` over the negatives closer than `nonzero_loss_cutoff` (Wu et al.'s
+    `DistanceWeightedSampling`), uniform over the negatives when none is.
 
     Example:
-        >>> p = distance_weighted_probabilities(labels, tf.math.l2_normalize(f, axis=1))
+        >>> p = distance_weighted_probabilities(labels, tfdml.ops.l2_normalize(f))
     """
     labels, embeddings = validate_inputs(labels, embeddings)
     logits = distance_weighted_log_weights(
-        pairwise_distance(embeddings), negative_mask(labels), tf.shape(embeddings)[1], cutoff, nonzero_loss_cutoff
+        pairwise_distance(embeddings), negative_mask(labels), ops.shape(embeddings)[1], cutoff, nonzero_loss_cutoff
     )
-    return tf.nn.softmax(logits, axis=1)
+    return ops.softmax(logits, axis=1)
+
+
+def _sampling_dtype(logits):
+    # categorical samplers need float32/64 logits
+    return "float64" if backend.standardize_dtype(logits.dtype) == "float64" else "float32"
+
+
+def _tensorflow_draws(pair_logits, seed):
+    """One draw per row of `[P, G]` logits with TensorFlow's (stateless with an integer seed) sampler: the
+    TensorFlow backend's draws, unchanged (DML-ALA and the stored test draws rely on them)."""
+    import tensorflow as tf
+
+    pair_logits = tf.cast(pair_logits, _sampling_dtype(pair_logits))
+    if seed is None:
+        return tf.random.categorical(pair_logits, 1, dtype=tf.int32)
+    return tf.random.stateless_categorical(pair_logits, 1, seed=[int(seed), 0], dtype=tf.int32)
+
+
+def sample_distance_weighted_negatives(
+    labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None, references=None
+):
+    """Static-shape sampler (every backend but TensorFlow's): `(drawn, keep)`, `[B, G]` int32 and bool.
+
+    `drawn[a, p]` is the negative drawn for the pair `(a, p)` (one independent draw per column, used where
+    `keep[a, p]`: `p` a positive of `a` and `a` has a negative). Drawn with `keras.random.categorical`;
+    `seed` is an integer (the same draws for the same batch), a `keras.random.SeedGenerator`, or None (Keras'
+    global generator). The draws follow the same distribution as TensorFlow's but differ from them.
+    """
+    positives, negatives = pair_masks(labels, references)
+    logits = distance_weighted_log_weights(distances, negatives, dim, cutoff, nonzero_loss_cutoff)
+    logits = ops.cast(logits, _sampling_dtype(logits))
+    drawn = keras.random.categorical(logits, ops.shape(logits)[1], dtype="int32", seed=seed)
+    keep = ops.logical_and(positives, ops.any(negatives, axis=1, keepdims=True))
+    return drawn, keep
 
 
 def sample_distance_weighted_triplets(
@@ -141,7 +193,9 @@ def sample_distance_weighted_triplets(
     """One distance-weighted negative per ordered anchor-positive pair.
 
     With `references` (a `tfdml.ops.References`; `distances` then `[B, G]`) positives and negatives are
-    references and the triplets' second and third columns index them.
+    references and the triplets' second and third columns index them. On TensorFlow the draws are
+    `tf.random.categorical` (stateless with an integer `seed`); on the other backends
+    `sample_distance_weighted_negatives`' (same distribution, other draws).
 
     Returns:
         `(triplets, valid)`: `[P, 3]` int32 `(anchor, positive, negative)` rows for the `P` ordered positive
@@ -150,16 +204,17 @@ def sample_distance_weighted_triplets(
     """
     positives, negatives = pair_masks(labels, references)
     pairs = pair_indices(positives)
-    logits = distance_weighted_log_weights(distances, negatives, dim, cutoff, nonzero_loss_cutoff)
-    pair_logits = tf.gather(logits, pairs[:, 0])
-    # categorical needs float32/64 logits
-    pair_logits = tf.cast(pair_logits, tf.float64 if logits.dtype == tf.float64 else tf.float32)
-    if seed is None:
-        drawn = tf.random.categorical(pair_logits, 1, dtype=tf.int32)
+    if backend.backend() == "tensorflow":
+        logits = distance_weighted_log_weights(distances, negatives, dim, cutoff, nonzero_loss_cutoff)
+        drawn = _tensorflow_draws(ops.take(logits, pairs[:, 0], axis=0), seed)
     else:
-        drawn = tf.random.stateless_categorical(pair_logits, 1, seed=[int(seed), 0], dtype=tf.int32)
-    triplets = tf.concat([pairs, drawn], axis=1)
-    valid = tf.gather(tf.reduce_any(negatives, axis=1), pairs[:, 0])
+        dense, _ = sample_distance_weighted_negatives(
+            labels, distances, dim, cutoff, nonzero_loss_cutoff, seed, references
+        )
+        flat = pairs[:, 0] * ops.shape(dense)[1] + pairs[:, 1]
+        drawn = ops.take(ops.reshape(dense, (-1,)), flat)[:, None]
+    triplets = ops.concatenate([pairs, ops.cast(drawn, "int32")], axis=1)
+    valid = ops.take(ops.any(negatives, axis=1), pairs[:, 0])
     return triplets, valid
 
 
@@ -169,18 +224,32 @@ def margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha=0.2, nu=0
     `valid` (`[T]` bool, optional) drops rows; `distances` (optional) are the precomputed
     `pairwise_distance(embeddings)`. Differentiable in `embeddings` and `beta`.
     """
-    embeddings = tf.convert_to_tensor(embeddings)
+    embeddings = ops.convert_to_tensor(embeddings)
     dtype = embeddings.dtype
-    triplets = tf.cast(triplets, tf.int32)
+    triplets = ops.cast(triplets, "int32")
     distances = pairwise_distance(embeddings) if distances is None else distances
     d_ap, d_an = triplet_distances(distances, triplets)
-    beta_a = _beta_per_anchor(beta, tf.gather(labels, triplets[:, 0]), dtype) * tf.ones_like(d_ap)
-    keep = tf.ones_like(d_ap) if valid is None else tf.cast(valid, dtype)
-    pos = tf.nn.relu(d_ap - beta_a + alpha) * keep
-    neg = tf.nn.relu(beta_a - d_an + alpha) * keep
-    active = tf.reduce_sum(tf.cast(pos > 0, dtype)) + tf.reduce_sum(tf.cast(neg > 0, dtype))
-    loss = safe_divide(tf.reduce_sum(pos + neg), active)
-    return loss + _regulariser(beta, tf.reduce_sum(beta_a * keep), tf.reduce_sum(keep), active, nu, dtype)
+    beta_a = _beta_per_anchor(beta, ops.take(labels, triplets[:, 0]), dtype) * ops.ones_like(d_ap)
+    keep = ops.ones_like(d_ap) if valid is None else ops.cast(valid, dtype)
+    return _kept_hinges_loss(d_ap, d_an, beta, beta_a, keep, alpha, nu)
+
+
+def _kept_hinges_loss(d_ap, d_an, beta, beta_a, keep, alpha, nu):
+    """`sum(pos + neg) / (#pos>0 + #neg>0) + R` over the tuples where `keep` (float) is 1."""
+    pos, neg = _hinges(d_ap, d_an, beta_a, alpha)
+    pos, neg = pos * keep, neg * keep
+    active = ops.sum(_active(pos)) + ops.sum(_active(neg))
+    loss = safe_divide(ops.sum(pos + neg), active)
+    return loss + _regulariser(beta, ops.sum(beta_a * keep), ops.sum(keep), active, nu, d_ap.dtype)
+
+
+def _margin_loss_sampled_dense(labels, distances, beta, alpha, nu, drawn, keep):
+    """The sampled triplets `(a, p, drawn[a, p])` where `keep`, on `[B, G]` (static shapes)."""
+    dtype = distances.dtype
+    d_an = ops.take_along_axis(distances, drawn, axis=1)
+    beta_a = _beta_per_anchor(beta, labels, dtype)
+    beta_a = beta_a[:, None] * ops.ones_like(distances) if len(beta_a.shape) == 1 else beta_a * ops.ones_like(distances)
+    return _kept_hinges_loss(distances, d_an, beta, beta_a, ops.cast(keep, dtype), alpha, nu)
 
 
 def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references=None):
@@ -188,21 +257,36 @@ def _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references=No
     dtype = embeddings.dtype
     distances = pairwise_distance(embeddings, reference_embeddings(references))
     positives, negatives = pair_masks(labels, references)
-    positives, negatives = tf.cast(positives, dtype), tf.cast(negatives, dtype)
-    num_pos = tf.reduce_sum(positives, axis=1, keepdims=True)  # [B, 1] positives per anchor
-    num_neg = tf.reduce_sum(negatives, axis=1, keepdims=True)
+    positives, negatives = ops.cast(positives, dtype), ops.cast(negatives, dtype)
+    num_pos = ops.sum(positives, axis=1, keepdims=True)  # [B, 1] positives per anchor
+    num_neg = ops.sum(negatives, axis=1, keepdims=True)
     beta_a = _beta_per_anchor(beta, labels, dtype)
-    beta_a = beta_a[:, None] if beta_a.shape.rank == 1 else beta_a
-    pos = tf.nn.relu(distances - beta_a + alpha) * positives * num_neg
-    neg = tf.nn.relu(beta_a - distances + alpha) * negatives * num_pos
-    pos_active = tf.cast(distances - beta_a + alpha > 0, dtype) * positives * num_neg
-    neg_active = tf.cast(beta_a - distances + alpha > 0, dtype) * negatives * num_pos
-    active = tf.reduce_sum(pos_active) + tf.reduce_sum(neg_active)
-    loss = safe_divide(tf.reduce_sum(pos) + tf.reduce_sum(neg), active)
+    beta_a = beta_a[:, None] if len(beta_a.shape) == 1 else beta_a
+    pos, neg = _hinges(distances, distances, beta_a, alpha)
+    pos_weight, neg_weight = positives * num_neg, negatives * num_pos
+    active = ops.sum(_active(pos) * pos_weight) + ops.sum(_active(neg) * neg_weight)
+    loss = safe_divide(ops.sum(pos * pos_weight) + ops.sum(neg * neg_weight), active)
     triplets_per_anchor = num_pos[:, 0] * num_neg[:, 0]
-    beta_rows = beta_a[:, 0] if beta_a.shape.rank == 2 else beta_a * tf.ones_like(triplets_per_anchor)
-    beta_sum = tf.reduce_sum(beta_rows * triplets_per_anchor)
-    return loss + _regulariser(beta, beta_sum, tf.reduce_sum(triplets_per_anchor), active, nu, dtype)
+    beta_rows = beta_a[:, 0] if len(beta_a.shape) == 2 else beta_a * ops.ones_like(triplets_per_anchor)
+    beta_sum = ops.sum(beta_rows * triplets_per_anchor)
+    return loss + _regulariser(beta, beta_sum, ops.sum(triplets_per_anchor), active, nu, dtype)
+
+
+def _all_triplet_terms(labels, distances, beta, alpha, nu):
+    """Dense `[B, B, B]` terms of every triplet, `pos[a, p] + neg[a, n]` where `triplet_mask`."""
+    dtype = distances.dtype
+    positives, negatives = pair_masks(labels)
+    valid = triplet_mask(positives, negatives)
+    beta_a = _beta_per_anchor(beta, labels, dtype)
+    beta_a = beta_a[:, None] if len(beta_a.shape) == 1 else beta_a
+    pos, neg = _hinges(distances, distances, beta_a, alpha)
+    zeros = ops.zeros_like(valid, dtype=dtype)
+    values = ops.where(valid, pos[:, :, None] + neg[:, None, :], zeros)
+    divisors = ops.where(valid, _active(pos)[:, :, None] + _active(neg)[:, None, :], zeros)
+    count = ops.sum(ops.cast(valid, dtype))
+    beta_sum = ops.sum(ops.where(valid, (beta_a * ops.ones_like(distances))[:, :, None], zeros))
+    extra = _regulariser(beta, beta_sum, count, ops.sum(divisors), nu, dtype)
+    return TupleTerms(values, None, "triplet", "divisor", divisors=divisors, extra=extra, valid=valid)
 
 
 def margin_terms(
@@ -219,24 +303,47 @@ def margin_terms(
     """The margin loss's terms: one per triplet its sampler gives (every valid triplet for `"all"`; one
     distance-weighted negative per ordered anchor-positive pair, with `seed` as `margin_loss`), `pos + neg`,
     reduced by the number of active hinges, `#(pos > 0) + #(neg > 0)` (`reduction="divisor"`); the
-    regulariser is the unweighted `extra`. `reduce_terms` of them is `margin_loss`."""
+    regulariser is the unweighted `extra`. `reduce_terms` of them is `margin_loss`. Listed terms (a
+    data-dependent length: eager code and TensorFlow graphs)."""
     dtype = embeddings.dtype
     distances = pairwise_distance(embeddings)
     if sampling == "all":
-        triplets = triplet_indices(labels)
-    else:
-        triplets, valid = sample_distance_weighted_triplets(
-            labels, distances, tf.shape(embeddings)[1], cutoff, nonzero_loss_cutoff, seed
-        )
-        triplets = tf.gather(triplets, tf.where(valid)[:, 0])
+        return _all_triplet_terms(labels, distances, beta, alpha, nu).listed()
+    triplets, valid = sample_distance_weighted_triplets(
+        labels, distances, ops.shape(embeddings)[1], cutoff, nonzero_loss_cutoff, seed
+    )
+    (kept,) = ops.nonzero(valid)
+    triplets = ops.take(triplets, kept, axis=0)
     d_ap, d_an = triplet_distances(distances, triplets)
-    beta_a = _beta_per_anchor(beta, tf.gather(labels, triplets[:, 0]), dtype) * tf.ones_like(d_ap)
-    pos = tf.nn.relu(d_ap - beta_a + alpha)
-    neg = tf.nn.relu(beta_a - d_an + alpha)
-    divisors = tf.cast(pos > 0, dtype) + tf.cast(neg > 0, dtype)
-    count = tf.cast(tf.shape(triplets)[0], dtype)
-    extra = _regulariser(beta, tf.reduce_sum(beta_a), count, tf.reduce_sum(divisors), nu, dtype)
+    beta_a = _beta_per_anchor(beta, ops.take(labels, triplets[:, 0]), dtype) * ops.ones_like(d_ap)
+    pos, neg = _hinges(d_ap, d_an, beta_a, alpha)
+    divisors = _active(pos) + _active(neg)
+    count = ops.cast(ops.shape(triplets)[0], dtype)
+    extra = _regulariser(beta, ops.sum(beta_a), count, ops.sum(divisors), nu, dtype)
     return TupleTerms(pos + neg, triplets, "triplet", "divisor", divisors=divisors, extra=extra)
+
+
+def _check_class_ids(labels, num_classes, name):
+    """Per-class betas need labels in `[0, num_classes)`: TensorFlow's assertions (inside graphs too), a
+    check of concrete values on the other backends (skipped while `jax.jit` traces)."""
+    too_large = f"{name}: labels must be < num_classes={num_classes} (one beta per class)"
+    negative = f"{name}: labels must be >= 0"
+    if backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.debugging.assert_less(labels, num_classes, message=too_large)
+        tf.debugging.assert_non_negative(labels, message=negative)
+        return
+    if backend.backend() == "jax":
+        import jax
+
+        if isinstance(labels, jax.core.Tracer):
+            return
+    values = ops.convert_to_numpy(labels)
+    if values.size and values.max() >= num_classes:
+        raise ValueError(too_large)
+    if values.size and values.min() < 0:
+        raise ValueError(negative)
 
 
 def _check_sampling(sampling, cutoff, nonzero_loss_cutoff):
@@ -253,7 +360,12 @@ def _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_
     if sampling == "all":
         return _margin_loss_all_triplets(labels, embeddings, beta, alpha, nu, references)
     distances = pairwise_distance(embeddings, reference_embeddings(references))
-    dim = tf.shape(embeddings)[1]
+    dim = ops.shape(embeddings)[1]
+    if backend.backend() != "tensorflow":
+        drawn, keep = sample_distance_weighted_negatives(
+            labels, distances, dim, cutoff, nonzero_loss_cutoff, seed, references
+        )
+        return _margin_loss_sampled_dense(labels, distances, beta, alpha, nu, drawn, keep)
     triplets, valid = sample_distance_weighted_triplets(
         labels, distances, dim, cutoff, nonzero_loss_cutoff, seed, references
     )
@@ -289,7 +401,7 @@ def margin_loss(
         Scalar loss; 0 when no triplet term is active.
 
     Example:
-        >>> loss = margin_loss(labels, tf.math.l2_normalize(f, axis=1), beta=1.2, sampling="all")
+        >>> loss = margin_loss(labels, tfdml.ops.l2_normalize(f), beta=1.2, sampling="all")
     """
     _check_sampling(sampling, cutoff, nonzero_loss_cutoff)
     labels, embeddings = validate_inputs(labels, embeddings)
@@ -308,6 +420,11 @@ class MarginLoss(MetricLoss):
 
     The default sampler draws one negative per anchor-positive pair with probability ~ `1 / q(d_an)` (inverse
     density of distances on the unit sphere, Wu et al.): it favours the nearer, harder negatives.
+
+    Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`). The distance-weighted draws are
+    TensorFlow's `tf.random` on TensorFlow and `keras.random.categorical` on the other backends: the same
+    distribution, different draws (an integer `seed` repeats the draws of one backend, not across backends).
+    `"all"` is deterministic and equal on every backend.
 
     beta is a variable of the loss. `tfdml.models.MetricModel.compile` makes it part of the model (trained by
     its own optimizer, saved, checkpointed); under a plain `keras.Model` it is not tracked and stays at its
@@ -354,6 +471,7 @@ class MarginLoss(MetricLoss):
         self.num_classes = None if self.num_classes is None else int(self.num_classes)
         self._beta = None
         self._optimizer = None
+        self._seed_generator = None
 
     @property
     def beta(self):
@@ -390,14 +508,18 @@ class MarginLoss(MetricLoss):
         beta = self.beta
         beta = beta.value if isinstance(beta, keras.Variable) else beta
         if self.num_classes is not None:
-            tf.debugging.assert_less(
-                labels,
-                self.num_classes,
-                message=(f"{self.name}: labels must be < num_classes={self.num_classes} (one beta per class)"),
-            )
-            tf.debugging.assert_non_negative(labels, message=f"{self.name}: labels must be >= 0")
+            _check_class_ids(labels, self.num_classes, self.name)
         # The official code (and pytorch-metric-learning) regularises beta only when it is learned.
         return beta, (self.nu if self.learn_beta else 0.0)
+
+    def _draw_seed(self):
+        """The sampler's seed: the integer `seed`; else on TensorFlow None (fresh `tf.random` draws), on the
+        other backends the loss's own `keras.random.SeedGenerator`."""
+        if self.seed is not None or backend.backend() == "tensorflow":
+            return self.seed
+        if self._seed_generator is None:
+            self._seed_generator = keras.random.SeedGenerator(name="margin_sampler_seed")
+        return self._seed_generator
 
     def compute(self, labels, embeddings, references=None):
         beta, nu = self._beta_and_nu(labels)
@@ -410,7 +532,7 @@ class MarginLoss(MetricLoss):
             self.sampling,
             self.cutoff,
             self.nonzero_loss_cutoff,
-            self.seed,
+            self._draw_seed(),
             references,
         )
 
@@ -419,5 +541,13 @@ class MarginLoss(MetricLoss):
         (for the same draw: a `seed`, or `"all"`)."""
         beta, nu = self._beta_and_nu(labels)
         return margin_terms(
-            labels, embeddings, beta, self.alpha, nu, self.sampling, self.cutoff, self.nonzero_loss_cutoff, self.seed
+            labels,
+            embeddings,
+            beta,
+            self.alpha,
+            nu,
+            self.sampling,
+            self.cutoff,
+            self.nonzero_loss_cutoff,
+            self._draw_seed(),
         )
