@@ -472,6 +472,11 @@ class MarginLoss(MetricLoss):
         self._beta = None
         self._optimizer = None
         self._seed_generator = None
+        if backend.backend() != "tensorflow":
+            # Keras' JAX trainer traces the step in a stateless scope, where no variable may be created: the
+            # loss's variables exist from the start (on TensorFlow on first use, for `tf.distribute` scopes).
+            self.beta  # noqa: B018
+            self._draw_seed()
 
     @property
     def beta(self):
@@ -491,6 +496,14 @@ class MarginLoss(MetricLoss):
     @property
     def trainable_variables(self):
         return [self.beta] if self.learn_beta else []
+
+    @property
+    def non_trainable_variables(self):
+        """The state of the sampler's `keras.random.SeedGenerator` (backends other than TensorFlow, without
+        an integer `seed`): `tfdml.models.MetricModel` carries it through Keras' stateless JAX step, so that
+        every step draws fresh negatives (a plain `keras.Model` does not track it: on JAX its steps then
+        repeat the same draws for the same batch)."""
+        return [] if self._seed_generator is None else [self._seed_generator.state]
 
     @property
     def variable_optimizer(self):
