@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests import loss_checks as checks
+from tests.backend_neutral.reference_cases import PML_MARGIN_PER_CLASS_NU
 from tests.references import numpy_margin_group as ref
 from tests.references import official_reference_cases, shared_reference_cases
 from tests.references.numpy_losses import numerical_gradient
@@ -44,14 +45,9 @@ def test_matches_shared_reference_data(case, expected):
     np.testing.assert_allclose(value.numpy(), expected["value"], rtol=1e-9)
 
 
-# pytorch-metric-learning 2.9: MarginLoss(margin=0.2, beta=1.2, nu=0.1, learn_beta=True, num_classes=10),
-# all triplets, float64, on the two cases of the shared reference data.
-PML_PER_CLASS_NU = [0.5310872569895259, 0.4245209130837688]
-
-
 def test_per_class_regulariser_matches_pytorch_metric_learning():
     cases = [case for case, _ in shared_reference_cases("MarginLoss")]
-    for case, expected in zip(cases, PML_PER_CLASS_NU):
+    for case, expected in zip(cases, PML_MARGIN_PER_CLASS_NU):
         loss = MarginLoss(sampling="all", nu=0.1, num_classes=10, learn_beta=True)
         value = loss(np.array(case["labels"]), np.array(case["embeddings"], dtype=np.float64))
         np.testing.assert_allclose(value.numpy(), expected, rtol=1e-6)

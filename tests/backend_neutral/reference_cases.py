@@ -17,6 +17,7 @@ import numpy as np
 import tfdml.losses as losses
 from tests.backend_neutral import pair_proxy_cases
 from tests.references import numpy_losses as ref
+from tests.references import numpy_margin_group as margin_ref
 from tests.references import shared_reference_cases
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
@@ -52,7 +53,11 @@ def _pml_contrastive():
             )
 
 
-_SHARED = {"TripletLoss": losses.TripletLoss, "TripletSemiHardLoss": losses.TripletSemiHardLoss}
+_SHARED = {
+    "TripletLoss": losses.TripletLoss,
+    "TripletSemiHardLoss": losses.TripletSemiHardLoss,
+    "MarginLoss": losses.MarginLoss,
+}
 
 
 def _shared_reference():
@@ -63,6 +68,24 @@ def _shared_reference():
             np.asarray(case["labels"], np.int32),
             np.asarray(case["embeddings"], np.float64),
             expected["value"],
+            rtol=1e-6,
+        )
+
+
+# pytorch-metric-learning 2.9: MarginLoss(margin=0.2, beta=1.2, nu=0.1, learn_beta=True, num_classes=10),
+# all triplets, float64, on the two MarginLoss cases of the shared reference data.
+PML_MARGIN_PER_CLASS_NU = [0.5310872569895259, 0.4245209130837688]
+
+
+def _pml_margin():
+    cases = [case for case, _ in shared_reference_cases("MarginLoss")]
+    for number, (case, expected) in enumerate(zip(cases, PML_MARGIN_PER_CLASS_NU)):
+        yield Case(
+            f"pml/margin/per_class_nu/{number}",
+            lambda: losses.MarginLoss(sampling="all", nu=0.1, num_classes=10, learn_beta=True),
+            np.asarray(case["labels"], np.int32),
+            np.asarray(case["embeddings"], np.float64),
+            expected,
             rtol=1e-6,
         )
 
@@ -97,6 +120,30 @@ def _numpy_references():
         )
 
 
+def _numpy_margin():
+    labels, x = _random_batch(0)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    # 1.25 and 0.25 are exact in float32: a learned beta is a float32 variable.
+    yield Case(
+        "numpy/margin/all/learned_beta",
+        lambda: losses.MarginLoss(alpha=0.25, beta=1.25, nu=0.1, sampling="all"),
+        labels,
+        x,
+        margin_ref.margin_loss_all(labels, x, 1.25, alpha=0.25, nu=0.1),
+        rtol=1e-6,
+    )
+    yield Case(
+        "numpy/margin/all/per_class_beta",
+        lambda: losses.MarginLoss(beta=1.25, num_classes=3, nu=0.1, sampling="all"),
+        labels,
+        x,
+        margin_ref.margin_loss_all(labels, x, np.full(3, 1.25), nu=0.1),
+        rtol=1e-6,
+    )
+    # Distance-weighted draws differ between backends: a finite value and gradient is what they share.
+    yield Case("margin/distance_weighted/finite", lambda: losses.MarginLoss(seed=1), labels, x, None)
+
+
 def _tfa_references():
     for seed in (0,):
         labels, x = _random_batch(seed + 10)
@@ -123,7 +170,9 @@ def _tfa_references():
 CASES = [
     *_pml_contrastive(),
     *_shared_reference(),
+    *_pml_margin(),
     *_numpy_references(),
+    *_numpy_margin(),
     *_tfa_references(),
     *pair_proxy_cases.cases(Case),
 ]
@@ -132,6 +181,7 @@ CASES = [
 FIT_LOSSES = {
     "triplet": lambda: losses.TripletLoss(margin=0.2),
     "contrastive": lambda: losses.ContrastiveLoss(),
+    "margin": lambda: losses.MarginLoss(),
     **pair_proxy_cases.FIT_LOSSES,
 }
 
@@ -140,4 +190,5 @@ TERMS_LOSSES = {
     **{f"triplet/{mining}": (lambda m=mining: losses.TripletLoss(mining=m)) for mining in ("all", "hard", "semi_hard")},
     "triplet/all/soft": lambda: losses.TripletLoss(soft=True),
     "contrastive": lambda: losses.ContrastiveLoss(0.3, 1.2),
+    "margin/all": lambda: losses.MarginLoss(beta=1.25, num_classes=3, nu=0.1, sampling="all"),
 }

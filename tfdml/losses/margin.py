@@ -549,6 +549,14 @@ class MarginLoss(MetricLoss):
             references,
         )
 
+    def dense_terms(self, labels, embeddings):
+        """The dense `[B, B, B]` terms of every triplet (`sampling="all"`; the distance-weighted sampler's
+        terms are listed only, by `terms`)."""
+        if self.sampling != "all":
+            raise ValueError(f'{self.name}: dense terms need sampling="all", got sampling={self.sampling!r}.')
+        beta, nu = self._beta_and_nu(labels)
+        return _all_triplet_terms(labels, pairwise_distance(embeddings), beta, self.alpha, nu)
+
     def terms(self, labels, embeddings):
         """The unreduced triplet terms (`margin_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value
         (for the same draw: a `seed`, or `"all"`)."""
