@@ -72,6 +72,15 @@ def _bad_values(kind, meta):
     return values
 
 
+def _below_range(name):
+    """A number below the loss argument's declared minimum: -3, or -1e5 for an argument that may be negative
+    (RankedListLoss's tp lies in [-1e4, 1e4])."""
+    argument = {a.name: a for a in DEFAULT_LOSS.ARGUMENTS}.get(name)
+    bounds = {} if argument is None else argument.range()
+    low = bounds.get("minimum", bounds.get("above"))
+    return ("-3", "-3.0") if low is None or low > -3 else ("-1e5", "-100000.0")
+
+
 CASES = [
     pytest.param(key, kind, is_list, text, shown, id=f"{key}={text}")
     for key, kind, is_list, meta in FIELDS
@@ -79,7 +88,7 @@ CASES = [
 ] + [
     pytest.param(f"loss.params.{name}", float, False, text, shown, id=f"loss.params.{name}={text}")
     for name in LOSS_PARAMS
-    for text, shown in (("-3", "-3.0"), (".nan", "nan"), (".inf", "inf"), ("1e30", "1e+30"))
+    for text, shown in (_below_range(name), (".nan", "nan"), (".inf", "inf"), ("1e30", "1e+30"))
 ]
 
 

@@ -91,7 +91,6 @@ NOT_MEASURED.update(
 # Results other than a benchmark's that a page reads from: the glyph guide, the committed class selection.
 EXTRA_RESULTS = {"docs/guides/glyphs.md": ["tfdml/data/glyph_classes.py"]}
 # Measured figures in files whose owners are rewriting them at the same time (strict xfail: remove once gone).
-PENDING = {"tfdml/ops/neighbours.py": "the ops' rewrite removes the measured cost from its docstring"}
 RESULT_EXTENSIONS = (".json", ".jsonl", ".csv", ".md", ".txt")
 
 
@@ -234,8 +233,7 @@ def _module_params():
     params = []
     for path in sorted(glob.glob(os.path.join(ROOT, "tfdml", "**", "*.py"), recursive=True)):
         name = os.path.relpath(path, ROOT)
-        marks = [pytest.mark.xfail(strict=True, reason=PENDING[name])] if name in PENDING else []
-        params.append(pytest.param(name, id=name, marks=marks))
+        params.append(pytest.param(name, id=name))
     return params
 
 

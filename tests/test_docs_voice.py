@@ -84,25 +84,8 @@ def test_no_docstring_or_comment_names_an_issue_a_session_or_a_run_date(path):
     assert not found, f"{os.path.relpath(path, ROOT)}: {found}"
 
 
-# Long module docstrings in modules that other work is rewriting at the same time (the losses): strict xfail, so
-# that the test fails once one is short and its entry must go.
-_LONG_PENDING = {
-    "tfdml/losses/cross_batch_memory.py",
-    "tfdml/losses/margin.py",
-    "tfdml/losses/noise.py",
-    "tfdml/losses/ranked_list.py",
-}
-
-
 def _module_docstring_params():
-    params = []
-    for path in python_files():
-        name = os.path.relpath(path, ROOT)
-        marks = (
-            [pytest.mark.xfail(strict=True, reason="trimmed with the losses' rewrite")] if name in _LONG_PENDING else []
-        )
-        params.append(pytest.param(path, id=name, marks=marks))
-    return params
+    return [pytest.param(path, id=os.path.relpath(path, ROOT)) for path in python_files()]
 
 
 @pytest.mark.parametrize("path", _module_docstring_params())

@@ -21,14 +21,6 @@ nothing is enqueued (its code enqueues from the start iteration on); pytorch-met
 (`start_step=0`, the default). The queue, its position and the step count are non-trainable variables:
 `tfdml.models.MetricModel` tracks them, so `model.save`, checkpoints and `BackupAndRestore` keep them.
 
-Evaluation must not enqueue: `MetricModel` (every tfdml embedder) tells the loss whether a step trains
-(`loss.training`), so `evaluate` and validation compute the wrapped loss on the batch alone and leave the
-queue untouched. Under a plain `keras.Model` every call is treated as training.
-
-Under `tf.distribute` the loss gathers the global batch (`MetricLoss`); every replica enqueues the same global
-batch in replica order (the variables are mirrored with `only_first_replica` updates), so the queue is the
-same on every replica and value and summed gradients equal one device's.
-
 Losses whose pairs can run to a separate reference set (`supports_references`): `ContrastiveLoss`,
 `TripletLoss`, `MarginLoss`, `RankedListLoss`, `MultiSimilarityLoss`, `CircleLoss`, `SupConLoss`, `NTXentLoss`.
 """
@@ -59,6 +51,14 @@ class CrossBatchMemory(_WrappedLoss):
     At each training call: enqueue the batch, then `loss(queries = batch, references = queue)` with the
     references held constant and each query's own slot excluded (see the module docstring; the semantics of
     pytorch-metric-learning's `CrossBatchMemory`).
+
+    Evaluation must not enqueue: `MetricModel` (every tfdml embedder) tells the loss whether a step trains
+    (`loss.training`), so `evaluate` and validation compute the wrapped loss on the batch alone and leave the
+    queue untouched. Under a plain `keras.Model` every call is treated as training.
+
+    Under `tf.distribute` the loss gathers the global batch (`MetricLoss`); every replica enqueues the same global
+    batch in replica order (the variables are mirrored with `only_first_replica` updates), so the queue is the
+    same on every replica and value and summed gradients equal one device's.
 
     Args:
         loss: the wrapped `MetricLoss` (one with `supports_references`, e.g. `ContrastiveLoss`, `TripletLoss`,

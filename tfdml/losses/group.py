@@ -145,11 +145,10 @@ class GroupLoss(MetricLoss):
     `L = mean_i -log(X(T)[i, y_i] + 1e-12) + ce_weight * CE(logits, y)` with `X(T)` the replicator dynamics
     of `X(0) = softmax(logits / temperature)` over `W = relu(pearson(embeddings))` (see `tfdml.losses.group`).
 
-    The defaults are the paper's (CUB, pretrained backbone). On the README's glyph comparison ("Which loss
-    should I use?") they train like plain softmax from scratch; a tuned setting (lower temperature, one
-    anchor per class of 3 samples, a higher learning rate) ties the best losses there.
+    The defaults are the paper's (CUB, pretrained backbone); the choosing-a-loss guide says how they compare on
+    glyphs and which tuned setting does better there.
 
-    Args:
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         num_classes: number of training classes `m` (width of the logits block); labels lie in `[0, m)`.
         temperature: prior softmax temperature (24, the official CUB value).
         num_iterations: replicator-dynamics steps (1).

@@ -8,9 +8,8 @@ boundary `beta` (one scalar, or one per class indexed by the anchor's class as i
 
 with the regulariser `R = nu * beta` for a single beta and `R = nu * sum_triplets beta_{y_a} / (#(pos > 0) +
 #(neg > 0))` for per-class betas (official code; both as pytorch-metric-learning's `MarginLoss`). `MarginLoss`
-adds `R` only when beta is learned (`learn_beta=True`), as the official code and pytorch-metric-learning do;
-the function `margin_loss` always adds it when `nu > 0`. The hinge part is 0 when no term is active;
-everything is 0 for a batch without any triplet.
+adds `R` only when beta is learned (`learn_beta=True`), as the official code and PML do (`margin_loss`: when
+`nu > 0`). The hinge part is 0 when no term is active, everything 0 for a batch without any triplet.
 
 Triplets come from one of two samplers:
 
@@ -18,18 +17,12 @@ Triplets come from one of two samplers:
   proportional to `1 / q(d_an)`, where `q(d) ~ d^(n-2) (1 - d^2/4)^((n-3)/2)` is the density of distances
   between uniform points on the unit sphere in `n` dimensions. The categorical logits are the official
   code's `log_weights = -log q(d) = (2 - n) log d - ((n - 3) / 2) log(1 - d^2 / 4)`; `d` is clipped below at
-  `cutoff` and negatives at `d >= nonzero_loss_cutoff` get zero weight. Inverse-density weights undo the
-  concentration of distances around sqrt(2) in high dimension: the draws spread over `[cutoff,
-  nonzero_loss_cutoff)` and lean towards the nearer (harder) negatives. An anchor whose negatives are all
-  beyond the cutoff falls back to a uniform draw over its negatives, so the loss is never NaN.
-- `"all"`: every `(a, p, n)` triplet, computed in O(B^2) memory (the hinge terms separate, so each
-  anchor-positive term is counted once per negative of its anchor and vice versa).
+  `cutoff` and negatives at `d >= nonzero_loss_cutoff` get zero weight (the draws lean towards the nearer,
+  harder negatives). An anchor whose negatives all lie beyond the cutoff draws uniformly among them.
+- `"all"`: every `(a, p, n)` triplet, in O(B^2) memory (the hinges separate: each counted per partner).
 
-Written in `keras.ops` (TensorFlow, JAX, PyTorch); the two hinges are written once (`_hinges`). On TensorFlow
-the sampler draws one negative per listed anchor-positive pair with `tf.random.categorical` (stateless with an
-integer seed), as it always has; on the other backends it draws a dense `[B, G]` grid of negatives with
-`keras.random.categorical` (static shapes, traceable by `jax.jit`) and the loss masks it by the positive pairs:
-the same distribution, not the same draws.
+Written in `keras.ops`, hinges once (`_hinges`). The sampler uses `tf.random.categorical` on TensorFlow and a
+dense `[B, G]` grid from `keras.random.categorical` elsewhere: the same distribution, not the same draws.
 """
 
 import keras

@@ -7,7 +7,6 @@ compiled it (its tuples, reduction and balance) and give some of its terms weigh
 - `SmallLossWeighting` (the small-loss heuristic): within each batch, the fraction `drop_rate` of the
   positive pairs with the largest anchor-positive distance are taken for mislabelled; every term built on
   such a pair (a positive pair of a contrastive loss, a triplet with that anchor and positive) weighs 0.
-  The distance alone separates mislabelled pairs well once the embedder has learnt something.
 - `PRISM` (Liu et al., "Noise-resistant Deep Metric Learning with Ranking-based Instance Selection",
   CVPR 2021, the AvgSim rule with class centres): a memory of the embeddings and labels of past selected
   samples gives each class a centre `c_k` (the mean of its stored embeddings); the probability that sample

@@ -15,8 +15,7 @@ An empty mined set contributes 0. The query weights `q_i` (constants, like the p
   `S(i) = sum_{P*_i} exp(tp (d_ij - (alpha - m))) + sum_{N*_i} exp(tn (alpha - d_ij))`, the query's
   un-normalised weight sum. This is what the authors' Caffe layer (`DistanceWeightedValidPairLossV12`)
   computes in its backward pass: its gradient is exactly the gradient of this `L`. Queries with many close
-  negatives (hard queries) get most of the gradient: with `tn = 10`, `B q_i` ranges from about 0.04 to 3.5
-  in a mid-training batch. `q` is a softmax over queries of `log S(i)` (log-sums), finite for `tn = 50`.
+  negatives (hard queries) get most of the gradient. `q` is a softmax over queries of `log S(i)` (log-sums).
 - `query_weighting="uniform"`: `q_i = 1 / B`, the mean over queries of eq. 14 of the paper.
 
 The loss value under `"official"` is `sum_i q_i L(i)`, a weighted mean of the per-query losses (the weights
@@ -249,7 +248,7 @@ class RankedListLoss(MetricLoss):
     `tfdml.callbacks.DynamicTemperature` callback for plain `keras.Model.fit`). An unbound schedule uses
     its step-0 temperature `t1` and warns.
 
-    Args:
+    Args (defaults, ranges and choices in `ARGUMENTS`, also the configuration's `loss.params`):
         margin, alpha, tn, tp, lam, stop_gallery_gradient: as in `ranked_list_loss`.
         query_weighting: `"official"` (default) or `"uniform"`, as in `ranked_list_loss`.
         name: loss name.

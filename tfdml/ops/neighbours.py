@@ -9,7 +9,7 @@ Ranking uses a *score* where larger means nearer, computed with one matmul per c
 
 In same-set mode each query takes its top `k + 1` and drops its own row (not other rows at distance 0).
 On large galleries the top-k runs only on the column blocks with the largest maxima (exact, see
-`_blocked_search_chunk`): a full top-k over every column costs ~40% of the matmul, this ~5%.
+`_blocked_search_chunk`), which costs a fraction of a full top-k over every column.
 
 Ties are broken by the lower gallery index (`tf.math.top_k` is stable), like a stable sort of the distances.
 """

@@ -11,10 +11,8 @@ per term to the same reduction, so that with every weight 1 they train exactly t
 - `g`: the groups reduced separately and then added (contrastive: its positive pairs and its negative pairs;
   the other losses: one group). A group whose weighted divisor is 0 adds 0.
 - `d_i`: the term's share of the divisor, fixed by the reduction kind:
-    "mean"         d_i = 1              mean over the listed tuples (semi-hard and batch-hard triplets, soft
-                                        margins)
-    "mean_active"  d_i = [v_i > 0]      mean over the non-zero terms (PML's AvgNonZeroReducer: contrastive,
-                                        all triplets)
+    "mean"         d_i = 1              mean over the listed tuples (semi-hard, batch-hard, soft margins)
+    "mean_active"  d_i = [v_i > 0]      mean of the non-zero terms (AvgNonZeroReducer: contrastive, all triplets)
     "divisor"      d_i given by the     the margin loss: #(pos_i > 0) + #(neg_i > 0) (PML's DivisorReducer)
                    loss (`divisors`)
 - `extra`: a term that is not a tuple's and is never weighted (the margin loss's `nu * beta` regulariser).
@@ -23,12 +21,8 @@ A loss writes its terms once, densely with static shapes (`dense=True`): `values
 `i`, reference `j`) or `[B, B, G]` for triplets (anchor, positive, negative), with a bool `valid` mask of the same
 shape; its value is `reduce_terms` of them (no variable-length list, so it runs on every backend and under XLA).
 `listed()` turns them into the `[T]` list of the valid tuples (`values [T]`, `indices [T, k]`), which methods
-that weight tuples one by one (DML-ALA) read; both reduce to the same value.
-
-The weights enter the divisor too: a weight 0 removes a tuple from the sum and from the count (the mean of
-the others, as if it had not been mined), and scaling all the weights of a group by a constant changes
-nothing. The divisors are piecewise constant in the embeddings, so `L(w) = sum_i u_i(w) v_i + extra` with
-`u = term_coefficients(terms, w)`, and `grad L(w) = sum_i u_i(w) grad v_i`: what DML-ALA differentiates.
+that weight tuples one by one (DML-ALA) read; both reduce to the same value. The weights enter the divisor
+too (`term_coefficients`).
 """
 
 import dataclasses
@@ -171,6 +165,11 @@ def term_coefficients(terms, weights=None):
     """`u_i(w) = w_i / sum_{j in g(i)} w_j d_j`: the reduction's coefficient of each term, `L(w) = sum u_i v_i
     + extra` (0 in a group whose weighted divisor is 0). Differentiable in `weights`; constant in the values.
     Shaped as `terms.values` (dense terms: 0 outside `valid`).
+
+    The weights enter the divisor: a weight 0 removes a tuple from the sum and from the count (the mean of the
+    others, as if it had not been mined), and scaling all the weights of a group by a constant changes nothing.
+    The divisors are piecewise constant in the embeddings, so `L(w) = sum_i u_i(w) v_i + extra` and
+    `grad L(w) = sum_i u_i(w) grad v_i`: what DML-ALA differentiates.
     """
     weights = _check_weights(terms, weights)
     shape = ops.shape(weights)

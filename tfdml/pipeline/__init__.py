@@ -19,8 +19,7 @@ The job runs in stages, each a function of the typed `Config` that returns its r
 
 - `folder`: `choose_report_dir` (a finished report is kept), `resolve_paths`, `prepare_report_dir` (resume
   or refuse) and `publish_report`, which moves the report into place in one step and clears the checkpoints;
-- `data`: `load_sources`, `fit_to_data`, `make_datasets`;
-- `train`: `build_model` (the loss, model and optimizer from `tfdml.recipes`) and `train`;
+- `data`: `load_sources`, `fit_to_data`, `make_datasets`; `train`: `build_model` (`tfdml.recipes`) and `train`;
 - `evaluate`: `evaluate` (with the raw-pixel baseline and the match calibration) and `export`;
 - `report`: `write_report` into a folder beside the report folder, then published;
 - `job`: `run`, the stages in order, with the report folder locked for the whole job (`tfdml.locks`).

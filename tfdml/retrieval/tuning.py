@@ -106,11 +106,11 @@ def fallback_reason(record, leaves, seconds, exact_seconds, search_settings):
 def search_settings_for(index, measure, target, k, single_seconds):
     """`(leaves, reorder, recall, seconds, candidates)` (`recall`: what `measure` returns, the lower confidence
     bound): for each re-ordering step, the fewest leaves that reach `target` with it (doubling from the
-    automatic start, then bisecting to within ~6 %; a smaller step only up to twice the leaves the largest
-    one needs), and of these settings the one whose single queries take the least time (`single_seconds`);
-    the largest settings tried when none reaches `target`. Re-ordering costs about as much per candidate
-    as scanning a few hundred hashed points: on 1M x 512 embedding-like data 20 leaves re-ordering 40
-    candidates reached a higher recall in less time than 16 leaves re-ordering 80."""
+    automatic start, then bisecting to within a sixteenth; a smaller step only up to twice the leaves the
+    largest one needs), and of these settings the one whose single queries take the least time
+    (`single_seconds`); the largest settings tried when none reaches `target`. Timing the settings, rather than
+    taking the fewest leaves, matters because re-ordering a candidate costs about as much as scanning a few
+    hundred hashed points (the search benchmark)."""
     num_leaves = index.settings["num_leaves"]
     base = int(max(index.settings["reorder"], math.ceil(index.settings.get("reorder_factor", 2) * k)))
     steps = [base * m for m in REORDER_STEPS]
