@@ -212,32 +212,9 @@ def plot_retrieval_grid(
         figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3),
     )
     for q in range(num_queries):
-        axes[q, 0].imshow(_as_image(query_images[q]), cmap="gray")
-        axes[q, 0].set_title(
-            "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""),
-            fontsize=7.5,
-            fontweight="bold",
-            fontfamily=families,
+        _draw_query_row(
+            axes[q], query_images[q], neighbour_images[q], same_class_flags, titles, query_titles, q, families
         )
-        for j in range(k):
-            ax = axes[q, j + 1]
-            if j < len(neighbour_images[q]):
-                ax.imshow(_as_image(neighbour_images[q][j]), cmap="gray")
-                flag = None if same_class_flags is None else bool(same_class_flags[q][j])
-                colour = "grey" if flag is None else ("tab:green" if flag else "tab:red")
-                for spine in ax.spines.values():
-                    spine.set_edgecolor(colour)
-                    spine.set_linewidth(3.5)
-                label = f"#{j + 1}" + (f"\n{titles[q][j]}" if titles is not None else "")
-                ax.set_title(label, fontsize=7.5, color="black" if flag is None else colour, fontfamily=families)
-            else:
-                ax.set_visible(False)
-        for ax in axes[q]:
-            ax.set_xticks([])
-            ax.set_yticks([])
-    for q in range(num_queries):
-        for spine in axes[q, 0].spines.values():
-            spine.set_linewidth(2)
     legend = (
         "green frame = same class, red = other class"
         if same_class_flags is not None
@@ -246,6 +223,34 @@ def plot_retrieval_grid(
     fig.suptitle(f"Nearest neighbours ({legend})" + (f"\n{note}" if note else ""), fontsize=9)
     fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, hspace=0.02, wspace=0.02)
     return _save(fig, path)
+
+
+def _draw_query_row(row, query, neighbours, same_class_flags, titles, query_titles, q, families):
+    """Row `q` of the retrieval grid: the query (bold frame), then each neighbour framed by its class flag."""
+    row[0].imshow(_as_image(query), cmap="gray")
+    row[0].set_title(
+        "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""),
+        fontsize=7.5,
+        fontweight="bold",
+        fontfamily=families,
+    )
+    for spine in row[0].spines.values():
+        spine.set_linewidth(2)
+    for j, ax in enumerate(row[1:]):
+        if j >= len(neighbours):
+            ax.set_visible(False)
+            continue
+        ax.imshow(_as_image(neighbours[j]), cmap="gray")
+        flag = None if same_class_flags is None else bool(same_class_flags[q][j])
+        colour = "grey" if flag is None else ("tab:green" if flag else "tab:red")
+        for spine in ax.spines.values():
+            spine.set_edgecolor(colour)
+            spine.set_linewidth(3.5)
+        label = f"#{j + 1}" + (f"\n{titles[q][j]}" if titles is not None else "")
+        ax.set_title(label, fontsize=7.5, color="black" if flag is None else colour, fontfamily=families)
+    for ax in row:
+        ax.set_xticks([])
+        ax.set_yticks([])
 
 
 def plot_match_calibration(calibration, path, title=None):
@@ -369,24 +374,10 @@ def plot_ala_weights(history, path, title="DML-ALA assessed weights", weights=No
     weight (> 1: the assessor weights harder tuples more than uniform weights of the same mean); (e) weight
     against hardness per tuple.
     """
-    logs = None
-    if history is not None:
-        logs = getattr(history, "history", history)
-        if isinstance(logs, (list, tuple)):
-            logs = {key: [float(step[key]) for step in logs] for key in (logs[0] if logs else {})}
-        for key in ("weight_variance", "weight_mean"):
-            if key not in logs:
-                raise ValueError(f"plot_ala_weights needs ALAModel logs with {key!r}; got keys {sorted(logs)}.")
+    logs = _ala_logs(history)
     scatter = weights is not None or hardness is not None
     if scatter:
-        if weights is None or hardness is None:
-            raise ValueError("plot_ala_weights: pass both weights and hardness (one value per tuple).")
-        weights, hardness = np.asarray(weights, float).ravel(), np.asarray(hardness, float).ravel()
-        if weights.shape != hardness.shape or (groups is not None and np.asarray(groups).shape != weights.shape):
-            raise ValueError(
-                f"plot_ala_weights: weights {weights.shape}, hardness {hardness.shape} and groups "
-                f"{None if groups is None else np.asarray(groups).shape} must have one value per tuple."
-            )
+        weights, hardness = _ala_scatter_inputs(weights, hardness, groups)
     elif logs is None:
         raise ValueError("plot_ala_weights: nothing to draw; pass ALAModel logs and/or weights and hardness.")
     plt = _pyplot()
@@ -395,36 +386,69 @@ def plot_ala_weights(history, path, title="DML-ALA assessed weights", weights=No
     fig, axes = plt.subplots(1, panels, figsize=(3.5 * panels, 3.2), squeeze=False)
     axes = list(axes[0])
     if logs is not None:
-        steps = np.arange(1, len(logs["weight_mean"]) + 1)
-        axes[0].plot(steps, logs["weight_variance"])
-        axes[0].set_title("(a) weight variance")
-        axes[1].plot(steps, logs["weight_mean"])
-        axes[1].set_title("(b) weight mean")
-        if has_hardness:
-            axes[2].plot(steps, logs["weighted_hardness"], label="ALA weights")
-            axes[2].plot(steps, logs["hardness"], label="uniform weights 1")
-            axes[2].set_title("(c) average weighted hardness")
-            axes[2].legend(fontsize=8)
-            ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
-                np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12
-            )
-            axes[3].plot(steps, ratio)
-            axes[3].axhline(1.0, color="gray", linewidth=0.8)
-            axes[3].set_title("(d) AWH ratio / mean weight")
-        for ax in axes[: panels - scatter]:
-            ax.set_xlabel("logged step (epoch)")
+        _draw_ala_curves(axes[: panels - scatter], logs, has_hardness)
     if scatter:
-        ax = axes[-1]
-        if groups is None:
-            ax.scatter(hardness, weights, s=6, alpha=0.5)
-        else:
-            groups = np.asarray(groups)
-            for group in np.unique(groups):
-                keep = groups == group
-                ax.scatter(hardness[keep], weights[keep], s=6, alpha=0.5, label=f"{group} ({keep.sum()})")
-            ax.legend(fontsize=8)
-        ax.set_xlabel("hardness d(a,p) / d(a,n)")
-        ax.set_ylabel("weight")
-        ax.set_title(f"({'abcde'[panels - 1]}) weight vs hardness")
+        _draw_ala_scatter(axes[-1], weights, hardness, groups, f"({'abcde'[panels - 1]}) weight vs hardness")
     fig.suptitle(title, y=1.04)
     return _save(fig, path)
+
+
+def _ala_logs(history):
+    """The per-step logs of `plot_ala_weights`' `history` as a dict of lists, checked; None for None."""
+    if history is None:
+        return None
+    logs = getattr(history, "history", history)
+    if isinstance(logs, (list, tuple)):
+        logs = {key: [float(step[key]) for step in logs] for key in (logs[0] if logs else {})}
+    for key in ("weight_variance", "weight_mean"):
+        if key not in logs:
+            raise ValueError(f"plot_ala_weights needs ALAModel logs with {key!r}; got keys {sorted(logs)}.")
+    return logs
+
+
+def _ala_scatter_inputs(weights, hardness, groups):
+    if weights is None or hardness is None:
+        raise ValueError("plot_ala_weights: pass both weights and hardness (one value per tuple).")
+    weights, hardness = np.asarray(weights, float).ravel(), np.asarray(hardness, float).ravel()
+    if weights.shape != hardness.shape or (groups is not None and np.asarray(groups).shape != weights.shape):
+        raise ValueError(
+            f"plot_ala_weights: weights {weights.shape}, hardness {hardness.shape} and groups "
+            f"{None if groups is None else np.asarray(groups).shape} must have one value per tuple."
+        )
+    return weights, hardness
+
+
+def _draw_ala_curves(axes, logs, has_hardness):
+    """Panels (a)-(b), and (c)-(d) with hardness logs, of DML-ALA's Fig. 4 over the logged steps."""
+    steps = np.arange(1, len(logs["weight_mean"]) + 1)
+    axes[0].plot(steps, logs["weight_variance"])
+    axes[0].set_title("(a) weight variance")
+    axes[1].plot(steps, logs["weight_mean"])
+    axes[1].set_title("(b) weight mean")
+    if has_hardness:
+        axes[2].plot(steps, logs["weighted_hardness"], label="ALA weights")
+        axes[2].plot(steps, logs["hardness"], label="uniform weights 1")
+        axes[2].set_title("(c) average weighted hardness")
+        axes[2].legend(fontsize=8)
+        ratio = np.asarray(logs["weighted_hardness"]) / np.maximum(
+            np.asarray(logs["hardness"]) * np.asarray(logs["weight_mean"]), 1e-12
+        )
+        axes[3].plot(steps, ratio)
+        axes[3].axhline(1.0, color="gray", linewidth=0.8)
+        axes[3].set_title("(d) AWH ratio / mean weight")
+    for ax in axes:
+        ax.set_xlabel("logged step (epoch)")
+
+
+def _draw_ala_scatter(ax, weights, hardness, groups, title):
+    if groups is None:
+        ax.scatter(hardness, weights, s=6, alpha=0.5)
+    else:
+        groups = np.asarray(groups)
+        for group in np.unique(groups):
+            keep = groups == group
+            ax.scatter(hardness[keep], weights[keep], s=6, alpha=0.5, label=f"{group} ({keep.sum()})")
+        ax.legend(fontsize=8)
+    ax.set_xlabel("hardness d(a,p) / d(a,n)")
+    ax.set_ylabel("weight")
+    ax.set_title(title)

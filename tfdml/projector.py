@@ -94,16 +94,7 @@ def write_projector(log_dir, embeddings, labels, class_names=None, images=None, 
         >>> write_projector("reports/glyphs_rll/tensorboard", embeddings, labels, class_names, images)
         >>> # then: tensorboard --logdir reports/glyphs_rll/tensorboard   (tab PROJECTOR)
     """
-    embeddings = np.asarray(embeddings)
-    labels = np.asarray(labels).reshape(-1)
-    if embeddings.ndim != 2 or len(embeddings) == 0:
-        raise ValueError(f"embeddings must be a non-empty [N, D] array, got shape {embeddings.shape}.")
-    if not np.all(np.isfinite(embeddings)):
-        raise ValueError("embeddings contain NaN or Inf values.")
-    if len(labels) != len(embeddings):
-        raise ValueError(f"{len(labels)} labels for {len(embeddings)} embeddings; they must match.")
-    if images is not None and len(images) != len(embeddings):
-        raise ValueError(f"{len(images)} images for {len(embeddings)} embeddings; they must match.")
+    embeddings, labels = _checked_inputs(embeddings, labels, images)
     keep = _subset(len(embeddings), max_points)
 
     run_dir = os.path.join(os.fspath(log_dir), RUN)
@@ -111,13 +102,7 @@ def write_projector(log_dir, embeddings, labels, class_names=None, images=None, 
         shutil.rmtree(run_dir)  # stale checkpoints, sprite and events of an earlier evaluation
     os.makedirs(run_dir)
 
-    def name(label):
-        label = int(label)
-        return class_names[label] if class_names is not None and 0 <= label < len(class_names) else label
-
-    with open(os.path.join(run_dir, METADATA_FILE), "w", encoding="utf-8") as f:
-        f.write("class\tlabel\n")  # two columns: the projector then reads the first row as the header
-        f.writelines(f"{_cell(name(label))}\t{int(label)}\n" for label in labels[keep])
+    _write_metadata(os.path.join(run_dir, METADATA_FILE), labels[keep], class_names)
 
     variable = tf.Variable(embeddings[keep].astype(np.float32), trainable=False, name=TENSOR)
     tf.train.Checkpoint(**{TENSOR: variable}).save(os.path.join(run_dir, f"{TENSOR}.ckpt"))
@@ -144,3 +129,29 @@ def write_projector(log_dir, embeddings, labels, class_names=None, images=None, 
         )
     writer.close()
     return {"run_dir": run_dir, "points": len(keep), "tensor_name": entry.tensor_name, "sprite_side": side}
+
+
+def _checked_inputs(embeddings, labels, images):
+    embeddings = np.asarray(embeddings)
+    labels = np.asarray(labels).reshape(-1)
+    if embeddings.ndim != 2 or len(embeddings) == 0:
+        raise ValueError(f"embeddings must be a non-empty [N, D] array, got shape {embeddings.shape}.")
+    if not np.all(np.isfinite(embeddings)):
+        raise ValueError("embeddings contain NaN or Inf values.")
+    if len(labels) != len(embeddings):
+        raise ValueError(f"{len(labels)} labels for {len(embeddings)} embeddings; they must match.")
+    if images is not None and len(images) != len(embeddings):
+        raise ValueError(f"{len(images)} images for {len(embeddings)} embeddings; they must match.")
+    return embeddings, labels
+
+
+def _write_metadata(path, labels, class_names):
+    """The projector's metadata: each point's class name (its id without names) and id."""
+
+    def name(label):
+        label = int(label)
+        return class_names[label] if class_names is not None and 0 <= label < len(class_names) else label
+
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("class\tlabel\n")  # two columns: the projector then reads the first row as the header
+        f.writelines(f"{_cell(name(label))}\t{int(label)}\n" for label in labels)
