@@ -6,7 +6,7 @@
     nice python -m benchmarks.ala_noise.ala_noise_experiment --tag paper --ala '{"variant": "paper"}'
     nice python -m benchmarks.ala_noise.ala_noise_experiment --summary             # only the summary of the JSONL
 
-Protocol (issue 19). A fraction `--noise` (default 30 %) of the training images, chosen at random per seed,
+Protocol. A fraction `--noise` (default 30 %) of the training images, chosen at random per seed,
 get another training class's label. Digits: train on digits 0-4 with those labels (episodes of 3 classes x 8
 images and a validation subset of the 2 other classes x 5, `tfdml.models.ala.ala_training`), small CNN
 (32-d, 16 px), `--steps` (300) steps of Adam(`--lr`, 1e-3), `ALAModel` at the library defaults unless
