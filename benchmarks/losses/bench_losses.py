@@ -422,11 +422,15 @@ def jax_times(configs, repeats):
     if importlib.util.find_spec("jax") is None:
         print("jax is not installed: no JAX figures", file=sys.stderr)
         return {}
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_times.py")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = f"--xla_cpu_multi_thread_eigen=true intra_op_parallelism_threads={THREADS}"
     out = subprocess.run(
-        [sys.executable, script, json.dumps(configs), str(repeats)], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "benchmarks.losses.jax_times", json.dumps(configs), str(repeats)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=root,
     )
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode:

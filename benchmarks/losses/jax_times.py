@@ -1,7 +1,8 @@
 """The tfdml losses' forward + backward time per call on Keras' JAX backend (CPU), for `bench_losses.py`.
 
 Keras fixes its backend per process, so `bench_losses.py` runs this script once, in a subprocess with
-`KERAS_BACKEND=jax`, for all its configurations: `python jax_times.py '<json list of [loss, B, D]>' repeats`.
+`KERAS_BACKEND=jax`, for all its configurations:
+`python -m benchmarks.losses.jax_times '<json list of [loss, B, D]>' repeats`.
 It times `jax.jit(jax.value_and_grad(loss))` on the same batches (`make_batch`) and prints one JSON line per
 configuration: `{"loss", "B", "D", "jax_ms", "jax_median_ms", "jax_value"}` (or `"jax_skipped"` with the
 reason for a loss that does not run on JAX yet).
@@ -12,11 +13,11 @@ import os
 import sys
 
 os.environ["KERAS_BACKEND"] = "jax"
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_losses import CLUSTERED, LOSSES, make_batch, time_call  # noqa: E402
+
+from benchmarks.losses.bench_losses import CLUSTERED, LOSSES, make_batch, time_call  # noqa: E402
 
 
 def jax_runner(loss, labels, embeddings):

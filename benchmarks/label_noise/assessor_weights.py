@@ -1,10 +1,10 @@
 """DML-ALA under label noise: does the assessor learn which tuples matter? Appends JSON lines, prints a summary.
 
-    nice python -m benchmarks.ala_noise.ala_noise_experiment                     # digits, defaults, 5 seeds, ALA + twin
-    nice python -m benchmarks.ala_noise.ala_noise_experiment --dataset glyphs  # retrieval on glyphs (the method table's
+    nice python -m benchmarks.label_noise.assessor_weights                     # digits, defaults, 5 seeds, ALA + twin
+    nice python -m benchmarks.label_noise.assessor_weights --dataset glyphs  # retrieval on glyphs (the method table's
                                                                       # protocol, noisy training labels)
-    nice python -m benchmarks.ala_noise.ala_noise_experiment --tag paper --ala '{"variant": "paper"}'
-    nice python -m benchmarks.ala_noise.ala_noise_experiment --summary             # only the summary of the JSONL
+    nice python -m benchmarks.label_noise.assessor_weights --tag paper --ala '{"variant": "paper"}'
+    nice python -m benchmarks.label_noise.assessor_weights --summary             # only the summary of the JSONL
 
 Protocol. A fraction `--noise` (default 30 %) of the training images, chosen at random per seed,
 get another training class's label. Digits: train on digits 0-4 with those labels (episodes of 3 classes x 8
@@ -24,7 +24,8 @@ is computed per subset and averaged, over all tuples (`auc_clean_over_corrupted`
 only (`auc_active_tuples`: loss > 0, the only tuples whose weight changes the step; `active_tuple_fraction`).
 
 One JSON line per (dataset, base loss, tag, seed, weighting) in `--out` (default
-`benchmarks/ala_noise/results.jsonl`); existing lines are skipped (resumable), `--rerun` repeats them.
+`benchmarks/label_noise/results_assessor_weights.jsonl`); existing lines are skipped (resumable), `--rerun`
+repeats them.
 """
 
 import argparse
@@ -47,7 +48,7 @@ from tfdml.models.ala import ala_training  # noqa: E402
 
 IMAGE_SIZE = 16
 EPISODE = {"train_size": 24, "val_size": 10, "train_classes": 3, "val_classes": 2}
-OUT = os.path.join(ROOT, "benchmarks", "ala_noise", "results.jsonl")
+OUT = os.path.join(ROOT, "benchmarks", "label_noise", "results_assessor_weights.jsonl")
 
 
 def auc(clean, corrupted):
@@ -160,7 +161,7 @@ def digits_run(args, seed, weighting, overrides):
 
 
 def glyphs_run(args, seed, weighting, overrides):
-    import benchmark_methods as bm
+    from benchmarks.glyph_methods import benchmark_methods as bm
 
     config = dict(bm.CONFIG, steps=args.steps)
     arrays = bm.load_data(config)

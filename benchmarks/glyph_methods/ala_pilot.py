@@ -1,11 +1,11 @@
 """DML-ALA configurations on the glyph method table's protocol, one seed at a time (a pilot for choosing defaults).
 
-    nice python -m benchmarks.ala_pilot.ala_glyph_pilot --base-loss triplet --seed 0 --tag floor0.5 \
+    nice python -m benchmarks.glyph_methods.ala_pilot --base-loss triplet --seed 0 --tag floor0.5 \
         --ala '{"weight_floor": 0.5}'
 
-Trains `ALAModel` with the given arguments on the batches of `benchmarks/glyph_methods/benchmark_methods.py`
+Trains `ALAModel` with the given arguments on the batches of `benchmark_methods.py`
 (its `CONFIG`, its seed's index batches, ALA's training/validation halves) and appends one JSON line (Recall@1, MAP@R
-on the unseen characters) to `benchmarks/ala_pilot/results.jsonl`. The uniform twins are the table's
+on the unseen characters) to `benchmarks/glyph_methods/results_ala_pilot.jsonl`. The uniform twins are the table's
 `*_ala_uniform` rows of the same seed.
 """
 
@@ -25,7 +25,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tag", required=True)
     parser.add_argument("--ala", default="{}", help="JSON object of ALAModel arguments")
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "ala_pilot", "results.jsonl"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "glyph_methods", "results_ala_pilot.jsonl"))
     args = parser.parse_args()
     config = dict(bm.CONFIG)
     data = bm.load_data(config)
