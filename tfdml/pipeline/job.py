@@ -1,6 +1,7 @@
 """The job: its stages run in order under the report folder's lock, with a stop said as where it happened."""
 
 import dataclasses
+import logging
 import os
 import time
 
@@ -21,6 +22,8 @@ from tfdml.pipeline.evaluate import Evaluation, evaluate, export_once
 from tfdml.pipeline.folder import check_outputs, choose_report_dir, lock_report, prepare_report_dir, resolve_paths
 from tfdml.pipeline.report import finish_report
 from tfdml.pipeline.train import build_model, check_weights, is_chief, strategy_for, train_or_restore
+
+logger = logging.getLogger(__name__)
 
 
 class JobError(RuntimeError):
@@ -67,6 +70,7 @@ def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=
     in place."""
     if not isinstance(config, Config):
         config = Config.from_dict(config) if config is not None else default_config()
+    _warn_if_ala_learns_from_noisy_labels(config)
     report_dir = choose_report_dir(config, overwrite, say)
     config = resolve_paths(config.replace(report=config.report.replace(dir=report_dir)))
     started = time.perf_counter()
@@ -77,6 +81,19 @@ def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=
     finally:
         if lock is not None:
             lock.release()
+
+
+def _warn_if_ala_learns_from_noisy_labels(config):
+    """DML-ALA on labels the job declares noisy, with its validation subsets drawn from those labels: the
+    assessor then learns from a validation loss on the same wrong labels (benchmarks/label_noise measures
+    what it does)."""
+    if config.ala.enabled and config.ala.val_path is None and config.loss.label_noise is not None:
+        logger.warning(
+            "ala.enabled with loss.label_noise and no ala.val_path: the validation subsets come from the noisy "
+            "training labels, and on them the assessor learned to weigh mislabelled pairs above correct ones and "
+            "trained below the plain loss (benchmarks/label_noise); set ala.val_path to an image folder whose "
+            "labels were checked by hand"
+        )
 
 
 def _job(config, verbose, restart, say, fit_classes_per_batch, started):
