@@ -30,7 +30,7 @@ import numpy as np
 from keras import ops
 
 from tfdml.losses.base import _state_variable, _WrappedLoss
-from tfdml.losses.memory import RingBuffer, require_tensorflow
+from tfdml.losses.memory import MemoryState, require_tensorflow
 from tfdml.ops import References
 
 # Attributes of the wrapped loss that the wrapper passes through (the RLL temperature schedule's step binding,
@@ -45,7 +45,7 @@ def _positive_int(value, name, minimum=1):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class CrossBatchMemory(_WrappedLoss):
+class CrossBatchMemory(MemoryState, _WrappedLoss):
     """Wraps a pair-based loss with a cross-batch memory of the last `memory_size` embeddings (XBM).
 
     At each training call: enqueue the batch, then `loss(queries = batch, references = queue)` with the
@@ -74,6 +74,8 @@ class CrossBatchMemory(_WrappedLoss):
         >>> model.fit(class_balanced_dataset(source, 8, 3))
     """
 
+    _BUFFER_PREFIX = "xbm"
+
     def __init__(self, loss, memory_size=1024, embedding_dim=None, start_step=0, name="cross_batch_memory", **kwargs):
         require_tensorflow("CrossBatchMemory")
         super().__init__(loss, name=name, **kwargs)
@@ -97,20 +99,15 @@ class CrossBatchMemory(_WrappedLoss):
         self.start_step = _positive_int(start_step, "start_step", minimum=0)
         # Set by MetricModel.compute_loss: False in test steps (no enqueue, batch-only loss).
         self.training = True
-        self._state = None
 
     def __getattr__(self, name):
         if name in _FORWARDED and "loss" in self.__dict__:
             return getattr(self.__dict__["loss"], name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def _variables(self):
-        """`(embeddings [M, D], labels [M], count, steps)`, created on first use (inside a strategy's scope
-        when the loss is compiled there, so that they are mirrored)."""
-        if self._state is None:
-            self._buffer = RingBuffer(self.memory_size, self.embedding_dim, self.dtype, "xbm")
-            self._state = (*self._buffer.variables, _state_variable(0, "int64", "xbm_steps"))
-        return self._state
+    def _extra_state(self):
+        """`(steps,)`: the training calls so far."""
+        return (_state_variable(0, "int64", "xbm_steps"),)
 
     @property
     def memory_embeddings(self):
@@ -122,28 +119,14 @@ class CrossBatchMemory(_WrappedLoss):
         return self._variables()[1]
 
     @property
-    def memory_count(self):
-        """Number of embeddings enqueued so far (the next slot is `count % memory_size`)."""
-        return self._variables()[2]
-
-    @property
     def steps(self):
         """Number of training calls so far (the warm-up counts them)."""
         return self._variables()[3]
-
-    def stored(self):
-        """`(labels [n], embeddings [n, D])` of the filled slots in slot order, `n = min(count, memory_size)`."""
-        self._variables()
-        return self._buffer.stored()
 
     def reset_memory(self):
         """Empties the queue and restarts the warm-up."""
         for variable in self._variables():
             variable.assign(np.zeros(variable.shape))
-
-    @property
-    def non_trainable_variables(self):
-        return list(self._variables()) + super().non_trainable_variables
 
     def _checked_labels(self, labels, embeddings):
         """`labels`, after checking the batch's width and that it fits in the memory (at run time in a graph)."""

@@ -92,3 +92,38 @@ class RingBuffer:
         """Empties the buffer."""
         for variable in self.variables:
             variable.assign(np.zeros(variable.shape))
+
+
+class MemoryState:
+    """What the losses that remember past batches share: a `RingBuffer` of `memory_size` x `embedding_dim`
+    rows and the loss's own state variables (`_extra_state()`), created on first use (inside a strategy's
+    scope when the loss is compiled there, so that they are mirrored) and tracked as non-trainable variables.
+    The class sets `_BUFFER_PREFIX`, its variables' name prefix."""
+
+    _state = None
+    _buffer = None
+
+    def _extra_state(self):
+        """The loss's state variables after the buffer's three."""
+        return ()
+
+    def _variables(self):
+        """`(embeddings [M, D], labels [M], count, *extra state)`, created on first use."""
+        if self._state is None:
+            self._buffer = RingBuffer(self.memory_size, self.embedding_dim, self.dtype, self._BUFFER_PREFIX)
+            self._state = (*self._buffer.variables, *self._extra_state())
+        return self._state
+
+    @property
+    def memory_count(self):
+        """How many embeddings were enqueued so far (the next slot is `count % memory_size`)."""
+        return self._variables()[2]
+
+    def stored(self):
+        """`(labels [n], embeddings [n, D])` of the filled slots in slot order, `n = min(count, memory_size)`."""
+        self._variables()
+        return self._buffer.stored()
+
+    @property
+    def non_trainable_variables(self):
+        return list(self._variables()) + super().non_trainable_variables

@@ -33,7 +33,7 @@ from keras import ops
 
 from tfdml.losses.base import _state_variable, _WrappedLoss
 from tfdml.losses.cross_batch_memory import _positive_int
-from tfdml.losses.memory import RingBuffer, require_tensorflow
+from tfdml.losses.memory import MemoryState, require_tensorflow
 from tfdml.ops import masked_logsumexp, pairwise_distance, positive_mask, reduce_terms, safe_divide
 
 
@@ -235,7 +235,7 @@ class SmallLossWeighting(_WrappedLoss):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class PRISM(_WrappedLoss):
+class PRISM(MemoryState, _WrappedLoss):
     """PRISM (Liu et al., CVPR 2021): the wrapped loss on the samples of the batch whose label is likely clean.
 
     Each training call scores the batch against the memory's class centres (`prism_clean_probability`),
@@ -262,6 +262,8 @@ class PRISM(_WrappedLoss):
         >>> model.compile(optimizer="adam", loss=loss)   # model: a tfdml.models.MetricModel
     """
 
+    _BUFFER_PREFIX = "prism"
+
     def __init__(self, loss, noise_rate, memory_size, embedding_dim, window_size=30, name="prism", **kwargs):
         require_tensorflow("PRISM")
         super().__init__(loss, name=name, **kwargs)
@@ -270,32 +272,13 @@ class PRISM(_WrappedLoss):
         self.embedding_dim = _positive_int(embedding_dim, "embedding_dim")
         self.window_size = _positive_int(window_size, "window_size")
         self.training = True  # set by MetricModel.compute_loss: False in test steps
-        self._state = None
 
-    def _variables(self):
-        """`(embeddings [M, D], labels [M], count, window [W], window count)`, created on first use."""
-        if self._state is None:
-            self._buffer = RingBuffer(self.memory_size, self.embedding_dim, self.dtype, "prism")
-            self._state = (
-                *self._buffer.variables,
-                _state_variable(np.zeros(self.window_size), "float64", "prism_window"),
-                _state_variable(0, "int32", "prism_window_count"),
-            )
-        return self._state
-
-    @property
-    def memory_count(self):
-        """How many kept samples were enqueued so far (the next slot is `count % memory_size`)."""
-        return self._variables()[2]
-
-    def stored(self):
-        """`(labels [n], embeddings [n, D])` of the filled slots in slot order, `n = min(count, memory_size)`."""
-        self._variables()
-        return self._buffer.stored()
-
-    @property
-    def non_trainable_variables(self):
-        return list(self._variables()) + super().non_trainable_variables
+    def _extra_state(self):
+        """`(window [W], window count)`: the past thresholds."""
+        return (
+            _state_variable(np.zeros(self.window_size), "float64", "prism_window"),
+            _state_variable(0, "int32", "prism_window_count"),
+        )
 
     def select(self, labels, embeddings):
         """The keep mask of a training batch (bool `[B]`); updates the window and enqueues the kept samples."""
