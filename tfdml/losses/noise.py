@@ -218,17 +218,7 @@ class SmallLossWeighting(_WrappedLoss):
         if getattr(terms, "valid", None) is not None:  # dense terms: a smaller mask of the tuples
             return dataclasses.replace(terms, valid=terms.valid & kept)
         (kept,) = ops.nonzero(kept)  # listed terms: the kept rows (a data-dependent length)
-
-        def keep(values):
-            return None if values is None else ops.take(values, kept, axis=0)
-
-        return dataclasses.replace(
-            terms,
-            values=keep(terms.values),
-            indices=keep(terms.indices),
-            divisors=keep(terms.divisors),
-            groups=keep(terms.groups),
-        )
+        return terms.map_tuples(lambda values: ops.take(values, kept, axis=0))
 
     def get_config(self):
         return {**super().get_config(), "drop_rate": self.drop_rate}

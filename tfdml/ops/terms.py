@@ -87,21 +87,21 @@ class TupleTerms:
             return ops.cast(ops.stop_gradient(values) > 0, values.dtype)
         return ops.stop_gradient(ops.cast(self.divisors, values.dtype))
 
+    def map_tuples(self, fn, **fields):
+        """A copy with `fn` applied to every per-tuple array (`values`, `indices`, `divisors`, `groups`,
+        `valid`; None stays None) but those that `fields` sets instead."""
+        mapped = {
+            name: None if getattr(self, name) is None else fn(getattr(self, name))
+            for name in ("values", "indices", "divisors", "groups", "valid")
+            if name not in fields
+        }
+        return dataclasses.replace(self, **mapped, **fields)
+
     def flat(self):
         """Dense terms as one `[B*G]` (or `[B*B*G]`) axis, with `valid` as the weights' mask."""
         if self.valid is None:
             return self
-
-        def flatten(x):
-            return None if x is None else ops.reshape(x, (-1,))
-
-        return dataclasses.replace(
-            self,
-            values=flatten(self.values),
-            divisors=flatten(self.divisors),
-            groups=flatten(self.groups),
-            valid=flatten(self.valid),
-        )
+        return self.map_tuples(lambda x: ops.reshape(x, (-1,)))
 
     def listed(self):
         """The valid tuples of dense terms as a list: `values [T]`, `indices [T, k]` in row-major order (a
@@ -116,17 +116,7 @@ class TupleTerms:
             indices.insert(0, rest % size)
             rest = rest // size
 
-        def take(x):
-            return None if x is None else ops.take(x, positions)
-
-        return dataclasses.replace(
-            flat,
-            values=take(flat.values),
-            indices=ops.stack(indices, axis=1),
-            divisors=take(flat.divisors),
-            groups=take(flat.groups),
-            valid=None,
-        )
+        return flat.map_tuples(lambda x: ops.take(x, positions), indices=ops.stack(indices, axis=1), valid=None)
 
 
 def _group_sum(values, terms):
