@@ -282,22 +282,13 @@ def _all_triplet_terms(labels, distances, beta, alpha, nu):
     return TupleTerms(values, None, "triplet", "divisor", divisors=divisors, extra=extra, valid=valid)
 
 
-def margin_terms(
-    labels,
-    embeddings,
-    beta,
-    alpha=0.2,
-    nu=0.0,
-    sampling="distance_weighted",
-    cutoff=0.5,
-    nonzero_loss_cutoff=1.4,
-    seed=None,
-):
-    """The margin loss's terms: one per triplet its sampler gives (every valid triplet for `"all"`; one
-    distance-weighted negative per ordered anchor-positive pair, with `seed` as `margin_loss`), `pos + neg`,
-    reduced by the number of active hinges, `#(pos > 0) + #(neg > 0)` (`reduction="divisor"`); the
-    regulariser is the unweighted `extra`. `reduce_terms` of them is `margin_loss`. Listed terms (a
-    data-dependent length: eager code and TensorFlow graphs)."""
+def margin_terms(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed):
+    """The margin loss's terms (the arguments of `margin_loss`, every one given): one per triplet its sampler
+    gives (every valid triplet for `"all"`; one distance-weighted negative per ordered anchor-positive pair,
+    with `seed` as `margin_loss`), `pos + neg`, reduced by the number of active hinges,
+    `#(pos > 0) + #(neg > 0)` (`reduction="divisor"`); the regulariser is the unweighted `extra`.
+    `reduce_terms` of them is `margin_loss`. Listed terms (a data-dependent length: eager code and
+    TensorFlow graphs)."""
     dtype = embeddings.dtype
     distances = pairwise_distance(embeddings)
     if sampling == "all":
