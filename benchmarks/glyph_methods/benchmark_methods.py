@@ -57,8 +57,9 @@ OUT_DIR = os.path.join(ROOT, "benchmarks", "glyph_methods")  # committed: rows c
 # ------------------------------------------------------------------------------------------------ data
 def load_data(config):
     glyphs = importlib.import_module("tfdml.data.glyphs")
-    train_x, train_y, _ = glyphs.glyph_arrays("train", config["image_size"], config["images_per_class"])
-    test_x, test_y, _ = glyphs.glyph_arrays("test", config["image_size"], config["images_per_class"])
+    size = dict(image_size=config["image_size"], images_per_class=config["images_per_class"])
+    train_x, train_y, _ = glyphs.glyph_arrays("train", **size)
+    test_x, test_y, _ = glyphs.glyph_arrays("test", **size)
     # contiguous training ids for the classifier heads (softmax, Group Loss, proxies)
     _, train_y = np.unique(train_y, return_inverse=True)
     classes = [len(np.unique(train_y)), len(np.unique(test_y))]

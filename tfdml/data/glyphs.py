@@ -434,32 +434,6 @@ def load_images(
     return images, labels
 
 
-def glyph_arrays(
-    split="train",
-    image_size=32,
-    images_per_class=20,
-    seed=0,
-    max_rotation=DEFAULT_ROTATION,
-    scale=DEFAULT_SCALE,
-    max_blur=DEFAULT_BLUR,
-    classes=None,
-    cache=True,
-):
-    """`(images uint8 [n, image_size, image_size, 1], labels [n], classes)` of one split; arguments as in
-    `glyphs`."""
-    classes = _classes() if classes is None else str(classes)
-    if len(set(classes)) != len(classes):
-        raise ValueError("glyphs: classes must be distinct characters.")
-    if int(image_size) < 8:
-        raise ValueError(f"glyphs: image_size must be at least 8, got {image_size}.")
-    if int(images_per_class) < 1:
-        raise ValueError(f"glyphs: images_per_class must be positive, got {images_per_class}.")
-    keep = class_split(classes, split)
-    images, labels = load_images(classes, image_size, images_per_class, seed, max_rotation, scale, max_blur, cache)
-    mask = np.isin(labels, keep)
-    return images[mask][..., None], labels[mask], classes
-
-
 def glyphs(
     split="train",
     image_size=32,
@@ -493,14 +467,28 @@ def glyphs(
       >>> train, test = tfdml.data.glyphs("train"), tfdml.data.glyphs("test")
       >>> ds = tfdml.data.class_balanced_dataset(train, 22, 3, image_size=32)
     """
-    images, labels, classes = glyph_arrays(
-        split, image_size, images_per_class, seed, max_rotation, scale, max_blur, classes, cache
-    )
+    classes = _classes() if classes is None else str(classes)
+    if len(set(classes)) != len(classes):
+        raise ValueError("glyphs: classes must be distinct characters.")
+    if int(image_size) < 8:
+        raise ValueError(f"glyphs: image_size must be at least 8, got {image_size}.")
+    if int(images_per_class) < 1:
+        raise ValueError(f"glyphs: images_per_class must be positive, got {images_per_class}.")
+    keep = class_split(classes, split)
+    images, labels = load_images(classes, image_size, images_per_class, seed, max_rotation, scale, max_blur, cache)
+    mask = np.isin(labels, keep)
     source = array_source(
-        images,
-        labels,
+        images[mask][..., None],
+        labels[mask],
         num_classes=len(classes),
         name=f"glyphs({split}: {len(np.unique(labels))} of {len(classes)} characters)",
     )
     source.class_names = list(classes)
     return source
+
+
+def glyph_arrays(split="train", **options):
+    """`(images uint8 [n, image_size, image_size, 1], labels [n], classes)` of one split: the arrays of
+    `glyphs(split, **options)`, with its arguments."""
+    source = glyphs(split, **options)
+    return source.images, source.labels, "".join(source.class_names)
