@@ -518,20 +518,14 @@ class MarginLoss(MetricLoss):
             self._seed_generator = keras.random.SeedGenerator(name="margin_sampler_seed")
         return self._seed_generator
 
-    def compute(self, labels, embeddings, references=None):
+    def _call_arguments(self, labels):
+        """`(beta, alpha, nu, sampling, cutoff, nonzero_loss_cutoff, seed)` of one call, as `margin_loss` takes
+        them (the seed drawn for this call)."""
         beta, nu = self._beta_and_nu(labels)
-        return _margin_loss(
-            labels,
-            embeddings,
-            beta,
-            self.alpha,
-            nu,
-            self.sampling,
-            self.cutoff,
-            self.nonzero_loss_cutoff,
-            self._draw_seed(),
-            references,
-        )
+        return beta, self.alpha, nu, self.sampling, self.cutoff, self.nonzero_loss_cutoff, self._draw_seed()
+
+    def compute(self, labels, embeddings, references=None):
+        return _margin_loss(labels, embeddings, *self._call_arguments(labels), references)
 
     def dense_terms(self, labels, embeddings):
         """The dense `[B, B, B]` terms of every triplet (`sampling="all"`; the distance-weighted sampler's
@@ -544,15 +538,4 @@ class MarginLoss(MetricLoss):
     def terms(self, labels, embeddings):
         """The unreduced triplet terms (`margin_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value
         (for the same draw: a `seed`, or `"all"`)."""
-        beta, nu = self._beta_and_nu(labels)
-        return margin_terms(
-            labels,
-            embeddings,
-            beta,
-            self.alpha,
-            nu,
-            self.sampling,
-            self.cutoff,
-            self.nonzero_loss_cutoff,
-            self._draw_seed(),
-        )
+        return margin_terms(labels, embeddings, *self._call_arguments(labels))
