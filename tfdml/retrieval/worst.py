@@ -77,8 +77,10 @@ def worst_queries(
       a `WorstQueries`.
 
     Example:
-      >>> worst = worst_queries(emb, y, count=4)
+      >>> x = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]], np.float32)
+      >>> worst = worst_queries(x, np.array([0, 1, 0, 1]), count=2, neighbours=1)
       >>> [(q.query, q.first_correct_rank) for q in worst.queries]
+      [(0, 3), (2, 3)]
     """
     gallery, gallery_labels, queries, q_labels = _checked(embeddings, labels, query_embeddings, query_labels)
     validate_distance(distance)
