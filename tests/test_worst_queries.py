@@ -175,3 +175,29 @@ def test_evaluate_writes_the_page(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["evaluate", "--embeddings", str(npz), "--worst-queries", str(out), "--worst-order", "worst"])
     assert exit_info.value.code == 2 and "--worst-order" in capsys.readouterr().err
+
+
+def test_query_gallery_page_shows_the_query_images(tmp_path, capsys):
+    x, y = _data(seed=2)
+    rng = np.random.default_rng(2)
+    is_query = np.arange(len(y)) % 6 == 0  # one query per class, the others its gallery
+    x, y = np.concatenate([x[is_query], x[~is_query]]), np.concatenate([y[is_query], y[~is_query]])
+    npz = tmp_path / "emb.npz"
+    np.savez(
+        npz,
+        embeddings=x[8:],
+        labels=y[8:],
+        images=rng.integers(0, 256, size=(len(y) - 8, 8, 8, 3), dtype=np.uint8),
+        query_embeddings=x[:8],
+        query_labels=y[:8],
+        query_images=rng.integers(0, 256, size=(8, 8, 8, 3), dtype=np.uint8),
+        class_names=np.array(NAMES),
+    )
+    out = tmp_path / "worst"
+    code = main(["evaluate", "--embeddings", str(npz), "--metrics", "recall", "--worst-queries", str(out)])
+    assert code == 0, capsys.readouterr()
+    page, _ = _read_page(out / report_pages.PAGE)
+    assert sum(src.split("/")[-1].startswith("q") for src in page.images) == 8  # every query, from its own set
+    assert all((out / src).is_file() for src in page.images)
+    worst = worst_queries(x[8:], y[8:], x[:8], y[:8], count=12)
+    assert _shown_names(worst, NAMES) <= set(NAMES) and all(n in "".join(page.text) for n in _shown_names(worst, NAMES))
