@@ -36,6 +36,9 @@ REPORT_FILES = (
     "retrieval_grid.png",
     "match_calibration.png",
     "model.keras",
+    "worst_queries.html",
+    "worst_queries.png",
+    "summary.md",
 )
 
 
@@ -116,6 +119,7 @@ def test_report_files(runs):
     for name in REPORT_FILES:
         assert (report / name).stat().st_size > 0, name
     assert any(files for _, _, files in os.walk(report / "tensorboard"))
+    assert "](worst_queries.html)" in (report / "summary.md").read_text()  # tests/test_worst_queries.py reads it
     summary = _metrics(report)
     assert summary["name"] == "glyphs_rll"
     assert summary["eval_classes"] == 151 and summary["eval_items"] == 3020  # the unseen half of the glyphs

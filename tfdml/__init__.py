@@ -29,6 +29,7 @@ _SUBMODULES = (
     "cli",
     "plots",
     "projector",
+    "report_pages",
     "config",
     "pipeline",
     "recipes",

@@ -176,7 +176,7 @@ def _drawable_titles(titles, query_titles):
 
 
 def plot_retrieval_grid(
-    query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None, note=None
+    query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None, note=None, ranks=None
 ):
     """One row per query: the query, then its neighbours framed green (same class) or red (other class).
 
@@ -187,6 +187,7 @@ def plot_retrieval_grid(
       titles: optional `[Q, k]` strings under the rank of each neighbour (e.g. its class and score).
       query_titles: optional `Q` strings under "query" (e.g. the file name or class).
       note: optional line under the figure's title (e.g. how undrawable class names are shown).
+      ranks: optional `[Q, k]` ranks shown as `#rank` (default 1..k: the neighbours are the top k).
 
     Titles are drawn with the installed fonts that cover their characters (DejaVu Sans covers Latin, Greek
     and Cyrillic; a CJK name needs a CJK font). A word no installed font can draw is shown as "?" (callers
@@ -212,8 +213,17 @@ def plot_retrieval_grid(
         figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3),
     )
     for q in range(num_queries):
+        row_ranks = range(1, k + 1) if ranks is None else ranks[q]
         _draw_query_row(
-            axes[q], query_images[q], neighbour_images[q], same_class_flags, titles, query_titles, q, families
+            axes[q],
+            query_images[q],
+            neighbour_images[q],
+            same_class_flags,
+            titles,
+            query_titles,
+            q,
+            families,
+            row_ranks,
         )
     legend = (
         "green frame = same class, red = other class"
@@ -225,7 +235,7 @@ def plot_retrieval_grid(
     return _save(fig, path)
 
 
-def _draw_query_row(row, query, neighbours, same_class_flags, titles, query_titles, q, families):
+def _draw_query_row(row, query, neighbours, same_class_flags, titles, query_titles, q, families, ranks):
     """Row `q` of the retrieval grid: the query (bold frame), then each neighbour framed by its class flag."""
     row[0].imshow(_as_image(query), cmap="gray")
     row[0].set_title(
@@ -246,7 +256,7 @@ def _draw_query_row(row, query, neighbours, same_class_flags, titles, query_titl
         for spine in ax.spines.values():
             spine.set_edgecolor(colour)
             spine.set_linewidth(3.5)
-        label = f"#{j + 1}" + (f"\n{titles[q][j]}" if titles is not None else "")
+        label = f"#{ranks[j]}" + (f"\n{titles[q][j]}" if titles is not None else "")
         ax.set_title(label, fontsize=7.5, color="black" if flag is None else colour, fontfamily=families)
     for ax in row:
         ax.set_xticks([])

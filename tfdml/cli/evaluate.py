@@ -5,8 +5,10 @@ tfdml evaluate --embeddings emb.npz --ks 1 2 4 8 --json metrics.json --plot reca
 tfdml evaluate --model exported_models/glyphs_rll --dataset glyphs
 tfdml evaluate --model exported_models/shop --image-dir gallery/ --query-image-dir query/
 tfdml evaluate --model exported_models/glyphs_rll --projector reports/glyphs_rll/tensorboard
+tfdml evaluate --model exported_models/glyphs_rll --worst-queries worst/   # worst/worst_queries.html
 """
 
+import argparse
 import json
 import logging
 import os
@@ -21,6 +23,17 @@ from tfdml.config import output_dir_problem, output_file_problem
 logger = logging.getLogger("tfdml.evaluate")
 
 HELP = "Compute Recall@K, MAP@R, R-precision, NMI and F1 of embeddings or of an exported model."
+
+
+def non_negative_int(text):
+    """argparse type: an integer >= 0 (a usage error, exit 2, otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or more, got {value}")
+    return value
 
 
 def register(subparsers):
@@ -97,9 +110,62 @@ def _add_metric_and_output_options(parser):
         help="ranking distance (equivalent for L2-normalised embeddings; default squared_l2, as the job).",
     )
     options.add_argument("--seed", type=int, default=0, help="k-means seed for NMI and F1 (default 0).")
+    _add_expansion_options(parser)
+    _add_output_options(parser)
+
+
+def _add_expansion_options(parser):
+    rerank = parser.add_argument_group(
+        "re-ranking (both off by default; see the retrieval evaluation guide for when they help)"
+    )
+    rerank.add_argument(
+        "--query-expansion",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="alpha-QE: average each query with its top N neighbours, weighted by their cosine to the power "
+        "--expansion-alpha (the query itself with weight 1), and search again; costs one more search per query.",
+    )
+    rerank.add_argument(
+        "--database-augmentation",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="DBA: average each gallery item with its own top N gallery neighbours the same way, once, before "
+        "the queries search the gallery (one search of the gallery against itself, offline).",
+    )
+    rerank.add_argument(
+        "--expansion-alpha",
+        type=float,
+        default=3.0,
+        metavar="ALPHA",
+        help="the exponent of the neighbours' weights in --query-expansion and --database-augmentation "
+        "(default 3; 0 weighs the neighbours equally).",
+    )
+
+
+def _add_output_options(parser):
     out = parser.add_argument_group("outputs")
     out.add_argument("--json", metavar="FILE", help="write the metrics as JSON to this file.")
     out.add_argument("--plot", metavar="PNG", help="write a Recall@K plot to this PNG file.")
+    out.add_argument(
+        "--worst-queries",
+        metavar="DIR",
+        help="write a page of the worst queries into this folder (worst_queries.html, its images in "
+        "worst_queries_images/ and the figure worst_queries.png; readable offline): each query with its top "
+        "neighbours, their classes and scores, and its nearest correct item with its rank. With --embeddings, "
+        "optional arrays 'class_names', 'images' and 'query_images' of the .npz are used.",
+    )
+    out.add_argument(
+        "--worst-order",
+        choices=["rank", "ap"],
+        default="rank",
+        help="order of --worst-queries: 'rank' (default), worst first by the rank of the nearest correct item; "
+        "'ap', lowest first by the query's average precision (its term of MAP@R).",
+    )
+    out.add_argument(
+        "--worst-count", type=positive_int, default=12, help="queries on the --worst-queries page (default 12)."
+    )
     out.add_argument(
         "--projector",
         metavar="LOGDIR",
@@ -150,9 +216,10 @@ def argument_problem(args):
         problem = path and output_file_problem(path)  # tried now, not after the work
         if problem:
             return f"{option}: {problem}"
-    problem = args.projector and output_dir_problem(args.projector, writable=True)
-    if problem:
-        return f"--projector: {problem}"
+    for option, folder in (("--projector", args.projector), ("--worst-queries", args.worst_queries)):
+        problem = folder and output_dir_problem(folder, writable=True)
+        if problem:
+            return f"{option}: {problem}"
     return None
 
 
@@ -164,7 +231,11 @@ def _load_inputs(args, view=None):
                 raise ValueError(f"{args.embeddings} lacks arrays {sorted(missing)} (has {data.files}).")
             arrays = {key: data[key] for key in data.files}
         if view is not None:
-            view.update(images=arrays.get("images"), class_names=arrays.get("class_names"))
+            view.update(
+                images=arrays.get("images"),
+                class_names=arrays.get("class_names"),
+                query_images=arrays.get("query_images"),
+            )
         return (arrays["embeddings"], arrays["labels"], arrays.get("query_embeddings"), arrays.get("query_labels"))
     from tfdml.data.sources import embedded_source, image_folder, job_evaluation_source, single_image_classes
     from tfdml.export import ExportedEmbedder
@@ -200,7 +271,10 @@ def _load_inputs(args, view=None):
     if not args.query_image_dir:
         return gallery, labels, None, None
     queries = image_folder(args.query_image_dir, channels=embedder.channels, class_names=source.class_names)
-    query_embeddings, query_labels = embed_source(embedder, queries, args.batch_size)
+    query_view = {}
+    query_embeddings, query_labels = embed_source(embedder, queries, args.batch_size, query_view)
+    if view is not None:
+        view["query_images"] = query_view.get("images")
     return gallery, labels, query_embeddings, query_labels
 
 
@@ -239,6 +313,9 @@ def _run(args):
             distance=args.distance,
             seed=args.seed,
             progress=len(labels) > 20000,
+            query_expansion=args.query_expansion,
+            database_augmentation=args.database_augmentation,
+            expansion_alpha=args.expansion_alpha,
         )
     except (ValueError, TypeError, OSError, zipfile.BadZipFile) as error:
         return usage_error("evaluate", error)
@@ -255,6 +332,11 @@ def _run(args):
             print(f"Recall@K plot written to {args.plot}")
         else:
             print("no recall@K computed: --plot skipped", file=sys.stderr)
+    if args.worst_queries:
+        try:
+            _write_worst_queries(args, embeddings, labels, query_embeddings, query_labels, view)
+        except (ValueError, OSError) as error:
+            return usage_error("evaluate", f"--worst-queries: {error}")
     if args.projector:
         from tfdml.projector import write_projector
 
@@ -267,6 +349,34 @@ def _run(args):
             f"(tensorboard --logdir {args.projector})"
         )
     return 0
+
+
+def _write_worst_queries(args, embeddings, labels, query_embeddings, query_labels, view):
+    from tfdml.report_pages import write_worst_queries_page
+    from tfdml.retrieval import worst_queries
+
+    worst = worst_queries(
+        embeddings,
+        labels,
+        query_embeddings,
+        query_labels,
+        count=args.worst_count,
+        by=args.worst_order,
+        distance=args.distance,
+    )
+    images, query_images = view.get("images"), view.get("query_images")
+    if query_embeddings is not None and query_images is None:
+        images = None  # the page shows the query images beside the gallery's, or neither
+    names = view.get("class_names")
+    written = write_worst_queries_page(
+        args.worst_queries,
+        worst,
+        images,
+        query_images,
+        None if names is None else [str(name) for name in names],
+        title="Worst queries",
+    )
+    print(f"worst queries: {written['page']}" + (f" and {written['grid']}" if written["grid"] else ""))
 
 
 if __name__ == "__main__":

@@ -455,6 +455,9 @@ class ReportConfig(_Section):
     dir: str | None = None  # default: reports/<name>
     grid_queries: int = _field(8, minimum=1, maximum=64)  # queries (rows) of retrieval_grid.png
     grid_neighbours: int = _field(5, minimum=1, maximum=32)  # neighbours shown per query
+    worst_queries: int = _field(12, minimum=1, maximum=64)  # queries of worst_queries.html (and .png)
+    # Worst first by the rank of the nearest correct item (rank) or by average precision (ap).
+    worst_order: str = _field("rank", choices=("rank", "ap"))
 
 
 @dataclasses.dataclass

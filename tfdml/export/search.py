@@ -21,6 +21,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfdml.retrieval import expansion
+
 GALLERY_DTYPES = ("float32", "bfloat16", "int8")
 DEFAULT_TOP_K = 10
 # Gallery rows scored per step: a [rows, 512] float32 block is 32 MiB, a [batch, rows] score block is small.
@@ -107,6 +109,9 @@ class GallerySearch(tf.Module):
       gallery_dtype: `"float32"`, `"bfloat16"` or `"int8"` (see the module docstring).
       threshold: `match = score >= threshold` (`inf`: nothing matches, e.g. uncalibrated).
       block_rows: gallery rows scored per step.
+      query_expansion, database_augmentation, expansion_alpha: alpha-QE of each query (one more search) and
+        DBA of the gallery (once, here) with that many neighbours, as `tfdml.retrieval.expansion` (0: off).
+        Scores are then those of the expanded query; the match threshold is the one given.
 
     Calling it on `[N, D]` query embeddings returns `{"scores", "labels", "ids", "match"}`, each `[N, k]`.
     """
@@ -120,9 +125,15 @@ class GallerySearch(tf.Module):
         gallery_dtype="float32",
         threshold=math.inf,
         block_rows=DEFAULT_BLOCK_ROWS,
+        query_expansion=0,
+        database_augmentation=0,
+        expansion_alpha=3.0,
     ):
         super().__init__(name="gallery_search")
         embeddings = np.asarray(embeddings, np.float32)
+        self.query_expansion, self.expansion_alpha = expansion.check_expansion(query_expansion, expansion_alpha)
+        if database_augmentation and len(embeddings) > 1:
+            embeddings = expansion.database_augmentation(embeddings, database_augmentation, expansion_alpha)
         if embeddings.ndim != 2 or not len(embeddings):
             raise ValueError(f"the gallery must be a non-empty [items, dim] array, got shape {embeddings.shape}.")
         if len(ids) != len(embeddings) or len(labels) != len(embeddings):
@@ -145,6 +156,8 @@ class GallerySearch(tf.Module):
         return int(self.gallery.shape[0])
 
     def __call__(self, embedding):
+        if self.query_expansion:
+            embedding = self._expanded(embedding)
         scores, positions = blocked_top_k(embedding, self.gallery, self.k, self.block_rows, self.scales)
         return {
             "scores": scores,
@@ -152,6 +165,16 @@ class GallerySearch(tf.Module):
             "ids": tf.gather(self.ids, positions),
             "match": scores >= self.threshold,
         }
+
+    def _expanded(self, embedding):
+        """alpha-QE: the query plus its top gallery rows weighted by `max(score, 0) ** alpha`, normalised."""
+        n = min(self.query_expansion, self.size)
+        scores, positions = blocked_top_k(embedding, self.gallery, n, self.block_rows, self.scales)
+        rows = tf.cast(tf.gather(self.gallery, positions), tf.float32)
+        if self.scales is not None:
+            rows *= tf.gather(self.scales, positions)[..., None]
+        weights = tf.pow(tf.maximum(scores, 0.0), self.expansion_alpha)
+        return tf.math.l2_normalize(embedding + tf.einsum("nk,nkd->nd", weights, rows), axis=1)
 
     def memory_bytes(self):
         """Bytes of the stored gallery embeddings (and scales)."""

@@ -10,10 +10,10 @@ SavedModel with the ScaNN index of the evaluation images inside its version, and
     <report_dir>/recall_at_k.png       Recall@K curves (model vs raw pixels)
     <report_dir>/training_curves.png   loss (and per-level losses) per epoch
     <report_dir>/retrieval_grid.png    query images and their nearest neighbours
-    <report_dir>/tensorboard/          TensorBoard logs; its run `projector` holds the evaluation embeddings,
-                                       class names and image sprite for the projector (PCA, t-SNE)
-    <report_dir>/checkpoints/          state of an unfinished run: started again, it resumes where it stopped
-                                       (after training, at the report); cleared once the report is in place
+    <report_dir>/worst_queries.html    the worst queries, their neighbours and nearest correct item (and .png)
+    <report_dir>/summary.md            the retrieval figures and a link to each file of the report
+    <report_dir>/tensorboard/          TensorBoard logs; run `projector`: the evaluation items for the projector
+    <report_dir>/checkpoints/          an unfinished run's state, where it resumes; cleared with the report
 
 The job runs in stages, each a function of the typed `Config` that returns its result, one module each:
 

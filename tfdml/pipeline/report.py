@@ -1,5 +1,5 @@
-"""The report: metrics.json, config.yaml, plots and the projector's embeddings, written beside the report folder
-and published in one step."""
+"""The report: metrics.json, config.yaml, plots, the worst queries' page, the projector's embeddings and
+summary.md (what is where), written beside the report folder and published in one step."""
 
 import json
 import os
@@ -9,9 +9,10 @@ import time
 import numpy as np
 import yaml
 
-from tfdml import interrupts, plots, projector
+from tfdml import interrupts, plots, projector, report_pages
 from tfdml.ops.neighbours import exact_search
 from tfdml.pipeline.folder import publish_report, staging_dir
+from tfdml.retrieval import worst_queries
 
 
 def write_report(folder, config, summary, history, evaluation, class_names=None):
@@ -26,8 +27,63 @@ def write_report(folder, config, summary, history, evaluation, class_names=None)
     if evaluation.calibration is not None:
         plots.plot_match_calibration(evaluation.calibration, os.path.join(folder, "match_calibration.png"))
     _retrieval_grid(evaluation, config.report, os.path.join(folder, "retrieval_grid.png"), class_names)
+    _worst_queries_page(folder, evaluation, config, class_names)
     with open(os.path.join(folder, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    write_summary(folder, summary)
+
+
+def _worst_queries_page(folder, evaluation, config, class_names=None):
+    """worst_queries.html (its images in a folder beside it) and worst_queries.png of the evaluation items."""
+    worst = worst_queries(
+        evaluation.embeddings,
+        evaluation.labels,
+        count=config.report.worst_queries,
+        neighbours=config.report.grid_neighbours,
+        by=config.report.worst_order,
+    )
+    # The pixels come from their own pass over the evaluation data, in the same order.
+    same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
+    title = f"Worst queries of {config.name} on its evaluation items"
+    report_pages.write_worst_queries_page(
+        folder, worst, evaluation.pixels if same_items else None, class_names=class_names, title=title
+    )
+
+
+def write_summary(folder, summary):
+    """summary.md: the job's retrieval figures beside raw pixels, and a link to each file of the report."""
+    lines = [f"# {summary.get('name', 'job')}", ""]
+    model, pixels = summary.get("model") or {}, summary.get("raw_pixels") or {}
+    if model:
+        items = f"{summary.get('eval_items')} items of {summary.get('eval_classes')} classes"
+        lines += [
+            f"Retrieval on the evaluation data ({items}):",
+            "",
+            "| metric | model | raw pixels |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {key} | {value:.4f} | {_figure(pixels.get(key))} |" for key, value in model.items()]
+        lines.append("")
+    files = [
+        ("worst_queries.html", "the worst queries: each with its top neighbours and its nearest correct item"),
+        ("worst_queries.png", "the same queries as a figure"),
+        ("retrieval_grid.png", "queries and their nearest neighbours"),
+        ("recall_at_k.png", "Recall@K of the model and of raw pixels"),
+        ("training_curves.png", "loss per epoch"),
+        ("match_calibration.png", "precision and recall of the served match decision"),
+        ("metrics.json", "every figure, the timings and the training history"),
+        ("config.yaml", "the resolved configuration"),
+        ("model.keras", "the trained embedder"),
+    ]
+    lines += [f"- [{name}]({name}): {what}" for name, what in files if os.path.exists(os.path.join(folder, name))]
+    if summary.get("export_dir"):
+        lines.append(f"- export: `{summary['export_dir']}`")
+    with open(os.path.join(folder, "summary.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _figure(value):
+    return "" if value is None else f"{value:.4f}"
 
 
 def write_projector(folder, evaluation, class_names=None):

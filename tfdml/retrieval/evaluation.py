@@ -16,6 +16,7 @@ import numpy as np
 
 from tfdml.ops.neighbours import drop_own_rows, exact_search, validate_distance
 from tfdml.retrieval import metrics as M
+from tfdml.retrieval.expansion import expanded_sets
 from tfdml.retrieval.index import ScannIndex
 
 METRICS = ("recall", "map@r", "r_precision", "nmi", "f1")
@@ -80,6 +81,9 @@ def evaluate(
     index_kwargs=None,
     seed=0,
     progress=False,
+    query_expansion=0,
+    database_augmentation=0,
+    expansion_alpha=3.0,
 ):
     """Retrieval and clustering metrics of embeddings.
 
@@ -94,15 +98,18 @@ def evaluate(
         L2-normalised embeddings.
       chunk_size: queries per exact-search block (default: bounded by 256 MiB of scores).
       seed: k-means seed for NMI / F1.
+      query_expansion, database_augmentation, expansion_alpha: alpha-QE and DBA with this many neighbours
+        (0: off) and this exponent of their weights (`tfdml.retrieval.expansion`): queries, or gallery items
+        once before the search, averaged with their top neighbours weighted by cosine ** alpha.
 
     Returns:
       dict with `recall@K` for each K, `map@r`, `r_precision`, `nmi`, `f1` (those requested), as floats.
       Retrieval metrics average over queries that have at least one same-class gallery item. NMI and F1
-      cluster the query set with k-means into as many clusters as it has classes.
+      cluster the query set with k-means into as many clusters as it has classes (the embeddings as given,
+      without QE or DBA).
 
     Example:
-      >>> evaluate(emb, y, ks=(1, 10))
-      {'recall@1': 0.93, 'recall@10': 0.99, 'map@r': 0.71, 'r_precision': 0.74, 'nmi': 0.85, 'f1': 0.69}
+      >>> evaluate(emb, y, ks=(1, 10), query_expansion=2)
     """
     validate_distance(distance)
     metrics, ks = _check_metrics(metrics, ks)
@@ -110,22 +117,29 @@ def evaluate(
     gallery_labels = _labels(labels, gallery.shape[0], "labels")
     queries, q_labels = _query_set(gallery, gallery_labels, query_embeddings, query_labels)
     same_set = query_embeddings is None
+    searched = expanded_sets(queries, gallery, same_set, query_expansion, database_augmentation, expansion_alpha)
     results = {}
     if any(m in metrics for m in ("recall", "map@r", "r_precision")):
 
         def search(needed):
             if exact:
-                gallery_or_none = None if same_set else gallery
-                found = exact_search(
-                    queries, gallery_or_none, needed, distance, chunk_size=chunk_size, progress=progress
-                )
-                return found[0]
-            return _approximate_search(queries, gallery, needed, distance, same_set, index_kwargs)
+                return _exact_search(searched, same_set, needed, distance, chunk_size, progress)
+            return _approximate_search(*searched, needed, distance, same_set, index_kwargs)
 
         results.update(_retrieval_metrics(search, q_labels, gallery_labels, same_set, metrics, ks))
     if "nmi" in metrics or "f1" in metrics:
         results.update(_clustering_metrics(queries, q_labels, metrics, seed))
     return results
+
+
+def _exact_search(searched, same_set, k, distance, chunk_size, progress):
+    """`[Q, k]` gallery indices of each query's nearest neighbours; in same-set mode without the query's own
+    row (the queries are the gallery's rows, or, after QE or DBA, stand for them)."""
+    queries, gallery = searched
+    if same_set and queries is gallery:
+        return exact_search(queries, None, k, distance, chunk_size=chunk_size, progress=progress)[0]
+    found = exact_search(queries, gallery, k + same_set, distance, chunk_size=chunk_size, progress=progress)[0]
+    return drop_own_rows(found, 0)[0] if same_set else found
 
 
 def _clustering_metrics(queries, labels, metrics, seed):

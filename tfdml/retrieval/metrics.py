@@ -53,11 +53,17 @@ def r_precision(hits, r):
     return float(np.mean(_hits_within_r(hits, r).sum(axis=1) / r))
 
 
-def map_at_r(hits, r):
-    """MAP@R (Musgrave et al. 2020) over queries (`hits` has at least `max(R_q)` columns)."""
+def average_precision_at_r(hits, r):
+    """`[Q]`: each query's term of MAP@R, `(1 / R_q) * sum_{i <= R_q} P_q(i) * hits[q, i]` (`hits` has at
+    least `max(R_q)` columns)."""
     within = _hits_within_r(hits, r)
     precision_at_i = np.cumsum(within, axis=1) / np.arange(1, hits.shape[1] + 1)[None, :]
-    return float(np.mean(np.sum(precision_at_i * within, axis=1) / r))
+    return np.sum(precision_at_i * within, axis=1) / r
+
+
+def map_at_r(hits, r):
+    """MAP@R (Musgrave et al. 2020) over queries (`hits` has at least `max(R_q)` columns)."""
+    return float(np.mean(average_precision_at_r(hits, r)))
 
 
 def cluster_embeddings(embeddings, num_clusters, seed=0):
