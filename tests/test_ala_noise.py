@@ -16,41 +16,10 @@ validation loss, and the ranking is not stable (measured on this problem: AUC 0.
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
+from benchmarks.label_noise.noisy_clusters import CLASSES, DIM, TRAIN_CLASSES, episodes, noisy_clusters, subset
 from tfdml.losses import ContrastiveLoss, MarginLoss, TripletLoss
 from tfdml.models import ALAModel
-
-CLASSES, PER_CLASS, DIM, NOISE = 12, 40, 8, 0.4
-TRAIN_CLASSES, VAL_CLASSES, K = 6, 2, 4
-
-
-def _noisy_clusters(seed):
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(CLASSES, DIM)) * 2.0
-    true = np.repeat(np.arange(CLASSES), PER_CLASS)
-    x = (centres[true] + rng.normal(size=(true.size, DIM))).astype("float32")
-    noisy = true.copy()
-    flipped = rng.random(true.size) < NOISE
-    noisy[flipped] = (true[flipped] + rng.integers(1, CLASSES, flipped.sum())) % CLASSES  # another class
-    return x, true, noisy.astype("int32"), rng
-
-
-def _subset(rng, noisy, classes):
-    """K images of each of `classes` by their (noisy) labels."""
-    return np.concatenate([rng.choice(np.flatnonzero(noisy == c), K, replace=False) for c in classes])
-
-
-def _episodes(x, noisy, rng, steps, val_labels=None):
-    """Training subsets on the noisy labels; validation subsets on `val_labels` (default: the noisy ones)."""
-    val_labels = noisy if val_labels is None else val_labels
-    episodes = []
-    for _ in range(steps):
-        classes = rng.permutation(CLASSES)
-        train = _subset(rng, noisy, classes[:TRAIN_CLASSES])
-        val = _subset(rng, val_labels, classes[TRAIN_CLASSES : TRAIN_CLASSES + VAL_CLASSES])
-        episodes.append((x[train], noisy[train], x[val], val_labels[val]))
-    return tf.data.Dataset.from_tensor_slices(tuple(np.stack(parts) for parts in zip(*episodes)))
 
 
 def _auc(positive, negative):
@@ -60,7 +29,7 @@ def _auc(positive, negative):
 
 
 def _clean_and_mislabelled_weights(seed, steps=80):
-    x, true, noisy, rng = _noisy_clusters(seed)
+    x, true, noisy, rng = noisy_clusters(seed)
     true = true.astype("int32")
     keras.utils.set_random_seed(seed)
     embedder = keras.Sequential(
@@ -73,10 +42,10 @@ def _clean_and_mislabelled_weights(seed, steps=80):
     )
     model = ALAModel(embedder, base_loss=ContrastiveLoss(neg_margin=1.0), assessor_units=16, state="per_step")
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
-    model.fit(_episodes(x, noisy, rng, steps, val_labels=true), verbose=0)
+    model.fit(episodes(x, noisy, rng, steps, val_labels=true), verbose=0)
     clean, mislabelled = [], []
     for _ in range(10):
-        index = _subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
+        index = subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
         pairs, weights = model.tuple_weights(x[index], noisy[index])
         pairs, weights = pairs.numpy(), weights.numpy()
         i, j = index[pairs[:, 0]], index[pairs[:, 1]]
@@ -97,7 +66,7 @@ def test_assessor_weights_clean_pairs_above_mislabelled_ones(seed):
 def test_positive_pairs_only_leave_the_negative_pairs_at_weight_one():
     """`assessed="positive_pairs"`: the assessor weighs the positive pairs (mean weight 1 over them), every
     negative pair keeps weight 1; a triplet loss, which has no pairs to choose, is refused by name."""
-    x, true, noisy, rng = _noisy_clusters(0)
+    x, true, noisy, rng = noisy_clusters(0)
     keras.utils.set_random_seed(0)
     embedder = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(8), keras.layers.UnitNormalization()])
     model = ALAModel(
@@ -108,8 +77,8 @@ def test_positive_pairs_only_leave_the_negative_pairs_at_weight_one():
         assessed="positive_pairs",
     )
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
-    model.fit(_episodes(x, noisy, rng, 10, val_labels=true.astype("int32")), verbose=0)
-    index = _subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
+    model.fit(episodes(x, noisy, rng, 10, val_labels=true.astype("int32")), verbose=0)
+    index = subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
     pairs, weights = (t.numpy() for t in model.tuple_weights(x[index], noisy[index]))
     positive = noisy[index[pairs[:, 0]]] == noisy[index[pairs[:, 1]]]
     np.testing.assert_array_equal(weights[~positive], 1.0)
@@ -149,13 +118,13 @@ def test_default_variant_weighs_positive_pairs_for_every_base_loss():
 def test_positive_pairs_of_a_triplet_loss_share_one_weight(base_loss):
     """`assessed="positive_pairs"` on a triplet loss: one weight per anchor-positive pair, shared by all the
     pair's triplets, mean 1 over the pairs; a pair whose triplets all sit at zero keeps weight 1."""
-    x, true, noisy, rng = _noisy_clusters(1)
+    x, true, noisy, rng = noisy_clusters(1)
     keras.utils.set_random_seed(1)
     embedder = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(8), keras.layers.UnitNormalization()])
     model = ALAModel(embedder, base_loss=base_loss, assessor_units=8, state="per_step", assessed="positive_pairs")
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
-    model.fit(_episodes(x, noisy, rng, 5, val_labels=true.astype("int32")), verbose=0)
-    index = _subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
+    model.fit(episodes(x, noisy, rng, 5, val_labels=true.astype("int32")), verbose=0)
+    index = subset(rng, noisy, rng.permutation(CLASSES)[:TRAIN_CLASSES])
     triplets, weights = (t.numpy() for t in model.tuple_weights(x[index], noisy[index]))
     pair_weights = {}
     for (anchor, positive, _), weight in zip(triplets, weights):

@@ -4,7 +4,7 @@
     nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift --steps 500 --noise 0.0
     python -m benchmarks.ala_drift.ala_weight_drift --summary                    # the summary of benchmarks/ala_drift/
 
-The problem of `tests/test_ala_noise.py` (Gaussian class clusters in 8 dimensions, a small MLP embedder, the
+The problem of `benchmarks/label_noise/noisy_clusters.py` (Gaussian class clusters in 8 dimensions, a small MLP embedder, the
 contrastive loss, episodes of 6 x 4 training and 2 x 4 validation images), trained with `ALAModel` at the
 library defaults (`state="per_tuple"`: the carried LSTM state is part of what could drift). Per step it records
 the spread of the assessor's centred outputs (`output_std`), their largest magnitude, the smallest and largest
@@ -29,13 +29,12 @@ def run(steps, noise, seed, every, path, weight_range=None, choices=None):
     import keras
     import tensorflow as tf
 
-    from tests import test_ala_noise as problem  # the noisy clusters the ALA noise tests train on
+    from benchmarks.label_noise import noisy_clusters as problem
     from tfdml.losses import ContrastiveLoss
     from tfdml.models import ALAModel
     from tfdml.models.ala.episode import EpisodeDerivatives
 
-    problem.NOISE = noise
-    x, true, noisy, rng = problem._noisy_clusters(seed)
+    x, true, noisy, rng = problem.noisy_clusters(seed, noise)
     keras.utils.set_random_seed(seed)
     embedder = keras.Sequential(
         [keras.Input((problem.DIM,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(8)]
@@ -46,7 +45,7 @@ def run(steps, noise, seed, every, path, weight_range=None, choices=None):
     )
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
     update = tf.function(model.ala_update)
-    probe_index = problem._subset(rng, noisy, np.arange(problem.TRAIN_CLASSES))
+    probe_index = problem.subset(rng, noisy, np.arange(problem.TRAIN_CLASSES))
 
     @tf.function
     def probe():
@@ -54,7 +53,7 @@ def run(steps, noise, seed, every, path, weight_range=None, choices=None):
         return weights, outputs
 
     with open(path, "w") as f:
-        for step, episode in enumerate(problem._episodes(x, noisy, rng, steps)):
+        for step, episode in enumerate(problem.episodes(x, noisy, rng, steps)):
             logs = update(*episode)
             if step % every and step != steps - 1:
                 continue
