@@ -4,9 +4,9 @@
     nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift --steps 500 --noise 0.0
     python -m benchmarks.ala_drift.ala_weight_drift --summary                    # the summary of benchmarks/ala_drift/
 
-The problem of `benchmarks/label_noise/noisy_clusters.py` (Gaussian class clusters in 8 dimensions, a small MLP embedder, the
-contrastive loss, episodes of 6 x 4 training and 2 x 4 validation images), trained with `ALAModel` at the
-library defaults (`state="per_tuple"`: the carried LSTM state is part of what could drift). Per step it records
+The problem of `benchmarks/label_noise/noisy_clusters.py` (Gaussian class clusters in 8 dimensions), a small
+MLP embedder, the contrastive loss, episodes of 6 x 4 training and 2 x 4 validation images, trained with `ALAModel`
+at the library defaults (`state="per_tuple"`: the carried LSTM state is part of what could drift). Per step it records
 the spread of the assessor's centred outputs (`output_std`), their largest magnitude, the smallest and largest
 applied weight, and the LSTM's carried state: its largest magnitude and the fraction of its units beyond
 0.99 in magnitude (tanh saturation). One JSON line per `--every` steps goes to
