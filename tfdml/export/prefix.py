@@ -25,6 +25,7 @@ from tfdml.retrieval import ScannIndex
 from tfdml.retrieval.tuning import RECALL_CONFIDENCE, RECALL_QUERIES, drop_rows, exact_neighbours
 
 SHORTLIST_FACTORS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_SHORTLIST_FACTOR = 8
 FULL_EMBEDDINGS_FILE = "full_embeddings.npy"
 _RECORD_KEY = "prefix_search"
 
@@ -90,15 +91,33 @@ def choose_shortlist(candidates_for, full, k, target_recall, factors=SHORTLIST_F
             "shortlist_factor": factor,
             "shortlist": shortlist - 1,
             **recall_against_full(drop_rows(found, rows, k), exact, confidence),
-            "target": float(target_recall),
+            "target": None if target_recall is None else float(target_recall),
             "confidence": float(confidence),
             "queries": len(rows),
             "ms_per_query": 1000.0 * seconds / len(rows),
         }
-        record["met"] = record["lower_bound"] >= target_recall
-        if record["met"] or shortlist >= size:
+        record["met"] = None if target_recall is None else record["lower_bound"] >= target_recall
+        if record["met"] is not False or shortlist >= size:
             break
     return record
+
+
+def signature_prefix_record(embeddings, search_dims, k, target_recall):
+    """The recall record of the `search` signature's prefix search (exact on the normalised prefixes, then the
+    full vectors): its shortlist sized as `PrefixIndex`'s (`target_recall` None: `DEFAULT_SHORTLIST_FACTOR`)."""
+    full = np.ascontiguousarray(embeddings, np.float32)
+    search_dims = check_search_dims(search_dims, full.shape[1])
+    prefixes = normalised_prefix(full, search_dims)
+    factors = SHORTLIST_FACTORS if target_recall is not None else (DEFAULT_SHORTLIST_FACTOR,)
+    record = choose_shortlist(
+        lambda rows, shortlist: exact_prefix_candidates(prefixes[rows], prefixes, shortlist),
+        full,
+        k,
+        target_recall,
+        factors,
+    )
+    record["shortlist"] = int(min(len(full), record["shortlist_factor"] * k))
+    return {"search_dims": search_dims, "full_dims": int(full.shape[1]), **record}
 
 
 class PrefixIndex:
@@ -109,7 +128,8 @@ class PrefixIndex:
       embeddings: `[N, D]` L2-normalised gallery embeddings (the full vectors).
       search_dims: the prefix the index searches (less than `D`).
       num_neighbors: the `k` of the recall target and of `search` by default.
-      target_recall: recall@k against exact full-vector search the shortlist must reach.
+      target_recall: recall@k against exact full-vector search the shortlist must reach (None: a shortlist of
+        `DEFAULT_SHORTLIST_FACTOR * k`, its recall still measured).
       shortlist_factor: a fixed shortlist of `shortlist_factor * k` (its recall still measured); default: the
         smallest of `SHORTLIST_FACTORS` that meets the target.
       ids, labels, class_names, metadata, mode, index_settings: of the prefix `ScannIndex`.
@@ -138,8 +158,8 @@ class PrefixIndex:
         if full.ndim != 2 or len(full) < 2:
             raise ValueError(f"a prefix index needs [items >= 2, dim] embeddings, got shape {full.shape}.")
         self.search_dims = check_search_dims(search_dims, full.shape[1])
-        if not 0.0 < float(target_recall) <= 1.0:
-            raise ValueError(f"target_recall must be in (0, 1], got {target_recall}.")
+        if target_recall is not None and not 0.0 < float(target_recall) <= 1.0:
+            raise ValueError(f"target_recall must be in (0, 1] or None, got {target_recall}.")
         self.full = full
         self.index = ScannIndex(
             normalised_prefix(full, self.search_dims),
@@ -152,7 +172,10 @@ class PrefixIndex:
             target_recall=target_recall,
             **index_settings,
         )
-        factors = SHORTLIST_FACTORS if shortlist_factor is None else (int(shortlist_factor),)
+        if shortlist_factor is None:  # unmeasured target: the factor that met 0.95 on the benchmark's catalogue
+            factors = SHORTLIST_FACTORS if target_recall is not None else (DEFAULT_SHORTLIST_FACTOR,)
+        else:
+            factors = (int(shortlist_factor),)
         if factors[0] < 1:
             raise ValueError(f"shortlist_factor must be a positive integer, got {shortlist_factor}.")
         record = choose_shortlist(self._candidates_of_rows, full, num_neighbors, target_recall, factors)

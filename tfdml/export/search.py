@@ -14,12 +14,18 @@ Gallery storage (`gallery_dtype`):
   `s = max|g| / 127`, so a score is off by at most `s / 2 * ||q||_1 <= s / 2 * sqrt(D)`.
 
 Blocks are cast to float32 before the matmul (the query is never rounded).
+
+With `search_dims` (nested embeddings, `tfdml.losses.NestedLoss`) the gallery's L2-normalised `search_dims`
+prefixes are searched first, exactly, for a `shortlist` of candidates, which are then scored with the stored full
+vectors: what `tfdml.export.PrefixIndex` does with ScaNN, in core TensorFlow ops.
 """
 
 import math
 
 import numpy as np
 import tensorflow as tf
+
+from tfdml.export.prefix import check_search_dims, normalised_prefix
 
 GALLERY_DTYPES = ("float32", "bfloat16", "int8")
 DEFAULT_TOP_K = 10
@@ -107,6 +113,8 @@ class GallerySearch(tf.Module):
       gallery_dtype: `"float32"`, `"bfloat16"` or `"int8"` (see the module docstring).
       threshold: `match = score >= threshold` (`inf`: nothing matches, e.g. uncalibrated).
       block_rows: gallery rows scored per step.
+      search_dims, shortlist: search the normalised `search_dims` prefixes for `shortlist` candidates, then score
+        those with the full vectors (None: every full vector is scored).
 
     Calling it on `[N, D]` query embeddings returns `{"scores", "labels", "ids", "match"}`, each `[N, k]`.
     """
@@ -120,6 +128,8 @@ class GallerySearch(tf.Module):
         gallery_dtype="float32",
         threshold=math.inf,
         block_rows=DEFAULT_BLOCK_ROWS,
+        search_dims=None,
+        shortlist=None,
     ):
         super().__init__(name="gallery_search")
         embeddings = np.asarray(embeddings, np.float32)
@@ -139,13 +149,22 @@ class GallerySearch(tf.Module):
         self.ids = tf.Variable(_utf8(ids), trainable=False, name="gallery_ids")
         self.labels = tf.Variable(_utf8(labels), trainable=False, name="gallery_labels")
         self.threshold = tf.Variable(float(threshold), dtype=tf.float32, trainable=False, name="match_threshold")
+        self.search_dims = self.prefixes = None
+        if search_dims:
+            self.search_dims = check_search_dims(search_dims, embeddings.shape[1])
+            self.shortlist = int(min(len(embeddings), max(self.k, shortlist or self.k)))
+            prefixes = normalised_prefix(embeddings, self.search_dims)
+            self.prefixes = tf.Variable(prefixes, trainable=False, name="gallery_prefixes")
 
     @property
     def size(self):
         return int(self.gallery.shape[0])
 
     def __call__(self, embedding):
-        scores, positions = blocked_top_k(embedding, self.gallery, self.k, self.block_rows, self.scales)
+        if self.search_dims:
+            scores, positions = self._prefix_then_full(embedding)
+        else:
+            scores, positions = blocked_top_k(embedding, self.gallery, self.k, self.block_rows, self.scales)
         return {
             "scores": scores,
             "labels": tf.gather(self.labels, positions),
@@ -153,10 +172,25 @@ class GallerySearch(tf.Module):
             "match": scores >= self.threshold,
         }
 
+    def _prefix_then_full(self, embedding):
+        """`(scores, positions)` `[N, k]`: the `shortlist` best on the normalised prefixes, scored in full."""
+        embedding = tf.convert_to_tensor(embedding, tf.float32)
+        queries = tf.math.l2_normalize(embedding[:, : self.search_dims], axis=1)
+        _, candidates = blocked_top_k(queries, self.prefixes, self.shortlist, self.block_rows)
+        rows = tf.cast(tf.gather(self.gallery, candidates), tf.float32)  # [N, shortlist, D]
+        scores = tf.einsum("nsd,nd->ns", rows, embedding)
+        if self.scales is not None:
+            scores *= tf.gather(self.scales, candidates)
+        scores, chosen = tf.math.top_k(scores, self.k)
+        return scores, tf.gather(candidates, chosen, batch_dims=1)
+
     def memory_bytes(self):
-        """Bytes of the stored gallery embeddings (and scales)."""
+        """Bytes of the stored gallery embeddings (and scales, and prefixes)."""
+        prefixes = 0 if self.prefixes is None else 4 * self.prefixes.shape.num_elements()
         return int(
-            self.gallery.shape.num_elements() * self.gallery.dtype.size + (0 if self.scales is None else 4 * self.size)
+            self.gallery.shape.num_elements() * self.gallery.dtype.size
+            + (0 if self.scales is None else 4 * self.size)
+            + prefixes
         )
 
 
