@@ -229,3 +229,21 @@ def test_values_gradients_and_fit_on_other_backends(backend):
     result = subprocess.run([sys.executable, "-c", BACKEND_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert f"{backend} nested ok" in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(WRAPPED))
+def test_degenerate_batches_give_finite_values_and_gradients(name):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(8, 16))
+    x[:2, :4] = 0.0  # a zero 4-d prefix
+    x[2] = x[3]  # duplicates
+    cases = {
+        "one class": (np.zeros(8, np.int32), x),
+        "all classes distinct": (np.arange(8, dtype=np.int32), x),
+        "zero embeddings": (np.repeat(np.arange(4), 2).astype(np.int32), np.zeros((8, 16))),
+        "zero prefix, duplicates": (np.repeat(np.arange(4), 2).astype(np.int32), x),
+    }
+    loss = NestedLoss(WRAPPED[name](), DIMS, WEIGHTS, dtype="float64")
+    for case, (labels, embeddings) in cases.items():
+        value, grad = _value_and_grad(lambda e, y=labels: loss(y, e), embeddings)
+        assert np.isfinite(value) and np.all(np.isfinite(grad)), f"{name}, {case}"
