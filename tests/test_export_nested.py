@@ -137,3 +137,23 @@ def test_the_cli_option_is_documented_and_checked(capsys, tmp_path):
     nested_like_model().save(model)
     assert cli.main(["export", "--model", str(model), "--name", "m", "--search-dims", "4", "--no-index"]) == 2
     assert "--search-dims sets how the gallery index searches; --no-index writes none" in capsys.readouterr().err
+
+
+def test_the_cli_exports_a_prefix_index_and_prints_its_recall(tmp_path, capsys):
+    gallery, labels = images(240, seed=2)
+    for c in range(12):
+        folder = tmp_path / "gallery" / f"class_{c}"
+        folder.mkdir(parents=True)
+        for i in np.flatnonzero(labels == c):
+            tf.io.write_file(str(folder / f"{i}.png"), tf.io.encode_png(gallery[i]))
+    model = tmp_path / "m.keras"
+    nested_like_model().save(model)
+    common = ["export", "--model", str(model), "--name", "m", "--base-dir", str(tmp_path / "out")]
+    assert cli.main([*common, "--gallery-dir", str(tmp_path / "gallery"), "--search-dims", "4", "--top-k", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "index: 4-d prefix searched, shortlist of" in out and "re-ranked with the full 16-d vector" in out
+    assert "search signature: 4-d prefix searched" in out and "against exact full-vector search, target 0.95" in out
+    metadata = E.load_metadata(str(tmp_path / "out" / "m" / "1"))
+    assert metadata["index"]["search_dims"] == 4 and metadata["search"]["prefix"]["search_dims"] == 4
+    assert cli.main([*common, "--gallery-dir", str(tmp_path / "gallery"), "--search-dims", "16"]) == 2
+    assert "search_dims must be a prefix shorter than the 16-d embedding" in capsys.readouterr().err
