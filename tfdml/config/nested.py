@@ -4,10 +4,9 @@ those across sections (the model's width and levels, DML-ALA). No TensorFlow is 
 from tfdml.config.schema import ConfigError
 
 
-def check_section(section, key):
-    """`loss.nested_dims` and `loss.nested_weights` against the rest of the loss section."""
-    from tfdml.config.sections import UNPAIRED_LOSSES  # the losses with parameters of one embedding width
-
+def check_section(section, key, one_width_losses):
+    """`loss.nested_dims` and `loss.nested_weights` against the rest of the loss section; `one_width_losses`: the
+    loss names whose parameters have one embedding width (proxies, a classifier)."""
     dims, weights = section.nested_dims, section.nested_weights
     if dims is None:
         if weights is not None:
@@ -19,7 +18,7 @@ def check_section(section, key):
         )
     if weights is not None and len(weights) != len(dims):
         raise ConfigError(f"{key}.nested_weights: {len(weights)} weights for the {len(dims)} nested_dims {dims}")
-    if section.name in UNPAIRED_LOSSES:
+    if section.name in one_width_losses:
         raise ConfigError(
             f"{key}.nested_dims: {section.name} learns parameters of one embedding width (proxies, a classifier), "
             "which a shorter prefix does not have; nested embeddings work with the pair-based losses"

@@ -264,7 +264,7 @@ class LossConfig(_Section):
     def check(self, key):
         if self.dynamic_temperature is not None and self.name != "ranked_list":
             raise ConfigError(f"{key}.dynamic_temperature: applies to loss.name=ranked_list only, not {self.name}")
-        nested.check_section(self, key)
+        nested.check_section(self, key, UNPAIRED_LOSSES)
         if self.label_noise is not None and self.cross_batch_memory is not None:
             raise ConfigError(
                 f"{key}.label_noise: one wrapper around the loss at a time; this job also sets {key}.cross_batch_memory"
