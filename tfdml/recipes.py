@@ -9,8 +9,8 @@
   learning rate by 10 after 30 of 60 epochs: `schedule="step", boundaries=[0.5], factor=0.1`).
 - `freeze_batchnorm(model)`: the RLL paper's frozen BatchNorm (CUB, Cars), from `tfdml.models.backbones`.
 - `make_embedder(config, input_shape)`: an `Embedder` or `MultiLevelEmbedder` from a model section.
-- `build_loss(config, ...)`: a tfdml loss from a loss section, in `CrossBatchMemory`, `SmallLossWeighting` or
-  `PRISM` as the section says.
+- `build_loss(config, ...)`: a tfdml loss from a loss section, on each prefix of `nested_dims` (`NestedLoss`), in
+  `CrossBatchMemory`, `SmallLossWeighting` or `PRISM` as the section says.
 
 RAdam (used by some Group Loss runs) is not part of `keras.optimizers` (Keras 3.15 has Adam, AdamW, Nadam,
 Lamb, Lion, ...); `name="radam"` raises a `tfdml.config.ConfigError` that says so instead of silently
@@ -94,9 +94,9 @@ def make_embedder(config, input_shape=None):
 
 
 def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
-    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), in a
-    `CrossBatchMemory` of `embedding_dim`-wide embeddings with `cross_batch_memory`, in `SmallLossWeighting`
-    or `PRISM` with `label_noise`."""
+    """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), applied to each
+    prefix of `nested_dims` (`NestedLoss`), in a `CrossBatchMemory` of `embedding_dim`-wide embeddings (the full
+    vectors) with `cross_batch_memory`, in `SmallLossWeighting` or `PRISM` with `label_noise`."""
 
     params = dict(section.params)
     schedule = section.dynamic_temperature
@@ -107,6 +107,8 @@ def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
         if params["num_classes"] is None:
             raise ConfigError("model.num_classes: the group loss needs the classifier head size")
     loss = getattr(losses, LOSSES[section.name])(**params)
+    if section.nested_dims is not None:
+        loss = losses.NestedLoss(loss, section.nested_dims, section.nested_weights)
     memory = section.cross_batch_memory
     if memory is not None:
         loss = losses.CrossBatchMemory(

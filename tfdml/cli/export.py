@@ -117,6 +117,15 @@ def _add_gallery_options(parser):
 def _add_search_options(group):
     """The search signature's options (in the gallery's group)."""
     group.add_argument(
+        "--search-dims",
+        type=positive_int,
+        metavar="D",
+        help="for nested embeddings (trained with loss.nested_dims): build the ScaNN index on the first D "
+        "dimensions of each embedding, normalised, and re-rank its shortlist with the full vector; the search "
+        "signature does the same. Each shortlist is sized to meet --target-recall against exact search on the "
+        "full vector, and the measured recall is printed and recorded in the metadata (default: the full vector).",
+    )
+    group.add_argument(
         "--top-k",
         type=int,
         metavar="K",
@@ -193,6 +202,8 @@ def argument_problem(args):
         return f"--model: no model file at {args.model}"
     if args.gallery_dir and args.no_index:
         return "give at most one of --gallery-dir and --no-index."
+    if args.search_dims and args.no_index:
+        return "--search-dims sets how the gallery index searches; --no-index writes none."
     if args.gallery_dir and not os.path.isdir(args.gallery_dir):
         return f"--gallery-dir: no such folder: {args.gallery_dir}"
     given = {key: getattr(args, key) for key in _SEARCH_OPTIONS if getattr(args, key) is not None}
@@ -317,6 +328,7 @@ def _run(args, name, training_config, metrics):
             metrics=metrics,
             gallery=gallery,
             search=not args.no_search,
+            search_dims=args.search_dims,
             **_search_settings(args, training_config),
         )
     except (ValueError, TypeError, OSError) as error:
@@ -358,6 +370,18 @@ def _gallery(args, training_config, channels):
     return gallery
 
 
+def _describe_prefix(record):
+    """A prefix search's recall record (`tfdml.export.PrefixIndex`) in one line."""
+    target = (
+        "" if record["target"] is None else f", target {record['target']:g}" + ("" if record["met"] else " NOT met")
+    )
+    return (
+        f"{record['search_dims']}-d prefix searched, shortlist of {record['shortlist']} re-ranked with the full "
+        f"{record['full_dims']}-d vector: recall@{record['k']} {record['measured']:.3f} (lower "
+        f"{100 * record['confidence']:g}% bound {record['lower_bound']:.3f}) against exact full-vector search{target}"
+    )
+
+
 def _print_export(export_lib, path, gallery):
     print(f"exported SavedModel: {path}")
     if gallery is None:
@@ -369,7 +393,9 @@ def _print_export(export_lib, path, gallery):
         f"{os.path.join(path, export_lib.INDEX_DIR)}"
     )
     recall = summary.get("recall")
-    if recall:
+    if summary.get("search_dims"):
+        print(f"index: {_describe_prefix(recall)}")
+    elif recall:
         from tfdml.retrieval.index import describe_recall  # like the other imports here: loaded when needed
 
         print(f"index: {describe_recall(recall)}")
@@ -381,6 +407,8 @@ def _print_export(export_lib, path, gallery):
             f"search signature: top {search['top_k']} of {search['gallery_size']} items "
             f"({search['gallery_dtype']}), match: {search['match']}"
         )
+        if search.get("prefix"):
+            print(f"search signature: {_describe_prefix(search['prefix'])}")
 
 
 if __name__ == "__main__":

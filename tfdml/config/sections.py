@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from tfdml import ala_options
+from tfdml.config import nested
 from tfdml.config.schema import (
     ConfigError,
     _check_arguments,
@@ -255,10 +256,15 @@ class LossConfig(_Section):
     cross_batch_memory: MemoryConfig | None = None
     # for training labels with errors: the small-loss heuristic or PRISM around the loss.
     label_noise: LabelNoiseConfig | None = None
+    # nested (Matryoshka) embeddings: tfdml.losses.NestedLoss applies the loss to these prefixes of the embedding,
+    # strictly increasing, e.g. [8, 16, 32, 64] (null: the full embedding only)
+    nested_dims: list[int] | None = _field(None, minimum=1, maximum=65_536)
+    nested_weights: list[float] | None = _field(None, above=0.0, maximum=1e4)  # one per nested dim (null: 1 each)
 
     def check(self, key):
         if self.dynamic_temperature is not None and self.name != "ranked_list":
             raise ConfigError(f"{key}.dynamic_temperature: applies to loss.name=ranked_list only, not {self.name}")
+        nested.check_section(self, key, UNPAIRED_LOSSES)
         if self.label_noise is not None and self.cross_batch_memory is not None:
             raise ConfigError(
                 f"{key}.label_noise: one wrapper around the loss at a time; this job also sets {key}.cross_batch_memory"
@@ -506,6 +512,8 @@ class Config(_Section):
             )
         if self.loss.cross_batch_memory is not None:
             self._check_memory(self.loss.cross_batch_memory)
+        if self.loss.nested_dims is not None:
+            nested.check_job(self)
         if self.loss.label_noise is not None and self.loss.label_noise.method == "prism":
             self._check_prism(self.loss.label_noise)
 

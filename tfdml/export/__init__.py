@@ -1,8 +1,9 @@
 """Export an embedder as a plain TF Serving SavedModel, with its ScaNN gallery index inside the version.
 
 Modules: `savedmodel` (the SavedModel, its signatures, the model protocol and the metadata), `gallery`
-(reading a gallery, building and loading its index), `layout` (names and paths inside a version), `client`
-(using an export from outside). Everything public is re-exported here: `tfdml.export.export_saved_model`, ...
+(reading a gallery, building and loading its index), `prefix` (nested embeddings: an index on a short prefix,
+re-ranked with the full vector), `layout` (names and paths inside a version), `client` (using an export from
+outside). Everything public is re-exported here: `tfdml.export.export_saved_model`, ...
 
 Stock TF Serving cannot load ScaNN's custom ops, so the index is a separate artifact; it lives inside the
 version it was built with, in the `assets.extra/` folder that TF Serving ignores (it looks there for warm-up
@@ -32,6 +33,7 @@ from tfdml.export.layout import (
     load_metadata,
     resolve_export_dir,
 )
+from tfdml.export.prefix import PrefixIndex
 from tfdml.export.savedmodel import export_saved_model, input_channels, model_image_size, resolve_preprocessing
 from tfdml.export.search import DEFAULT_TOP_K, GALLERY_DTYPES
 
@@ -50,6 +52,7 @@ __all__ = [
     "SERVING_SIGNATURE",
     "ExportedEmbedder",
     "IndexMismatchError",
+    "PrefixIndex",
     "export_index",
     "export_saved_model",
     "input_channels",

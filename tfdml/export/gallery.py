@@ -15,6 +15,7 @@ from tfdml.export.layout import (
     _fingerprint,
     resolve_export_dir,
 )
+from tfdml.export.prefix import PrefixIndex, load_prefix_or_full_index
 from tfdml.retrieval import ScannIndex
 
 
@@ -132,8 +133,9 @@ def _present_classes(labels, class_names):
 
 
 def save_index(version_dir, embedded, model_name, model_version, mode, settings, distance="dot_product"):
-    """Builds the `ScannIndex` of an `EmbeddedGallery` and saves it inside the (written) version directory,
-    recording the model name, version and SavedModel fingerprint it belongs to."""
+    """Builds the `ScannIndex` of an `EmbeddedGallery` (a `PrefixIndex` with `settings["search_dims"]`) and saves
+    it inside the (written) version directory, recording the model name, version and SavedModel fingerprint it
+    belongs to."""
 
     metadata = {
         "model_name": model_name,
@@ -141,16 +143,20 @@ def save_index(version_dir, embedded, model_name, model_version, mode, settings,
         "model_fingerprint": _fingerprint(version_dir),
         "gallery": embedded.source,
     }
-    index = ScannIndex(
-        embedded.embeddings,
+    settings = dict(settings)
+    search_dims = settings.pop("search_dims", None)
+    common = dict(
         ids=embedded.ids,
         labels=embedded.labels,
-        distance=distance,
         mode=mode,
         class_names=embedded.class_names,
         metadata={k: v for k, v in metadata.items() if v is not None},
         **settings,
     )
+    if search_dims:  # the prefix of nested embeddings, re-ranked with the full vectors (dot products only)
+        index = PrefixIndex(embedded.embeddings, search_dims, **common)
+    else:
+        index = ScannIndex(embedded.embeddings, distance=distance, **common)
     arrays = {GALLERY_IMAGES_FILE: embedded.images} if embedded.images is not None else None
     index.save(os.path.join(version_dir, INDEX_DIR), arrays=arrays)
     return index
@@ -176,6 +182,8 @@ def _index_summary(index):
         "classes": 0 if index.labels is None else int(len(np.unique(index.labels))),
         "settings": index.settings or None,
         "recall": index.recall,
+        "search_dims": getattr(index, "search_dims", None),
+        "prefix_index_recall": index.index.recall if isinstance(index, PrefixIndex) else None,
     }
     return {key: value for key, value in summary.items() if value is not None}
 
@@ -206,7 +214,9 @@ def export_index(
       ids, labels, class_names: override what the gallery provides (`class_names[label]` names a class).
         The index names only the classes that have gallery items (a subset of a source's classes, class
         folders left out): their labels are renumbered `0..` in the order of their names.
-      mode, index_settings: passed to `ScannIndex` (dot products: the embeddings are L2-normalised).
+      mode, index_settings: passed to `ScannIndex` (dot products: the embeddings are L2-normalised);
+        `search_dims=d` builds a `tfdml.export.PrefixIndex` on the `d`-d prefix of nested embeddings instead,
+        its shortlist re-ranked with the full vectors.
 
     Returns the `ScannIndex` (already saved).
     """
@@ -241,7 +251,7 @@ def load_index(model_path, version=None, index_dir=None):
             f"build one with 'tfdml export --model MODEL.keras --name {embedder.name} --version "
             f"{embedder.version} --gallery-dir DIR' or tfdml.export.export_index(...)."
         )
-    index = ScannIndex.load(directory)
+    index = load_prefix_or_full_index(directory)
     built = index.metadata
     fingerprint = _fingerprint(embedder.path)
     problems = []

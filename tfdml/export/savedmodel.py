@@ -46,6 +46,7 @@ from tfdml.export.layout import (
     SERVING_SIGNATURE,
     _write_json,
 )
+from tfdml.export.prefix import signature_prefix_record
 from tfdml.export.search import (
     DEFAULT_BLOCK_ROWS,
     DEFAULT_TOP_K,
@@ -57,6 +58,7 @@ from tfdml.export.search import (
 from tfdml.models.preprocessing import resolve_preprocessing
 from tfdml.retrieval.calibration import MODES as CALIBRATION_MODES
 from tfdml.retrieval.calibration import calibrate
+from tfdml.retrieval_options import TARGET_RECALL as DEFAULT_TARGET_RECALL
 
 
 def _model_preprocessing_config(model):
@@ -213,6 +215,7 @@ def export_saved_model(
     calibration=None,
     search_block_rows=DEFAULT_BLOCK_ROWS,
     match_mode="auto",
+    search_dims=None,
 ):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
 
@@ -247,57 +250,93 @@ def export_saved_model(
         holds for queries whose class is absent from the gallery too, whenever the gallery has enough
         classes); without gallery labels, or where the calibration cannot be measured (e.g. one class),
         there is no threshold and nothing is a match. The calibration goes to the metadata.
+      search_dims: for nested embeddings (`tfdml.losses.NestedLoss`), index the normalised `search_dims` prefix
+        and re-rank its shortlist with the full vector (`tfdml.export.PrefixIndex`), and so does the `search`
+        signature; each shortlist is sized to meet the index's target recall against exact full-vector search,
+        measured and recorded in the metadata (`index.recall`, `search.prefix`).
 
     Example:
       >>> path = export_saved_model(embedder, "exported_models", name="cub", metrics=results,
       ...                           gallery=tfdml.data.image_folder("cub/test"))
       >>> # tensorflow_model_server --rest_api_port=8501 --model_name=cub --model_base_path=$PWD/exported_models/cub
     """
-    name = name or model.name
-    if not name or os.sep in name or name in (".", ".."):
-        raise ValueError(f"name must be a plain directory name, got {name!r}.")
-    config = _model_preprocessing_config(model)
-    height, width = _resolve_image_size(model, image_size, config)
-    preprocess_fn, preprocess_name, in_model = _graph_preprocessing(model, config, preprocess)
-    channels = _resolve_channels(model, config)
+    name = _checked_name(name or model.name)
+    serving = _Serving(model, image_size, preprocess, center_crop, resize)
+    options = _SearchOptions(top_k, gallery_dtype, match_precision, search_block_rows, match_mode, search_dims)
     if search and gallery is not None:
-        _check_search_settings(top_k, gallery_dtype, match_precision, search_block_rows, match_mode)
-    version_chosen = version is None
-    model_dir, version, target = _version_path(base_dir, name, version, overwrite)
-
+        options.check()
+    model_dir, chosen_version, target = _version_path(base_dir, name, version, overwrite)
     archive, serve, embed_images, outputs = _embedding_archive(
-        model,
-        (height, width),
-        channels,
-        lambda pixels: eval_image(pixels, (height, width), center_crop, resize, preprocess_fn),
+        model, serving.size, serving.channels, serving.evaluation_image
     )
     embedded = searcher = None
     if gallery is not None:
         # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
         embed = lambda images, batch_size: embed_uint8(serve, images, batch_size)  # noqa: E731
-        embedded = embed_gallery(embed, channels, gallery, gallery_ids, gallery_labels, class_names, batch_size)
+        embedded = embed_gallery(embed, serving.channels, gallery, gallery_ids, gallery_labels, class_names, batch_size)
+    index_settings = _with_search_dims(index_settings, search_dims)
     if search and embedded is not None:
-        if calibration is None and embedded.labels is not None and len(embedded.labels) > 1:
-            calibration = calibrate(
-                embedded.embeddings, embedded.labels, target_precision=match_precision, mode=match_mode
-            )
-        searcher = _add_search_signature(
-            archive, embed_images, embedded, calibration, top_k, gallery_dtype, search_block_rows
-        )
-    inputs = _input_metadata(
-        channels,
-        (height, width),
-        eval_settings((height, width), center_crop, resize),
-        preprocess_name,
-        in_model,
-        outputs,
-    )
+        calibration = calibration or _default_calibration(embedded, match_precision, match_mode)
+        searcher = _add_search_signature(archive, embed_images, embedded, calibration, options, index_settings)
     metadata = _metadata(
-        model, name, version, outputs, inputs, searcher, calibration, embedded, training_config, metrics
-    )
+        model, name, chosen_version, outputs, serving.metadata(outputs), searcher, calibration, embedded,
+        training_config, metrics,
+    )  # fmt: skip
     return _write_version(
-        archive, metadata, model_dir, target, embedded, index_mode, index_settings, chosen=version_chosen
+        archive, metadata, model_dir, target, embedded, index_mode, index_settings, chosen=version is None
     )
+
+
+def _checked_name(name):
+    if not name or os.sep in name or name in (".", ".."):
+        raise ValueError(f"name must be a plain directory name, got {name!r}.")
+    return name
+
+
+class _Serving:
+    """What the serving graph takes and does before the model: input size, channels, pixel preprocessing and
+    the evaluation geometry (resize, centre crop)."""
+
+    def __init__(self, model, image_size, preprocess, center_crop, resize):
+        config = _model_preprocessing_config(model)
+        self.size = _resolve_image_size(model, image_size, config)
+        self.preprocess_fn, self.preprocess_name, self.in_model = _graph_preprocessing(model, config, preprocess)
+        self.channels = _resolve_channels(model, config)
+        self.center_crop, self.resize = center_crop, resize
+
+    def evaluation_image(self, pixels):
+        return eval_image(pixels, self.size, self.center_crop, self.resize, self.preprocess_fn)
+
+    def metadata(self, outputs):
+        geometry = eval_settings(self.size, self.center_crop, self.resize)
+        return _input_metadata(self.channels, self.size, geometry, self.preprocess_name, self.in_model, outputs)
+
+
+@dataclasses.dataclass
+class _SearchOptions:
+    """The `search` signature's settings (see `export_saved_model`)."""
+
+    top_k: int
+    gallery_dtype: str
+    match_precision: float
+    block_rows: int
+    match_mode: str
+    search_dims: int = None
+
+    def check(self):
+        _check_search_settings(self.top_k, self.gallery_dtype, self.match_precision, self.block_rows, self.match_mode)
+
+
+def _with_search_dims(index_settings, search_dims):
+    """The index settings, with `search_dims` where a prefix index is asked for."""
+    return {**(index_settings or {}), "search_dims": search_dims} if search_dims else index_settings
+
+
+def _default_calibration(embedded, match_precision, match_mode):
+    """`calibrate` on the labelled gallery itself, or None without labels."""
+    if embedded.labels is None or len(embedded.labels) < 2:
+        return None
+    return calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision, mode=match_mode)
 
 
 def _image_spec():
@@ -387,20 +426,28 @@ def _version_path(base_dir, name, version, overwrite):
     return model_dir, version, target
 
 
-def _add_search_signature(archive, embed_images, embedded, calibration, top_k, gallery_dtype, block_rows):
-    """Adds the `search` endpoint over the embedded gallery to `archive`; returns its `GallerySearch`."""
+def _add_search_signature(archive, embed_images, embedded, calibration, options, index_settings):
+    """Adds the `search` endpoint over the embedded gallery to `archive`; returns its `GallerySearch` (with a
+    prefix search, its measured recall in `searcher.prefix_record`)."""
     ids, labels = item_strings(
         embedded.ids, embedded.labels, embedded.class_names, len(embedded.embeddings), embedded.source
     )
+    record = None
+    if options.search_dims:
+        target = (index_settings or {}).get("target_recall", DEFAULT_TARGET_RECALL)
+        record = signature_prefix_record(embedded.embeddings, options.search_dims, options.top_k, target)
     searcher = GallerySearch(
         embedded.embeddings,
         ids,
         labels,
-        top_k,
-        gallery_dtype,
+        options.top_k,
+        options.gallery_dtype,
         calibration.threshold if calibration is not None else math.inf,
-        block_rows,
+        options.block_rows,
+        search_dims=options.search_dims,
+        shortlist=None if record is None else record["shortlist"],
     )
+    searcher.prefix_record = record
 
     def search_images(images):
         embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
@@ -515,6 +562,7 @@ def _search_info(searcher, calibration, embedded):
         "gallery_dtype": searcher.gallery_dtype,
         "gallery_bytes": searcher.memory_bytes(),
         "block_rows": searcher.block_rows,
+        "prefix": searcher.prefix_record,
         "score": "cosine similarity, descending",
         "match_threshold": calibration.threshold if calibration is not None and calibration.reached else None,
         "match_precision": None if calibration is None else calibration.target_precision,

@@ -14,6 +14,10 @@ Gallery storage (`gallery_dtype`):
   `s = max|g| / 127`, so a score is off by at most `s / 2 * ||q||_1 <= s / 2 * sqrt(D)`.
 
 Blocks are cast to float32 before the matmul (the query is never rounded).
+
+With `search_dims` (nested embeddings, `tfdml.losses.NestedLoss`) the gallery's L2-normalised `search_dims`
+prefixes are searched first, exactly, for a `shortlist` of candidates, which are then scored with the stored full
+vectors: what `tfdml.export.PrefixIndex` does with ScaNN, in core TensorFlow ops.
 """
 
 import math
@@ -21,6 +25,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from tfdml.export.prefix import check_search_dims, normalised_prefix
 from tfdml.retrieval import expansion
 
 GALLERY_DTYPES = ("float32", "bfloat16", "int8")
@@ -112,6 +117,8 @@ class GallerySearch(tf.Module):
       query_expansion, database_augmentation, expansion_alpha: alpha-QE of each query (one more search) and
         DBA of the gallery (once, here) with that many neighbours, as `tfdml.retrieval.expansion` (0: off).
         Scores are then those of the expanded query; the match threshold is the one given.
+      search_dims, shortlist: search the normalised `search_dims` prefixes for `shortlist` candidates, then score
+        those with the full vectors (None: every full vector is scored).
 
     Calling it on `[N, D]` query embeddings returns `{"scores", "labels", "ids", "match"}`, each `[N, k]`.
     """
@@ -128,12 +135,12 @@ class GallerySearch(tf.Module):
         query_expansion=0,
         database_augmentation=0,
         expansion_alpha=3.0,
+        search_dims=None,
+        shortlist=None,
     ):
         super().__init__(name="gallery_search")
         embeddings = np.asarray(embeddings, np.float32)
         self.query_expansion, self.expansion_alpha = expansion.check_expansion(query_expansion, expansion_alpha)
-        if database_augmentation and len(embeddings) > 1:
-            embeddings = expansion.database_augmentation(embeddings, database_augmentation, expansion_alpha)
         if embeddings.ndim != 2 or not len(embeddings):
             raise ValueError(f"the gallery must be a non-empty [items, dim] array, got shape {embeddings.shape}.")
         if len(ids) != len(embeddings) or len(labels) != len(embeddings):
@@ -142,6 +149,8 @@ class GallerySearch(tf.Module):
             raise ValueError(f"top_k must be at least 1, got {k}.")
         if int(block_rows) < 1:
             raise ValueError(f"block_rows must be at least 1, got {block_rows}.")
+        if database_augmentation and len(embeddings) > 1:
+            embeddings = expansion.database_augmentation(embeddings, database_augmentation, expansion_alpha)
         self.k = int(min(k, len(embeddings)))  # a gallery smaller than k returns all of it
         self.block_rows, self.gallery_dtype = int(block_rows), gallery_dtype
         values, scales = quantize(embeddings, gallery_dtype)
@@ -150,6 +159,13 @@ class GallerySearch(tf.Module):
         self.ids = tf.Variable(_utf8(ids), trainable=False, name="gallery_ids")
         self.labels = tf.Variable(_utf8(labels), trainable=False, name="gallery_labels")
         self.threshold = tf.Variable(float(threshold), dtype=tf.float32, trainable=False, name="match_threshold")
+        self.search_dims = self.prefixes = None
+        if search_dims:
+            self.search_dims = check_search_dims(search_dims, embeddings.shape[1])
+            # The shortlist also serves the query expansion's neighbours.
+            self.shortlist = int(min(len(embeddings), max(self.k, self.query_expansion, shortlist or self.k)))
+            prefixes = normalised_prefix(embeddings, self.search_dims)
+            self.prefixes = tf.Variable(prefixes, trainable=False, name="gallery_prefixes")
 
     @property
     def size(self):
@@ -158,7 +174,7 @@ class GallerySearch(tf.Module):
     def __call__(self, embedding):
         if self.query_expansion:
             embedding = self._expanded(embedding)
-        scores, positions = blocked_top_k(embedding, self.gallery, self.k, self.block_rows, self.scales)
+        scores, positions = self._top_k(embedding, self.k)
         return {
             "scores": scores,
             "labels": tf.gather(self.labels, positions),
@@ -166,20 +182,41 @@ class GallerySearch(tf.Module):
             "match": scores >= self.threshold,
         }
 
+    def _top_k(self, embedding, k):
+        """`(scores, positions)` `[N, k]` of the `k` best gallery rows, through the prefixes when there are."""
+        if self.search_dims:
+            return self._prefix_then_full(embedding, k)
+        return blocked_top_k(embedding, self.gallery, k, self.block_rows, self.scales)
+
     def _expanded(self, embedding):
         """alpha-QE: the query plus its top gallery rows weighted by `max(score, 0) ** alpha`, normalised."""
         n = min(self.query_expansion, self.size)
-        scores, positions = blocked_top_k(embedding, self.gallery, n, self.block_rows, self.scales)
+        scores, positions = self._top_k(embedding, n)
         rows = tf.cast(tf.gather(self.gallery, positions), tf.float32)
         if self.scales is not None:
             rows *= tf.gather(self.scales, positions)[..., None]
         weights = tf.pow(tf.maximum(scores, 0.0), self.expansion_alpha)
         return tf.math.l2_normalize(embedding + tf.einsum("nk,nkd->nd", weights, rows), axis=1)
 
+    def _prefix_then_full(self, embedding, k):
+        """`(scores, positions)` `[N, k]`: the `shortlist` best on the normalised prefixes, scored in full."""
+        embedding = tf.convert_to_tensor(embedding, tf.float32)
+        queries = tf.math.l2_normalize(embedding[:, : self.search_dims], axis=1)
+        _, candidates = blocked_top_k(queries, self.prefixes, self.shortlist, self.block_rows)
+        rows = tf.cast(tf.gather(self.gallery, candidates), tf.float32)  # [N, shortlist, D]
+        scores = tf.einsum("nsd,nd->ns", rows, embedding)
+        if self.scales is not None:
+            scores *= tf.gather(self.scales, candidates)
+        scores, chosen = tf.math.top_k(scores, k)
+        return scores, tf.gather(candidates, chosen, batch_dims=1)
+
     def memory_bytes(self):
-        """Bytes of the stored gallery embeddings (and scales)."""
+        """Bytes of the stored gallery embeddings (and scales, and prefixes)."""
+        prefixes = 0 if self.prefixes is None else 4 * self.prefixes.shape.num_elements()
         return int(
-            self.gallery.shape.num_elements() * self.gallery.dtype.size + (0 if self.scales is None else 4 * self.size)
+            self.gallery.shape.num_elements() * self.gallery.dtype.size
+            + (0 if self.scales is None else 4 * self.size)
+            + prefixes
         )
 
 

@@ -14,6 +14,7 @@ from tfdml.losses.contrastive import ContrastiveLoss, contrastive_loss
 from tfdml.losses.cross_batch_memory import CrossBatchMemory
 from tfdml.losses.group import GroupLoss, group_loss
 from tfdml.losses.margin import MarginLoss, margin_loss, margin_loss_for_triplets
+from tfdml.losses.nested import NestedLoss
 from tfdml.losses.noise import PRISM, SmallLossWeighting
 from tfdml.losses.pair_based import (
     CircleLoss,
