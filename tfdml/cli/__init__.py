@@ -50,6 +50,48 @@ def positive_int(text):
     return value
 
 
+def non_negative_int(text):
+    """argparse type: an integer >= 0 (a usage error, exit 2, otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or more, got {value}")
+    return value
+
+
+def add_expansion_options(parser):
+    """The re-ranking options (alpha-QE, DBA) of `tfdml evaluate` and `tfdml export`."""
+    rerank = parser.add_argument_group(
+        "re-ranking (both off by default; see the retrieval evaluation guide for when they help)"
+    )
+    rerank.add_argument(
+        "--query-expansion",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="alpha-QE: average each query with its top N neighbours, weighted by their cosine to the power "
+        "--expansion-alpha (the query itself with weight 1), and search again; costs one more search per query.",
+    )
+    rerank.add_argument(
+        "--database-augmentation",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="DBA: average each gallery item with its own top N gallery neighbours the same way, once, before "
+        "the queries search the gallery (one search of the gallery against itself, offline).",
+    )
+    rerank.add_argument(
+        "--expansion-alpha",
+        type=float,
+        default=3.0,
+        metavar="ALPHA",
+        help="the exponent of the neighbours' weights in --query-expansion and --database-augmentation "
+        "(default 3; 0 weighs the neighbours equally).",
+    )
+
+
 def usage_error(command, message):
     """One `tfdml COMMAND: error: ...` line on stderr; returns the usage-error status 2."""
     print(f"tfdml {command}: error: {message}", file=sys.stderr)

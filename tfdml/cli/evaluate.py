@@ -8,7 +8,6 @@ tfdml evaluate --model exported_models/glyphs_rll --projector reports/glyphs_rll
 tfdml evaluate --model exported_models/glyphs_rll --worst-queries worst/   # worst/worst_queries.html
 """
 
-import argparse
 import json
 import logging
 import os
@@ -17,23 +16,12 @@ import zipfile
 
 import numpy as np
 
-from tfdml.cli import positive_int, usage_error
+from tfdml.cli import add_expansion_options, positive_int, usage_error
 from tfdml.config import output_dir_problem, output_file_problem
 
 logger = logging.getLogger("tfdml.evaluate")
 
 HELP = "Compute Recall@K, MAP@R, R-precision, NMI and F1 of embeddings or of an exported model."
-
-
-def non_negative_int(text):
-    """argparse type: an integer >= 0 (a usage error, exit 2, otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 (off) or more, got {value}")
-    return value
 
 
 def register(subparsers):
@@ -110,38 +98,8 @@ def _add_metric_and_output_options(parser):
         help="ranking distance (equivalent for L2-normalised embeddings; default squared_l2, as the job).",
     )
     options.add_argument("--seed", type=int, default=0, help="k-means seed for NMI and F1 (default 0).")
-    _add_expansion_options(parser)
+    add_expansion_options(parser)
     _add_output_options(parser)
-
-
-def _add_expansion_options(parser):
-    rerank = parser.add_argument_group(
-        "re-ranking (both off by default; see the retrieval evaluation guide for when they help)"
-    )
-    rerank.add_argument(
-        "--query-expansion",
-        type=non_negative_int,
-        default=0,
-        metavar="N",
-        help="alpha-QE: average each query with its top N neighbours, weighted by their cosine to the power "
-        "--expansion-alpha (the query itself with weight 1), and search again; costs one more search per query.",
-    )
-    rerank.add_argument(
-        "--database-augmentation",
-        type=non_negative_int,
-        default=0,
-        metavar="N",
-        help="DBA: average each gallery item with its own top N gallery neighbours the same way, once, before "
-        "the queries search the gallery (one search of the gallery against itself, offline).",
-    )
-    rerank.add_argument(
-        "--expansion-alpha",
-        type=float,
-        default=3.0,
-        metavar="ALPHA",
-        help="the exponent of the neighbours' weights in --query-expansion and --database-augmentation "
-        "(default 3; 0 weighs the neighbours equally).",
-    )
 
 
 def _add_output_options(parser):

@@ -10,7 +10,7 @@ import os
 import sys
 import zipfile
 
-from tfdml.cli import positive_int, usage_error
+from tfdml.cli import add_expansion_options, positive_int, usage_error
 from tfdml.config import MATCH_MODES, ConfigError, ExportConfig, output_dir_problem
 from tfdml.locks import FolderLock
 from tfdml.retrieval_options import TARGET_RECALL
@@ -75,6 +75,7 @@ def register(subparsers):
         "pixels (their first layer), so the graph adds none.",
     )
     _add_gallery_options(parser)
+    add_expansion_options(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -202,6 +203,8 @@ def argument_problem(args):
         return f"--model: no model file at {args.model}"
     if args.gallery_dir and args.no_index:
         return "give at most one of --gallery-dir and --no-index."
+    if (args.query_expansion or args.database_augmentation) and args.no_search:
+        return "--query-expansion and --database-augmentation re-rank in the search signature; --no-search writes none."
     if args.search_dims and args.no_index:
         return "--search-dims sets how the gallery index searches; --no-index writes none."
     if args.gallery_dir and not os.path.isdir(args.gallery_dir):
@@ -329,6 +332,9 @@ def _run(args, name, training_config, metrics):
             gallery=gallery,
             search=not args.no_search,
             search_dims=args.search_dims,
+            query_expansion=args.query_expansion,
+            database_augmentation=args.database_augmentation,
+            expansion_alpha=args.expansion_alpha,
             **_search_settings(args, training_config),
         )
     except (ValueError, TypeError, OSError) as error:

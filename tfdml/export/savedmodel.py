@@ -56,6 +56,7 @@ from tfdml.export.search import (
     search_signature_info,
 )
 from tfdml.models.preprocessing import resolve_preprocessing
+from tfdml.retrieval import expansion
 from tfdml.retrieval.calibration import MODES as CALIBRATION_MODES
 from tfdml.retrieval.calibration import calibrate
 from tfdml.retrieval_options import TARGET_RECALL as DEFAULT_TARGET_RECALL
@@ -216,6 +217,9 @@ def export_saved_model(
     search_block_rows=DEFAULT_BLOCK_ROWS,
     match_mode="auto",
     search_dims=None,
+    query_expansion=0,
+    database_augmentation=0,
+    expansion_alpha=3.0,
 ):
     """Writes `model` as a TF Serving SavedModel at `<base_dir>/<name>/<version>/` and returns that path.
 
@@ -254,6 +258,9 @@ def export_saved_model(
         and re-rank its shortlist with the full vector (`tfdml.export.PrefixIndex`), and so does the `search`
         signature; each shortlist is sized to meet the index's target recall against exact full-vector search,
         measured and recorded in the metadata (`index.recall`, `search.prefix`).
+      query_expansion, database_augmentation, expansion_alpha: alpha-QE of each query in the `search` signature
+        (one more search) and DBA of its gallery (once, at export), as `tfdml.retrieval.expansion` (0: off);
+        the ScaNN index is left as embedded. The match threshold is calibrated on the gallery as embedded.
 
     Example:
       >>> path = export_saved_model(embedder, "exported_models", name="cub", metrics=results,
@@ -262,7 +269,11 @@ def export_saved_model(
     """
     name = _checked_name(name or model.name)
     serving = _Serving(model, image_size, preprocess, center_crop, resize)
-    options = _SearchOptions(top_k, gallery_dtype, match_precision, search_block_rows, match_mode, search_dims)
+    options = _SearchOptions(
+        top_k, gallery_dtype, match_precision, search_block_rows, match_mode, search_dims,
+        expansion.check_expansion(query_expansion, expansion_alpha),
+        expansion.check_expansion(database_augmentation, expansion_alpha, "database_augmentation")[0],
+    )  # fmt: skip
     if search and gallery is not None:
         options.check()
     model_dir, chosen_version, target = _version_path(base_dir, name, version, overwrite)
@@ -322,6 +333,8 @@ class _SearchOptions:
     block_rows: int
     match_mode: str
     search_dims: int = None
+    query_expansion: tuple = (0, 3.0)  # (neighbours, alpha), checked
+    database_augmentation: int = 0
 
     def check(self):
         _check_search_settings(self.top_k, self.gallery_dtype, self.match_precision, self.block_rows, self.match_mode)
@@ -446,6 +459,9 @@ def _add_search_signature(archive, embed_images, embedded, calibration, options,
         options.block_rows,
         search_dims=options.search_dims,
         shortlist=None if record is None else record["shortlist"],
+        query_expansion=options.query_expansion[0],
+        database_augmentation=options.database_augmentation,
+        expansion_alpha=options.query_expansion[1],
     )
     searcher.prefix_record = record
 
@@ -563,6 +579,9 @@ def _search_info(searcher, calibration, embedded):
         "gallery_bytes": searcher.memory_bytes(),
         "block_rows": searcher.block_rows,
         "prefix": searcher.prefix_record,
+        "query_expansion": searcher.query_expansion,
+        "database_augmentation": searcher.database_augmentation,
+        "expansion_alpha": searcher.expansion_alpha,
         "score": "cosine similarity, descending",
         "match_threshold": calibration.threshold if calibration is not None and calibration.reached else None,
         "match_precision": None if calibration is None else calibration.target_precision,

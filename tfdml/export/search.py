@@ -141,6 +141,9 @@ class GallerySearch(tf.Module):
         super().__init__(name="gallery_search")
         embeddings = np.asarray(embeddings, np.float32)
         self.query_expansion, self.expansion_alpha = expansion.check_expansion(query_expansion, expansion_alpha)
+        self.database_augmentation = expansion.check_expansion(
+            database_augmentation, expansion_alpha, "database_augmentation"
+        )[0]
         if embeddings.ndim != 2 or not len(embeddings):
             raise ValueError(f"the gallery must be a non-empty [items, dim] array, got shape {embeddings.shape}.")
         if len(ids) != len(embeddings) or len(labels) != len(embeddings):
