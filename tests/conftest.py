@@ -40,16 +40,20 @@ settings.load_profile("tfdml")
 # short files fill in behind them, so that no worker is left running a long file alone at the end (xdist's
 # `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last).
 SLOW_FILES = (
-    "test_backends.py",
-    "test_cli_train.py",
-    "test_cli_stops.py",
     "test_configs.py",
-    "test_gpu_benchmark.py",
-    "test_data_glyphs.py",
-    "test_docs_examples.py",
     "test_ala.py",
-    "test_callbacks.py",
+    "test_cli_stops.py",
+    "test_cli_train.py",
+    "test_ala_noise.py",
+    "test_cross_batch_memory.py",
+    "test_data_glyphs.py",
     "test_distribute_training.py",
+    "test_docs_examples.py",
+    "test_losses_triplet.py",
+    "test_cli_errors.py",
+    "test_backends.py",
+    "test_losses_pml.py",
+    "test_gpu_benchmark.py",
 )
 
 
