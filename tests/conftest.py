@@ -34,3 +34,37 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("tfdml", deadline=None, max_examples=25, derandomize=True)
 settings.load_profile("tfdml")
+
+
+# The test files that take longest, longest first. Under pytest-xdist they are handed out first and the many
+# short files fill in behind them, so that no worker is left running a long file alone at the end (xdist's
+# `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last).
+SLOW_FILES = (
+    "test_configs.py",
+    "test_ala.py",
+    "test_cli_stops.py",
+    "test_cli_train.py",
+    "test_ala_noise.py",
+    "test_cross_batch_memory.py",
+    "test_data_glyphs.py",
+    "test_distribute_training.py",
+    "test_docs_examples.py",
+    "test_losses_triplet.py",
+    "test_cli_errors.py",
+    "test_backends.py",
+    "test_losses_pml.py",
+    "test_gpu_benchmark.py",
+)
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: keep the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES)
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in order

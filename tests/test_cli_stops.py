@@ -2,7 +2,8 @@
 SIGTERM, Ctrl-C or SIGKILL at the points that used to lose work, or started twice on one folder; then started
 again to show what was kept.
 
-The training runs are the default job cut to 2 epochs of 10 steps on 6 images per glyph, without export.
+The training runs are the default job cut to 2 epochs of 10 steps on 6 images per glyph, without export, with a
+2 x 2 retrieval grid in the report.
 """
 
 import json
@@ -30,6 +31,10 @@ JOB = [
     "10",
     "--set",
     "data.images_per_class=6",
+    "--set",
+    "report.grid_queries=2",
+    "--set",
+    "report.grid_neighbours=2",
     "--no-export",
     "--report-dir",
     "r",
