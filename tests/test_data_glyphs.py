@@ -332,3 +332,9 @@ def test_evaluate_cli_on_glyphs_matches_the_model_on_the_rendered_test_half(tmp_
     )
     assert len(np.unique(labels)) == len(CLASSES) - len(CLASSES) // 2
     assert json.loads((tmp_path / "m.json").read_text()) == pytest.approx(expected, abs=1e-5)
+
+
+def test_each_split_is_named_by_the_characters_it_holds():
+    """The name travels into exported item ids (`<source>:<n>`): it counts the split's characters, not all."""
+    assert glyphs_lib.glyphs("train").name == "glyphs(train: 150 of 301 characters)"
+    assert glyphs_lib.glyphs("test").name == "glyphs(test: 151 of 301 characters)"

@@ -477,9 +477,10 @@ def glyphs(
     keep = class_split(classes, split)
     images, labels = load_images(classes, image_size, images_per_class, seed, max_rotation, scale, max_blur, cache)
     mask = np.isin(labels, keep)
+    images, labels = images[mask][..., None], labels[mask]
     source = array_source(
-        images[mask][..., None],
-        labels[mask],
+        images,
+        labels,
         num_classes=len(classes),
         name=f"glyphs({split}: {len(np.unique(labels))} of {len(classes)} characters)",
     )
