@@ -26,13 +26,15 @@ from them (mean and standard deviation over the seeds of each data set).
 
 import argparse
 import datetime
-import gzip
 import json
 import os
 import statistics
 import time
 
 import numpy as np
+
+from benchmarks.glyph_methods.benchmark_methods import index_batches
+from tfdml.data.idx import read_idx
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -51,17 +53,6 @@ CONFIG = {
     "fashion_mnist": {"image_size": 28, "classes_per_batch": 5, "samples_per_class": 12, "steps": 300},
 }
 COMMON = {"widths": [16, 32, 64, 128], "embedding_dim": 64, "learning_rate": 2e-3, "alpha": ALPHA}
-
-
-def read_idx(path):
-    """A NumPy array from a (gzipped) idx file: magic `0 0 dtype ndim`, big-endian int32 sizes, then data."""
-    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
-        data = f.read()
-    if data[:2] != b"\0\0" or data[2] != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte idx file (magic {data[:4]!r}).")
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
 def load(dataset):
@@ -85,17 +76,6 @@ def load(dataset):
         test_x.astype(np.float32) / 255.0,
         test_y.astype(np.int64),
     )
-
-
-def index_batches(labels, classes_per_batch, samples_per_class, steps, seed):
-    """`[steps, C * K]` item indices: C random classes per batch, K distinct items of each."""
-    rng = np.random.default_rng(seed)
-    by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
-    rows = np.empty((steps, classes_per_batch * samples_per_class), np.int64)
-    for step in range(steps):
-        classes = rng.choice(len(by_class), classes_per_batch, replace=False)
-        rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in classes])
-    return rows
 
 
 def train_and_embed(train_x, train_y, test_x, config, seed):

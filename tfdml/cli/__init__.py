@@ -39,12 +39,16 @@ class HelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+def _whole_number(text, expected):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
 def positive_int(text):
     """argparse type: an integer >= 1 (a usage error, exit 2, otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    value = _whole_number(text, "a positive integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
@@ -52,10 +56,7 @@ def positive_int(text):
 
 def non_negative_int(text):
     """argparse type: an integer >= 0 (a usage error, exit 2, otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    value = _whole_number(text, "a whole number >= 0")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 (off) or more, got {value}")
     return value
