@@ -271,8 +271,7 @@ def export_saved_model(
     serving = _Serving(model, image_size, preprocess, center_crop, resize)
     options = _SearchOptions(
         top_k, gallery_dtype, match_precision, search_block_rows, match_mode, search_dims,
-        expansion.check_expansion(query_expansion, expansion_alpha),
-        expansion.check_expansion(database_augmentation, expansion_alpha, "database_augmentation")[0],
+        query_expansion, database_augmentation, expansion_alpha,
     )  # fmt: skip
     if search and gallery is not None:
         options.check()
@@ -333,8 +332,18 @@ class _SearchOptions:
     block_rows: int
     match_mode: str
     search_dims: int = None
-    query_expansion: tuple = (0, 3.0)  # (neighbours, alpha), checked
+    query_expansion: int = 0
     database_augmentation: int = 0
+    expansion_alpha: float = 3.0
+
+    def __post_init__(self):
+        # Refused on any export (as the re-ranking arguments always were), before any work.
+        self.query_expansion, self.expansion_alpha = expansion.check_expansion(
+            self.query_expansion, self.expansion_alpha
+        )
+        self.database_augmentation, _ = expansion.check_expansion(
+            self.database_augmentation, self.expansion_alpha, "database_augmentation"
+        )
 
     def check(self):
         _check_search_settings(self.top_k, self.gallery_dtype, self.match_precision, self.block_rows, self.match_mode)
@@ -459,9 +468,9 @@ def _add_search_signature(archive, embed_images, embedded, calibration, options,
         options.block_rows,
         search_dims=options.search_dims,
         shortlist=None if record is None else record["shortlist"],
-        query_expansion=options.query_expansion[0],
+        query_expansion=options.query_expansion,
         database_augmentation=options.database_augmentation,
-        expansion_alpha=options.query_expansion[1],
+        expansion_alpha=options.expansion_alpha,
     )
     searcher.prefix_record = record
 

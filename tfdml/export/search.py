@@ -152,8 +152,8 @@ class GallerySearch(tf.Module):
             raise ValueError(f"top_k must be at least 1, got {k}.")
         if int(block_rows) < 1:
             raise ValueError(f"block_rows must be at least 1, got {block_rows}.")
-        if database_augmentation and len(embeddings) > 1:
-            embeddings = expansion.database_augmentation(embeddings, database_augmentation, expansion_alpha)
+        if self.database_augmentation and len(embeddings) > 1:
+            embeddings = expansion.database_augmentation(embeddings, self.database_augmentation, self.expansion_alpha)
         self.k = int(min(k, len(embeddings)))  # a gallery smaller than k returns all of it
         self.block_rows, self.gallery_dtype = int(block_rows), gallery_dtype
         values, scales = quantize(embeddings, gallery_dtype)
