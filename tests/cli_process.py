@@ -11,9 +11,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def env():
-    """This tree's tfdml on the path, no GPU, TensorFlow's log level left to the CLI."""
+    """This tree's tfdml on the path, no GPU, TensorFlow's log level left to the CLI, Python's fault handler on."""
     environment = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     environment.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI's own default
+    environment["PYTHONFAULTHANDLER"] = "1"  # a crash (segfault) prints the Python stack of every thread
     environment["PYTHONPATH"] = ROOT + os.pathsep + environment.get("PYTHONPATH", "")
     return environment
 

@@ -6,6 +6,8 @@ either way checkpoints and says how to resume; `received()` is the signal that s
 128 + its number). `holding()` holds the signals during a step that must not be cut in half (moving a
 report into place and clearing the checkpoints) and delivers a held one after it. `complete(what)` marks the
 command's result as complete: a stop after it is noted (`late_stop()`) and the command ends normally.
+`between_steps()` wraps training: a stop inside it waits for the next `stop_point()` (called between steps) so
+that it never lands inside TensorFlow's own code, which can crash the process instead of stopping it.
 """
 
 import contextlib
@@ -13,7 +15,7 @@ import signal
 import threading
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
-_state = {"signal": None, "complete": None, "late": None, "previous": {}}
+_state = {"signal": None, "complete": None, "late": None, "previous": {}, "deferring": False, "pending": None}
 
 
 def _main_thread():
@@ -25,12 +27,16 @@ def _handler(signum, frame):
     if _state["complete"] is not None:
         _state["late"] = signum  # the result is complete: nothing to stop
         return
+    if _state["deferring"] and _state["pending"] is None:
+        _state["pending"] = signum  # raised at the next stop_point(); a second stop raises at once
+        return
+    _state["pending"] = None
     raise KeyboardInterrupt
 
 
 def install():
     """Makes SIGINT and SIGTERM raise `KeyboardInterrupt` in the main thread (and forgets earlier stops)."""
-    _state.update(signal=None, complete=None, late=None)
+    _state.update(signal=None, complete=None, late=None, deferring=False, pending=None)
     if _main_thread():
         _state["previous"] = {signum: signal.signal(signum, _handler) for signum in _STOPS}
 
@@ -74,3 +80,28 @@ def holding():
             signal.signal(signum, handler)
         if held:
             signal.raise_signal(held[0])
+
+
+@contextlib.contextmanager
+def between_steps():
+    """Inside the block a stop is raised by `stop_point()` (a training loop calls it between steps) or at the end
+    of the block, not wherever the main thread happens to be: an exception raised from a signal handler in the
+    middle of TensorFlow's eager or tf.data machinery can crash the process (a segfault) instead of stopping it.
+    A second stop before that point raises at once."""
+    outer, pending = _state["deferring"], None
+    _state["deferring"] = True
+    try:
+        yield
+    finally:
+        _state["deferring"] = outer
+        if not outer:  # the outermost block: a held stop is raised here, or dropped under another exception
+            pending, _state["pending"] = _state["pending"], None
+    if pending is not None:
+        raise KeyboardInterrupt
+
+
+def stop_point():
+    """Raises `KeyboardInterrupt` if a stop arrived inside `between_steps()` and was held until now."""
+    if _state["pending"] is not None:
+        _state["pending"] = None
+        raise KeyboardInterrupt

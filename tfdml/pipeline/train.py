@@ -9,7 +9,7 @@ import keras
 import tensorflow as tf
 
 from tfdml import callbacks as callbacks_lib
-from tfdml import recipes
+from tfdml import interrupts, recipes
 from tfdml.config import ConfigError
 from tfdml.models import ALAModel
 from tfdml.models.backbones import PretrainedWeightsError
@@ -95,6 +95,23 @@ class Training:
     epochs_this_run: int  # how many epochs this process trained (the last ones)
 
 
+class _StopBetweenSteps(keras.callbacks.Callback):
+    """Raises a Ctrl-C or SIGTERM held by `interrupts.between_steps()` before the next step or evaluation batch:
+    the epoch's callbacks (its checkpoint, TensorBoard, the progress line) have all run by then."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        interrupts.stop_point()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        interrupts.stop_point()
+
+    def on_test_batch_begin(self, batch, logs=None):
+        interrupts.stop_point()
+
+    def on_predict_batch_begin(self, batch, logs=None):
+        interrupts.stop_point()
+
+
 def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
     """Fits `model`; returns a `Training` (history and training time over every epoch of the run, the
     epochs of the runs it resumed included, and this process's share)."""
@@ -105,19 +122,20 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
         # model, checkpoints on the chief and resumes by itself (no Keras callbacks in this mode).
 
         started, done = time.perf_counter(), callbacks_lib.completed_epochs(checkpoints)
-        history = fit_distributed(
-            model,
-            datasets.train,
-            epochs=training.epochs,
-            steps_per_epoch=steps,
-            checkpoint_dir=checkpoints,
-            strategy=strategy,
-            verbose=verbose,
-        )
+        with interrupts.between_steps():
+            history = fit_distributed(
+                model,
+                datasets.train,
+                epochs=training.epochs,
+                steps_per_epoch=steps,
+                checkpoint_dir=checkpoints,
+                strategy=strategy,
+                verbose=verbose,
+            )
         seconds = time.perf_counter() - started  # this process only: the loop keeps no earlier epoch times
         return Training(history, seconds, seconds, training.epochs - done)
 
-    callbacks = []
+    callbacks = [_StopBetweenSteps()]
     if training.eval_every:
         callbacks.append(
             callbacks_lib.RetrievalEvaluation(eval_ds, every_n_epochs=training.eval_every, ks=config.evaluation.ks)
@@ -133,9 +151,10 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
         keras.callbacks.TensorBoard(os.path.join(config.report.dir, "tensorboard")),
     ]
     train_ds = callbacks_lib.resume_stream(datasets.train, checkpoints, steps)
-    model.fit(
-        train_ds, epochs=training.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose, shuffle=False
-    )  # tfdml.data batches come shuffled
+    with interrupts.between_steps():
+        model.fit(
+            train_ds, epochs=training.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=verbose, shuffle=False
+        )  # tfdml.data batches come shuffled
     return Training(
         epoch_log.history(),
         epoch_log.seconds(),

@@ -30,6 +30,8 @@ import warnings
 import keras
 import tensorflow as tf
 
+from tfdml import interrupts
+
 __all__ = ["fit_distributed", "replica_slice"]
 
 _DATA_POSITIONS = ("auto", "iterator", "skip", None)
@@ -320,6 +322,7 @@ def _run_epoch(train_step, cursor, checkpoint, epoch, steps_per_epoch, progress)
     """Runs one epoch; returns `(steps run, last logs, whether the data ran out before steps_per_epoch)`."""
     step, logs = 0, {}
     while steps_per_epoch is None or step < steps_per_epoch:
+        interrupts.stop_point()  # a Ctrl-C held by interrupts.between_steps() stops here
         batch = cursor.next(checkpoint)
         if batch is None:
             # The epoch ends with the data; with steps_per_epoch it ends early, as in `fit`.
