@@ -108,9 +108,9 @@ class SearchOptions:
             raise ValueError(f"match_mode must be one of {', '.join(CALIBRATION_MODES)}, got {self.match_mode!r}.")
         query_expansion, alpha = expansion.check_expansion(self.query_expansion, self.expansion_alpha)
         augmentation, _ = expansion.check_expansion(self.database_augmentation, alpha, "database_augmentation")
-        for field, value in (("query_expansion", query_expansion), ("expansion_alpha", alpha)):
+        checked = {"query_expansion": query_expansion, "database_augmentation": augmentation, "expansion_alpha": alpha}
+        for field, value in checked.items():  # frozen: the checked values replace the given ones once, here
             object.__setattr__(self, field, value)
-        object.__setattr__(self, "database_augmentation", augmentation)
 
 
 def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):
@@ -124,14 +124,14 @@ def _check_search_settings(top_k, gallery_dtype, match_precision, block_rows):
         raise ValueError(f"search_block_rows must be at least 1, got {block_rows}.")
 
 
-OPTION_CLASSES = (ServingOptions, IndexOptions, SearchOptions)
+_CLASSES = (ServingOptions, IndexOptions, SearchOptions)
 
 
 def split_options(keywords):
     """`(ServingOptions, IndexOptions, SearchOptions)` of `export_saved_model`'s keyword settings (each is a
     field of one of them); an unknown keyword is a `TypeError`, as for any function."""
-    fields = {field.name: cls for cls in OPTION_CLASSES for field in dataclasses.fields(cls)}
+    fields = {field.name: cls for cls in _CLASSES for field in dataclasses.fields(cls)}
     unknown = sorted(set(keywords) - set(fields))
     if unknown:
         raise TypeError(f"export_saved_model() got unexpected keyword arguments: {', '.join(unknown)}.")
-    return tuple(cls(**{key: value for key, value in keywords.items() if fields[key] is cls}) for cls in OPTION_CLASSES)
+    return tuple(cls(**{key: value for key, value in keywords.items() if fields[key] is cls}) for cls in _CLASSES)

@@ -28,7 +28,7 @@ def checked_embeddings(x, name):
     return np.ascontiguousarray(x, np.float32)
 
 
-def checked_sets(embeddings, labels, query_embeddings=None, query_labels=None):
+def checked(embeddings, labels, query_embeddings=None, query_labels=None):
     """`(gallery, gallery labels, queries, query labels)`: the queries are the gallery itself (same-set mode)
     or the checked query set."""
     gallery = checked_embeddings(embeddings, "embeddings")

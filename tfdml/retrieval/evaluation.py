@@ -15,8 +15,8 @@ and what ScaNN's anisotropic hashing is designed for). See `tfdml.retrieval.metr
 import numpy as np
 
 from tfdml.ops.neighbours import drop_own_rows, exact_search, validate_distance
+from tfdml.retrieval import _inputs
 from tfdml.retrieval import metrics as M
-from tfdml.retrieval._inputs import checked_sets, unit_norm
 from tfdml.retrieval.expansion import expanded_sets
 from tfdml.retrieval.index import ScannIndex
 
@@ -24,7 +24,7 @@ METRICS = ("recall", "map@r", "r_precision", "nmi", "f1")
 
 
 def _approximate_search(queries, gallery, k, distance, same_set, index_kwargs):
-    if unit_norm(gallery) and unit_norm(queries):
+    if _inputs.unit_norm(gallery) and _inputs.unit_norm(queries):
         # Same ranking as squared L2 on the unit sphere, and ScaNN's anisotropic AH is built for it.
         distance = "dot_product"
     index = ScannIndex(
@@ -89,7 +89,7 @@ def evaluate(
     """
     validate_distance(distance)
     metrics, ks = _check_metrics(metrics, ks)
-    gallery, gallery_labels, queries, q_labels = checked_sets(embeddings, labels, query_embeddings, query_labels)
+    gallery, gallery_labels, queries, q_labels = _inputs.checked(embeddings, labels, query_embeddings, query_labels)
     same_set = query_embeddings is None
     searched = expanded_sets(queries, gallery, same_set, query_expansion, database_augmentation, expansion_alpha)
     results = {}

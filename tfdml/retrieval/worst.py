@@ -18,8 +18,8 @@ import dataclasses
 import numpy as np
 
 from tfdml.ops.neighbours import exact_search, ranking_scores, validate_distance
+from tfdml.retrieval import _inputs
 from tfdml.retrieval import metrics as M
-from tfdml.retrieval._inputs import checked_sets, unit_norm
 
 ORDERS = ("rank", "ap")
 
@@ -82,14 +82,14 @@ def worst_queries(
       >>> [(q.query, q.first_correct_rank) for q in worst.queries]
       [(0, 3), (2, 3)]
     """
-    gallery, gallery_labels, queries, q_labels = checked_sets(embeddings, labels, query_embeddings, query_labels)
+    gallery, gallery_labels, queries, q_labels = _inputs.checked(embeddings, labels, query_embeddings, query_labels)
     _check_request(distance, by, count, neighbours)
     same_set = query_embeddings is None
     rows, found, values, precision, correct, rank = _rankings(
         queries, gallery, q_labels, gallery_labels, same_set, neighbours, distance
     )
     order = np.lexsort((rows, precision, -rank) if by == "rank" else (rows, -rank, precision))
-    score_name, shown = _shown_scores(unit_norm(gallery) and unit_norm(queries), distance)
+    score_name, shown = _shown_scores(_inputs.unit_norm(gallery) and _inputs.unit_norm(queries), distance)
     worst = []
     for i in order[: int(count)]:
         q, j, top = int(rows[i]), int(correct[i]), found[i, :neighbours]
