@@ -111,13 +111,6 @@ def _with_search_dims(index_settings, search_dims):
     return {**(index_settings or {}), "search_dims": search_dims} if search_dims else index_settings
 
 
-def _default_calibration(embedded, match_precision, match_mode):
-    """`calibrate` on the labelled gallery itself, or None without labels."""
-    if embedded.labels is None or len(embedded.labels) < 2:
-        return None
-    return calibrate(embedded.embeddings, embedded.labels, target_precision=match_precision, mode=match_mode)
-
-
 def _default_calibration(embedded, options):
     """`calibrate` on the labelled gallery itself at the options' precision and mode, or None without labels."""
     if embedded.labels is None or len(embedded.labels) < 2:
@@ -176,10 +169,7 @@ def _write_version(archive, metadata, model_dir, target, embedded, index_mode, i
         archive.write_out(written, verbose=False)
         _write_json(os.path.join(written, METADATA_FILE), metadata)
         if embedded is not None:
-            index = save_index(
-                written, embedded, metadata["name"], metadata["version"], index_mode, index_settings or {}
-            )
-            metadata["index"] = _index_summary(index)
+            _save_index(written, embedded, metadata, index_mode, index_settings)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
         if chosen:
             target = _rename_to_free_version(written, target, metadata, embedded, index_mode, index_settings)
@@ -206,8 +196,12 @@ def _rename_to_free_version(written, target, metadata, embedded, index_mode, ind
         metadata["version"] = _next_version(model_dir)
         target = os.path.join(model_dir, str(metadata["version"]))
         if embedded is not None:
-            index = save_index(
-                written, embedded, metadata["name"], metadata["version"], index_mode, index_settings or {}
-            )
-            metadata["index"] = _index_summary(index)
+            _save_index(written, embedded, metadata, index_mode, index_settings)
         _write_json(os.path.join(written, METADATA_FILE), metadata)
+
+
+def _save_index(written, embedded, metadata, index_mode, index_settings):
+    """Saves the gallery's index in the `written` version, for the name and version of its `metadata`, and
+    records its summary there."""
+    index = save_index(written, embedded, metadata["name"], metadata["version"], index_mode, index_settings or {})
+    metadata["index"] = _index_summary(index)

@@ -23,7 +23,7 @@ Model protocol (any Keras model works; tfdml embedders implement the optional pa
 import keras
 import tensorflow as tf
 
-from tfdml.data.preprocessing import eval_image, eval_settings
+from tfdml.data.preprocessing import as_size, eval_image, eval_settings
 from tfdml.export.layout import (
     EMBEDDING_OUTPUT,
     IMAGE_INPUT,
@@ -53,17 +53,12 @@ def model_image_size(model):
 
 
 def _resolve_image_size(model, image_size, config):
-    size = image_size or config.get("image_size") or model_image_size(model)
+    size = as_size(image_size or config.get("image_size") or model_image_size(model))
     if size is None:
         raise ValueError(
             f"cannot tell the input size of model {model.name!r}: pass image_size=(height, "
             f"width) or give the model a preprocessing_config() with 'image_size'."
         )
-    if isinstance(size, int):
-        size = (size, size)
-    size = tuple(int(s) for s in size)
-    if len(size) != 2 or min(size) < 1:
-        raise ValueError(f"image_size must be (height, width) with positive entries, got {size}.")
     return size
 
 
