@@ -60,8 +60,8 @@ def load(dataset):
     if dataset == "glyphs":
         from tfdml.data.glyphs import glyph_arrays
 
-        train_x, train_y, _ = glyph_arrays("train", 32, 20)
-        test_x, test_y, _ = glyph_arrays("test", 32, 20)
+        train_x, train_y, _ = glyph_arrays("train", image_size=32, images_per_class=20)
+        test_x, test_y, _ = glyph_arrays("test", image_size=32, images_per_class=20)
     else:
         train_x = read_idx(f"{FASHION}/train-images-idx3-ubyte.gz")[..., None]
         train_y = read_idx(f"{FASHION}/train-labels-idx1-ubyte.gz").astype(np.int64)

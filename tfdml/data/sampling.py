@@ -44,6 +44,12 @@ def _base_seed(seed):
     return tf.constant([int(seed), 0x5EED], dtype=tf.int64)
 
 
+def _schedule_and_sample_seeds(seed):
+    """`(schedule seed, sample seed)` of a dataset's `seed` (None: a random one): the class schedule and the
+    images drawn for it come from independent streams."""
+    return tf.unstack(tf.random.experimental.stateless_split(_base_seed(seed), 2))
+
+
 def _fold(seed, value):
     return tf.random.experimental.stateless_fold_in(seed, tf.cast(value, tf.int64))
 
@@ -327,8 +333,7 @@ def class_balanced_dataset(
       >>> images, labels = next(iter(ds))   # images [32, 32, 32, 1], labels [32]: 4 digits x 8
     """
     classes = _batch_classes(source, classes_per_batch, samples_per_class, epochs, num_replicas, drop_small_classes)
-    seed = _base_seed(seed)
-    schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    schedule_seed, sample_seed = _schedule_and_sample_seeds(seed)
     sampler = _UniformOrderBatchSampler(
         source, classes, [samples_per_class] * classes_per_batch, sample_seed, image_size, augment, preprocess
     )
@@ -437,8 +442,7 @@ def _disjoint_episodes(source, sizes, loading, seed, epochs, drop_small, paralle
             f"{source.name} has {len(classes)} usable classes, fewer than train_classes + val_classes = "
             f"{train_classes} + {val_classes}: the two subsets need disjoint label sets."
         )
-    seed = _base_seed(seed)
-    schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    schedule_seed, sample_seed = _schedule_and_sample_seeds(seed)
     ks = [k_train] * train_classes + [k_val] * val_classes
     sampler = _BatchSampler(source, classes, ks, sample_seed, **loading)
     schedule = _slot_schedule(len(classes), group, schedule_seed, epochs)
@@ -453,8 +457,7 @@ def _independent_episodes(source, val_source, sizes, loading, seed, epochs, drop
     """Episodes whose training subsets come from `source` and validation subsets from `val_source`, each
     `(classes, k)` of `sizes` on its own class schedule, so the two may share labels (`episode_dataset`'s
     `disjoint_labels=False` and `val_source`)."""
-    seed = _base_seed(seed)
-    schedule_seed, sample_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+    schedule_seed, sample_seed = _schedule_and_sample_seeds(seed)
     subsets = []
     for index, (subset, (n, k)) in enumerate(zip((source, val_source), sizes)):
         classes = usable_classes(subset, k, drop_small)

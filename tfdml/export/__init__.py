@@ -1,9 +1,11 @@
 """Export an embedder as a plain TF Serving SavedModel, with its ScaNN gallery index inside the version.
 
-Modules: `savedmodel` (the SavedModel, its signatures, the model protocol and the metadata), `gallery`
-(reading a gallery, building and loading its index), `prefix` (nested embeddings: an index on a short prefix,
-re-ranked with the full vector), `layout` (names and paths inside a version), `client` (using an export from
-outside). Everything public is re-exported here: `tfdml.export.export_saved_model`, ...
+Modules: `savedmodel` (putting a version together and writing it), `serving` (its embedding signatures and
+the model protocol), `options` (the export's settings), `metadata` (`tfdml_metadata.json`), `gallery`
+(reading a gallery, building and loading its index), `search` (the `search` signature), `prefix` (nested
+embeddings: an index on a short prefix, re-ranked with the full vector), `layout` (names and paths inside a
+version), `client` (using an export from outside). Everything public is re-exported here:
+`tfdml.export.export_saved_model`, ...
 
 Stock TF Serving cannot load ScaNN's custom ops, so the index is a separate artifact; it lives inside the
 version it was built with, in the `assets.extra/` folder that TF Serving ignores (it looks there for warm-up
@@ -33,9 +35,12 @@ from tfdml.export.layout import (
     load_metadata,
     resolve_export_dir,
 )
+from tfdml.export.options import IndexOptions, SearchOptions, ServingOptions
 from tfdml.export.prefix import PrefixIndex
-from tfdml.export.savedmodel import export_saved_model, input_channels, model_image_size, resolve_preprocessing
+from tfdml.export.savedmodel import export_saved_model
 from tfdml.export.search import DEFAULT_TOP_K, GALLERY_DTYPES
+from tfdml.export.serving import input_channels, model_image_size
+from tfdml.models.preprocessing import resolve_preprocessing
 
 __all__ = [
     "DEFAULT_TOP_K",
@@ -52,7 +57,10 @@ __all__ = [
     "SERVING_SIGNATURE",
     "ExportedEmbedder",
     "IndexMismatchError",
+    "IndexOptions",
     "PrefixIndex",
+    "SearchOptions",
+    "ServingOptions",
     "export_index",
     "export_saved_model",
     "input_channels",

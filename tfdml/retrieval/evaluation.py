@@ -15,6 +15,7 @@ and what ScaNN's anisotropic hashing is designed for). See `tfdml.retrieval.metr
 import numpy as np
 
 from tfdml.ops.neighbours import drop_own_rows, exact_search, validate_distance
+from tfdml.retrieval import _inputs
 from tfdml.retrieval import metrics as M
 from tfdml.retrieval.expansion import expanded_sets
 from tfdml.retrieval.index import ScannIndex
@@ -22,33 +23,8 @@ from tfdml.retrieval.index import ScannIndex
 METRICS = ("recall", "map@r", "r_precision", "nmi", "f1")
 
 
-def _labels(labels, rows, name):
-    labels = np.asarray(labels)
-    if labels.ndim == 2 and labels.shape[1] == 1:
-        labels = labels[:, 0]
-    if labels.ndim != 1 or labels.shape[0] != rows:
-        raise ValueError(f"{name} must have shape [{rows}] (one label per embedding), got {labels.shape}.")
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise TypeError(f"{name} must be integer class ids, got dtype {labels.dtype}.")
-    return labels
-
-
-def _embeddings(x, name):
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"{name} must have shape [rows, dim], got shape {x.shape}.")
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(f"{name} must be floating point, got dtype {x.dtype}.")
-    if not np.isfinite(x).all():
-        raise ValueError(f"{name} contain NaN or Inf values.")
-    return np.ascontiguousarray(x, np.float32)
-
-
 def _approximate_search(queries, gallery, k, distance, same_set, index_kwargs):
-    unit_norm = np.allclose(np.einsum("ij,ij->i", gallery, gallery), 1.0, atol=1e-3) and np.allclose(
-        np.einsum("ij,ij->i", queries, queries), 1.0, atol=1e-3
-    )
-    if unit_norm:
+    if _inputs.unit_norm(gallery) and _inputs.unit_norm(queries):
         # Same ranking as squared L2 on the unit sphere, and ScaNN's anisotropic AH is built for it.
         distance = "dot_product"
     index = ScannIndex(
@@ -113,23 +89,27 @@ def evaluate(
     """
     validate_distance(distance)
     metrics, ks = _check_metrics(metrics, ks)
-    gallery = _embeddings(embeddings, "embeddings")
-    gallery_labels = _labels(labels, gallery.shape[0], "labels")
-    queries, q_labels = _query_set(gallery, gallery_labels, query_embeddings, query_labels)
+    gallery, gallery_labels, queries, q_labels = _inputs.checked(embeddings, labels, query_embeddings, query_labels)
     same_set = query_embeddings is None
     searched = expanded_sets(queries, gallery, same_set, query_expansion, database_augmentation, expansion_alpha)
     results = {}
     if any(m in metrics for m in ("recall", "map@r", "r_precision")):
-
-        def search(needed):
-            if exact:
-                return _exact_search(searched, same_set, needed, distance, chunk_size, progress)
-            return _approximate_search(*searched, needed, distance, same_set, index_kwargs)
-
+        search = _searcher(searched, same_set, exact, distance, chunk_size, progress, index_kwargs)
         results.update(_retrieval_metrics(search, q_labels, gallery_labels, same_set, metrics, ks))
     if "nmi" in metrics or "f1" in metrics:
         results.update(_clustering_metrics(queries, q_labels, metrics, seed))
     return results
+
+
+def _searcher(searched, same_set, exact, distance, chunk_size, progress, index_kwargs):
+    """`search(k)`: the `[Q, k]` gallery indices of each query's nearest neighbours, exact or approximate."""
+
+    def search(needed):
+        if exact:
+            return _exact_search(searched, same_set, needed, distance, chunk_size, progress)
+        return _approximate_search(*searched, needed, distance, same_set, index_kwargs)
+
+    return search
 
 
 def _exact_search(searched, same_set, k, distance, chunk_size, progress):
@@ -158,18 +138,6 @@ def _check_metrics(metrics, ks):
     if "recall" in metrics and (not ks or min(ks) < 1):
         raise ValueError(f"ks must be positive integers, got {ks}.")
     return metrics, ks
-
-
-def _query_set(gallery, gallery_labels, query_embeddings, query_labels):
-    """`(queries, query labels)`: the gallery itself (same-set mode) or the checked query set."""
-    if (query_embeddings is None) != (query_labels is None):
-        raise ValueError("query_embeddings and query_labels must be given together.")
-    if query_embeddings is None:
-        return gallery, gallery_labels
-    queries = _embeddings(query_embeddings, "query_embeddings")
-    if queries.shape[1] != gallery.shape[1]:
-        raise ValueError(f"query_embeddings have dimension {queries.shape[1]}, embeddings have {gallery.shape[1]}.")
-    return queries, _labels(query_labels, queries.shape[0], "query_labels")
 
 
 def _retrieval_metrics(search, q_labels, gallery_labels, same_set, metrics, ks):

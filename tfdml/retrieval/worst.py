@@ -18,8 +18,8 @@ import dataclasses
 import numpy as np
 
 from tfdml.ops.neighbours import exact_search, ranking_scores, validate_distance
+from tfdml.retrieval import _inputs
 from tfdml.retrieval import metrics as M
-from tfdml.retrieval.evaluation import _embeddings, _labels, _query_set
 
 ORDERS = ("rank", "ap")
 
@@ -82,25 +82,14 @@ def worst_queries(
       >>> [(q.query, q.first_correct_rank) for q in worst.queries]
       [(0, 3), (2, 3)]
     """
-    gallery, gallery_labels, queries, q_labels = _checked(embeddings, labels, query_embeddings, query_labels)
-    validate_distance(distance)
-    if by not in ORDERS:
-        raise ValueError(f"by must be one of {ORDERS}, got {by!r}.")
-    if int(count) < 1 or int(neighbours) < 1:
-        raise ValueError(f"count and neighbours must be positive, got {count} and {neighbours}.")
+    gallery, gallery_labels, queries, q_labels = _inputs.checked(embeddings, labels, query_embeddings, query_labels)
+    _check_request(distance, by, count, neighbours)
     same_set = query_embeddings is None
-    r = M.positives_per_query(q_labels, gallery_labels, same_set)
-    rows = np.flatnonzero(r > 0)
-    if not len(rows):
-        raise ValueError("no query has a same-class item in the gallery: no query can be ranked.")
-    k = min(max(int(neighbours), int(r.max())), gallery.shape[0] - same_set)
-    found, values = exact_search(queries, None if same_set else gallery, k, distance)
-    found, values = found[rows], values[rows]
-    hits = M.neighbour_hits(found, q_labels[rows], gallery_labels)
-    precision = M.average_precision_at_r(hits, r[rows])
-    correct, rank = _nearest_correct(queries, gallery, q_labels, gallery_labels, rows, found, hits, distance, same_set)
+    rows, found, values, precision, correct, rank = _rankings(
+        queries, gallery, q_labels, gallery_labels, same_set, neighbours, distance
+    )
     order = np.lexsort((rows, precision, -rank) if by == "rank" else (rows, -rank, precision))
-    score_name, shown = _shown_scores(_unit_norm(gallery) and _unit_norm(queries), distance)
+    score_name, shown = _shown_scores(_inputs.unit_norm(gallery) and _inputs.unit_norm(queries), distance)
     worst = []
     for i in order[: int(count)]:
         q, j, top = int(rows[i]), int(correct[i]), found[i, :neighbours]
@@ -120,15 +109,29 @@ def worst_queries(
     return WorstQueries(worst, by, score_name, same_set, len(rows))
 
 
-def _checked(embeddings, labels, query_embeddings, query_labels):
-    """`(gallery, gallery labels, queries, query labels)`, checked as `tfdml.retrieval.evaluate` checks them."""
-    gallery = _embeddings(embeddings, "embeddings")
-    gallery_labels = _labels(labels, gallery.shape[0], "labels")
-    return (gallery, gallery_labels) + _query_set(gallery, gallery_labels, query_embeddings, query_labels)
+def _rankings(queries, gallery, q_labels, gallery_labels, same_set, neighbours, distance):
+    """`(rows, found, values, average precision, nearest correct item, its rank)` of the queries that can be
+    ranked (those with a same-class gallery item): their searched neighbours (gallery rows and distance
+    values, nearest first), their term of MAP@R and their nearest correct gallery row with its rank."""
+    r = M.positives_per_query(q_labels, gallery_labels, same_set)
+    rows = np.flatnonzero(r > 0)
+    if not len(rows):
+        raise ValueError("no query has a same-class item in the gallery: no query can be ranked.")
+    k = min(max(int(neighbours), int(r.max())), gallery.shape[0] - same_set)
+    found, values = exact_search(queries, None if same_set else gallery, k, distance)
+    found, values = found[rows], values[rows]
+    hits = M.neighbour_hits(found, q_labels[rows], gallery_labels)
+    precision = M.average_precision_at_r(hits, r[rows])
+    correct, rank = _nearest_correct(queries, gallery, q_labels, gallery_labels, rows, found, hits, distance, same_set)
+    return rows, found, values, precision, correct, rank
 
 
-def _unit_norm(x):
-    return bool(np.allclose(np.einsum("ij,ij->i", x, x), 1.0, atol=1e-3))
+def _check_request(distance, by, count, neighbours):
+    validate_distance(distance)
+    if by not in ORDERS:
+        raise ValueError(f"by must be one of {ORDERS}, got {by!r}.")
+    if int(count) < 1 or int(neighbours) < 1:
+        raise ValueError(f"count and neighbours must be positive, got {count} and {neighbours}.")
 
 
 def _shown_scores(unit_norm, distance):
