@@ -57,6 +57,13 @@ def test_print_config_shows_the_nested_dims(capsys):
         (["loss.nested_dims=[8,16]", "loss.name=proxy_anchor"], r"loss\.nested_dims: proxy_anchor learns parameters"),
         (["loss.nested_dims=[8,16]", "loss.label_noise.rate=0.2"], r"loss\.nested_dims: the small-loss heuristic"),
         (["loss.nested_dims=[8,16]", "model.type=multilevel"], r"loss\.nested_dims: prefixes of one embedding"),
+        (["export.search_dims=32"], r"export\.search_dims: 32 is not a prefix of the 32-d embedding"),
+        (["export.search_dims=0"], r"export\.search_dims: must be an integer in \[1, 65536\], got 0"),
+        (["export.search_dims=8", "export.index=false"], r"export\.search_dims: .* applies with export\.index only"),
+        (
+            ["export.search_dims=12", "loss.nested_dims=[8,16,32]"],
+            r"export\.search_dims: 12 is not one of the prefixes the loss trains \(loss\.nested_dims = \[8, 16, 32\]\)",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(overrides, message):
@@ -76,3 +83,28 @@ def test_a_job_model_trains_with_nested_dims():
     x, y = rng.uniform(size=(16, 32, 32, 1)).astype(np.float32), np.repeat(np.arange(8), 2).astype(np.int32)
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
     assert np.all(np.isfinite(history)) and history[0] > 0
+
+
+def test_the_jobs_export_searches_the_prefix(tmp_path):
+    """`export.search_dims` reaches the job's export: its index and `search` signature search the 8-d prefix and
+    re-rank with the full vector, and the metadata records it with the shortlist's measured recall."""
+    import tensorflow as tf
+
+    from tfdml import data, export, pipeline
+    from tfdml.pipeline import resolve_paths
+
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(6), 4)
+    images = (rng.integers(0, 200, (24, 4, 4, 1)) + labels[:, None, None, None] * 10).astype(np.float32)
+    batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(8)
+    datasets = pipeline.Datasets(train=None, eval=batches, pixels=batches)
+    inputs = keras.Input((4, 4, 1))
+    embedder = keras.Model(inputs, keras.layers.UnitNormalization()(keras.layers.Flatten()(inputs)))
+    overrides = [*SINGLE, "model.embedding_dim=16", "loss.nested_dims=[8,16]", "export.search_dims=8"]
+    overrides += ["data.image_size=4", f"export.base_dir={tmp_path}"]
+    config = resolve_paths(load_config(overrides=overrides))
+    evaluation = pipeline.evaluate(config, embedder, datasets)
+    source = data.array_source(images.astype(np.uint8), labels)
+    added = pipeline.export(config, embedder, evaluation, eval_source=source)
+    metadata = export.load_metadata(added["export_dir"])
+    assert metadata["index"]["search_dims"] == 8 and metadata["search"]["prefix"]["search_dims"] == 8

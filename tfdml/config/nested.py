@@ -1,5 +1,6 @@
 """The checks of `loss.nested_dims` (nested embeddings, `tfdml.losses.NestedLoss`): the loss section's own, and
-those across sections (the model's width and levels, DML-ALA). No TensorFlow is imported here."""
+those across sections (the model's width and levels, DML-ALA, the export's `search_dims`). No TensorFlow is
+imported here."""
 
 from tfdml.config.schema import ConfigError
 
@@ -46,4 +47,24 @@ def check_job(config):
     if model.embedding_dim is not None and dims[-1] > model.embedding_dim:
         raise ConfigError(
             f"{key}: {dims[-1]} is wider than the embedding (model.embedding_dim = {model.embedding_dim})"
+        )
+
+
+def check_search_dims(config):
+    """`export.search_dims` against the export (an index to search) and the embedding: a prefix shorter than the
+    embedding, and one the loss trained where it trains prefixes (`loss.nested_dims`)."""
+    key, dims = "export.search_dims", config.export.search_dims
+    if not config.export.index:
+        raise ConfigError(f"{key}: the prefix is what the index searches; it applies with export.index only")
+    width = config.model.embedding_dim
+    if width is not None and dims >= width:
+        raise ConfigError(
+            f"{key}: {dims} is not a prefix of the {width}-d embedding (model.embedding_dim); use a shorter one "
+            "or leave it null to search the full vector"
+        )
+    nested_dims = config.loss.nested_dims
+    if nested_dims is not None and dims not in nested_dims:
+        raise ConfigError(
+            f"{key}: {dims} is not one of the prefixes the loss trains (loss.nested_dims = {nested_dims}); a "
+            "prefix it did not train ranks worse and needs a longer shortlist"
         )

@@ -451,6 +451,9 @@ class ExportConfig(_Section):
     # An approximate ScaNN index (galleries from 20,000 items; tfdml train's own index is exact): the
     # recall@10 against exact search its settings are raised to reach (null: automatic settings, unmeasured).
     target_recall: float | None = _field(TARGET_RECALL, above=0.0, maximum=1.0)
+    # Nested embeddings (loss.nested_dims): the index on this prefix, its shortlist re-ranked with the full vector
+    # (tfdml.export.PrefixIndex), in the search signature too; null: the full vector.
+    search_dims: int | None = _field(None, minimum=1, maximum=65_536)
 
 
 @dataclasses.dataclass
@@ -514,6 +517,8 @@ class Config(_Section):
             self._check_memory(self.loss.cross_batch_memory)
         if self.loss.nested_dims is not None:
             nested.check_job(self)
+        if self.export.search_dims is not None:
+            nested.check_search_dims(self)
         if self.loss.label_noise is not None and self.loss.label_noise.method == "prism":
             self._check_prism(self.loss.label_noise)
 

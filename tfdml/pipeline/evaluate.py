@@ -86,6 +86,7 @@ def export(config, embedder, evaluation, eval_source):
         match_mode=settings.match_mode,
         calibration=evaluation.calibration,
         index_settings={"target_recall": settings.target_recall},
+        search_dims=settings.search_dims,
     )
     added = {"export_dir": path}
     if settings.index:
