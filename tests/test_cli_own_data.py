@@ -25,6 +25,7 @@ TINY = [
         "evaluation.metrics=[recall,map@r]",
         "report.grid_queries=2",
         "report.grid_neighbours=2",
+        "report.worst_queries=2",
     )
 ] + ["--epochs", "1", "--steps-per-epoch", "2"]
 

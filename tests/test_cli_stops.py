@@ -3,7 +3,7 @@ SIGTERM, Ctrl-C or SIGKILL at the points that used to lose work, or started twic
 again to show what was kept.
 
 The training runs are the default job cut to 2 epochs of 10 steps on 6 images per glyph, without export, with a
-2 x 2 retrieval grid in the report.
+2 x 2 retrieval grid and 2 worst queries in the report.
 """
 
 import json
@@ -35,6 +35,8 @@ JOB = [
     "report.grid_queries=2",
     "--set",
     "report.grid_neighbours=2",
+    "--set",
+    "report.worst_queries=2",
     "--no-export",
     "--report-dir",
     "r",

@@ -1,9 +1,10 @@
 """`tfdml train` end to end: the default job in a subprocess, its report, its export (reloaded without tfdml),
 `tfdml search` / `tfdml evaluate` / `tfdml export` on what it wrote, determinism, and the CLI surface.
 
-The subprocess runs are shortened to 2 epochs of 10 steps; three of them (seed 0 with export; seed 1; seed 0
-killed after its first epoch and started again) run concurrently once per module, with TensorFlow's log level
-left to the CLI and their output in a pipe (so they also show what a redirected log looks like).
+The subprocess runs are shortened to 2 epochs of 10 steps and 2 worst queries in the report; three of them
+(seed 0 with export; seed 1; seed 0 killed after its first epoch and started again) run concurrently once per
+module, with TensorFlow's log level left to the CLI and their output in a pipe (so they also show what a
+redirected log looks like).
 """
 
 import json
@@ -24,7 +25,7 @@ from tfdml.config import default_config, load_config
 from tfdml.pipeline import resolve_paths
 
 ROOT = cli_process.ROOT
-SHORT = ["--epochs", "2", "--steps-per-epoch", "10"]
+SHORT = ["--epochs", "2", "--steps-per-epoch", "10", "--set", "report.worst_queries=2"]
 # What a user did not cause and should not see: TensorFlow's start-up lines on a machine without a GPU,
 # Keras warnings about the input, progress-bar escape codes in a redirected log.
 NOISE = ("cuInit", "oneDNN", "cpu_feature_guard", "shuffle=True", "ran out of data", "\x1b[", "Traceback")
@@ -540,6 +541,7 @@ TINY_MODEL = [
         "evaluation.ks=[1]",
         "report.grid_queries=2",
         "report.grid_neighbours=2",
+        "report.worst_queries=2",
     )
 ]
 

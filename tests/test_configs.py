@@ -41,6 +41,7 @@ TINY = [
     "evaluation.ks=[1,2]",
     "report.grid_queries=3",
     "report.grid_neighbours=2",
+    "report.worst_queries=2",
 ]
 
 
@@ -65,8 +66,10 @@ def _fake_data_source(builder, split, decoders=None, **kwargs):
 
 
 def _tiny(config):
-    """Overrides for this configuration's optional parts (Group Loss pre-training, ALA episodes)."""
+    """Overrides for this configuration's optional parts (Group Loss pre-training, ALA episodes) and its data."""
     extra = []
+    if config.data.source == "digits":  # 896 evaluation images: 7 batches of the model instead of 56
+        extra.append("evaluation.batch_size=128")
     if config.training.pretrain_epochs:  # with the retrieval evaluation callback after the epoch
         extra += ["training.pretrain_epochs=1", "training.eval_every=1"]
     if config.loss.name == "group":

@@ -273,6 +273,7 @@ def test_glyphs_config_runs_tiny_with_whole_images_in_evaluation(tmp_path):
             "model.widths=[4,8]",
             "report.grid_queries=2",
             "report.grid_neighbours=2",
+            "report.worst_queries=2",
             f"report.dir={tmp_path}",
         ],
     )
