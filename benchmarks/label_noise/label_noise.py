@@ -4,6 +4,8 @@ the small-loss heuristic, PRISM and DML-ALA recover.
     nice -n 5 python -m benchmarks.label_noise.label_noise --noise 0.4            # every row at 40 % noise
     nice -n 5 python -m benchmarks.label_noise.label_noise --noise 0.4 --methods base --bases contrastive
     python -m benchmarks.label_noise.label_noise --table-only                     # table.md from results.jsonl
+    nice -n 5 python -m benchmarks.label_noise.label_noise --data fashion_mnist --noise 0.0 0.2 0.4 \
+        --bases contrastive --methods base heuristic ala --ala-options '{"trusted": [5, 60]}'
 
 Protocol (the reality check's, `benchmarks/reality_check/reality_check.py` and
 `benchmarks/glyph_methods/benchmark_methods.py`): glyphs at 32 px, 20 images per character, 150 training / 151 test
@@ -38,6 +40,11 @@ of a seed starts from the same softmax-pretrained embedder, trained on that seed
 base losses at their tuned settings of that regime); a pretrained run's line has `"regime": "pretrained"`,
 and the table shows the regime asked for.
 
+Data (`--data`): `glyphs` (the protocol above) or `fashion_mnist` (`fashion.py`: training classes 0-4,
+retrieval on the unseen classes 5-9, batches of 3 classes x 22 images; the same CNN, steps and tuned glyph
+settings; its lines carry `"data": "fashion_mnist"`, in `results_fashion.jsonl` by default, with its own clean
+base rows since the reality check has none).
+
 Results: one JSON line per run appended to `results.jsonl` as it finishes (a stopped run loses nothing);
 runs already there are skipped. `table.md` is written from every line.
 """
@@ -56,10 +63,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 from benchmarks.glyph_methods import benchmark_methods as bm  # noqa: E402
+from benchmarks.label_noise import cells as fmt  # noqa: E402
+from benchmarks.label_noise import fashion  # noqa: E402
+from benchmarks.label_noise.weights import WEIGHT_AUC_BATCHES, weight_auc  # noqa: E402
 from benchmarks.reality_check import reality_check as rc  # noqa: E402
 from tfdml.data.label_noise import symmetric_label_noise  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results.jsonl")
+FASHION_RESULTS = os.path.join(HERE, "results_fashion.jsonl")
 TABLE = os.path.join(HERE, "table.md")
 CONFIG = dict(bm.CONFIG)  # the reality check's protocol: 300 steps of 22 x 3 batches
 # base loss -> its reality-check method (tuned clean setting, scratch regime)
@@ -81,6 +92,9 @@ VALIDATION_STREAM = 104729  # DML-ALA's validation subsets of seed s are drawn f
 # seed's softmax-pretrained embedder, trained on the same noisy training labels, `rc.Pretrained`); set by
 # --regime, recorded in each line (lines without it are scratch runs).
 REGIME = "scratch"
+# The data set, set by --data: "glyphs" or "fashion_mnist" (`fashion.CONFIG` then replaces CONFIG's protocol);
+# recorded in each line that is not a glyph run.
+DATA = "glyphs"
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -250,51 +264,6 @@ def train_ala(spec, data, batches, config, seed, warm_start=None):
     return bm.embed(embedder, data["test_x"]), model
 
 
-WEIGHT_AUC_BATCHES = 20
-
-
-def weight_auc(model, data, batches):
-    """What the trained assessor does with mislabelled tuples, over the positive pairs (triplets: their
-    anchor-positive pairs) of `batches`: `weight_auc`, the probability that a correctly labelled one (both
-    images truly of the class) gets a larger weight than a mislabelled one (ties half; 0.5: no preference),
-    and `weight_ratio`, the mean weight of the mislabelled ones over that of the correct ones; `distance_auc`,
-    the same AUC for the small-loss heuristic's ranking (the smaller anchor-positive distance, the more
-    trusted) under the same trained embedder and batches. None without label noise."""
-    true = data.get("true_y")
-    if true is None or not np.any(true != data["train_y"]):
-        return None
-    clean, wrong, near_clean, near_wrong = [], [], [], []
-    for batch in batches:
-        tuples, weights = model.tuple_weights(data["train_x"][batch], data["train_y"][batch])
-        tuples, weights = np.asarray(tuples), np.asarray(weights)
-        embeddings = np.asarray(model.embedder(data["train_x"][batch], training=False))
-        # One entry per anchor-positive pair (a triplet loss's pairs share their weight, or have one per
-        # triplet with assessed="all": their mean).
-        pairs, inverse = np.unique(tuples[:, :2], axis=0, return_inverse=True)
-        weights = np.bincount(inverse.ravel(), weights) / np.bincount(inverse.ravel())
-        anchor, positive = batch[pairs[:, 0]], batch[pairs[:, 1]]
-        same = data["train_y"][anchor] == data["train_y"][positive]
-        correct = true[anchor] == true[positive]
-        nearness = -np.linalg.norm(embeddings[pairs[:, 0]] - embeddings[pairs[:, 1]], axis=1)
-        clean.append(weights[same & correct])
-        wrong.append(weights[same & ~correct])
-        near_clean.append(nearness[same & correct])
-        near_wrong.append(nearness[same & ~correct])
-    clean, wrong = np.concatenate(clean), np.concatenate(wrong)
-    from sklearn.metrics import roc_auc_score  # ties count one half
-
-    truth = np.r_[np.ones(len(clean)), np.zeros(len(wrong))]
-
-    def auc(positives, negatives):
-        return round(float(roc_auc_score(truth, np.concatenate([positives, negatives]))), 4)
-
-    return {
-        "weight_auc": auc(clean, wrong),
-        "weight_ratio": round(float(wrong.mean() / clean.mean()), 4),
-        "distance_auc": auc(np.concatenate(near_clean), np.concatenate(near_wrong)),
-    }
-
-
 def train_and_test(spec, learning_rate, data, seed, steps, warm_start=None):
     """Trains `spec` on `data`'s (noisy) training labels, from `warm_start`'s weights when given, and evaluates
     on its test part: the metrics and the training's wall and CPU seconds."""
@@ -323,7 +292,8 @@ def key(record):
 def read_results(path=RESULTS, steps=None):
     """The lines of `path` (the latest per key), those of `steps` training steps only when given; the clean
     base rows not run here are the reality check's (`reality_check_clean_runs`)."""
-    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) and REGIME == "scratch" else {}
+    glyph_scratch = REGIME == "scratch" and DATA == "glyphs"
+    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) and glyph_scratch else {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
@@ -346,6 +316,7 @@ def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, do
         "seed": seed,
         "steps": steps,
         **({"regime": REGIME} if REGIME != "scratch" else {}),
+        **({"data": DATA} if DATA != "glyphs" else {}),
     }
     if done is not None and key(record) in done:
         return done[key(record)]
@@ -419,30 +390,10 @@ def validated(method, candidates, noise, base, full, steps, path=RESULTS, done=N
 
 
 # ------------------------------------------------------------------------------------------------ table
-def _mean_se(values):
-    values = np.asarray(values, float)
-    se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return float(values.mean()), float(se)
-
-
-def _cell(values):
-    if not len(values):
-        return "-"
-    mean, se = _mean_se(100 * np.asarray(values))
-    return f"{mean:.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:.1f}"
-
-
-def _row_label(method, options):
-    if method == "base":
-        return "base loss"
-    text = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(options.items()))
-    label = {"heuristic": "+ small-loss heuristic", "prism": "+ PRISM", "ala": "+ DML-ALA"}.get(method, method)
-    return f"{label} ({text})" if text else label
-
-
-def table(records, steps=CONFIG["steps"]):
+def table(records, steps=None):
     """Markdown: per base loss and noise level, each row's R@1 and MAP@R (mean +- standard error over seeds),
     the paired difference to the base loss, and the fraction of the noise's cost recovered."""
+    steps = CONFIG["steps"] if steps is None else steps
     current = [
         r
         for r in records.values()
@@ -452,12 +403,17 @@ def table(records, steps=CONFIG["steps"]):
     by = {}
     for r in finals:
         by.setdefault((r["base"], r["noise"], r["method"], json.dumps(r["options"], sort_keys=True)), {})[r["seed"]] = r
-    lines = [
+    caption = (
         f"Glyphs, 150 training / 151 test characters, symmetric label noise on the training labels; small CNN, "
         f"{steps} steps of 22 x 3 batches"
         + (" from the seed's softmax-pretrained embedder" if REGIME == "pretrained" else "")
         + f", each base loss at its tuned clean setting (reality check, {REGIME}). "
-        "Mean +- standard error over seeds (%). Delta: the row minus the base loss at the same noise, paired by "
+    )
+    if DATA == "fashion_mnist":
+        caption = fashion.CAPTION.format(images=f"{CONFIG['images_per_class']:,}", steps=steps)
+    lines = [
+        caption
+        + "Mean +- standard error over seeds (%). Delta: the row minus the base loss at the same noise, paired by "
         "seed. Noise cost: clean base minus noisy base, paired by seed (the clean base rows are the reality "
         "check's final runs, the same protocol, batches and initial weights, unless run here). Recovered: mean "
         "Delta R@1 / mean noise cost over the seeds that have both (+- the standard error of Delta over the "
@@ -485,15 +441,15 @@ def table(records, steps=CONFIG["steps"]):
                 delta_map = [runs[s]["map@r"] - reference[s]["map@r"] for s in common]
                 costed = sorted(set(common) & set(clean)) if noise > 0 else []
                 cost = [clean[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
-                cells = [base, f"{noise:.0%}", _row_label(method, json.loads(options)), str(len(seeds))]
-                cells += [_cell(r1), _cell(mapr)]
+                cells = [base, f"{noise:.0%}", fmt.row_label(method, json.loads(options)), str(len(seeds))]
+                cells += [fmt.cell(r1), fmt.cell(mapr)]
                 if method == "base":
-                    cells += ["-", "-", _cell(cost) if cost else "-", "-"]
+                    cells += ["-", "-", fmt.cell(cost) if cost else "-", "-"]
                 else:
-                    cells += [_signed(delta), _signed(delta_map), "-"]
+                    cells += [fmt.signed(delta), fmt.signed(delta_map), "-"]
                     if cost and np.mean(cost) > 0:
                         d = [runs[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
-                        mean_d, se_d = _mean_se(d)
+                        mean_d, se_d = fmt.mean_se(d)
                         cells.append(f"{mean_d / np.mean(cost):.2f} +- {se_d / np.mean(cost):.2f} (n={len(d)})")
                     else:
                         cells.append("-")
@@ -516,34 +472,41 @@ def table(records, steps=CONFIG["steps"]):
             delta = f"{100 * (r['recall@1'] - reference['recall@1']):+.1f}" if reference else "-"
             auc = f"{r['weight_auc']:.2f}" if "weight_auc" in r else "-"
             ratio = f"{r['weight_ratio']:.2f}" if "weight_ratio" in r else "-"
-            cells = [r["base"], f"{r['noise']:.0%}", _row_label(r["method"], r["options"]), str(r["seed"])]
+            cells = [r["base"], f"{r['noise']:.0%}", fmt.row_label(r["method"], r["options"]), str(r["seed"])]
             lines.append("| " + " | ".join(cells + [f"{100 * r['recall@1']:.1f}", delta, auc, ratio]) + " |")
     if validation:
         lines += [
             "",
-            "Settings chosen on the validation split (100 of the training characters to train, 50 to score, "
-            "noisy labels; MAP@R %, seeds " + ", ".join(map(str, VALIDATION_SEEDS)) + "):",
+            "Settings chosen on the validation split ("
+            + (
+                fashion.VALIDATION_WORDS
+                if DATA == "fashion_mnist"
+                else "100 of the training characters to train, 50 to score"
+            )
+            + ", noisy labels; MAP@R %, seeds "
+            + ", ".join(map(str, VALIDATION_SEEDS))
+            + "):",
             "",
             "| base loss | noise | row | seed | validation MAP@R |",
             "|---|---|---|---|---|",
         ]
         for r in sorted(validation, key=lambda r: (r["base"], r["noise"], r["method"], json.dumps(r["options"]))):
-            label = _row_label(r["method"], r["options"])
+            label = fmt.row_label(r["method"], r["options"])
             lines.append(f"| {r['base']} | {r['noise']:.0%} | {label} | {r['seed']} | {100 * r['map@r']:.1f} |")
     return "\n".join(lines) + "\n"
-
-
-def _signed(values):
-    if not len(values):
-        return "-"
-    mean, se = _mean_se(100 * np.asarray(values))
-    return f"{mean:+.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:+.1f}"
 
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    parser.add_argument(
+        "--data",
+        choices=("glyphs", "fashion_mnist"),
+        default="glyphs",
+        help="glyphs: the protocol of table.md; fashion_mnist: training classes 0-4, retrieval on 5-9 (fashion.py), "
+        "results in results_fashion.jsonl unless --out names another file",
     )
     parser.add_argument("--noise", type=float, nargs="+", default=[0.4], help="noise levels of the runs")
     parser.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
@@ -552,8 +515,9 @@ def main(argv=None):
     parser.add_argument(
         "--steps",
         type=int,
-        default=CONFIG["steps"],
-        help="300: the protocol of table.md; 600: the issue's original length (results_600.jsonl)",
+        default=None,
+        help="default: the data set's protocol (300); 300: the protocol of table.md; 600: the issue's original "
+        "length (results_600.jsonl)",
     )
     parser.add_argument(
         "--regime",
@@ -578,11 +542,15 @@ def main(argv=None):
         default="final",
         help="final: a row of the table; exploration: a setting tried on the test characters (listed apart)",
     )
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--out", default=None, help="the results file (default: the data set's)")
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
-    global REGIME
-    REGIME = args.regime
+    global REGIME, DATA
+    REGIME, DATA = args.regime, args.data
+    if DATA == "fashion_mnist":
+        CONFIG.update(fashion.CONFIG)
+    args.steps = CONFIG["steps"] if args.steps is None else args.steps
+    args.out = args.out or (FASHION_RESULTS if DATA == "fashion_mnist" else RESULTS)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     table_path = TABLE if args.out == RESULTS else os.path.splitext(args.out)[0] + "_table.md"
     if not args.table_only:
@@ -591,7 +559,7 @@ def main(argv=None):
         if args.threads:
             tf.config.threading.set_intra_op_parallelism_threads(args.threads)
             tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-        full = bm.load_data(CONFIG)
+        full = fashion.load_data(CONFIG) if DATA == "fashion_mnist" else bm.load_data(CONFIG)
         done = read_results(args.out, args.steps)  # another step count's runs (and clean rows) are not these
         for noise in args.noise:
             for base in args.bases:  # the validation runs first
