@@ -41,7 +41,7 @@ base losses at their tuned settings of that regime); a pretrained run's line has
 and the table shows the regime asked for.
 
 Data (`--data`): `glyphs` (the protocol above) or `fashion_mnist` (`fashion.py`: training classes 0-4,
-retrieval on the unseen classes 5-9, batches of 3 classes x 22 images; the same CNN, steps and tuned glyph
+retrieval on the unseen classes 5-9, batches of 3 classes x 12 images; the same CNN, steps and tuned glyph
 settings; its lines carry `"data": "fashion_mnist"`, in `results_fashion.jsonl` by default, with its own clean
 base rows since the reality check has none).
 
@@ -65,9 +65,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 from benchmarks.glyph_methods import benchmark_methods as bm  # noqa: E402
 from benchmarks.label_noise import cells as fmt  # noqa: E402
 from benchmarks.label_noise import fashion  # noqa: E402
+from benchmarks.label_noise.noisy_labels import noisy_data, trusted_labels, validation_split  # noqa: E402
 from benchmarks.label_noise.weights import WEIGHT_AUC_BATCHES, weight_auc  # noqa: E402
 from benchmarks.reality_check import reality_check as rc  # noqa: E402
-from tfdml.data.label_noise import symmetric_label_noise  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results.jsonl")
 FASHION_RESULTS = os.path.join(HERE, "results_fashion.jsonl")
@@ -86,7 +86,6 @@ HEURISTIC_RATES = (0.25, 0.5)  # the candidate drop rates (the CPU time allowed 
 PRISM_MEMORIES = (660, 3000)
 PRISM_WINDOW = 30  # the threshold is the mean over the last 30 batches (the paper's configuration)
 VALIDATION_SEEDS = (0,)
-NOISE_SEED = 7919  # the noise of seed s is drawn from [NOISE_SEED, s, noise level in per mille]
 VALIDATION_STREAM = 104729  # DML-ALA's validation subsets of seed s are drawn from [s, VALIDATION_STREAM]
 # The reality check's regimes: "scratch" (random initial weights) or "pretrained" (every row starts from the
 # seed's softmax-pretrained embedder, trained on the same noisy training labels, `rc.Pretrained`); set by
@@ -95,27 +94,6 @@ REGIME = "scratch"
 # The data set, set by --data: "glyphs" or "fashion_mnist" (`fashion.CONFIG` then replaces CONFIG's protocol);
 # recorded in each line that is not a glyph run.
 DATA = "glyphs"
-
-
-# ------------------------------------------------------------------------------------------------ data
-def noisy_data(data, noise, seed):
-    """`data` (benchmark_methods.load_data) with the training labels of seed `seed` at noise level `noise`."""
-    labels, corrupted = symmetric_label_noise(data["train_y"], noise, [NOISE_SEED, int(seed), round(1000 * noise)])
-    return dict(data, train_y=labels.astype(np.int64), true_y=data["train_y"], corrupted=corrupted)
-
-
-def validation_split(data):
-    """`rc.split_training_classes(data)` (100 training characters by their noisy labels, renumbered, and 50 to
-    score) keeping the true labels in the renumbered space, for the verified set and the weight AUC: an image
-    whose true character is one of the 50 gets `-1 - character`, equal to no training label."""
-    part = rc.split_training_classes(data)
-    if "true_y" in data:
-        kept = np.isin(data["train_y"], np.unique(part["test_y"]), invert=True)
-        classes = np.unique(data["train_y"][kept])  # part["train_y"] is their rank in this sorted list
-        true = data["true_y"][kept]
-        inside = np.isin(true, classes)
-        part["true_y"] = np.where(inside, np.searchsorted(classes, true), -1 - true).astype(np.int64)
-    return part
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -204,19 +182,6 @@ def commit():
         return None
 
 
-def trusted_labels(data, classes, per_class, seed):
-    """Labels of a small verified set: `per_class` images of each of `classes` training characters drawn at
-    random, with their true labels (what a user gets by checking that many images by hand); -1 elsewhere."""
-    rng = np.random.default_rng([int(seed), 7907])
-    true = data.get("true_y", data["train_y"])
-    chosen = rng.choice(np.unique(true[true >= 0]), classes, replace=False)
-    labels = np.full_like(true, -1)
-    for c in chosen:
-        picked = rng.choice(np.flatnonzero(true == c), per_class, replace=False)
-        labels[picked] = c
-    return labels
-
-
 def train_ala(spec, data, batches, config, seed, warm_start=None):
     """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
     drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings. With the option
@@ -272,14 +237,18 @@ def train_and_test(spec, learning_rate, data, seed, steps, warm_start=None):
         data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
     )
     started, cpu = time.time(), time.process_time()
-    extra, model = {}, None
+    extra = {}
     if "ala_base" in spec:
         embeddings, model = train_ala(spec, data, batches, config, seed, warm_start)
+        embedder = model.embedder
     else:
-        embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed, warm_start=warm_start)
+        embeddings, embedder = bm.train_tfdml(spec, data, batches, config, seed, warm_start=warm_start)
     wall, cpu = time.time() - started, time.process_time() - cpu
-    if model is not None:
+    if "ala_base" in spec:
         extra.update(weight_auc(model, data, batches[:WEIGHT_AUC_BATCHES]) or {})
+    if "seen_x" in data:  # Fashion-MNIST: also the test images of the training classes
+        seen = bm.evaluate(bm.embed(embedder, data["seen_x"]), data["seen_y"])
+        extra.update({f"seen_{name}": value for name, value in seen.items()})
     metrics = bm.evaluate(embeddings, data["test_y"])
     return {**metrics, **extra, "train_wall_s": round(wall, 2), "train_cpu_s": round(cpu, 2)}
 
@@ -390,9 +359,10 @@ def validated(method, candidates, noise, base, full, steps, path=RESULTS, done=N
 
 
 # ------------------------------------------------------------------------------------------------ table
-def table(records, steps=None):
+def table(records, steps=None, caption=None):
     """Markdown: per base loss and noise level, each row's R@1 and MAP@R (mean +- standard error over seeds),
-    the paired difference to the base loss, and the fraction of the noise's cost recovered."""
+    the paired difference to the base loss, and the fraction of the noise's cost recovered. `caption`: the
+    table's first words in place of the data set's (then without the validation and exploration lists)."""
     steps = CONFIG["steps"] if steps is None else steps
     current = [
         r
@@ -403,13 +373,14 @@ def table(records, steps=None):
     by = {}
     for r in finals:
         by.setdefault((r["base"], r["noise"], r["method"], json.dumps(r["options"], sort_keys=True)), {})[r["seed"]] = r
-    caption = (
+    default_caption = caption is None
+    caption = caption or (
         f"Glyphs, 150 training / 151 test characters, symmetric label noise on the training labels; small CNN, "
         f"{steps} steps of 22 x 3 batches"
         + (" from the seed's softmax-pretrained embedder" if REGIME == "pretrained" else "")
         + f", each base loss at its tuned clean setting (reality check, {REGIME}). "
     )
-    if DATA == "fashion_mnist":
+    if DATA == "fashion_mnist" and default_caption:
         caption = fashion.CAPTION.format(images=f"{CONFIG['images_per_class']:,}", steps=steps)
     lines = [
         caption
@@ -422,7 +393,7 @@ def table(records, steps=None):
         "| base loss | noise | row | n | R@1 | MAP@R | Delta R@1 | Delta MAP@R | noise cost R@1 | recovered |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    validation = [r for r in current if r["phase"] == "validation"]
+    validation = [r for r in current if r["phase"] == "validation" and default_caption]
     for base in BASES:
         clean = by.get((base, 0.0, "base", "{}"), {})
         for noise in NOISE_LEVELS:
@@ -454,7 +425,7 @@ def table(records, steps=None):
                     else:
                         cells.append("-")
                 lines.append("| " + " | ".join(cells) + " |")
-    exploration = [r for r in current if r["phase"] == "exploration"]
+    exploration = [r for r in current if r["phase"] == "exploration" and default_caption]
     if exploration:
         lines += [
             "",
@@ -494,6 +465,20 @@ def table(records, steps=None):
             label = fmt.row_label(r["method"], r["options"])
             lines.append(f"| {r['base']} | {r['noise']:.0%} | {label} | {r['seed']} | {100 * r['map@r']:.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def tables(records, steps):
+    """`table(records, steps)`, and on Fashion-MNIST the same rows scored on the test images of the training
+    classes (the lines' `seen_` metrics) after it."""
+    text = table(records, steps)
+    if DATA != "fashion_mnist":
+        return text
+    seen = {
+        k: dict(r, **{name: r["seen_" + name] for name in ("recall@1", "map@r")})
+        for k, r in records.items()
+        if "seen_recall@1" in r
+    }
+    return text + "\n" + table(seen, steps, caption=fashion.SEEN_CAPTION.format(steps=steps))
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -574,9 +559,8 @@ def main(argv=None):
                             continue
                         run(args.phase, noise, base, method, option, seed, full, args.steps, args.out, done)
                         with open(table_path, "w") as f:
-                            f.write(table(read_results(args.out, args.steps), args.steps))
-    records = read_results(args.out, args.steps)
-    text = table(records, args.steps)
+                            f.write(tables(read_results(args.out, args.steps), args.steps))
+    text = tables(read_results(args.out, args.steps), args.steps)
     with open(table_path, "w") as f:
         f.write(text)
     print(text)
