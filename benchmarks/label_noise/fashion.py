@@ -7,6 +7,7 @@ with a fixed seed from the 6,000 training images; renumbered 0-4), retrieval on 
 validation subset (one class, `tfdml.ala_options.episode_sizes`) has classes outside the batch to come from.
 """
 
+import json
 import os
 
 import numpy as np
@@ -69,3 +70,37 @@ def load_data(config):
         "test_y": test_y[unseen],
         "num_classes": len(TRAIN_CLASSES),
     }
+
+
+REFERENCES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_fashion_reference.jsonl")
+
+
+def references(seeds=(0, 1, 2, 3, 4), path=REFERENCES):
+    """What the trained rows are measured against, on both test sets (`unseen`: classes 5-9, `seen`: the test
+    images of 0-4): the raw pixels (flattened) and the small CNN at its initial weights of each seed, untrained.
+    One JSON line each, written to `path`."""
+    from benchmarks.glyph_methods import benchmark_methods as bm
+
+    data = load_data(CONFIG)
+    lines = []
+    for part, (images, labels) in {"unseen": ("test_x", "test_y"), "seen": ("seen_x", "seen_y")}.items():
+        images, labels = data[images], data[labels]
+        lines.append({"test": part, "embedding": "raw pixels", **bm.evaluate(images.reshape(len(images), -1), labels)})
+        for seed in seeds:
+            embedder = bm.tfdml_embedder(CONFIG, seed=seed)
+            lines.append(
+                {
+                    "test": part,
+                    "embedding": "untrained CNN",
+                    "seed": seed,
+                    **bm.evaluate(bm.embed(embedder, images), labels),
+                }
+            )
+    with open(path, "w") as f:
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+    return lines
+
+
+if __name__ == "__main__":  # python -m benchmarks.label_noise.fashion: the references
+    for line in references():
+        print(line)
