@@ -4,6 +4,10 @@ the small-loss heuristic, PRISM and DML-ALA recover.
     nice -n 5 python -m benchmarks.label_noise.label_noise --noise 0.4            # every row at 40 % noise
     nice -n 5 python -m benchmarks.label_noise.label_noise --noise 0.4 --methods base --bases contrastive
     python -m benchmarks.label_noise.label_noise --table-only                     # table.md from results.jsonl
+    nice -n 5 python -m benchmarks.label_noise.label_noise --data fashion_mnist --noise 0.0 --bases contrastive \
+        --methods base                                                            # Fashion-MNIST's clean rows
+    nice -n 5 python -m benchmarks.label_noise.label_noise --data fashion_mnist --noise 0.4 0.2 --bases contrastive \
+        --methods base heuristic ala --ala-options '{"trusted": [5, 60]}'
 
 Protocol (the reality check's, `benchmarks/reality_check/reality_check.py` and
 `benchmarks/glyph_methods/benchmark_methods.py`): glyphs at 32 px, 20 images per character, 150 training / 151 test
@@ -38,6 +42,11 @@ of a seed starts from the same softmax-pretrained embedder, trained on that seed
 base losses at their tuned settings of that regime); a pretrained run's line has `"regime": "pretrained"`,
 and the table shows the regime asked for.
 
+Data (`--data`): `glyphs` (the protocol above) or `fashion_mnist` (`fashion.py`: training classes 0-4,
+retrieval on the unseen classes 5-9, batches of 3 classes x 12 images; the same CNN, steps and tuned glyph
+settings; its lines carry `"data": "fashion_mnist"`, in `results_fashion.jsonl` by default, with its own clean
+base rows since the reality check has none).
+
 Results: one JSON line per run appended to `results.jsonl` as it finishes (a stopped run loses nothing);
 runs already there are skipped. `table.md` is written from every line.
 """
@@ -56,10 +65,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 from benchmarks.glyph_methods import benchmark_methods as bm  # noqa: E402
+from benchmarks.label_noise import cells as fmt  # noqa: E402
+from benchmarks.label_noise import fashion  # noqa: E402
+from benchmarks.label_noise.noisy_labels import noisy_data, trusted_labels, validation_split  # noqa: E402
+from benchmarks.label_noise.weights import WEIGHT_AUC_BATCHES, weight_auc  # noqa: E402
 from benchmarks.reality_check import reality_check as rc  # noqa: E402
-from tfdml.data.label_noise import symmetric_label_noise  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results.jsonl")
+FASHION_RESULTS = os.path.join(HERE, "results_fashion.jsonl")
 TABLE = os.path.join(HERE, "table.md")
 CONFIG = dict(bm.CONFIG)  # the reality check's protocol: 300 steps of 22 x 3 batches
 # base loss -> its reality-check method (tuned clean setting, scratch regime)
@@ -75,33 +88,14 @@ HEURISTIC_RATES = (0.25, 0.5)  # the candidate drop rates (the CPU time allowed 
 PRISM_MEMORIES = (660, 3000)
 PRISM_WINDOW = 30  # the threshold is the mean over the last 30 batches (the paper's configuration)
 VALIDATION_SEEDS = (0,)
-NOISE_SEED = 7919  # the noise of seed s is drawn from [NOISE_SEED, s, noise level in per mille]
 VALIDATION_STREAM = 104729  # DML-ALA's validation subsets of seed s are drawn from [s, VALIDATION_STREAM]
 # The reality check's regimes: "scratch" (random initial weights) or "pretrained" (every row starts from the
 # seed's softmax-pretrained embedder, trained on the same noisy training labels, `rc.Pretrained`); set by
 # --regime, recorded in each line (lines without it are scratch runs).
 REGIME = "scratch"
-
-
-# ------------------------------------------------------------------------------------------------ data
-def noisy_data(data, noise, seed):
-    """`data` (benchmark_methods.load_data) with the training labels of seed `seed` at noise level `noise`."""
-    labels, corrupted = symmetric_label_noise(data["train_y"], noise, [NOISE_SEED, int(seed), round(1000 * noise)])
-    return dict(data, train_y=labels.astype(np.int64), true_y=data["train_y"], corrupted=corrupted)
-
-
-def validation_split(data):
-    """`rc.split_training_classes(data)` (100 training characters by their noisy labels, renumbered, and 50 to
-    score) keeping the true labels in the renumbered space, for the verified set and the weight AUC: an image
-    whose true character is one of the 50 gets `-1 - character`, equal to no training label."""
-    part = rc.split_training_classes(data)
-    if "true_y" in data:
-        kept = np.isin(data["train_y"], np.unique(part["test_y"]), invert=True)
-        classes = np.unique(data["train_y"][kept])  # part["train_y"] is their rank in this sorted list
-        true = data["true_y"][kept]
-        inside = np.isin(true, classes)
-        part["true_y"] = np.where(inside, np.searchsorted(classes, true), -1 - true).astype(np.int64)
-    return part
+# The data set, set by --data: "glyphs" or "fashion_mnist" (`fashion.CONFIG` then replaces CONFIG's protocol);
+# recorded in each line that is not a glyph run.
+DATA = "glyphs"
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -190,19 +184,6 @@ def commit():
         return None
 
 
-def trusted_labels(data, classes, per_class, seed):
-    """Labels of a small verified set: `per_class` images of each of `classes` training characters drawn at
-    random, with their true labels (what a user gets by checking that many images by hand); -1 elsewhere."""
-    rng = np.random.default_rng([int(seed), 7907])
-    true = data.get("true_y", data["train_y"])
-    chosen = rng.choice(np.unique(true[true >= 0]), classes, replace=False)
-    labels = np.full_like(true, -1)
-    for c in chosen:
-        picked = rng.choice(np.flatnonzero(true == c), per_class, replace=False)
-        labels[picked] = c
-    return labels
-
-
 def train_ala(spec, data, batches, config, seed, warm_start=None):
     """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
     drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings. With the option
@@ -250,51 +231,6 @@ def train_ala(spec, data, batches, config, seed, warm_start=None):
     return bm.embed(embedder, data["test_x"]), model
 
 
-WEIGHT_AUC_BATCHES = 20
-
-
-def weight_auc(model, data, batches):
-    """What the trained assessor does with mislabelled tuples, over the positive pairs (triplets: their
-    anchor-positive pairs) of `batches`: `weight_auc`, the probability that a correctly labelled one (both
-    images truly of the class) gets a larger weight than a mislabelled one (ties half; 0.5: no preference),
-    and `weight_ratio`, the mean weight of the mislabelled ones over that of the correct ones; `distance_auc`,
-    the same AUC for the small-loss heuristic's ranking (the smaller anchor-positive distance, the more
-    trusted) under the same trained embedder and batches. None without label noise."""
-    true = data.get("true_y")
-    if true is None or not np.any(true != data["train_y"]):
-        return None
-    clean, wrong, near_clean, near_wrong = [], [], [], []
-    for batch in batches:
-        tuples, weights = model.tuple_weights(data["train_x"][batch], data["train_y"][batch])
-        tuples, weights = np.asarray(tuples), np.asarray(weights)
-        embeddings = np.asarray(model.embedder(data["train_x"][batch], training=False))
-        # One entry per anchor-positive pair (a triplet loss's pairs share their weight, or have one per
-        # triplet with assessed="all": their mean).
-        pairs, inverse = np.unique(tuples[:, :2], axis=0, return_inverse=True)
-        weights = np.bincount(inverse.ravel(), weights) / np.bincount(inverse.ravel())
-        anchor, positive = batch[pairs[:, 0]], batch[pairs[:, 1]]
-        same = data["train_y"][anchor] == data["train_y"][positive]
-        correct = true[anchor] == true[positive]
-        nearness = -np.linalg.norm(embeddings[pairs[:, 0]] - embeddings[pairs[:, 1]], axis=1)
-        clean.append(weights[same & correct])
-        wrong.append(weights[same & ~correct])
-        near_clean.append(nearness[same & correct])
-        near_wrong.append(nearness[same & ~correct])
-    clean, wrong = np.concatenate(clean), np.concatenate(wrong)
-    from sklearn.metrics import roc_auc_score  # ties count one half
-
-    truth = np.r_[np.ones(len(clean)), np.zeros(len(wrong))]
-
-    def auc(positives, negatives):
-        return round(float(roc_auc_score(truth, np.concatenate([positives, negatives]))), 4)
-
-    return {
-        "weight_auc": auc(clean, wrong),
-        "weight_ratio": round(float(wrong.mean() / clean.mean()), 4),
-        "distance_auc": auc(np.concatenate(near_clean), np.concatenate(near_wrong)),
-    }
-
-
 def train_and_test(spec, learning_rate, data, seed, steps, warm_start=None):
     """Trains `spec` on `data`'s (noisy) training labels, from `warm_start`'s weights when given, and evaluates
     on its test part: the metrics and the training's wall and CPU seconds."""
@@ -303,14 +239,18 @@ def train_and_test(spec, learning_rate, data, seed, steps, warm_start=None):
         data["train_y"], config["classes_per_batch"], config["samples_per_class"], config["steps"], seed
     )
     started, cpu = time.time(), time.process_time()
-    extra, model = {}, None
+    extra = {}
     if "ala_base" in spec:
         embeddings, model = train_ala(spec, data, batches, config, seed, warm_start)
+        embedder = model.embedder
     else:
-        embeddings, _ = bm.train_tfdml(spec, data, batches, config, seed, warm_start=warm_start)
+        embeddings, embedder = bm.train_tfdml(spec, data, batches, config, seed, warm_start=warm_start)
     wall, cpu = time.time() - started, time.process_time() - cpu
-    if model is not None:
+    if "ala_base" in spec:
         extra.update(weight_auc(model, data, batches[:WEIGHT_AUC_BATCHES]) or {})
+    if "seen_x" in data:  # Fashion-MNIST: also the test images of the training classes
+        seen = bm.evaluate(bm.embed(embedder, data["seen_x"]), data["seen_y"])
+        extra.update({f"seen_{name}": value for name, value in seen.items()})
     metrics = bm.evaluate(embeddings, data["test_y"])
     return {**metrics, **extra, "train_wall_s": round(wall, 2), "train_cpu_s": round(cpu, 2)}
 
@@ -323,7 +263,8 @@ def key(record):
 def read_results(path=RESULTS, steps=None):
     """The lines of `path` (the latest per key), those of `steps` training steps only when given; the clean
     base rows not run here are the reality check's (`reality_check_clean_runs`)."""
-    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) and REGIME == "scratch" else {}
+    glyph_scratch = REGIME == "scratch" and DATA == "glyphs"
+    latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) and glyph_scratch else {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
@@ -346,6 +287,7 @@ def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, do
         "seed": seed,
         "steps": steps,
         **({"regime": REGIME} if REGIME != "scratch" else {}),
+        **({"data": DATA} if DATA != "glyphs" else {}),
     }
     if done is not None and key(record) in done:
         return done[key(record)]
@@ -419,30 +361,11 @@ def validated(method, candidates, noise, base, full, steps, path=RESULTS, done=N
 
 
 # ------------------------------------------------------------------------------------------------ table
-def _mean_se(values):
-    values = np.asarray(values, float)
-    se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return float(values.mean()), float(se)
-
-
-def _cell(values):
-    if not len(values):
-        return "-"
-    mean, se = _mean_se(100 * np.asarray(values))
-    return f"{mean:.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:.1f}"
-
-
-def _row_label(method, options):
-    if method == "base":
-        return "base loss"
-    text = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(options.items()))
-    label = {"heuristic": "+ small-loss heuristic", "prism": "+ PRISM", "ala": "+ DML-ALA"}.get(method, method)
-    return f"{label} ({text})" if text else label
-
-
-def table(records, steps=CONFIG["steps"]):
+def table(records, steps=None, caption=None):
     """Markdown: per base loss and noise level, each row's R@1 and MAP@R (mean +- standard error over seeds),
-    the paired difference to the base loss, and the fraction of the noise's cost recovered."""
+    the paired difference to the base loss, and the fraction of the noise's cost recovered. `caption`: the
+    table's first words in place of the data set's (then without the validation and exploration lists)."""
+    steps = CONFIG["steps"] if steps is None else steps
     current = [
         r
         for r in records.values()
@@ -452,21 +375,29 @@ def table(records, steps=CONFIG["steps"]):
     by = {}
     for r in finals:
         by.setdefault((r["base"], r["noise"], r["method"], json.dumps(r["options"], sort_keys=True)), {})[r["seed"]] = r
-    lines = [
+    default_caption = caption is None
+    with_map = DATA == "fashion_mnist"  # where the noise costs MAP@R more than R@1: its recovered fraction too
+    caption = caption or (
         f"Glyphs, 150 training / 151 test characters, symmetric label noise on the training labels; small CNN, "
         f"{steps} steps of 22 x 3 batches"
         + (" from the seed's softmax-pretrained embedder" if REGIME == "pretrained" else "")
         + f", each base loss at its tuned clean setting (reality check, {REGIME}). "
-        "Mean +- standard error over seeds (%). Delta: the row minus the base loss at the same noise, paired by "
+    )
+    if DATA == "fashion_mnist" and default_caption:
+        caption = fashion.CAPTION.format(images=f"{CONFIG['images_per_class']:,}", steps=steps)
+    lines = [
+        caption
+        + "Mean +- standard error over seeds (%). Delta: the row minus the base loss at the same noise, paired by "
         "seed. Noise cost: clean base minus noisy base, paired by seed (the clean base rows are the reality "
         "check's final runs, the same protocol, batches and initial weights, unless run here). Recovered: mean "
         "Delta R@1 / mean noise cost over the seeds that have both (+- the standard error of Delta over the "
         "cost).",
         "",
-        "| base loss | noise | row | n | R@1 | MAP@R | Delta R@1 | Delta MAP@R | noise cost R@1 | recovered |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| base loss | noise | row | n | R@1 | MAP@R | Delta R@1 | Delta MAP@R | noise cost R@1 | recovered |"
+        + (" noise cost MAP@R | recovered MAP@R |" if with_map else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if with_map else ""),
     ]
-    validation = [r for r in current if r["phase"] == "validation"]
+    validation = [r for r in current if r["phase"] == "validation" and default_caption]
     for base in BASES:
         clean = by.get((base, 0.0, "base", "{}"), {})
         for noise in NOISE_LEVELS:
@@ -485,20 +416,21 @@ def table(records, steps=CONFIG["steps"]):
                 delta_map = [runs[s]["map@r"] - reference[s]["map@r"] for s in common]
                 costed = sorted(set(common) & set(clean)) if noise > 0 else []
                 cost = [clean[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
-                cells = [base, f"{noise:.0%}", _row_label(method, json.loads(options)), str(len(seeds))]
-                cells += [_cell(r1), _cell(mapr)]
+                extra = [_recovered(runs, reference, clean, costed, "map@r", method == "base")] if with_map else []
+                cells = [base, f"{noise:.0%}", fmt.row_label(method, json.loads(options)), str(len(seeds))]
+                cells += [fmt.cell(r1), fmt.cell(mapr)]
                 if method == "base":
-                    cells += ["-", "-", _cell(cost) if cost else "-", "-"]
+                    cells += ["-", "-", fmt.cell(cost) if cost else "-", "-"]
                 else:
-                    cells += [_signed(delta), _signed(delta_map), "-"]
+                    cells += [fmt.signed(delta), fmt.signed(delta_map), "-"]
                     if cost and np.mean(cost) > 0:
                         d = [runs[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
-                        mean_d, se_d = _mean_se(d)
+                        mean_d, se_d = fmt.mean_se(d)
                         cells.append(f"{mean_d / np.mean(cost):.2f} +- {se_d / np.mean(cost):.2f} (n={len(d)})")
                     else:
                         cells.append("-")
-                lines.append("| " + " | ".join(cells) + " |")
-    exploration = [r for r in current if r["phase"] == "exploration"]
+                lines.append("| " + " | ".join(cells + sum(extra, [])) + " |")
+    exploration = [r for r in current if r["phase"] == "exploration" and default_caption]
     if exploration:
         lines += [
             "",
@@ -516,34 +448,66 @@ def table(records, steps=CONFIG["steps"]):
             delta = f"{100 * (r['recall@1'] - reference['recall@1']):+.1f}" if reference else "-"
             auc = f"{r['weight_auc']:.2f}" if "weight_auc" in r else "-"
             ratio = f"{r['weight_ratio']:.2f}" if "weight_ratio" in r else "-"
-            cells = [r["base"], f"{r['noise']:.0%}", _row_label(r["method"], r["options"]), str(r["seed"])]
+            cells = [r["base"], f"{r['noise']:.0%}", fmt.row_label(r["method"], r["options"]), str(r["seed"])]
             lines.append("| " + " | ".join(cells + [f"{100 * r['recall@1']:.1f}", delta, auc, ratio]) + " |")
     if validation:
         lines += [
             "",
-            "Settings chosen on the validation split (100 of the training characters to train, 50 to score, "
-            "noisy labels; MAP@R %, seeds " + ", ".join(map(str, VALIDATION_SEEDS)) + "):",
+            "Settings chosen on the validation split ("
+            + (
+                fashion.VALIDATION_WORDS
+                if DATA == "fashion_mnist"
+                else "100 of the training characters to train, 50 to score"
+            )
+            + ", noisy labels; MAP@R %, seeds "
+            + ", ".join(map(str, VALIDATION_SEEDS))
+            + "):",
             "",
             "| base loss | noise | row | seed | validation MAP@R |",
             "|---|---|---|---|---|",
         ]
         for r in sorted(validation, key=lambda r: (r["base"], r["noise"], r["method"], json.dumps(r["options"]))):
-            label = _row_label(r["method"], r["options"])
+            label = fmt.row_label(r["method"], r["options"])
             lines.append(f"| {r['base']} | {r['noise']:.0%} | {label} | {r['seed']} | {100 * r['map@r']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
-def _signed(values):
-    if not len(values):
-        return "-"
-    mean, se = _mean_se(100 * np.asarray(values))
-    return f"{mean:+.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:+.1f}"
+def _recovered(runs, reference, clean, seeds, metric, base):
+    """The noise cost's and recovered fraction's cells of `metric` (`base`: the cost; else the fraction)."""
+    cost = [clean[s][metric] - reference[s][metric] for s in seeds]
+    if base:
+        return [fmt.cell(cost) if cost else "-", "-"]
+    if not cost or np.mean(cost) <= 0:
+        return ["-", "-"]
+    mean_d, se_d = fmt.mean_se([runs[s][metric] - reference[s][metric] for s in seeds])
+    return ["-", f"{mean_d / np.mean(cost):.2f} +- {se_d / np.mean(cost):.2f} (n={len(seeds)})"]
+
+
+def tables(records, steps):
+    """`table(records, steps)`, and on Fashion-MNIST the same rows scored on the test images of the training
+    classes (the lines' `seen_` metrics) after it."""
+    text = table(records, steps)
+    if DATA != "fashion_mnist":
+        return text
+    seen = {
+        k: dict(r, **{name: r["seen_" + name] for name in ("recall@1", "map@r")})
+        for k, r in records.items()
+        if "seen_recall@1" in r
+    }
+    return text + "\n" + table(seen, steps, caption=fashion.SEEN_CAPTION.format(steps=steps))
 
 
 # ------------------------------------------------------------------------------------------------ main
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    parser.add_argument(
+        "--data",
+        choices=("glyphs", "fashion_mnist"),
+        default="glyphs",
+        help="glyphs: the protocol of table.md; fashion_mnist: training classes 0-4, retrieval on 5-9 (fashion.py), "
+        "results in results_fashion.jsonl unless --out names another file",
     )
     parser.add_argument("--noise", type=float, nargs="+", default=[0.4], help="noise levels of the runs")
     parser.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
@@ -552,8 +516,9 @@ def main(argv=None):
     parser.add_argument(
         "--steps",
         type=int,
-        default=CONFIG["steps"],
-        help="300: the protocol of table.md; 600: the issue's original length (results_600.jsonl)",
+        default=None,
+        help="default: the data set's protocol (300); 300: the protocol of table.md; 600: the issue's original "
+        "length (results_600.jsonl)",
     )
     parser.add_argument(
         "--regime",
@@ -578,11 +543,15 @@ def main(argv=None):
         default="final",
         help="final: a row of the table; exploration: a setting tried on the test characters (listed apart)",
     )
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--out", default=None, help="the results file (default: the data set's)")
     parser.add_argument("--table-only", action="store_true")
     args = parser.parse_args(argv)
-    global REGIME
-    REGIME = args.regime
+    global REGIME, DATA
+    REGIME, DATA = args.regime, args.data
+    if DATA == "fashion_mnist":
+        CONFIG.update(fashion.CONFIG)
+    args.steps = CONFIG["steps"] if args.steps is None else args.steps
+    args.out = args.out or (FASHION_RESULTS if DATA == "fashion_mnist" else RESULTS)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     table_path = TABLE if args.out == RESULTS else os.path.splitext(args.out)[0] + "_table.md"
     if not args.table_only:
@@ -591,7 +560,7 @@ def main(argv=None):
         if args.threads:
             tf.config.threading.set_intra_op_parallelism_threads(args.threads)
             tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-        full = bm.load_data(CONFIG)
+        full = fashion.load_data(CONFIG) if DATA == "fashion_mnist" else bm.load_data(CONFIG)
         done = read_results(args.out, args.steps)  # another step count's runs (and clean rows) are not these
         for noise in args.noise:
             for base in args.bases:  # the validation runs first
@@ -606,9 +575,8 @@ def main(argv=None):
                             continue
                         run(args.phase, noise, base, method, option, seed, full, args.steps, args.out, done)
                         with open(table_path, "w") as f:
-                            f.write(table(read_results(args.out, args.steps), args.steps))
-    records = read_results(args.out, args.steps)
-    text = table(records, args.steps)
+                            f.write(tables(read_results(args.out, args.steps), args.steps))
+    text = tables(read_results(args.out, args.steps), args.steps)
     with open(table_path, "w") as f:
         f.write(text)
     print(text)

@@ -1,0 +1,31 @@
+"""The label-noise table's cells: mean +- standard error over seeds, in percent, and the row labels."""
+
+import numpy as np
+
+
+def mean_se(values):
+    values = np.asarray(values, float)
+    se = values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return float(values.mean()), float(se)
+
+
+def cell(values):
+    if not len(values):
+        return "-"
+    mean, se = mean_se(100 * np.asarray(values))
+    return f"{mean:.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:.1f}"
+
+
+def row_label(method, options):
+    if method == "base":
+        return "base loss"
+    text = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(options.items()))
+    label = {"heuristic": "+ small-loss heuristic", "prism": "+ PRISM", "ala": "+ DML-ALA"}.get(method, method)
+    return f"{label} ({text})" if text else label
+
+
+def signed(values):
+    if not len(values):
+        return "-"
+    mean, se = mean_se(100 * np.asarray(values))
+    return f"{mean:+.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:+.1f}"
