@@ -532,19 +532,24 @@ def run_one(name, data, batches, config, seed):
     }
 
 
+def latest_records(path, key, keep=lambda record: True, latest=None):
+    """The JSON lines of `path` that `keep` accepts, the latest per `key(record)` (a missing file has none),
+    added to `latest` when given: the results files are appended to, so a re-run row replaces the earlier one."""
+    latest = {} if latest is None else latest
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    record = json.loads(line)
+                    if keep(record):
+                        latest[key(record)] = record
+    return latest
+
+
 def read_lines(path, config):
     """The result lines of `path` for `config`, the latest per (method, seed)."""
-    latest = {}
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                record = json.loads(line)
-                if record.get("config") == config:
-                    latest[record["method"], record["seed"]] = record
-    return list(latest.values())
+    records = latest_records(path, lambda r: (r["method"], r["seed"]), lambda r: r.get("config") == config)
+    return list(records.values())
 
 
 def summarise(records):

@@ -180,14 +180,9 @@ def glyphs_run(args, seed, weighting, overrides):
 
 
 def read(path):
-    records = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    r = json.loads(line)
-                    records[r["key"]] = r
-    return records
+    from benchmarks.glyph_methods import benchmark_methods as bm
+
+    return bm.latest_records(path, lambda record: record["key"])
 
 
 def paired(records, dataset, base_loss, tag, noise, steps, metric):

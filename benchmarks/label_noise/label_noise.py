@@ -265,14 +265,7 @@ def read_results(path=RESULTS, steps=None):
     base rows not run here are the reality check's (`reality_check_clean_runs`)."""
     glyph_scratch = REGIME == "scratch" and DATA == "glyphs"
     latest = reality_check_clean_runs() if steps in (None, CONFIG["steps"]) and glyph_scratch else {}
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    if steps is None or record["steps"] == steps:
-                        latest[key(record)] = record
-    return latest
+    return bm.latest_records(path, key, lambda record: steps is None or record["steps"] == steps, latest)
 
 
 def run(phase, noise, base, method, options, seed, full, steps, path=RESULTS, done=None):

@@ -244,15 +244,7 @@ def run(name, params, data, config, seed, warm_start=None, keep_classifier=False
 
 def read_lines(path, proto):
     """The lines of `path` for protocol `proto`, the latest per key."""
-    latest = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    if record.get("protocol") == proto:
-                        latest[_key(record)] = record
-    return latest
+    return bm.latest_records(path, _key, lambda record: record.get("protocol") == proto)
 
 
 def _key(record):
