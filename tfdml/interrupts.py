@@ -88,16 +88,15 @@ def between_steps():
     of the block, not wherever the main thread happens to be: an exception raised from a signal handler in the
     middle of TensorFlow's eager or tf.data machinery can crash the process (a segfault) instead of stopping it.
     A second stop before that point raises at once."""
-    outer, pending = _state["deferring"], None
     _state["deferring"] = True
     try:
         yield
+    except BaseException:
+        _state["pending"] = None  # a held stop gives way to the error already on its way out
+        raise
     finally:
-        _state["deferring"] = outer
-        if not outer:  # the outermost block: a held stop is raised here, or dropped under another exception
-            pending, _state["pending"] = _state["pending"], None
-    if pending is not None:
-        raise KeyboardInterrupt
+        _state["deferring"] = False
+    stop_point()
 
 
 def stop_point():
