@@ -42,12 +42,17 @@ def _worst_queries_page(folder, evaluation, config, class_names=None):
         neighbours=config.report.grid_neighbours,
         by=config.report.worst_order,
     )
-    # The pixels come from their own pass over the evaluation data, in the same order.
-    same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
     title = f"Worst queries of {config.name} on its evaluation items"
     report_pages.write_worst_queries_page(
-        folder, worst, evaluation.pixels if same_items else None, class_names=class_names, title=title
+        folder, worst, _evaluated_pixels(evaluation), class_names=class_names, title=title
     )
+
+
+def _evaluated_pixels(evaluation):
+    """The evaluation items' images, or None: the pixels come from their own pass over the evaluation data, used
+    only when it met the items in the same order."""
+    same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
+    return evaluation.pixels if same_items else None
 
 
 def write_summary(folder, summary):
@@ -89,15 +94,12 @@ def _figure(value):
 def write_projector(folder, evaluation, class_names=None):
     """The evaluation embeddings with class names and images for TensorBoard's projector
     (`<folder>/tensorboard`, run `projector`, see `tfdml.projector`)."""
-
-    # The pixels come from their own pass over the evaluation data, in the same order.
-    same_items = np.array_equal(evaluation.pixel_labels, evaluation.labels)
     return projector.write_projector(
         os.path.join(folder, "tensorboard"),
         evaluation.embeddings,
         evaluation.labels,
         class_names,
-        evaluation.pixels if same_items else None,
+        _evaluated_pixels(evaluation),
     )
 
 
