@@ -163,7 +163,9 @@ def _nearest_neighbour_confusion(chars, seeds=(101, 102, 103, 104, 105), image_s
 
     count = np.zeros((len(chars), len(chars)))
     for seed in seeds:
-        images, labels = glyphs_lib.render_images(chars, image_size, images_per_class, seed)
+        images, labels = glyphs_lib.render_images(
+            chars, image_size=image_size, images_per_class=images_per_class, seed=seed
+        )
         vectors = []
         for image in images:
             rows, cols = np.nonzero(image > 0.3 * image.max())

@@ -3,10 +3,10 @@ episodes for DML-ALA, evaluation batches and the papers' augmentation. See `tfdm
 batches are built and why they keep whole classes per replica."""
 
 from tfdml.data.evaluation import eval_dataset
-from tfdml.data.glyphs import glyphs
+from tfdml.data.glyphs import GlyphRendering, glyphs
 from tfdml.data.label_noise import symmetric_label_noise
 from tfdml.data.preprocessing import Augment, eval_image, evaluation_center_crop, train_image
-from tfdml.data.sampling import class_balanced_dataset, episode_dataset, steps_per_epoch
+from tfdml.data.sampling import StreamOptions, class_balanced_dataset, episode_dataset, steps_per_epoch
 from tfdml.data.sources import (
     EMBEDDED_SOURCES,
     Source,
@@ -22,7 +22,9 @@ EMBEDDED_SOURCES["glyphs"] = glyphs
 __all__ = [
     "EMBEDDED_SOURCES",
     "Augment",
+    "GlyphRendering",
     "Source",
+    "StreamOptions",
     "array_source",
     "class_balanced_dataset",
     "digits",

@@ -20,6 +20,7 @@ Images are generated in a few seconds and cached under `~/.cache/tfdml/glyphs` (
 keyed by every parameter and the font files, and are identical for a given seed.
 """
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -31,6 +32,7 @@ from fontTools.ttLib import TTFont
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from scipy import ndimage
 
+from tfdml.data._keywords import takes_fields
 from tfdml.data.sources import array_source
 
 # Faces with Unicode character maps (each drawn in the four weights/slants the files provide).
@@ -246,7 +248,7 @@ def confusions(classes, seeds=CONFUSION_SEEDS, images_per_class=20, image_size=3
     """
     count = np.zeros((len(classes), len(classes)))
     for seed in seeds:
-        images, labels = render_images(classes, image_size, images_per_class, seed)
+        images, labels = render_images(classes, image_size=image_size, images_per_class=images_per_class, seed=seed)
         vectors = np.stack([_undo_size_and_position(image) for image in images])
         for start in range(0, len(vectors), 2048):
             similarity = vectors[start : start + 2048] @ vectors.T
@@ -345,22 +347,67 @@ def _draw(glyph, image_size, params):
     return np.asarray(canvas)
 
 
-def render_images(
-    classes,
-    image_size=32,
-    images_per_class=20,
-    seed=0,
-    max_rotation=DEFAULT_ROTATION,
-    scale=DEFAULT_SCALE,
-    max_blur=DEFAULT_BLUR,
-):
-    """`uint8 [len(classes) * images_per_class, image_size, image_size]` images and their class indices.
+@dataclasses.dataclass(frozen=True)
+class GlyphRendering:
+    """How the glyph images are drawn: the settings that `glyphs`, `load_images` (and its cache key) and
+    `render_images` take as keyword arguments of the same names, checked when made.
+
+    Args:
+      image_size: side of the square images, at least 8 (default 32).
+      images_per_class: images drawn per character (default 20).
+      seed: draws the faces, rotations, sizes, positions, stroke weights and blurs (default 0).
+      max_rotation: images are rotated by up to this many degrees either way (default `DEFAULT_ROTATION`,
+        12). The look-alike removal assumed 12: much larger angles bring shapes such as `n`/`u` or `6`/`9`
+        closer.
+      scale: `(low, high)` range of the glyph's longer side as a fraction of `image_size`, within (0, 1]
+        (default `DEFAULT_SCALE`, `(0.55, 0.95)`).
+      max_blur: largest Gaussian blur radius, in pixels at 32 px, scaled with `image_size` (default
+        `DEFAULT_BLUR`, 0.8).
+
+    Example:
+      >>> GlyphRendering(image_size=16).images_per_class
+      20
+      >>> GlyphRendering(image_size=4)
+      Traceback (most recent call last):
+      ValueError: glyphs: image_size must be at least 8, got 4.
+    """
+
+    image_size: int = 32
+    images_per_class: int = 20
+    seed: int = 0
+    max_rotation: float = DEFAULT_ROTATION
+    scale: tuple = DEFAULT_SCALE
+    max_blur: float = DEFAULT_BLUR
+
+    def __post_init__(self):
+        if int(self.image_size) < 8:
+            raise ValueError(f"glyphs: image_size must be at least 8, got {self.image_size}.")
+        if int(self.images_per_class) < 1:
+            raise ValueError(f"glyphs: images_per_class must be positive, got {self.images_per_class}.")
+        if not float(self.max_rotation) >= 0.0:
+            raise ValueError(f"glyphs: max_rotation must be at least 0 degrees, got {self.max_rotation}.")
+        scale = tuple(float(s) for s in self.scale)
+        if len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0:
+            raise ValueError(f"glyphs: scale must be (low, high) with 0 < low <= high <= 1, got {self.scale!r}.")
+        if not float(self.max_blur) >= 0.0:
+            raise ValueError(f"glyphs: max_blur must be at least 0, got {self.max_blur}.")
+        types = {"image_size": int, "images_per_class": int, "seed": int, "max_rotation": float, "max_blur": float}
+        for field, kind in types.items():  # frozen: the converted values replace the given ones once, here
+            object.__setattr__(self, field, kind(getattr(self, field)))
+        object.__setattr__(self, "scale", scale)
+
+
+def render_images(classes, **rendering):
+    """`uint8 [len(classes) * images_per_class, image_size, image_size]` images and their class indices, drawn
+    as `rendering` (`GlyphRendering`'s fields, as keywords) says.
 
     Each class's images depend only on `seed` and its character (not on the other classes): per image a
     random face among those that draw it, stroke weight (thinner, as drawn, or 1-2 px bolder at the master
     size), rotation within +-`max_rotation` degrees, longer side at `scale` of the image, position within
     the free margin, and a Gaussian blur of radius up to `max_blur` px (at 32 px).
     """
+    settings = GlyphRendering(**rendering)
+    image_size, images_per_class = settings.image_size, settings.images_per_class
     masters = {}
     images = np.zeros((len(classes) * images_per_class, image_size, image_size), np.uint8)
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), images_per_class)
@@ -368,16 +415,16 @@ def render_images(
         faces = faces_for(char)
         if len(faces) < 1:
             raise ValueError(f"glyphs: no font draws {char!r} (U+{ord(char):04X}).")
-        rng = np.random.default_rng([int(seed), ord(char)])
+        rng = np.random.default_rng([settings.seed, ord(char)])
         for k in range(images_per_class):
             face = faces[rng.integers(len(faces))]
             params = {
                 "weight": int(rng.choice([-1, 0, 0, 1, 2])),
-                "rotation": float(rng.uniform(-max_rotation, max_rotation)),
-                "scale": float(rng.uniform(*scale)),
+                "rotation": float(rng.uniform(-settings.max_rotation, settings.max_rotation)),
+                "scale": float(rng.uniform(*settings.scale)),
                 "shift_x": float(rng.uniform(-1, 1)),
                 "shift_y": float(rng.uniform(-1, 1)),
-                "blur": float(rng.uniform(0, max_blur)),
+                "blur": float(rng.uniform(0, settings.max_blur)),
             }
             if (char, face) not in masters:
                 masters[char, face] = render_glyph(char, face)
@@ -398,26 +445,11 @@ def _cache_key(classes, settings):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
 
 
-def load_images(
-    classes=None,
-    image_size=32,
-    images_per_class=20,
-    seed=0,
-    max_rotation=DEFAULT_ROTATION,
-    scale=DEFAULT_SCALE,
-    max_blur=DEFAULT_BLUR,
-    cache=True,
-):
-    """`render_images` of every class, read from the on-disk cache when it was generated before."""
+def load_images(classes=None, cache=True, **rendering):
+    """`render_images(classes, **rendering)`, every class by default, read from the on-disk cache when it was
+    generated before (`cache`); the cache key is the class list, the checked `GlyphRendering` and the fonts."""
     classes = _classes() if classes is None else classes
-    settings = dict(
-        image_size=int(image_size),
-        images_per_class=int(images_per_class),
-        seed=int(seed),
-        max_rotation=float(max_rotation),
-        scale=tuple(float(s) for s in scale),
-        max_blur=float(max_blur),
-    )
+    settings = dataclasses.asdict(GlyphRendering(**rendering))
     path = os.path.join(cache_dir(), f"glyphs-{_cache_key(classes, settings)}.npz") if cache else None
     if path and os.path.exists(path):
         try:
@@ -434,31 +466,18 @@ def load_images(
     return images, labels
 
 
-def glyphs(
-    split="train",
-    image_size=32,
-    images_per_class=20,
-    seed=0,
-    max_rotation=DEFAULT_ROTATION,
-    scale=DEFAULT_SCALE,
-    max_blur=DEFAULT_BLUR,
-    classes=None,
-    cache=True,
-):
+@takes_fields(GlyphRendering)
+def glyphs(split="train", classes=None, cache=True, **rendering):
     """Rendered characters as a source of `uint8 [image_size, image_size, 1]` images (white ink on black).
 
     Args:
       split: `"train"` (half of the classes), `"test"` (the other half: zero-shot evaluation) or `"all"`.
         The halves are a fixed shuffle of the class list, the same for every seed.
-      image_size: side of the square images.
-      images_per_class: images drawn per character.
-      seed: draws the faces, rotations, sizes, positions, stroke weights and blurs.
-      max_rotation: images are rotated by up to this many degrees either way. The look-alike removal
-        assumed 12: much larger angles bring shapes such as `n`/`u` or `6`/`9` closer.
-      scale: range of the glyph's longer side as a fraction of `image_size`.
-      max_blur: largest Gaussian blur radius, in pixels at 32 px (scaled with `image_size`).
       classes: the characters, one class each; default `tfdml.data.glyph_classes.CLASSES`.
       cache: read and write the images under `cache_dir()`.
+      image_size, images_per_class, seed, max_rotation, scale, max_blur: how the images are drawn, as in
+        `GlyphRendering` (defaults `image_size=32`, `images_per_class=20`, `seed=0`, `max_rotation=12.0`,
+        `scale=(0.55, 0.95)`, `max_blur=0.8`).
 
     Labels are indices into the class string and keep their value in every split; the characters are in
     the returned source's `class_names` attribute (indexed by label).
@@ -467,15 +486,12 @@ def glyphs(
       >>> train, test = tfdml.data.glyphs("train"), tfdml.data.glyphs("test")
       >>> ds = tfdml.data.class_balanced_dataset(train, 22, 3, image_size=32)
     """
+    settings = GlyphRendering(**rendering)  # checked before any work
     classes = _classes() if classes is None else str(classes)
     if len(set(classes)) != len(classes):
         raise ValueError("glyphs: classes must be distinct characters.")
-    if int(image_size) < 8:
-        raise ValueError(f"glyphs: image_size must be at least 8, got {image_size}.")
-    if int(images_per_class) < 1:
-        raise ValueError(f"glyphs: images_per_class must be positive, got {images_per_class}.")
     keep = class_split(classes, split)
-    images, labels = load_images(classes, image_size, images_per_class, seed, max_rotation, scale, max_blur, cache)
+    images, labels = load_images(classes, cache, **dataclasses.asdict(settings))
     mask = np.isin(labels, keep)
     images, labels = images[mask][..., None], labels[mask]
     source = array_source(

@@ -23,12 +23,14 @@ Memory is the label index (one int per item plus the source's item locators); im
 the batches in flight.
 """
 
+import dataclasses
 import logging
 import os
 
 import numpy as np
 import tensorflow as tf
 
+from tfdml.data._keywords import takes_fields
 from tfdml.data.preprocessing import as_size, resolve_augment, train_image
 
 logger = logging.getLogger("tfdml.data")
@@ -39,8 +41,6 @@ _MAX_SEED = 2**31 - 1
 def _base_seed(seed):
     if seed is None:
         seed = int(np.random.default_rng().integers(_MAX_SEED))
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int or None, got {seed!r}.")
     return tf.constant([int(seed), 0x5EED], dtype=tf.int64)
 
 
@@ -57,6 +57,62 @@ def _fold(seed, value):
 def _check_positive(name, value):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamOptions:
+    """How `class_balanced_dataset` and `episode_dataset` draw and load their batches: the settings both take
+    as keyword arguments of the same names, checked when made (`image_size` becomes `(height, width)` and
+    `augment` an `Augment` or None).
+
+    Args:
+      image_size: output size (int or `(height, width)`); required unless all images share one size
+        (default None).
+      augment: `False` (default: resize only), `True` (paper augmentation: resize 256, random crop of 50-100 %
+        area and aspect 3/4-4/3 to `image_size`, horizontal flip) or a `tfdml.data.Augment`.
+      preprocess: `None` (default) for raw float32 pixels in `[0, 255]`, what tfdml embedders take (they
+        apply their own preprocessing); or a function of float32 images in `[0, 255]` for a model that does
+        not preprocess itself (e.g. `lambda x: x / 255`).
+      seed: int; the same seed gives the same batches (classes, images and augmentation). Default None: a
+        random one.
+      epochs: number of class epochs (`steps_per_epoch(source, C)` batches each); `None` (default) repeats
+        forever.
+      drop_small_classes: leave out the classes with fewer items than a batch takes of one class (default
+        False: sample them with replacement, reported once through the `tfdml.data` logger).
+      parallel_batches: batches loading concurrently, one thread each (default None: `min(8, max(4, cpus))`);
+        more uses more memory (that many batches in flight) for more parallelism.
+      prefetch: add `prefetch(AUTOTUNE)` (default True).
+
+    Example:
+      >>> StreamOptions(image_size=32, seed=0).image_size
+      (32, 32)
+      >>> StreamOptions(epochs=0)
+      Traceback (most recent call last):
+      ValueError: epochs must be a positive integer, got 0.
+    """
+
+    image_size: object = None
+    augment: object = False
+    preprocess: object = None
+    seed: int = None
+    epochs: int = None
+    drop_small_classes: bool = False
+    parallel_batches: int = None
+    prefetch: bool = True
+
+    def __post_init__(self):
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))):
+            raise TypeError(f"seed must be an int or None, got {self.seed!r}.")
+        for name in ("epochs", "parallel_batches"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        # frozen: the resolved values replace the given ones once, here
+        object.__setattr__(self, "image_size", as_size(self.image_size))
+        object.__setattr__(self, "augment", resolve_augment(self.augment))
+
+    def finish(self, dataset):
+        """`dataset`, prefetched if `prefetch`."""
+        return dataset.prefetch(tf.data.AUTOTUNE) if self.prefetch else dataset
 
 
 def usable_classes(source, samples_per_class, drop_small_classes=False):
@@ -139,7 +195,7 @@ class _BatchSampler:
     same class that did load (as for classes smaller than `K`).
     """
 
-    def __init__(self, source, classes, ks, seed, image_size, augment, preprocess):
+    def __init__(self, source, classes, ks, seed, options):
         self.source = source
         labels = source.labels
         order = np.argsort(labels, kind="stable")
@@ -157,9 +213,7 @@ class _BatchSampler:
         self.slot_of = tf.constant(np.repeat(np.arange(len(ks)), ks), tf.int64)
         self.column_of = tf.constant(np.concatenate([np.arange(k) for k in ks]), tf.int64)
         self.sample_seed, self.augment_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        self.image_size = as_size(image_size)
-        self.augment = resolve_augment(augment)
-        self.preprocess = preprocess
+        self.image_size, self.augment, self.preprocess = options.image_size, options.augment, options.preprocess
         self.image_spec = self._image_spec()
 
     def _image(self, index, image_seed):
@@ -247,7 +301,6 @@ def _batches(sampler, schedule, group, parallel_batches):
     for every batch); a batch in which a class had no loadable image at all is dropped with a warning."""
     if parallel_batches is None:
         parallel_batches = _default_parallel_batches()
-    _check_positive("parallel_batches", parallel_batches)
     ds = schedule.batch(group, drop_remainder=True).interleave(
         sampler.batch, cycle_length=parallel_batches, num_parallel_calls=parallel_batches, deterministic=True
     )
@@ -284,20 +337,8 @@ class _UniformOrderBatchSampler(_BatchSampler):
         return tf.gather(items, tf.argsort(tf.cast(self.slot_of, tf.float64) + keys))
 
 
-def class_balanced_dataset(
-    source,
-    classes_per_batch,
-    samples_per_class,
-    image_size=None,
-    augment=False,
-    preprocess=None,
-    seed=None,
-    epochs=None,
-    drop_small_classes=False,
-    num_replicas=None,
-    parallel_batches=None,
-    prefetch=True,
-):
+@takes_fields(StreamOptions)
+def class_balanced_dataset(source, classes_per_batch, samples_per_class, *, num_replicas=None, **stream):
     """Batches of exactly `classes_per_batch` distinct classes x `samples_per_class` images each.
 
     Args:
@@ -306,19 +347,12 @@ def class_balanced_dataset(
       samples_per_class: `K`, images per class per batch. Classes with fewer items are sampled with
         replacement (reported once through the `tfdml.data` logger) or, with `drop_small_classes=True`,
         left out.
-      image_size: output size (int or `(height, width)`); required unless all images share one size.
-      augment: `False` (resize only), `True` (paper augmentation: resize 256, random crop of 50-100 % area
-        and aspect 3/4-4/3 to `image_size`, horizontal flip) or a `tfdml.data.Augment`.
-      preprocess: `None` (default) for raw float32 pixels in `[0, 255]`, what tfdml embedders take (they
-        apply their own preprocessing); or a function of float32 images in `[0, 255]` for a model that does
-        not preprocess itself (e.g. `lambda x: x / 255`).
-      seed: int; the same seed gives the same batches (classes, images and augmentation).
-      epochs: number of class epochs (`steps_per_epoch(source, C)` batches each); `None` repeats forever.
       num_replicas: when set, checks that `C` divides evenly so each replica's contiguous share of a batch
         holds whole classes.
-      parallel_batches: batches loading concurrently, one thread each (default `min(8, max(4, cpus))`);
-        more uses more memory (that many batches in flight) for more parallelism.
-      prefetch: add `prefetch(AUTOTUNE)`.
+      image_size, augment, preprocess, seed, epochs, drop_small_classes, parallel_batches, prefetch: how the
+        batches are drawn and loaded, as in `StreamOptions` (defaults: the images' own size, no augmentation
+        or preprocessing, a random seed, endless, small classes sampled with replacement, 4-8 batches
+        loading at once, prefetched).
 
     Returns:
       `tf.data.Dataset` of `(images [C*K, h, w, c] float32, labels [C*K] int64)`, class-major: items
@@ -332,22 +366,18 @@ def class_balanced_dataset(
       >>> ds = tfdml.data.class_balanced_dataset(source, 4, 8, image_size=32, seed=0)
       >>> images, labels = next(iter(ds))   # images [32, 32, 32, 1], labels [32]: 4 digits x 8
     """
-    classes = _batch_classes(source, classes_per_batch, samples_per_class, epochs, num_replicas, drop_small_classes)
-    schedule_seed, sample_seed = _schedule_and_sample_seeds(seed)
-    sampler = _UniformOrderBatchSampler(
-        source, classes, [samples_per_class] * classes_per_batch, sample_seed, image_size, augment, preprocess
-    )
-    schedule = _slot_schedule(len(classes), classes_per_batch, schedule_seed, epochs)
-    ds = _batches(sampler, schedule, classes_per_batch, parallel_batches)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+    options = StreamOptions(**stream)
+    classes = _batch_classes(source, classes_per_batch, samples_per_class, num_replicas, options.drop_small_classes)
+    schedule_seed, sample_seed = _schedule_and_sample_seeds(options.seed)
+    sampler = _UniformOrderBatchSampler(source, classes, [samples_per_class] * classes_per_batch, sample_seed, options)
+    schedule = _slot_schedule(len(classes), classes_per_batch, schedule_seed, options.epochs)
+    return options.finish(_batches(sampler, schedule, classes_per_batch, options.parallel_batches))
 
 
-def _batch_classes(source, classes_per_batch, samples_per_class, epochs, num_replicas, drop_small_classes):
+def _batch_classes(source, classes_per_batch, samples_per_class, num_replicas, drop_small_classes):
     """The classes `class_balanced_dataset` draws from, after checking its settings (`ValueError`)."""
     _check_positive("classes_per_batch", classes_per_batch)
     _check_positive("samples_per_class", samples_per_class)
-    if epochs is not None:
-        _check_positive("epochs", epochs)
     if num_replicas is not None:
         _check_positive("num_replicas", num_replicas)
         if classes_per_batch % num_replicas:
@@ -364,6 +394,7 @@ def _batch_classes(source, classes_per_batch, samples_per_class, epochs, num_rep
     return classes
 
 
+@takes_fields(StreamOptions)
 def episode_dataset(
     source,
     train_size=100,
@@ -371,16 +402,10 @@ def episode_dataset(
     samples_per_class=5,
     train_classes=None,
     val_classes=None,
-    image_size=None,
-    augment=False,
-    preprocess=None,
-    seed=None,
-    epochs=None,
-    drop_small_classes=False,
-    parallel_batches=None,
-    prefetch=True,
+    *,
     disjoint_labels=True,
     val_source=None,
+    **stream,
 ):
     """DML-ALA episodes: per step a training subset and a validation subset with disjoint label sets.
 
@@ -400,6 +425,18 @@ def episode_dataset(
     classes as `source`'s; its classes are scheduled on their own, so a validation class may also be in the
     step's training subset (`disjoint_labels` must stay True: it does not apply).
 
+    Args:
+      source: a `tfdml.data.Source` of the training classes.
+      train_size, val_size: images of the training and the validation subset of a step (defaults 100, 20).
+      samples_per_class: images per class when the class counts are not given (default 5).
+      train_classes, val_classes: classes of each subset (defaults: the sizes // `samples_per_class`).
+      disjoint_labels: draw both subsets from one batch of distinct classes (default True); False gives the
+        random episodes above.
+      val_source: the `tfdml.data.Source` of the validation subsets (default None: `source`).
+      image_size, augment, preprocess, seed, epochs, drop_small_classes, parallel_batches, prefetch: how the
+        batches are drawn and loaded, as in `StreamOptions` and `class_balanced_dataset` (a class is small
+        when it has fewer items than the larger of the two subsets takes of one class).
+
     Returns:
       `tf.data.Dataset` whose elements are 4-tuples
       `(train_images [train_size, h, w, c], train_labels [train_size],
@@ -410,17 +447,14 @@ def episode_dataset(
       ...                                 train_classes=3, val_classes=1, image_size=16, seed=0)
       >>> train_x, train_y, val_x, val_y = next(iter(ds))
     """
+    options = StreamOptions(**stream)
     train_classes, val_classes = _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes)
-    k_train, k_val = train_size // train_classes, val_size // val_classes
-    loading = dict(image_size=image_size, augment=augment, preprocess=preprocess)
+    sizes = ((train_classes, train_size // train_classes), (val_classes, val_size // val_classes))
     _check_val_source(val_source, disjoint_labels)
-    sizes, drawing = ((train_classes, k_train), (val_classes, k_val)), (seed, epochs, drop_small_classes)
     if val_source is not None or not disjoint_labels:
         val_source = source if val_source is None else val_source
-        ds = _independent_episodes(source, val_source, sizes, loading, *drawing, parallel_batches)
-    else:
-        ds = _disjoint_episodes(source, sizes, loading, *drawing, parallel_batches)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+        return options.finish(_independent_episodes(source, val_source, sizes, options))
+    return options.finish(_disjoint_episodes(source, sizes, options))
 
 
 def _check_val_source(val_source, disjoint_labels):
@@ -431,44 +465,44 @@ def _check_val_source(val_source, disjoint_labels):
         )
 
 
-def _disjoint_episodes(source, sizes, loading, seed, epochs, drop_small, parallel_batches):
+def _disjoint_episodes(source, sizes, options):
     """Episodes of `source` whose training and validation subsets (`(classes, k)` of `sizes`) are one batch of
     distinct classes, split after the training images (`episode_dataset`'s default)."""
     (train_classes, k_train), (val_classes, k_val) = sizes
     train_size, group = train_classes * k_train, train_classes + val_classes
-    classes = usable_classes(source, max(k_train, k_val), drop_small)
+    classes = usable_classes(source, max(k_train, k_val), options.drop_small_classes)
     if len(classes) < group:
         raise ValueError(
             f"{source.name} has {len(classes)} usable classes, fewer than train_classes + val_classes = "
             f"{train_classes} + {val_classes}: the two subsets need disjoint label sets."
         )
-    schedule_seed, sample_seed = _schedule_and_sample_seeds(seed)
+    schedule_seed, sample_seed = _schedule_and_sample_seeds(options.seed)
     ks = [k_train] * train_classes + [k_val] * val_classes
-    sampler = _BatchSampler(source, classes, ks, sample_seed, **loading)
-    schedule = _slot_schedule(len(classes), group, schedule_seed, epochs)
+    sampler = _BatchSampler(source, classes, ks, sample_seed, options)
+    schedule = _slot_schedule(len(classes), group, schedule_seed, options.epochs)
 
     def split(images, labels):
         return images[:train_size], labels[:train_size], images[train_size:], labels[train_size:]
 
-    return _batches(sampler, schedule, group, parallel_batches).map(split)
+    return _batches(sampler, schedule, group, options.parallel_batches).map(split)
 
 
-def _independent_episodes(source, val_source, sizes, loading, seed, epochs, drop_small, parallel_batches):
+def _independent_episodes(source, val_source, sizes, options):
     """Episodes whose training subsets come from `source` and validation subsets from `val_source`, each
     `(classes, k)` of `sizes` on its own class schedule, so the two may share labels (`episode_dataset`'s
     `disjoint_labels=False` and `val_source`)."""
-    schedule_seed, sample_seed = _schedule_and_sample_seeds(seed)
+    schedule_seed, sample_seed = _schedule_and_sample_seeds(options.seed)
     subsets = []
     for index, (subset, (n, k)) in enumerate(zip((source, val_source), sizes)):
-        classes = usable_classes(subset, k, drop_small)
+        classes = usable_classes(subset, k, options.drop_small_classes)
         if len(classes) < n:
             role = "training" if index == 0 else "validation"
             raise ValueError(
                 f"{subset.name} has {len(classes)} usable classes, fewer than the {n} classes of one {role} subset."
             )
-        sampler = _BatchSampler(subset, classes, [k] * n, _fold(sample_seed, index), **loading)
-        schedule = _slot_schedule(len(classes), n, _fold(schedule_seed, index), epochs)
-        subsets.append(_batches(sampler, schedule, n, parallel_batches))
+        sampler = _BatchSampler(subset, classes, [k] * n, _fold(sample_seed, index), options)
+        schedule = _slot_schedule(len(classes), n, _fold(schedule_seed, index), options.epochs)
+        subsets.append(_batches(sampler, schedule, n, options.parallel_batches))
     return tf.data.Dataset.zip(tuple(subsets)).map(lambda train, val: (*train, *val))
 
 

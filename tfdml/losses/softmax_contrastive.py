@@ -17,6 +17,7 @@ All are O(B^2): the per-pair softmax denominators of NT-Xent are one logsumexp p
 import keras
 from keras import ops
 
+from tfdml.losses.arguments import Argument, declared
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     as_scalar,
@@ -134,24 +135,19 @@ def ntxent_loss(labels, embeddings, temperature=0.07):
     return _ntxent_loss(labels, embeddings, temperature)
 
 
-class _TemperatureLoss(MetricLoss):
-    """A loss with one hyper-parameter, a softmax temperature; subclasses set `loss_fn`."""
+def _temperature(default):
+    """The one argument of SupCon and NT-Xent, with its range (that of the configuration's `loss.params`)."""
+    return Argument("temperature", default, "softmax temperature", above=0.0, maximum=1e4)
 
-    def __init__(self, temperature, name, **kwargs):
-        super().__init__(name=name, **kwargs)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
-        self.temperature = float(temperature)
+
+class _TemperatureLoss(MetricLoss):
+    """A declared loss (`tfdml.losses.arguments`) whose one argument is a softmax temperature; subclasses set
+    `ARGUMENTS = (_temperature(default),)`, `DEFAULT_NAME` and `loss_fn`."""
 
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
         return type(self).loss_fn(labels, embeddings, self.temperature, references)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(temperature=self.temperature)
-        return config
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -178,36 +174,36 @@ class NPairsLoss(MetricLoss):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class SupConLoss(_TemperatureLoss):
     """Supervised contrastive loss (Khosla et al. 2020), as PML's `SupConLoss(temperature)`.
 
     `l_i = -1/|P_i| sum_{j in P_i} log(exp(S_ij / t) / sum_{k != i} exp(S_ik / t))`, `L` = mean of the non-zero
     `l_i` (cosine similarities `S`).
 
-    Args:
+    Args (default and range in `ARGUMENTS`, also the configuration's `loss.params`):
         temperature: softmax temperature (0.1).
         name: loss name.
     """
 
+    DEFAULT_NAME = "supcon_loss"
+    ARGUMENTS = (_temperature(0.1),)
     loss_fn = staticmethod(_supcon_loss)
-
-    def __init__(self, temperature=0.1, name="supcon_loss", **kwargs):
-        super().__init__(temperature, name=name, **kwargs)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class NTXentLoss(_TemperatureLoss):
     """NT-Xent / InfoNCE (SimCLR) with class labels, as PML's `NTXentLoss(temperature)`.
 
     `l_ij = -log(exp(S_ij / t) / (exp(S_ij / t) + sum_{k in N_i} exp(S_ik / t)))` for every positive pair,
     `L` = their mean (cosine similarities `S`). For SimCLR, label the two views of an image with the same id.
 
-    Args:
+    Args (default and range in `ARGUMENTS`, also the configuration's `loss.params`):
         temperature: softmax temperature (0.07).
         name: loss name.
     """
 
+    DEFAULT_NAME = "ntxent_loss"
+    ARGUMENTS = (_temperature(0.07),)
     loss_fn = staticmethod(_ntxent_loss)
-
-    def __init__(self, temperature=0.07, name="ntxent_loss", **kwargs):
-        super().__init__(temperature, name=name, **kwargs)
