@@ -4,8 +4,9 @@
   Google style reads as one argument called "name, version" that the signature lacks. Such a line becomes one
   entry per name with the shared text before the docstring is parsed, so each argument is listed, and a name
   that is not in the signature still warns (and fails `mkdocs build --strict`).
-- An argument documented as `as in `function`` (a class pointing at the function it wraps, in the same
-  module) gets that function's description of the argument, so the reference says what it is.
+- An argument documented as `as in `function`` (a class pointing at the function it wraps, or a function
+  pointing at the settings class that declares its keywords, in the same module) gets that object's
+  description of the argument, so the reference says what it is.
 - `Example:` sections hold doctests: they are read as the Google style's `Examples:` (code, not prose).
 - Attributes set in a method, without a docstring (`self.t1 = float(t1)`), are left out of the reference: the
   constructor's arguments document them.
@@ -128,8 +129,8 @@ def _rewrite(docstring, function, module=None):
 
 
 class SharedArguments(griffe.Extension):
-    def on_function_instance(self, *, func, **kwargs):
-        _rewrite(func.docstring, func)
+    def on_function_instance(self, *, func, **kwargs):  # `as in` a class or function of the same module
+        _rewrite(func.docstring, func, func.parent if func.parent is not None and func.parent.is_module else None)
 
     def on_class_members(self, *, cls, **kwargs):  # after __init__ is known: its docstring is the class's
         init = cls.members.get("__init__")

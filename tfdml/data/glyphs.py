@@ -32,7 +32,7 @@ from fontTools.ttLib import TTFont
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from scipy import ndimage
 
-from tfdml.data._keywords import takes_fields
+from tfdml.data import _keywords
 from tfdml.data.sources import array_source
 
 # Faces with Unicode character maps (each drawn in the four weights/slants the files provide).
@@ -466,7 +466,7 @@ def load_images(classes=None, cache=True, **rendering):
     return images, labels
 
 
-@takes_fields(GlyphRendering)
+@_keywords.takes_fields(GlyphRendering)
 def glyphs(split="train", classes=None, cache=True, **rendering):
     """Rendered characters as a source of `uint8 [image_size, image_size, 1]` images (white ink on black).
 
@@ -475,9 +475,7 @@ def glyphs(split="train", classes=None, cache=True, **rendering):
         The halves are a fixed shuffle of the class list, the same for every seed.
       classes: the characters, one class each; default `tfdml.data.glyph_classes.CLASSES`.
       cache: read and write the images under `cache_dir()`.
-      image_size, images_per_class, seed, max_rotation, scale, max_blur: how the images are drawn, as in
-        `GlyphRendering` (defaults `image_size=32`, `images_per_class=20`, `seed=0`, `max_rotation=12.0`,
-        `scale=(0.55, 0.95)`, `max_blur=0.8`).
+      image_size, images_per_class, seed, max_rotation, scale, max_blur: as in `GlyphRendering`.
 
     Labels are indices into the class string and keep their value in every split; the characters are in
     the returned source's `class_names` attribute (indexed by label).

@@ -30,7 +30,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tfdml.data._keywords import takes_fields
+from tfdml.data import _keywords
 from tfdml.data.preprocessing import as_size, resolve_augment, train_image
 
 logger = logging.getLogger("tfdml.data")
@@ -337,7 +337,7 @@ class _UniformOrderBatchSampler(_BatchSampler):
         return tf.gather(items, tf.argsort(tf.cast(self.slot_of, tf.float64) + keys))
 
 
-@takes_fields(StreamOptions)
+@_keywords.takes_fields(StreamOptions)
 def class_balanced_dataset(source, classes_per_batch, samples_per_class, *, num_replicas=None, **stream):
     """Batches of exactly `classes_per_batch` distinct classes x `samples_per_class` images each.
 
@@ -349,10 +349,8 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, *, num_
         left out.
       num_replicas: when set, checks that `C` divides evenly so each replica's contiguous share of a batch
         holds whole classes.
-      image_size, augment, preprocess, seed, epochs, drop_small_classes, parallel_batches, prefetch: how the
-        batches are drawn and loaded, as in `StreamOptions` (defaults: the images' own size, no augmentation
-        or preprocessing, a random seed, endless, small classes sampled with replacement, 4-8 batches
-        loading at once, prefetched).
+      image_size, augment, preprocess, seed, epochs, drop_small_classes,
+        parallel_batches, prefetch: as in `StreamOptions`.
 
     Returns:
       `tf.data.Dataset` of `(images [C*K, h, w, c] float32, labels [C*K] int64)`, class-major: items
@@ -394,7 +392,7 @@ def _batch_classes(source, classes_per_batch, samples_per_class, num_replicas, d
     return classes
 
 
-@takes_fields(StreamOptions)
+@_keywords.takes_fields(StreamOptions)
 def episode_dataset(
     source,
     train_size=100,
@@ -413,7 +411,8 @@ def episode_dataset(
     `class_balanced_dataset`); the first `train_classes` fill the training subset with
     `train_size / train_classes` images each (class-balanced), the others the validation subset.
     `train_classes` defaults to `train_size // samples_per_class`, `val_classes` to
-    `val_size // samples_per_class`; the sizes must divide evenly.
+    `val_size // samples_per_class`; the sizes must divide evenly. With `drop_small_classes`, a class is left
+    out when it has fewer items than the larger of the two subsets takes of one class.
 
     `disjoint_labels=False` gives the "random episodes" of the paper's Table 1 ablation: the validation
     classes are drawn independently of the training classes (their own epoch schedule), so the two subsets
@@ -433,9 +432,8 @@ def episode_dataset(
       disjoint_labels: draw both subsets from one batch of distinct classes (default True); False gives the
         random episodes above.
       val_source: the `tfdml.data.Source` of the validation subsets (default None: `source`).
-      image_size, augment, preprocess, seed, epochs, drop_small_classes, parallel_batches, prefetch: how the
-        batches are drawn and loaded, as in `StreamOptions` and `class_balanced_dataset` (a class is small
-        when it has fewer items than the larger of the two subsets takes of one class).
+      image_size, augment, preprocess, seed, epochs, drop_small_classes,
+        parallel_batches, prefetch: as in `StreamOptions`.
 
     Returns:
       `tf.data.Dataset` whose elements are 4-tuples
