@@ -154,3 +154,10 @@ def test_temperature_losses_keep_their_defaults_and_check_the_temperature(cls, d
         cls(temperature=0)
     with pytest.raises(TypeError, match="temprature"):
         cls(temprature=0.5)
+
+
+def test_n_pairs_keeps_its_default_and_its_config():
+    expected = {"normalize": True, "name": "n_pairs_loss", "kwargs": inspect.Parameter.empty}
+    assert _defaults(losses.NPairsLoss) == expected
+    loss = losses.NPairsLoss(normalize=False)
+    assert loss.normalize is False and losses.NPairsLoss.from_config(loss.get_config()).normalize is False

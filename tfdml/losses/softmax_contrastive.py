@@ -151,26 +151,21 @@ class _TemperatureLoss(MetricLoss):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class NPairsLoss(MetricLoss):
     """N-pair loss (Sohn 2016), as PML's `NPairsLoss()`: one (anchor, positive) pair per class, cross-entropy of
     each anchor against the positives of all classes. See `n_pairs_loss`.
 
-    Args:
+    Args (default in `ARGUMENTS`, also the configuration's `loss.params`):
         normalize: cosine similarities (True, PML's default) or plain inner products (False, the paper).
         name: loss name.
     """
 
-    def __init__(self, normalize=True, name="n_pairs_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.normalize = bool(normalize)
+    DEFAULT_NAME = "n_pairs_loss"
+    ARGUMENTS = (Argument("normalize", True, "cosine similarities (else plain inner products)"),)
 
     def compute(self, labels, embeddings):
         return _n_pairs_loss(labels, embeddings, self.normalize)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(normalize=self.normalize)
-        return config
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
