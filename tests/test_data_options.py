@@ -63,6 +63,16 @@ def test_an_unknown_rendering_keyword_is_a_type_error_naming_it(function):
         function(image_sise=16)
 
 
+def test_a_setting_formerly_passed_by_position_is_refused_rather_than_taken_for_another():
+    # image_size and the rendering settings used to follow split / classes by position
+    with pytest.raises(TypeError, match="positional"):
+        data.glyphs("test", 16)
+    with pytest.raises(TypeError, match="positional"):
+        glyphs_lib.load_images("AB", 16)
+    with pytest.raises(TypeError, match="positional"):
+        data.class_balanced_dataset(_source(), 2, 2, 4)
+
+
 @pytest.mark.parametrize(
     "setting, message",
     [

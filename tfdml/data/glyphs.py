@@ -445,7 +445,7 @@ def _cache_key(classes, settings):
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
 
 
-def load_images(classes=None, cache=True, **rendering):
+def load_images(classes=None, *, cache=True, **rendering):
     """`render_images(classes, **rendering)`, every class by default, read from the on-disk cache when it was
     generated before (`cache`); the cache key is the class list, the checked `GlyphRendering` and the fonts."""
     classes = _classes() if classes is None else classes
@@ -467,7 +467,7 @@ def load_images(classes=None, cache=True, **rendering):
 
 
 @_keywords.takes_fields(GlyphRendering)
-def glyphs(split="train", classes=None, cache=True, **rendering):
+def glyphs(split="train", *, classes=None, cache=True, **rendering):
     """Rendered characters as a source of `uint8 [image_size, image_size, 1]` images (white ink on black).
 
     Args:
@@ -489,7 +489,7 @@ def glyphs(split="train", classes=None, cache=True, **rendering):
     if len(set(classes)) != len(classes):
         raise ValueError("glyphs: classes must be distinct characters.")
     keep = class_split(classes, split)
-    images, labels = load_images(classes, cache, **dataclasses.asdict(settings))
+    images, labels = load_images(classes, cache=cache, **dataclasses.asdict(settings))
     mask = np.isin(labels, keep)
     images, labels = images[mask][..., None], labels[mask]
     source = array_source(
