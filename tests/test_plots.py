@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import same_color
 
 from tfdml import plots
@@ -157,13 +158,18 @@ def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
 
 def test_retrieval_grid_without_classes_has_grey_frames_and_black_titles(tmp_path, figures):
     rng = np.random.default_rng(2)
-    images = [[rng.integers(0, 255, (12, 9), dtype=np.uint8) for _ in range(3)] for _ in range(2)]
-    plots.plot_retrieval_grid([row[0] for row in images], images, None, tmp_path / "grey.png")
-    texts, frames = grid_cells(figures[-1], 2, 4)
-    assert [t.get_text() for t in texts[1]] == ["query", "#1", "#2", "#3"]
+    images = [[rng.integers(0, 255, (12, 9), dtype=np.uint8) for _ in range(3)] for _ in range(12)]
+    queries, names = [row[0] for row in images], [f"q{q}" for q in range(12)]
+    plots.plot_retrieval_grid(queries, images, None, tmp_path / "grey.png", query_titles=names, note="line 2")
+    fig = figures[-1]  # as tall as the job's worst queries (12 rows), with a two-line title
+    texts, frames = grid_cells(fig, 12, 4)
+    assert [t.get_text() for t in texts[1]] == ["query\nq1", "#1", "#2", "#3"]
     assert all(same_color(frame, "grey") for frame in frames[:, 1:].ravel())
     assert all(same_color(text.get_color(), "black") for text in texts.ravel())
-    assert "grey frames: classes unknown" in figures[-1].get_suptitle()
+    assert fig.get_suptitle() == "Nearest neighbours (grey frames: classes unknown)\nline 2"
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the figure is closed: a canvas of its own to measure on
+    title = fig._suptitle.get_window_extent(renderer)
+    assert title.y1 <= fig.bbox.y1 and all(title.y0 > t.get_window_extent(renderer).y1 for t in texts[0])
 
 
 def test_training_curves_draw_a_single_level_loss_once(tmp_path, figures):

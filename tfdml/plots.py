@@ -216,8 +216,15 @@ def plot_retrieval_grid(
     band = round(cell * (0.16 * lines + 0.04) / _CELL_INCHES)  # the title lines above each image, in pixels
     canvas = np.full((num_queries * (band + cell), (k + 1) * cell, 3), 255, np.uint8)
     height = _CELL_INCHES * num_queries * (band + cell) / cell
-    fig = plt.figure(figsize=(_CELL_INCHES * (k + 1), height + 0.3))
-    ax = fig.add_axes((0.0, 0.0, 1.0, height / (height + 0.3)))
+    legend = (
+        "green frame = same class, red = other class"
+        if same_class_flags is not None
+        else "grey frames: classes unknown"
+    )
+    suptitle = f"Nearest neighbours ({legend})" + (f"\n{note}" if note else "")
+    top = 0.15 + 0.16 * (suptitle.count("\n") + 1)  # inches above the grid for the figure's title
+    fig = plt.figure(figsize=(_CELL_INCHES * (k + 1), height + top))
+    ax = fig.add_axes((0.0, 0.0, 1.0, height / (height + top)))
     ax.set_axis_off()
     for q in range(num_queries):
         cells = [(query_images[q], "black", "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""))]
@@ -231,12 +238,7 @@ def plot_retrieval_grid(
                 ax, canvas, (q * (band + cell) + band, column * cell + _GAP // 2), image, colour, label, families
             )
     ax.imshow(canvas, interpolation="nearest")
-    legend = (
-        "green frame = same class, red = other class"
-        if same_class_flags is not None
-        else "grey frames: classes unknown"
-    )
-    fig.suptitle(f"Nearest neighbours ({legend})" + (f"\n{note}" if note else ""), fontsize=9)
+    fig.suptitle(suptitle, fontsize=9, y=1.0 - 0.05 / (height + top), va="top")
     return _save(fig, path, bbox_inches=None)  # the layout is already tight: no second drawing to measure it
 
 
