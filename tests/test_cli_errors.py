@@ -1,11 +1,15 @@
 """What a user can get wrong on the command line gives one clear line and an exit status, never a traceback.
 
-Each case runs the CLI in a subprocess (so that a traceback would show on stderr). The usage and
-configuration errors that can be told from the arguments, the configuration and the file system are also
-checked to come before TensorFlow is imported (which takes seconds); the others (backbone names, ImageNet
-weights) need the library. Ctrl-C during training is tested with the training runs in test_cli_train.py.
+The cases run the CLI in one subprocess, one after another, each with its own stderr and stdout files (so
+that a traceback would show there) and its exit status (`SystemExit`'s code, as the shell would see it). The
+usage and configuration errors that can be told from the arguments, the configuration and the file system are
+also checked to come before TensorFlow is imported (which takes seconds): they run first, and the process
+records after each case whether TensorFlow is imported yet; the others (backbone names, ImageNet weights) need
+the library, which the process imports once for them all. Ctrl-C during training is tested with the training
+runs in test_cli_train.py.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -16,25 +20,41 @@ import pytest
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Runs `tfdml ARGS...` and says on stderr whether TensorFlow was imported.
-DRIVER = (
-    "import sys\nfrom tfdml.cli import main\ntry:\n    rc = main(sys.argv[1:])\nfinally:\n"
-    "    print('tensorflow imported' if 'tensorflow' in sys.modules else 'tensorflow not imported', "
-    "file=sys.stderr)\nsys.exit(rc)\n"
-)
+# Runs `tfdml ARGS...` for each ARGS of the JSON list argv[1] in turn, its stderr and stdout into files of the
+# folder argv[2]; writes there `results.json`: per case, the exit status and whether TensorFlow is imported.
+DRIVER = """
+import json, os, sys, traceback
+from tfdml.cli import main
 
+def run(args, index, out):
+    streams = [(1, sys.stdout), (2, sys.stderr)]
+    streams = [(fd, stream, open(os.path.join(out, f"{index}.{fd}"), "w")) for fd, stream in streams]
+    saved = [os.dup(fd) for fd, _, _ in streams]
+    for fd, stream, file in streams:
+        stream.flush()
+        os.dup2(file.fileno(), fd)
+    try:
+        return main(args)
+    except SystemExit as exit:
+        return 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        for (fd, stream, file), copy in zip(streams, saved):
+            stream.flush()
+            os.dup2(copy, fd)
+            os.close(copy)
+            file.close()
 
-def _run(args, cwd, env=None):
-    env = dict(
-        os.environ,
-        CUDA_VISIBLE_DEVICES="",
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        **(env or {}),
-    )
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI's own default
-    return subprocess.run(
-        [sys.executable, "-c", DRIVER, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+cases, out = json.loads(sys.argv[1]), sys.argv[2]
+results = []
+for index, args in enumerate(cases):
+    status = run(args, index, out)
+    results.append({"status": status, "tensorflow": "tensorflow" in sys.modules})
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(results, f)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +78,8 @@ def place(tmp_path_factory):
     return root
 
 
-# (arguments, exit status, message on stderr, whether TensorFlow may be imported first, extra environment)
+# (arguments, exit status, message on stderr, whether TensorFlow may be imported first); every case runs without
+# network and with an empty Keras cache (the `runs` fixture)
 CASES = {
     "image-dir-without-class-folders": (
         ["train", "--image-dir", "empty"],
@@ -130,8 +151,6 @@ CASES = {
         2,
         "offline, train from scratch with --set model.weights=null",
         True,
-        # no network: every download goes to a closed local port (and not to a cached file)
-        {"HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "KERAS_HOME": "keras_home"},
     ),
     "evaluate-negative-batch-size": (
         ["evaluate", "--model", "x", "--batch-size", "-5"],
@@ -154,15 +173,42 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def runs(place, tmp_path_factory):
+    """`{case: (exit status, stderr, stdout, whether TensorFlow was imported by then)}`: the cases that come
+    before TensorFlow first, in one process with no network (every download goes to a closed local port) and
+    an empty Keras cache (no cached weights file)."""
+    order = sorted(CASES, key=lambda case: CASES[case][3])  # stable: the TensorFlow-free cases first
+    out = tmp_path_factory.mktemp("errors_out")
+    env = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        HTTPS_PROXY="http://127.0.0.1:9",
+        https_proxy="http://127.0.0.1:9",
+        KERAS_HOME="keras_home",
+    )
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI's own default
+    cases = json.dumps([CASES[case][0] for case in order])
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, cases, str(out)], cwd=place, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0 and (out / "results.json").exists(), (done.stdout[-3000:], done.stderr[-3000:])
+    results = json.loads((out / "results.json").read_text())
+    return {
+        case: (result["status"], (out / f"{i}.2").read_text(), (out / f"{i}.1").read_text(), result["tensorflow"])
+        for i, (case, result) in enumerate(zip(order, results))
+    }
+
+
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_one_line_and_no_traceback(case, place):
-    args, status, message, needs_tensorflow, *env = CASES[case]
-    done = _run(args, place, *env)
-    err = done.stderr
-    assert done.returncode == status, err[-3000:]
+def test_one_line_and_no_traceback(case, runs):
+    _, status, message, needs_tensorflow = CASES[case]
+    returncode, err, out, tensorflow_imported = runs[case]
+    assert returncode == status, err[-3000:]
     assert "Traceback" not in err and message in err, err[-3000:]
     errors = [line for line in err.splitlines() if re.match(r"tfdml \w+: error: ", line)]
     assert len(errors) == 1 and message in errors[0], err[-3000:]
     if not needs_tensorflow:
-        assert "tensorflow not imported" in err, "this error should come before TensorFlow is imported"
-    assert not done.stdout.strip() or "Traceback" not in done.stdout
+        assert not tensorflow_imported, "this error should come before TensorFlow is imported"
+    assert not out.strip() or "Traceback" not in out

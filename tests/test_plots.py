@@ -5,6 +5,7 @@ import warnings
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import same_color
 
 from tfdml import plots
@@ -64,9 +65,9 @@ def figures(monkeypatch):
     drawn = []
     save = plots._save
 
-    def keep(fig, path):
+    def keep(fig, path, **options):
         drawn.append(fig)
-        return save(fig, path)
+        return save(fig, path, **options)
 
     monkeypatch.setattr(plots, "_save", keep)
     return drawn
@@ -101,6 +102,35 @@ def test_recall_curves_of_close_runs_are_apart(tmp_path, figures):
     assert "map@r 0.557" in ax.get_title() and "map@r 0.618" in ax.get_title()
 
 
+def grid_cells(fig, rows, columns):
+    """The title (a Text) and the frame colour (RGB in [0, 1]) of each cell of a retrieval grid, `[rows,
+    columns]` each, found in the composed picture: a cell's frame is the border of its inked pixels, one
+    colour all round; its title stands over the frame."""
+    (ax,) = fig.axes
+    texts = np.asarray(ax.texts, dtype=object).reshape(rows, columns)
+    canvas = np.asarray(ax.images[0].get_array())[..., :3]
+    height, width = canvas.shape[0] // rows, canvas.shape[1] // columns
+    frames = np.empty((rows, columns), dtype=object)
+    for q in range(rows):
+        for c in range(columns):
+            cell = canvas[q * height : (q + 1) * height, c * width : (c + 1) * width]
+            inked = np.argwhere((cell < 250).any(axis=-1))
+            (top, left), (bottom, right) = inked.min(axis=0), inked.max(axis=0)
+            ring = np.concatenate(
+                [
+                    cell[top, left : right + 1],
+                    cell[bottom, left : right + 1],
+                    cell[top:bottom, left],
+                    cell[top:bottom, right],
+                ]
+            )
+            assert (ring == ring[0]).all(), (q, c)  # one colour all round
+            frames[q, c] = tuple(ring[0] / 255.0)
+            x, y = texts[q, c].get_position()
+            assert c * width + left < x < c * width + right and y < q * height + top, (q, c)  # over its frame
+    return texts, frames
+
+
 def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
     rng = np.random.default_rng(1)
     queries = [rng.integers(0, 255, (32, 32, 1), dtype=np.uint8) for _ in range(8)]  # the job's 8 x 5
@@ -115,15 +145,31 @@ def test_retrieval_grid_has_classes_scores_and_no_blank_band(tmp_path, figures):
         titles=titles,
         query_titles=[f"class {5 + q % 5}" for q in range(8)],
     )
-    axes = np.asarray(figures[-1].axes).reshape(8, 6)
-    assert axes[0, 0].get_title() == "query\nclass 5" and axes[2, 3].get_title() == "#3\n7 0.92"
+    texts, frames = grid_cells(figures[-1], 8, 6)
+    assert texts[0, 0].get_text() == "query\nclass 5" and texts[2, 3].get_text() == "#3\n7 0.92"
+    assert all(same_color(frames[q, 0], "black") and texts[q, 0].get_fontweight() == "bold" for q in range(8))
     for q in range(8):  # each neighbour's title and frame say its own flag
         for j in range(5):
             colour = "tab:green" if flags[q, j] else "tab:red"
-            ax = axes[q, j + 1]
-            assert same_color(ax.title.get_color(), colour), (q, j)
-            assert all(same_color(spine.get_edgecolor(), colour) for spine in ax.spines.values()), (q, j)
+            assert same_color(texts[q, j + 1].get_color(), colour), (q, j)
+            assert same_color(frames[q, j + 1], colour), (q, j)
     assert longest_blank_band(path) < 0.03  # the old layout left ~9 % of the height blank under the title
+
+
+def test_retrieval_grid_without_classes_has_grey_frames_and_black_titles(tmp_path, figures):
+    rng = np.random.default_rng(2)
+    images = [[rng.integers(0, 255, (12, 9), dtype=np.uint8) for _ in range(3)] for _ in range(12)]
+    queries, names = [row[0] for row in images], [f"q{q}" for q in range(12)]
+    plots.plot_retrieval_grid(queries, images, None, tmp_path / "grey.png", query_titles=names, note="line 2")
+    fig = figures[-1]  # as tall as the job's worst queries (12 rows), with a two-line title
+    texts, frames = grid_cells(fig, 12, 4)
+    assert [t.get_text() for t in texts[1]] == ["query\nq1", "#1", "#2", "#3"]
+    assert all(same_color(frame, "grey") for frame in frames[:, 1:].ravel())
+    assert all(same_color(text.get_color(), "black") for text in texts.ravel())
+    assert fig.get_suptitle() == "Nearest neighbours (grey frames: classes unknown)\nline 2"
+    renderer = FigureCanvasAgg(fig).get_renderer()  # the figure is closed: a canvas of its own to measure on
+    title = fig._suptitle.get_window_extent(renderer)
+    assert title.y1 <= fig.bbox.y1 and all(title.y0 > t.get_window_extent(renderer).y1 for t in texts[0])
 
 
 def test_training_curves_draw_a_single_level_loss_once(tmp_path, figures):
@@ -171,21 +217,21 @@ def test_cyrillic_and_greek_class_names_are_drawn_as_they_are(tmp_path, figures)
     names = ["Жук", "Ёлка", "Ωμέγα"]
     assert plots.font_families(names) is not None
     _grid_with_names(tmp_path / "cyrillic.png", names)
-    axes = figures[-1].axes
-    assert axes[0].get_title() == "query\nclass Жук" and axes[2].get_title() == "#2\nΩμέγα 0.90"
+    texts, _ = grid_cells(figures[-1], 1, 3)
+    assert texts[0, 0].get_text() == "query\nclass Жук" and texts[0, 2].get_text() == "#2\nΩμέγα 0.90"
 
 
 def test_cjk_class_names_use_a_font_that_covers_them_or_fall_back(tmp_path, figures):
     names = ["汉字", "かな", "Жук"]
     families = plots.font_families(names)
     _grid_with_names(tmp_path / "cjk.png", names)  # no missing-glyph warning either way
-    axes = figures[-1].axes
+    texts, _ = grid_cells(figures[-1], 1, 3)
     if families is not None:  # a CJK font is installed: the names are drawn with it
-        assert axes[0].get_title() == "query\nclass 汉字" and len(families) > 1
-        assert axes[0].title.get_fontfamily() == families
+        assert texts[0, 0].get_text() == "query\nclass 汉字" and len(families) > 1
+        assert texts[0, 0].get_fontfamily() == families
         assert plots.drawable_name("汉字", 4) == "汉字"
     else:
-        assert axes[0].get_title() == "query\nclass ?" and axes[2].get_title() == "#2\nЖук 0.90"
+        assert texts[0, 0].get_text() == "query\nclass ?" and texts[0, 2].get_text() == "#2\nЖук 0.90"
         assert 'names no installed font can draw are shown as "?"' in figures[-1].get_suptitle()
         assert plots.drawable_name("汉字", 4) == "[4]" and plots.drawable_name("Жук", 2) == "Жук"
 

@@ -23,11 +23,11 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path):
+def _save(fig, path, bbox_inches="tight"):
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110, bbox_inches=bbox_inches)
     _pyplot().close(fig)
     return path
 
@@ -175,6 +175,12 @@ def _drawable_titles(titles, query_titles):
     return titles, query_titles, font_families(texts), True
 
 
+_CELL_INCHES = 1.35  # width of one grid cell (image, frame and gap)
+_BOX = 96  # pixels of a cell's framed image in the composed picture
+_GAP = 10  # white pixels between cells
+_FRAME_COLOURS = {None: "grey", True: "tab:green", False: "tab:red"}
+
+
 def plot_retrieval_grid(
     query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None, note=None, ranks=None
 ):
@@ -189,9 +195,11 @@ def plot_retrieval_grid(
       note: optional line under the figure's title (e.g. how undrawable class names are shown).
       ranks: optional `[Q, k]` ranks shown as `#rank` (default 1..k: the neighbours are the top k).
 
-    Titles are drawn with the installed fonts that cover their characters (DejaVu Sans covers Latin, Greek
-    and Cyrillic; a CJK name needs a CJK font). A word no installed font can draw is shown as "?" (callers
-    pass class names through `drawable_name`, which shows such a name as `[index]`).
+    The grid is one picture (each image scaled into its cell, its frame drawn into the pixels) with each
+    cell's title above it: one axes however many cells, so that a large grid draws fast. Titles are drawn
+    with the installed fonts that cover their characters (DejaVu Sans covers Latin, Greek and Cyrillic; a
+    CJK name needs a CJK font). A word no installed font can draw is shown as "?" (callers pass class names
+    through `drawable_name`, which shows such a name as `[index]`).
     """
     plt = _pyplot()
     titles, query_titles, families, undrawable = _drawable_titles(titles, query_titles)
@@ -204,63 +212,77 @@ def plot_retrieval_grid(
         )
     k = max(len(row) for row in neighbour_images)
     lines = 1 + (titles is not None or query_titles is not None)
-    cell = 1.35
-    fig, axes = plt.subplots(
-        num_queries,
-        k + 1,
-        squeeze=False,
-        layout="constrained",
-        figsize=(cell * (k + 1), (cell + 0.16 * lines) * num_queries + 0.3),
-    )
-    for q in range(num_queries):
-        row_ranks = range(1, k + 1) if ranks is None else ranks[q]
-        _draw_query_row(
-            axes[q],
-            query_images[q],
-            neighbour_images[q],
-            same_class_flags,
-            titles,
-            query_titles,
-            q,
-            families,
-            row_ranks,
-        )
+    cell = _BOX + _GAP
+    band = round(cell * (0.16 * lines + 0.04) / _CELL_INCHES)  # the title lines above each image, in pixels
+    canvas = np.full((num_queries * (band + cell), (k + 1) * cell, 3), 255, np.uint8)
+    height = _CELL_INCHES * num_queries * (band + cell) / cell
     legend = (
         "green frame = same class, red = other class"
         if same_class_flags is not None
         else "grey frames: classes unknown"
     )
-    fig.suptitle(f"Nearest neighbours ({legend})" + (f"\n{note}" if note else ""), fontsize=9)
-    fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, hspace=0.02, wspace=0.02)
-    return _save(fig, path)
+    suptitle = f"Nearest neighbours ({legend})" + (f"\n{note}" if note else "")
+    top = 0.15 + 0.16 * (suptitle.count("\n") + 1)  # inches above the grid for the figure's title
+    fig = plt.figure(figsize=(_CELL_INCHES * (k + 1), height + top))
+    ax = fig.add_axes((0.0, 0.0, 1.0, height / (height + top)))
+    ax.set_axis_off()
+    for q in range(num_queries):
+        cells = [(query_images[q], "black", "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""))]
+        row_ranks = range(1, k + 1) if ranks is None else ranks[q]
+        for j, image in enumerate(neighbour_images[q]):
+            flag = None if same_class_flags is None else bool(same_class_flags[q][j])
+            label = f"#{row_ranks[j]}" + (f"\n{titles[q][j]}" if titles is not None else "")
+            cells.append((image, _FRAME_COLOURS[flag], label))
+        for column, (image, colour, label) in enumerate(cells):
+            _draw_cell(
+                ax, canvas, (q * (band + cell) + band, column * cell + _GAP // 2), image, colour, label, families
+            )
+    ax.imshow(canvas, interpolation="nearest")
+    fig.suptitle(suptitle, fontsize=9, y=1.0 - 0.05 / (height + top), va="top")
+    return _save(fig, path, bbox_inches=None)  # the layout is already tight: no second drawing to measure it
 
 
-def _draw_query_row(row, query, neighbours, same_class_flags, titles, query_titles, q, families, ranks):
-    """Row `q` of the retrieval grid: the query (bold frame), then each neighbour framed by its class flag."""
-    row[0].imshow(_as_image(query), cmap="gray")
-    row[0].set_title(
-        "query" + (f"\n{query_titles[q]}" if query_titles is not None else ""),
+def _draw_cell(ax, canvas, corner, image, colour, label, families):
+    """One cell of the retrieval grid: `image` framed in `colour` at `corner` (top, left) of `canvas`, and
+    `label` above it (the query's, column 0 in a black frame, in bold)."""
+    top, left = corner
+    query = colour == "black"
+    _frame_into(canvas[top : top + _BOX, left : left + _BOX], image, colour, 3 if query else 5)
+    ax.text(
+        left + _BOX / 2,
+        top - 2,
+        label,
+        ha="center",
+        va="bottom",
         fontsize=7.5,
-        fontweight="bold",
+        fontweight="bold" if query else "normal",
+        color=colour if colour in ("tab:green", "tab:red") else "black",
         fontfamily=families,
+        gid="query" if query else "neighbour",
     )
-    for spine in row[0].spines.values():
-        spine.set_linewidth(2)
-    for j, ax in enumerate(row[1:]):
-        if j >= len(neighbours):
-            ax.set_visible(False)
-            continue
-        ax.imshow(_as_image(neighbours[j]), cmap="gray")
-        flag = None if same_class_flags is None else bool(same_class_flags[q][j])
-        colour = "grey" if flag is None else ("tab:green" if flag else "tab:red")
-        for spine in ax.spines.values():
-            spine.set_edgecolor(colour)
-            spine.set_linewidth(3.5)
-        label = f"#{ranks[j]}" + (f"\n{titles[q][j]}" if titles is not None else "")
-        ax.set_title(label, fontsize=7.5, color="black" if flag is None else colour, fontfamily=families)
-    for ax in row:
-        ax.set_xticks([])
-        ax.set_yticks([])
+
+
+def _frame_into(box, image, colour, width):
+    """`image` scaled to fit inside `box` (`[B, B, 3]` uint8, nearest pixel) and centred there, within a
+    frame of `width` pixels in `colour`; grey levels are stretched to black-white as `imshow` shows them."""
+    from matplotlib.colors import to_rgb
+
+    box[:] = np.round(np.multiply(to_rgb(colour), 255))
+    inner = box[width:-width, width:-width]
+    inner[:] = 255
+    pixels = _as_image(image)
+    if pixels.ndim == 2:
+        low, high = float(np.min(pixels)), float(np.max(pixels))
+        grey = (pixels - low) / (high - low) if high > low else np.zeros(pixels.shape)
+        pixels = np.repeat(np.round(grey[..., None] * 255), 3, axis=-1)
+    elif pixels.dtype != np.uint8:
+        pixels = np.round(pixels * 255)
+    size, (rows, columns) = inner.shape[0], pixels.shape[:2]
+    scale = size / max(rows, columns)
+    picked_rows = np.minimum((np.arange(max(1, round(rows * scale))) / scale).astype(int), rows - 1)
+    picked_columns = np.minimum((np.arange(max(1, round(columns * scale))) / scale).astype(int), columns - 1)
+    top, left = (size - len(picked_rows)) // 2, (size - len(picked_columns)) // 2
+    inner[top : top + len(picked_rows), left : left + len(picked_columns)] = pixels[picked_rows][:, picked_columns, :3]
 
 
 def plot_match_calibration(calibration, path, title=None):

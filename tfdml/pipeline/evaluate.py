@@ -23,6 +23,13 @@ def _pixels(dataset):
     return np.concatenate(images), np.concatenate(labels)
 
 
+def _keeping_images(dataset, kept):
+    """The `(images, labels)` batches of `dataset`, each batch's images appended to `kept` as it goes by."""
+    for images, labels in dataset:
+        kept.append(np.asarray(images))
+        yield images, labels
+
+
 def _l2_normalise(x):
     x = x.reshape(len(x), -1).astype(np.float32)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
@@ -43,9 +50,14 @@ def evaluate(config, embedder, datasets):
     """Retrieval metrics of the embedder and of raw pixels on the evaluation images."""
 
     ks, metrics = config.evaluation.ks, config.evaluation.metrics
-    embeddings, labels = retrieval.embed_batches(embedder, datasets.eval)
+    if datasets.pixels is datasets.eval:  # one pass over the images: embedded and kept as they go by
+        kept = []
+        embeddings, labels = retrieval.embed_batches(embedder, _keeping_images(datasets.eval, kept))
+        pixels, pixel_labels = np.concatenate(kept), labels
+    else:
+        embeddings, labels = retrieval.embed_batches(embedder, datasets.eval)
+        pixels, pixel_labels = _pixels(datasets.pixels)
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
-    pixels, pixel_labels = _pixels(datasets.pixels)
     pixels = pixels / np.float32(255.0)  # [0, 1] for the grid; the baseline normalises anyway
     baseline = retrieval.evaluate(_l2_normalise(pixels), pixel_labels, ks=ks, metrics=metrics, exact=True)
     # The score threshold of a correct top-1 match at the export's precision, on the held-out items.
