@@ -1,13 +1,8 @@
 """NestedLoss (Matryoshka embeddings): each prefix's contribution is the wrapped loss on that normalised prefix
 (values and gradients, against the wrapped loss called on sliced inputs normalised by TensorFlow's own
 `tf.math.l2_normalize`), a finite-difference check of the wrapper, config round-trip, `model.fit`, the
-cross-batch memory around it (equal to one memory per prefix fed the normalised prefixes), JAX and PyTorch in
-subprocesses, and the errors."""
-
-import os
-import subprocess
-import sys
-import textwrap
+cross-batch memory around it (equal to one memory per prefix fed the normalised prefixes), and the errors.
+`tests/test_backends.py` checks its value, gradient and `model.fit` on JAX and PyTorch too (`tests/backend_neutral`)."""
 
 import keras
 import numpy as np
@@ -18,7 +13,6 @@ from tfdml import losses
 from tfdml.losses import CrossBatchMemory, NestedLoss
 from tfdml.models import MetricModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIMS, WEIGHTS = (4, 8, 16), (0.5, 1.0, 2.0)
 
 
@@ -189,46 +183,6 @@ def test_a_dim_above_the_embedding_width_is_refused():
     labels, x = _batch(width=8)
     with pytest.raises(ValueError, match=r"go up to 16 but the embeddings have width 8"):
         NestedLoss(losses.TripletLoss(), (4, 16))(labels, x)
-
-
-BACKEND_SCRIPT = textwrap.dedent(
-    """
-    import keras, numpy as np
-    from tests.backend_neutral.autodiff import value_and_gradient
-    from tfdml import losses
-    from tfdml.ops import l2_normalize
-
-    rng = np.random.default_rng(0)
-    labels = keras.ops.convert_to_tensor(np.repeat(np.arange(3), 4).astype("int32"))
-    x = rng.normal(size=(12, 8))
-    nested = losses.NestedLoss(losses.MultiSimilarityLoss(), (2, 4, 8), (1.0, 0.5, 2.0))
-    inner = losses.MultiSimilarityLoss()
-    value, grad = value_and_gradient(lambda e: nested(labels, e), x)
-    ref = value_and_gradient(
-        lambda e: sum(w * inner(labels, l2_normalize(e[:, :d])) for d, w in zip((2, 4, 8), (1.0, 0.5, 2.0))), x
-    )
-    assert np.isclose(value, ref[0], rtol=1e-5) and np.allclose(grad, ref[1], atol=1e-5), (value, ref[0])
-
-    keras.utils.set_random_seed(0)
-    y = np.repeat(np.arange(4), 8).astype("int32")
-    data = (rng.normal(size=(4, 8))[y] + 0.8 * rng.normal(size=(32, 8))).astype("float32")
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(8)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=losses.NestedLoss(losses.ContrastiveLoss(), (4, 8)))
-    history = model.fit(data, y, batch_size=32, epochs=6, shuffle=False, verbose=0).history["loss"]
-    assert np.all(np.isfinite(history)) and history[-1] < 0.9 * history[0], history
-    print(keras.backend.backend(), "nested ok")
-    """
-)
-
-
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_values_gradients_and_fit_on_other_backends(backend):
-    pytest.importorskip(backend)
-    env = dict(os.environ, KERAS_BACKEND=backend, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", BACKEND_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert f"{backend} nested ok" in result.stdout
 
 
 @pytest.mark.parametrize("name", sorted(WRAPPED))

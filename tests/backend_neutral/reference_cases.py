@@ -183,6 +183,7 @@ FIT_LOSSES = {
     "contrastive": lambda: losses.ContrastiveLoss(),
     "margin": lambda: losses.MarginLoss(),
     **pair_proxy_cases.FIT_LOSSES,
+    "nested/contrastive": lambda: losses.NestedLoss(losses.ContrastiveLoss(), (4, 8)),
 }
 
 # Tuple losses whose `compute` (its fast path) must equal `reduce_terms` of its dense terms, value and gradient.
@@ -192,3 +193,7 @@ TERMS_LOSSES = {
     "contrastive": lambda: losses.ContrastiveLoss(0.3, 1.2),
     "margin/all": lambda: losses.MarginLoss(beta=1.25, num_classes=3, nu=0.1, sampling="all"),
 }
+
+# NestedLoss(loss, dims, weights) must equal the weighted sum of `loss` on the L2-normalised prefixes:
+# `name -> (make_loss(), dims, weights)`.
+NESTED_LOSSES = {"nested/multi_similarity": (lambda: losses.MultiSimilarityLoss(), (2, 4, 8), (1.0, 0.5, 2.0))}
