@@ -661,10 +661,11 @@ def markdown_table(rows, config, missing=(), paired=()):
     if paired:
         lines += [
             "",
-            "DML-ALA minus its uniform-weight twin (the same episodes, tuples and sums, every weight 1), "
-            "paired by seed: mean difference +- its standard error (n seeds), percentage points.",
+            "DML-ALA minus the base loss it wraps, compiled plainly and trained on the same batches (with uniform "
+            "weights ALA's step is that loss's step; ALA also reads its validation subsets), paired by seed: mean "
+            "difference +- its standard error (n seeds), percentage points.",
             "",
-            "| ALA row | twin | Delta Recall@1 | Delta MAP@R | n |",
+            "| ALA row | base loss | Delta Recall@1 | Delta MAP@R | n |",
             "|---|---|---|---|---|",
         ]
         for ala, twin, n, r1, r1se, mapr, maprse in paired:
