@@ -528,6 +528,7 @@ def run_one(name, data, batches, config, seed):
         "train_wall_s": round(seconds, 2),
         "train_cpu_s": round(cpu_seconds, 2),
         "config": config,
+        **({"ala_design": ala_design()} if is_ala(name) else {}),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -546,9 +547,32 @@ def latest_records(path, key, keep=lambda record: True, latest=None):
     return latest
 
 
+def ala_design():
+    """What a DML-ALA result line records of the design it ran: the episode (the whole batch is the training
+    subset, the validation subset is drawn in addition) and every library default (`tfdml.ala_options`). A line
+    that does not record the current design ran an earlier one (e.g. the batch split into the two subsets) and
+    does not count, so a change of the defaults leaves the ALA rows to be run again."""
+    from tfdml.ala_options import ALAOptions
+
+    return {"episode": "validation subset drawn in addition to the batch", "defaults": ALAOptions().resolved().saved()}
+
+
+def is_ala(name):
+    spec = METHODS.get(name, ("", {}))[1]
+    return "ala" in spec
+
+
+def counts(record, config, design=None):
+    """Whether a result line was run under `config` (and, for a DML-ALA row, the current `ala_design()`)."""
+    if record.get("config") != config:
+        return False
+    return not is_ala(record["method"]) or record.get("ala_design") == (design or ala_design())
+
+
 def read_lines(path, config):
     """The result lines of `path` for `config`, the latest per (method, seed)."""
-    records = latest_records(path, lambda r: (r["method"], r["seed"]), lambda r: r.get("config") == config)
+    design = ala_design()
+    records = latest_records(path, lambda r: (r["method"], r["seed"]), lambda r: counts(r, config, design))
     return list(records.values())
 
 
@@ -637,10 +661,11 @@ def markdown_table(rows, config, missing=(), paired=()):
     if paired:
         lines += [
             "",
-            "DML-ALA minus its uniform-weight twin (the same episodes, tuples and sums, every weight 1), "
-            "paired by seed: mean difference +- its standard error (n seeds), percentage points.",
+            "DML-ALA minus the base loss it wraps, compiled plainly and trained on the same batches (with uniform "
+            "weights ALA's step is that loss's step; ALA also reads its validation subsets), paired by seed: mean "
+            "difference +- its standard error (n seeds), percentage points.",
             "",
-            "| ALA row | twin | Delta Recall@1 | Delta MAP@R | n |",
+            "| ALA row | base loss | Delta Recall@1 | Delta MAP@R | n |",
             "|---|---|---|---|---|",
         ]
         for ala, twin, n, r1, r1se, mapr, maprse in paired:

@@ -108,9 +108,12 @@ SEARCH_SPACE = {
 }
 METHODS = [name for name in SEARCH_SPACE]
 ALA_METHODS = ("triplet_ala", "margin_ala")
-# The ALA rows were first run with the ALA code before the ALA issue changed its defaults (those lines stay in
-# results.jsonl); they were run again with the new defaults, and the table takes the latest line per key.
-ALA_LABEL = " (library defaults after the ALA issue)"
+
+
+def line_protocol(proto, method):
+    """What a result line of `method` records and must match: `proto`, and for DML-ALA the design it ran
+    (`benchmark_methods.ala_design`: lines of an earlier episode design or other defaults do not count)."""
+    return dict(proto, ala_design=bm.ala_design()) if method in ALA_METHODS else proto
 
 
 def protocol(config):
@@ -244,7 +247,9 @@ def run(name, params, data, config, seed, warm_start=None, keep_classifier=False
 
 def read_lines(path, proto):
     """The lines of `path` for protocol `proto`, the latest per key."""
-    return bm.latest_records(path, _key, lambda record: record.get("protocol") == proto)
+    return bm.latest_records(
+        path, _key, lambda record: record.get("protocol") == line_protocol(proto, record.get("method"))
+    )
 
 
 def _key(record):
@@ -336,7 +341,8 @@ def main(argv=None):
         pretrained = Pretrained(config, args.cache_dir or os.path.join(args.out_dir, "cache"))
 
         def record(line):
-            line.update(protocol=proto, date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+            now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+            line.update(protocol=line_protocol(proto, line["method"]), date=now)
             with open(jsonl, "a") as f:
                 f.write(json.dumps(line) + "\n")
 
@@ -468,8 +474,6 @@ def markdown_table(lines, config):
         )
         cells = [_cell(rows[regime][metric]) for regime in REGIMES for metric in ("recall@1", "map@r", "r_precision")]
         label = bm.METHODS[name][0]
-        if name in ALA_METHODS:
-            label = label.replace(" (library defaults)", "") + ALA_LABEL
         lines_out.append(
             f"| {label} | " + " | ".join(cells) + f" | {validation} | "
             f"{_setting(rows['scratch']['best'])} | {_setting(rows['pretrained']['best'])} |"
