@@ -57,3 +57,62 @@ def checkpointed_epoch(checkpoints, epoch):
             return False
 
     return ready
+
+
+# Runs `tfdml ARGS...` for each ARGS of the JSON list argv[1] in turn, its stderr and stdout into files of the
+# folder argv[2]; writes there `results.json`: per case, the exit status and whether TensorFlow is imported.
+_DRIVER = """
+import json, os, sys, traceback
+from tfdml.cli import main
+
+def run(args, index, out):
+    streams = [(1, sys.stdout), (2, sys.stderr)]
+    streams = [(fd, stream, open(os.path.join(out, f"{index}.{fd}"), "w")) for fd, stream in streams]
+    saved = [os.dup(fd) for fd, _, _ in streams]
+    for fd, stream, file in streams:
+        stream.flush()
+        os.dup2(file.fileno(), fd)
+    try:
+        return main(args)
+    except SystemExit as exit:
+        return 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        for (fd, stream, file), copy in zip(streams, saved):
+            stream.flush()
+            os.dup2(copy, fd)
+            os.close(copy)
+            file.close()
+
+cases, out = json.loads(sys.argv[1]), sys.argv[2]
+results = []
+for index, args in enumerate(cases):
+    status = run(args, index, out)
+    results.append({"status": status, "tensorflow": "tensorflow" in sys.modules})
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(results, f)
+"""
+
+
+def run_in_one_process(cases, cwd, out, **extra_env):
+    """`tfdml ARGS...` for each ARGS of `cases`, one after another in one subprocess in `cwd` (TensorFlow is
+    imported once, by the first case that needs it): per case `(exit status, stderr, stdout, whether TensorFlow
+    was imported by the end of it)`, each case's streams in its own files under `out` (so that a traceback shows
+    in its own stderr) and its status as the shell would see it (`SystemExit`'s code)."""
+    environment = dict(env(), **extra_env)
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER, json.dumps(cases), str(out)],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0 and (out / "results.json").exists(), (done.stdout[-3000:], done.stderr[-3000:])
+    results = json.loads((out / "results.json").read_text())
+    return [
+        (result["status"], (out / f"{i}.2").read_text(), (out / f"{i}.1").read_text(), result["tensorflow"])
+        for i, result in enumerate(results)
+    ]

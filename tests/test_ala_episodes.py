@@ -28,7 +28,7 @@ def test_episode_sizes_are_the_base_losses_batch_and_one_validation_class_per_fi
 
 def test_the_guides_example_runs_without_warnings():
     """The guide's `ala_training` + `model.fit` example, at 2 steps, in a fresh process: no "input ran out of
-    data", no "shuffle=True ... ignored" (issue 31), no Python warning at all."""
+    data", no "shuffle=True ... ignored", no Python warning at all."""
     with open(GUIDE) as f:
         code = re.search(r"```python\n(.*?)```", f.read(), re.S).group(1)
     assert "steps=600" in code and "model.fit(episodes)" in code

@@ -68,7 +68,7 @@ def test_assessor_learns_at_the_papers_rates():
     phi = [v.numpy() for v in model.assessor.trainable_variables]
     flat = lambda values: np.concatenate([v.ravel() for v in values])  # noqa: E731
     relative_change = np.linalg.norm(flat(phi) - flat(phi0)) / np.linalg.norm(flat(phi0))
-    assert relative_change >= 1e-3  # means instead of sums: ~1e-9 (issue 12)
+    assert relative_change >= 1e-3  # means instead of sums: ~1e-9
 
     # On the same tuples and embeddings, the learnt assessor weights differently from the initial one, and
     # not just by a common shift: the change varies across tuples.

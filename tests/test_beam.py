@@ -1,4 +1,4 @@
-"""`tfdml embed` on Beam's DirectRunner (issue 35): one run over a folder of 3,000 small generated images, shared
+"""`tfdml embed` on Beam's DirectRunner: one run over a folder of 3,000 small generated images, shared
 by the tests, checked against independent computations: the export's serving signature on the same files
 (`ExportedEmbedder`), one NumPy brute-force search over all the embeddings, and `tfdml.retrieval.evaluate`
 (what `RetrievalEvaluation` computes) on them. Bad input: unreadable files are skipped, named and counted; a

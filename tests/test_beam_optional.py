@@ -1,4 +1,4 @@
-"""The core install works without Apache Beam (issue 35): in a fresh interpreter where `apache_beam` cannot be
+"""The core install works without Apache Beam: in a fresh interpreter where `apache_beam` cannot be
 imported (a `sys.meta_path` blocker), `import tfdml` and `tfdml --help` work, `tfdml embed` answers with one
 line that says how to install the beam extra, and `import tfdml.beam` raises an ImportError that says it too."""
 

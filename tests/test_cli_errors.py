@@ -9,52 +9,13 @@ the library, which the process imports once for them all. Ctrl-C during training
 runs in test_cli_train.py.
 """
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Runs `tfdml ARGS...` for each ARGS of the JSON list argv[1] in turn, its stderr and stdout into files of the
-# folder argv[2]; writes there `results.json`: per case, the exit status and whether TensorFlow is imported.
-DRIVER = """
-import json, os, sys, traceback
-from tfdml.cli import main
-
-def run(args, index, out):
-    streams = [(1, sys.stdout), (2, sys.stderr)]
-    streams = [(fd, stream, open(os.path.join(out, f"{index}.{fd}"), "w")) for fd, stream in streams]
-    saved = [os.dup(fd) for fd, _, _ in streams]
-    for fd, stream, file in streams:
-        stream.flush()
-        os.dup2(file.fileno(), fd)
-    try:
-        return main(args)
-    except SystemExit as exit:
-        return 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-        return 1
-    finally:
-        for (fd, stream, file), copy in zip(streams, saved):
-            stream.flush()
-            os.dup2(copy, fd)
-            os.close(copy)
-            file.close()
-
-cases, out = json.loads(sys.argv[1]), sys.argv[2]
-results = []
-for index, args in enumerate(cases):
-    status = run(args, index, out)
-    results.append({"status": status, "tensorflow": "tensorflow" in sys.modules})
-with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(results, f)
-"""
+from tests import cli_process
 
 
 @pytest.fixture(scope="module")
@@ -179,26 +140,15 @@ def runs(place, tmp_path_factory):
     before TensorFlow first, in one process with no network (every download goes to a closed local port) and
     an empty Keras cache (no cached weights file)."""
     order = sorted(CASES, key=lambda case: CASES[case][3])  # stable: the TensorFlow-free cases first
-    out = tmp_path_factory.mktemp("errors_out")
-    env = dict(
-        os.environ,
-        CUDA_VISIBLE_DEVICES="",
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    results = cli_process.run_in_one_process(
+        [CASES[case][0] for case in order],
+        cwd=place,
+        out=tmp_path_factory.mktemp("errors_out"),
         HTTPS_PROXY="http://127.0.0.1:9",
         https_proxy="http://127.0.0.1:9",
         KERAS_HOME="keras_home",
     )
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the CLI's own default
-    cases = json.dumps([CASES[case][0] for case in order])
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, cases, str(out)], cwd=place, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0 and (out / "results.json").exists(), (done.stdout[-3000:], done.stderr[-3000:])
-    results = json.loads((out / "results.json").read_text())
-    return {
-        case: (result["status"], (out / f"{i}.2").read_text(), (out / f"{i}.1").read_text(), result["tensorflow"])
-        for i, (case, result) in enumerate(zip(order, results))
-    }
+    return dict(zip(order, results))
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))

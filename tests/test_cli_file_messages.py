@@ -1,7 +1,7 @@
-"""A library's message passed through as it stands can mislead (issue 31.2): Keras says "File not found" for a
-.keras file that is there but truncated, h5py "file signature not found", NumPy "pickled data" for an
---embeddings file that is text. Each case runs the user's command in a subprocess and expects one line that
-says what the file is, before TensorFlow is imported."""
+"""A library's message passed through as it stands can mislead: Keras says "File not found" for a .keras file
+that is there but truncated, h5py "file signature not found", NumPy "pickled data" for an --embeddings file that
+is text. The cases run the user's commands one after another in one subprocess (`cli_process.run_in_one_process`)
+and each expects one line that says what the file is, before TensorFlow is imported."""
 
 import re
 import zipfile
@@ -9,7 +9,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from tests.test_cli_errors import _run
+from tests import cli_process
 
 CASES = {
     "keras-archive-truncated": (
@@ -67,12 +67,19 @@ def place(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def runs(place, tmp_path_factory):
+    """`{case: (exit status, stderr, stdout, whether TensorFlow was imported by then)}`."""
+    out = tmp_path_factory.mktemp("messages_out")
+    return dict(zip(CASES, cli_process.run_in_one_process([args for args, _ in CASES.values()], place, out)))
+
+
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_the_message_says_what_the_file_is(case, place):
-    args, message = CASES[case]
-    done = _run(args, place)
-    err = done.stderr
-    assert done.returncode == 2, err[-3000:]
+def test_the_message_says_what_the_file_is(case, runs):
+    _, message = CASES[case]
+    returncode, err, out, tensorflow_imported = runs[case]
+    assert returncode == 2, err[-3000:]
     errors = [line for line in err.splitlines() if re.match(r"tfdml \w+: error: ", line)]
     assert len(errors) == 1 and message in errors[0], err[-3000:]
-    assert "Traceback" not in err and "tensorflow not imported" in err, err[-3000:]
+    assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
+    assert not tensorflow_imported, "this error should come before TensorFlow is imported"

@@ -1,5 +1,5 @@
 """Every kind of object tfdml saves loads the Keras way in a fresh process that imports only `keras` and
-`tfdml` (issue 31.1): `keras.models.load_model` and `keras.saving.deserialize_keras_object` find
+`tfdml`: `keras.models.load_model` and `keras.saving.deserialize_keras_object` find
 `tfdml>Embedder` and the rest without a `tfdml.models` import, whichever of keras, tensorflow and tfdml
 comes first, while `import tfdml` alone still imports no TensorFlow."""
 

@@ -1,4 +1,4 @@
-"""Every `tfdml.X` name the README and the docs pages name is reachable after a bare `import tfdml` (issue 34.9):
+"""Every `tfdml.X` name the README and the docs pages name is reachable after a bare `import tfdml`:
 `tfdml.projector.write_projector`, `tfdml.loss_names.LOSSES`, ... resolve attribute by attribute, in a fresh
 process, the way a user types them."""
 
