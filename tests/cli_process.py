@@ -116,3 +116,10 @@ def run_in_one_process(cases, cwd, out, **extra_env):
         (result["status"], (out / f"{i}.2").read_text(), (out / f"{i}.1").read_text(), result["tensorflow"])
         for i, result in enumerate(results)
     ]
+
+
+def shown(output, limit=3000):
+    """The end of a run's `output` for an assertion message, without the fault handler's list of extension
+    modules (a few thousand characters after a crash's thread stacks, which would push them out of view)."""
+    lines = [line for line in output.splitlines() if not line.startswith("Extension modules:")]
+    return "\n".join(lines)[-limit:]

@@ -57,19 +57,19 @@ def test_stops_lose_nothing(tmp_path):
     the report from those weights without training again, and clears the checkpoints."""
     report, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
     proc = cli_process.start(tmp_path, *JOB)
-    assert cli_process.wait_for(proc, cli_process.checkpointed_epoch(checkpoints, 1)), _finish(proc)[-3000:]
+    assert cli_process.wait_for(proc, cli_process.checkpointed_epoch(checkpoints, 1)), cli_process.shown(_finish(proc))
     proc.send_signal(signal.SIGTERM)
     out = _finish(proc)
-    assert proc.returncode == 143, out[-3000:]
+    assert proc.returncode == 143, cli_process.shown(out)
     assert "tfdml train: interrupted after epoch 1/2; run the same command to resume" in out
     assert "Traceback" not in out
 
     trained = checkpoints / pipeline.TRAINED_WEIGHTS
     proc = cli_process.start(tmp_path, *JOB)
-    assert cli_process.wait_for(proc, trained.exists), _finish(proc)[-3000:]
+    assert cli_process.wait_for(proc, trained.exists), cli_process.shown(_finish(proc))
     proc.send_signal(signal.SIGINT)
     out = _finish(proc)
-    assert proc.returncode == 130, out[-3000:]
+    assert proc.returncode == 130, cli_process.shown(out)
     assert "resuming from epoch 2/2" in out and "Epoch 2/2" in out and "Epoch 1/2" not in out
     assert (
         "tfdml train: interrupted after training (2/2 epochs, kept in r/checkpoints), before the report was "
@@ -82,7 +82,7 @@ def test_stops_lose_nothing(tmp_path):
 
     proc = cli_process.start(tmp_path, *JOB)
     out = _finish(proc)
-    assert proc.returncode == 0, out[-3000:]
+    assert proc.returncode == 0, cli_process.shown(out)
     assert "training is complete (2 epoch(s) in r/checkpoints)" in out and "Epoch " not in out
     with open(report / "metrics.json") as f:
         metrics = json.load(f)
@@ -99,7 +99,9 @@ def test_stops_lose_nothing(tmp_path):
 def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
     checkpoints, lock = tmp_path / "r" / "checkpoints", tmp_path / ".r.lock"
     first = cli_process.start(tmp_path, *JOB)
-    assert cli_process.wait_for(first, cli_process.checkpointed_epoch(checkpoints, 1)), _finish(first)[-3000:]
+    assert cli_process.wait_for(first, cli_process.checkpointed_epoch(checkpoints, 1)), cli_process.shown(
+        _finish(first)
+    )
     first.send_signal(signal.SIGSTOP)  # holds the folder while the second starts
     try:
         second = cli_process.start(tmp_path, *JOB)
@@ -108,7 +110,7 @@ def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
     finally:
         first.kill()  # SIGKILL: no clean-up, the lock file stays
         first.communicate()  # reaps it and closes its pipe
-    assert second.returncode == 2, out[-3000:]
+    assert second.returncode == 2, cli_process.shown(out)
     assert holder["pid"] == first.pid
     assert (
         f"tfdml train: error: r is in use by tfdml train (pid {first.pid}, started {holder['started']}); wait for "
@@ -118,7 +120,7 @@ def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
 
     third = cli_process.start(tmp_path, *JOB)
     out = _finish(third)
-    assert third.returncode == 0, out[-3000:]
+    assert third.returncode == 0, cli_process.shown(out)
     assert (
         f"took over the lock of r left by tfdml train (pid {first.pid}, started {holder['started']}), "
         "no longer running" in out
@@ -147,7 +149,7 @@ def test_a_second_export_is_refused_and_versions_never_collide(tmp_path):
 
     first = cli_process.start(tmp_path, *export)
     holder = cli_process.wait_for(first, lock_written)
-    assert holder, _finish(first)[-3000:]
+    assert holder, cli_process.shown(_finish(first))
     first.send_signal(signal.SIGSTOP)
     try:
         second = cli_process.start(tmp_path, *export)
@@ -155,7 +157,7 @@ def test_a_second_export_is_refused_and_versions_never_collide(tmp_path):
     finally:
         first.send_signal(signal.SIGCONT)
     first_out = _finish(first)
-    assert second.returncode == 2, out[-3000:]
+    assert second.returncode == 2, cli_process.shown(out)
     assert (
         f"tfdml export: error: ex/x is in use by tfdml export (pid {first.pid}, started {holder['started']}); "
         "wait for it to finish (the next export then takes the next version) or give another --name" in out
