@@ -27,6 +27,7 @@ every line for the current protocol.
 
 import argparse
 import datetime
+import functools
 import importlib
 import json
 import os
@@ -547,6 +548,7 @@ def latest_records(path, key, keep=lambda record: True, latest=None):
     return latest
 
 
+@functools.cache  # read for every result line; the library defaults do not change within a process
 def ala_design():
     """What a DML-ALA result line records of the design it ran: the episode (the whole batch is the training
     subset, the validation subset is drawn in addition) and every library default (`tfdml.ala_options`). A line
@@ -562,17 +564,16 @@ def is_ala(name):
     return "ala" in spec
 
 
-def counts(record, config, design=None):
+def counts(record, config):
     """Whether a result line was run under `config` (and, for a DML-ALA row, the current `ala_design()`)."""
     if record.get("config") != config:
         return False
-    return not is_ala(record["method"]) or record.get("ala_design") == (design or ala_design())
+    return not is_ala(record["method"]) or record.get("ala_design") == ala_design()
 
 
 def read_lines(path, config):
     """The result lines of `path` for `config`, the latest per (method, seed)."""
-    design = ala_design()
-    records = latest_records(path, lambda r: (r["method"], r["seed"]), lambda r: counts(r, config, design))
+    records = latest_records(path, lambda r: (r["method"], r["seed"]), lambda r: counts(r, config))
     return list(records.values())
 
 
