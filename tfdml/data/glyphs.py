@@ -130,7 +130,22 @@ def _cmap(face):
 
 def render_glyph(char, face, rotation=0.0, size=RENDER_SIZE):
     """`char` drawn white on black in `face`, rotated by `rotation` degrees (counter-clockwise) and cropped
-    to its ink: a `uint8` array, or `None` when the face draws nothing there."""
+    to its ink: a `uint8` array, or `None` when the face draws nothing there. The upright master renderings
+    are kept (read-only): the face check and every later rendering of the character draw from the same ones."""
+    if rotation == 0 and size == RENDER_SIZE:
+        return _master(char, face)
+    return _render(char, face, rotation, size)
+
+
+@functools.lru_cache(maxsize=8192)  # about 2 kB each: every class in every face fits
+def _master(char, face):
+    glyph = _render(char, face, 0.0, RENDER_SIZE)
+    if glyph is not None:
+        glyph.flags.writeable = False
+    return glyph
+
+
+def _render(char, face, rotation, size):
     canvas = Image.new("L", (3 * size, 3 * size), 0)
     ImageDraw.Draw(canvas).text((1.5 * size, 1.5 * size), char, font=_font(face, size), fill=255, anchor="mm")
     if rotation:
@@ -408,7 +423,6 @@ def render_images(classes, **rendering):
     """
     settings = GlyphRendering(**rendering)
     image_size, images_per_class = settings.image_size, settings.images_per_class
-    masters = {}
     images = np.zeros((len(classes) * images_per_class, image_size, image_size), np.uint8)
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), images_per_class)
     for label, char in enumerate(classes):
@@ -426,9 +440,7 @@ def render_images(classes, **rendering):
                 "shift_y": float(rng.uniform(-1, 1)),
                 "blur": float(rng.uniform(0, settings.max_blur)),
             }
-            if (char, face) not in masters:
-                masters[char, face] = render_glyph(char, face)
-            images[label * images_per_class + k] = _draw(masters[char, face], image_size, params)
+            images[label * images_per_class + k] = _draw(render_glyph(char, face), image_size, params)
     return images, labels
 
 
