@@ -1,6 +1,7 @@
 """The glyph data set: determinism, the class split, look-alike removal (checked independently of the
 selection's own distance) and that learning on it transfers to unseen characters."""
 
+import functools
 import importlib
 import os
 
@@ -99,17 +100,26 @@ def test_every_class_is_drawn_by_enough_faces_and_the_dropped_record_is_consiste
         assert small in DROPPED
 
 
+@functools.cache
+def _face(face):
+    """`(font at 48 px, the code points it draws)`, read once per face: parsing the character map is most of
+    the time of a one-character `_shape_masks`."""
+    from fontTools.ttLib import TTFont
+    from PIL import ImageFont
+
+    path = os.path.join(glyphs_lib.font_dir(), face)
+    with TTFont(path, lazy=True) as ttf:
+        cmap = frozenset(ttf.getBestCmap())
+    return ImageFont.truetype(path, 48), cmap
+
+
 def _shape_masks(face, chars, side=20, rotation=0):
     """Independent of the selection's code: PIL draws each character (turned by `rotation` degrees), the
     ink's bounding box is scaled to `side`, and a 3x3 dilation evens out stroke weight -> boolean masks
     `{char: [side + 4, side + 4]}`."""
-    from fontTools.ttLib import TTFont
-    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+    from PIL import Image, ImageDraw, ImageFilter
 
-    path = os.path.join(glyphs_lib.font_dir(), face)
-    font = ImageFont.truetype(path, 48)
-    with TTFont(path, lazy=True) as ttf:
-        cmap = ttf.getBestCmap()
+    font, cmap = _face(face)
     masks = {}
     for char in chars:
         if ord(char) not in cmap:
