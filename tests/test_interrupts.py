@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tfdml import interrupts
+from tfdml.pipeline.evaluate import _batches
 from tfdml.pipeline.train import _StopBetweenSteps
 
 
@@ -57,6 +58,30 @@ def test_a_held_stop_gives_way_to_an_error_and_is_not_raised_later(installed):
         signal.raise_signal(signal.SIGINT)
         raise ValueError("the step failed")
     interrupts.stop_point()
+
+
+def test_blocks_nest_and_the_outer_one_goes_on_holding(installed):
+    reached = []
+    with pytest.raises(KeyboardInterrupt), interrupts.between_steps():
+        with interrupts.between_steps():
+            reached.append("inner")
+        signal.raise_signal(signal.SIGINT)
+        reached.append("held after the inner block")
+        interrupts.stop_point()
+        reached.append("after the stop point")
+    assert reached == ["inner", "held after the inner block"]
+
+
+def test_a_stop_while_the_job_embeds_waits_for_the_next_batch(installed):
+    """The job's evaluation reads its batches through `_batches`: a stop while one batch is embedded (inside
+    TensorFlow) is raised before the next one is read."""
+    seen = []
+    with pytest.raises(KeyboardInterrupt), interrupts.between_steps():
+        for batch in _batches(range(3)):
+            seen.append(batch)
+            signal.raise_signal(signal.SIGINT)
+            seen.append(f"{batch} embedded")
+    assert seen == [0, "0 embedded"]
 
 
 class _Record(keras.callbacks.Callback):

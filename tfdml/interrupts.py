@@ -6,8 +6,9 @@ either way checkpoints and says how to resume; `received()` is the signal that s
 128 + its number). `holding()` holds the signals during a step that must not be cut in half (moving a
 report into place and clearing the checkpoints) and delivers a held one after it. `complete(what)` marks the
 command's result as complete: a stop after it is noted (`late_stop()`) and the command ends normally.
-`between_steps()` wraps training: a stop inside it waits for the next `stop_point()` (called between steps) so
-that it never lands inside TensorFlow's own code, which can crash the process instead of stopping it.
+`between_steps()` wraps the job (loading, training, evaluation, export): a stop inside it waits for the next
+`stop_point()` (called between stages, steps and batches) so that it never lands inside TensorFlow's own code,
+which can crash the process instead of stopping it.
 """
 
 import contextlib
@@ -87,7 +88,9 @@ def between_steps():
     """Inside the block a stop is raised by `stop_point()` (a training loop calls it between steps) or at the end
     of the block, not wherever the main thread happens to be: an exception raised from a signal handler in the
     middle of TensorFlow's eager or tf.data machinery can crash the process (a segfault) instead of stopping it.
-    A second stop before that point raises at once."""
+    A second stop before that point raises at once. Blocks nest: an inner block raises a held stop at its end,
+    and the outer one goes on holding stops."""
+    outer = _state["deferring"]
     _state["deferring"] = True
     try:
         yield
@@ -95,7 +98,7 @@ def between_steps():
         _state["pending"] = None  # a held stop gives way to the error already on its way out
         raise
     finally:
-        _state["deferring"] = False
+        _state["deferring"] = outer
     stop_point()
 
 

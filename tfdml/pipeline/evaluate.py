@@ -9,7 +9,7 @@ import numpy as np
 
 from tfdml import data as data_lib
 from tfdml import export as export_lib
-from tfdml import retrieval
+from tfdml import interrupts, retrieval
 
 # In the checkpoint folder: the export written before a stop (not written twice).
 EXPORT_RECORD = "tfdml_export.json"
@@ -17,15 +17,22 @@ EXPORT_RECORD = "tfdml_export.json"
 
 def _pixels(dataset):
     images, labels = [], []
-    for batch_images, batch_labels in dataset:
+    for batch_images, batch_labels in _batches(dataset):
         images.append(np.asarray(batch_images))
         labels.append(np.asarray(batch_labels).reshape(-1))
     return np.concatenate(images), np.concatenate(labels)
 
 
+def _batches(dataset):
+    """The batches of `dataset`, a held stop raised between them (`interrupts.between_steps`)."""
+    for batch in dataset:
+        interrupts.stop_point()
+        yield batch
+
+
 def _keeping_images(dataset, kept):
     """The `(images, labels)` batches of `dataset`, each batch's images appended to `kept` as it goes by."""
-    for images, labels in dataset:
+    for images, labels in _batches(dataset):
         kept.append(np.asarray(images))
         yield images, labels
 
@@ -55,7 +62,7 @@ def evaluate(config, embedder, datasets):
         embeddings, labels = retrieval.embed_batches(embedder, _keeping_images(datasets.eval, kept))
         pixels, pixel_labels = np.concatenate(kept), labels
     else:
-        embeddings, labels = retrieval.embed_batches(embedder, datasets.eval)
+        embeddings, labels = retrieval.embed_batches(embedder, _batches(datasets.eval))
         pixels, pixel_labels = _pixels(datasets.pixels)
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
     pixels = pixels / np.float32(255.0)  # [0, 1] for the grid; the baseline normalises anyway

@@ -8,6 +8,7 @@ import time
 import keras
 import numpy as np
 
+from tfdml import interrupts
 from tfdml.callbacks import completed_epochs
 from tfdml.config import Config, default_config
 from tfdml.pipeline.data import (
@@ -99,13 +100,16 @@ def _warn_if_ala_learns_from_noisy_labels(config):
 def _job(config, verbose, restart, say, fit_classes_per_batch, started):
     stage = ["before training"]  # where a stop found the job (run_stages moves it on)
     try:
-        keras.utils.set_random_seed(config.seed)
-        train_source, eval_source = load_sources(config.data)
-        config = fit_to_data(config, train_source, fit_classes_per_batch, say)
-        _check_evaluation_data(eval_source)
-        _check_unseen_classes(train_source, eval_source)
-        prepare_report_dir(config, restart, say)
-        outcome = run_stages(config, verbose, train_source, eval_source, stage)
+        # A stop waits for the next stage, step or batch: raised inside TensorFlow's code (loading data,
+        # embedding, exporting) it can abort the process instead of stopping it.
+        with interrupts.between_steps():
+            keras.utils.set_random_seed(config.seed)
+            train_source, eval_source = load_sources(config.data)
+            config = fit_to_data(config, train_source, fit_classes_per_batch, say)
+            _check_evaluation_data(eval_source)
+            _check_unseen_classes(train_source, eval_source)
+            prepare_report_dir(config, restart, say)
+            outcome = run_stages(config, verbose, train_source, eval_source, stage)
         if not outcome.summary.get("chief", True):
             return outcome.summary
         summary = finish_report(config, outcome, started, stage)
@@ -140,6 +144,7 @@ def run_stages(config, verbose, train_source, eval_source, stage):
     with strategy.scope():
         model, embedder = build_model(config, input_shape, config.training.epochs * steps)
     datasets = make_datasets(config, train_source, eval_source, strategy.num_replicas_in_sync)
+    interrupts.stop_point()
     stage[0] = "training"
     trained = train_or_restore(config, model, embedder, datasets, strategy, steps, verbose)
     stage[0] = "after training"
@@ -167,6 +172,7 @@ def run_stages(config, verbose, train_source, eval_source, stage):
         }
     )
     error = None
+    interrupts.stop_point()
     if config.export.enabled:
         added, error = export_once(config, embedder, evaluation, eval_source)
         summary.update(added)
