@@ -415,7 +415,7 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
 
 
 def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):
-    """Issue 34.11: a gallery that leaves classes out (the training half of a job's folder, a class folder
+    """A gallery that leaves classes out (the training half of a job's folder, a class folder
     without a readable image) is exported with the names of its own classes only, each item's label naming
     its folder: in the index (the real `tfdml export`, in a subprocess), its metadata and the search signature."""
     source = data.digits("test")

@@ -65,7 +65,7 @@ def export_saved_model(
     serving_options, index_options, search_options = split_options(options)
     serving = ServingInput(model, serving_options)
     model_dir, chosen_version, target = _version_path(base_dir, name, version, overwrite)
-    archive, serve, embed_images, outputs = embedding_archive(model, serving)
+    archive, serve, _, outputs = embedding_archive(model, serving)
     embedded = None
     if gallery is not None:
         # Embedded by `serve` itself (the function written as serving_default), once, for index and search.
@@ -73,7 +73,7 @@ def export_saved_model(
         items = index_options.gallery_ids, index_options.gallery_labels, index_options.class_names
         embedded = embed_gallery(embed, serving.channels, gallery, *items, index_options.batch_size)
     index_settings = _with_search_dims(index_options.index_settings, search_options.search_dims)
-    searcher, calibration = _add_search_signature(archive, embed_images, embedded, search_options, index_settings)
+    searcher, calibration = _add_search_signature(archive, serve, embedded, search_options, index_settings)
     metadata = version_metadata(
         model, name, chosen_version, outputs, serving, searcher, calibration, embedded, training_config, metrics
     )
@@ -120,7 +120,7 @@ def _default_calibration(embedded, options):
     )
 
 
-def _add_search_signature(archive, embed_images, embedded, options, index_settings):
+def _add_search_signature(archive, serve, embedded, options, index_settings):
     """Adds the `search` endpoint over the embedded gallery to `archive` when the options ask for it and there
     is a gallery; returns `(its GallerySearch or None, the calibration of its match)` (with a prefix search,
     the measured recall in `searcher.prefix_record`)."""
@@ -151,7 +151,8 @@ def _add_search_signature(archive, embed_images, embedded, options, index_settin
     searcher.prefix_record = record
 
     def search_images(images):
-        embedding = embed_images(images)[EMBEDDING_OUTPUT]  # the serving_default function, not a copy
+        # The serving_default function itself, called (already traced), not traced again as a copy.
+        embedding = serve(images)[EMBEDDING_OUTPUT]
         return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
 
     archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec()]))
