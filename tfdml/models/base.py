@@ -91,7 +91,18 @@ class MetricModel(keras.Model):
     def fit(self, x=None, y=None, *args, **kwargs):
         if isinstance(x, tf.data.Dataset):
             kwargs.setdefault("shuffle", False)  # a dataset is shuffled by its own pipeline, never by fit
+        self._build_optimizer()
         return super().fit(x, y, *args, **kwargs)
+
+    def _build_optimizer(self):
+        """Builds the optimizer of a built model before fit traces its train step, as Keras does under a
+        distribution strategy: without one, Keras creates the optimizer's variables inside the first trace,
+        and a function that creates variables is traced twice."""
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None or optimizer.built or self._distribute_strategy is not None:
+            return
+        if all(layer.built for layer in self._flatten_layers()):
+            optimizer.build(self.trainable_variables)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         self._tell_losses_whether_training(training)
