@@ -8,7 +8,8 @@ Episode as in the paper: a training subset of 100 images (20 classes x 5) and a 
 assessor dominates) and "wide" (4 wider convs on 64x64x3, where the embedder passes dominate, closer to a
 real backbone). The plain step is
 `TripletLoss(margin=0.2, mining="all")` on the training subset with the same optimizer. ALA steps are
-timed with the paper's K = 3 assessor updates and with K = 1 (the base loss is the plain step's, every
+timed at the library's defaults (no switch set; `--only-defaults` times that row alone), and with the paper's
+K = 3 assessor updates and with K = 1 (the base loss is the plain step's, every
 triplet of the batch: with uniform weights ALA's real step is the plain step), with the paper's per-tuple
 recurrence (`state="per_tuple"`) and the per-step approximation, and with
 `weighting="uniform"` (the base loss through its listed terms, no assessor), and at
@@ -21,7 +22,8 @@ With `meta_interval` N > 1 only every N-th step is a meta step: the per-step fig
 multiple of 10 so that every N divides it.
 There is no other public DML-ALA implementation to compare against (peer figure: null).
 
-Usage: python -m benchmarks.ala_step.bench_ala [--repeats 20] [--only-meta-interval] [--embedders small,wide]
+Usage: python -m benchmarks.ala_step.bench_ala [--repeats 20] [--only-defaults | --only-meta-interval]
+       [--embedders small,wide]
 """
 
 import argparse

@@ -3,7 +3,10 @@
 The training forward pass at theta is kept on a persistent tape (`theta_tape`) for repeated vector-Jacobian
 products, and the base loss's terms on another (`loss_tape`): `loss.terms(labels, embeddings)` lists the
 tuples and their unreduced values once per episode, and every weighted loss of the episode is the base loss's
-own reduction of those terms (`weighted_loss`). The look-ahead's `(P, o)` is computed once (constants in phi).
+own reduction of those terms (`weighted_loss`). The look-ahead's `(P, o)` is computed once (constants in phi),
+and so are the assessor's geometry features. The meta-gradient's Jacobian-vector product is the transpose of
+the look-ahead's vector-Jacobian product (`assessor_gradients`): the embedder runs forward on the training
+subset once per episode.
 """
 
 import tensorflow as tf
