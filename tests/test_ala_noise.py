@@ -28,9 +28,7 @@ def _auc(positive, negative):
     return float(np.mean((positive > negative) + 0.5 * (positive == negative)))
 
 
-def _clean_and_mislabelled_weights(seed, steps=80):
-    x, true, noisy, rng = noisy_clusters(seed)
-    true = true.astype("int32")
+def _fresh_model(seed):
     keras.utils.set_random_seed(seed)
     embedder = keras.Sequential(
         [
@@ -42,6 +40,33 @@ def _clean_and_mislabelled_weights(seed, steps=80):
     )
     model = ALAModel(embedder, base_loss=ContrastiveLoss(neg_margin=1.0), assessor_units=16, state="per_step")
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    return model
+
+
+_SHARED = {}
+
+
+def _model_as_built_at(seed):
+    """One model for every seed, holding the values a fresh build at `seed` starts from (weights, assessor state,
+    both optimizers' slots and counters): the seeds train the same model, and its traced step is reused."""
+    fresh = _fresh_model(seed)
+    model = _SHARED.setdefault("model", fresh)
+    pairs = [(model.weights, fresh.weights)]
+    pairs += [(a.variables, b.variables) for a, b in zip(_optimizers(model), _optimizers(fresh), strict=True)]
+    for targets, sources in pairs:
+        for target, source in zip(targets, sources, strict=True):
+            target.assign(source)
+    return model
+
+
+def _optimizers(model):
+    return model.optimizer, model.assessor_optimizer
+
+
+def _clean_and_mislabelled_weights(seed, steps=80):
+    x, true, noisy, rng = noisy_clusters(seed)
+    true = true.astype("int32")
+    model = _model_as_built_at(seed)
     model.fit(episodes(x, noisy, rng, steps, val_labels=true), verbose=0)
     clean, mislabelled = [], []
     for _ in range(10):

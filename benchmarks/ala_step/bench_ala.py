@@ -8,7 +8,8 @@ Episode as in the paper: a training subset of 100 images (20 classes x 5) and a 
 assessor dominates) and "wide" (4 wider convs on 64x64x3, where the embedder passes dominate, closer to a
 real backbone). The plain step is
 `TripletLoss(margin=0.2, mining="all")` on the training subset with the same optimizer. ALA steps are
-timed with the paper's K = 3 assessor updates and with K = 1 (the base loss is the plain step's, every
+timed at the library's defaults (no switch set; `--only-defaults` times that row alone), and with the paper's
+K = 3 assessor updates and with K = 1 (the base loss is the plain step's, every
 triplet of the batch: with uniform weights ALA's real step is the plain step), with the paper's per-tuple
 recurrence (`state="per_tuple"`) and the per-step approximation, and with
 `weighting="uniform"` (the base loss through its listed terms, no assessor), and at
@@ -21,7 +22,8 @@ With `meta_interval` N > 1 only every N-th step is a meta step: the per-step fig
 multiple of 10 so that every N divides it.
 There is no other public DML-ALA implementation to compare against (peer figure: null).
 
-Usage: python -m benchmarks.ala_step.bench_ala [--repeats 20] [--only-meta-interval] [--embedders small,wide]
+Usage: python -m benchmarks.ala_step.bench_ala [--repeats 20] [--only-defaults | --only-meta-interval]
+       [--embedders small,wide]
 """
 
 import argparse
@@ -112,17 +114,10 @@ def plain_step_fn(kind):
     return step
 
 
-def ala_step_fn(kind, assessor_steps, state, weighting="assessor", meta_interval=1, variant="default"):
+def ala_step_fn(kind, **switches):
+    """The ALA step with `switches` (`tfdml.ala_options.ALAOptions`; none given: the library's defaults)."""
     # The plain step's loss: with uniform weights ALA's real step is that loss's step.
-    model = ALAModel(
-        make_embedder(kind),
-        base_loss=TripletLoss(margin=0.2, mining="all"),
-        assessor_steps=assessor_steps,
-        state=state,
-        weighting=weighting,
-        meta_interval=meta_interval,
-        variant=variant,
-    )
+    model = ALAModel(make_embedder(kind), base_loss=TripletLoss(margin=0.2, mining="all"), **switches)
     model.compile(optimizer=keras.optimizers.SGD(1e-3))
     return tf.function(model.train_step)
 
@@ -145,6 +140,24 @@ def row(seconds, plain, **settings):
     }
 
 
+def settings(only_defaults=False, only_meta_interval=False):
+    """The ALA rows to time, as `ALAModel` switches (`{}`: the library's defaults)."""
+    rows = [{}]
+    if only_defaults:
+        return rows
+    rows += [dict(state="per_tuple", assessor_steps=3, meta_interval=n) for n in (1, 2, 5)]
+    if only_meta_interval:
+        return rows[1:]
+    rows += [
+        dict(state="per_tuple", assessor_steps=3, variant="paper"),
+        dict(state="per_step", assessor_steps=0, weighting="uniform"),
+        dict(state="per_tuple", assessor_steps=1),
+        dict(state="per_step", assessor_steps=3),
+        dict(state="per_step", assessor_steps=1),
+    ]
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
@@ -154,6 +167,7 @@ def main():
         action="store_true",
         help="only the plain step and the K = 3 rows at meta_interval 1, 2, 5 (per_tuple)",
     )
+    parser.add_argument("--only-defaults", action="store_true", help="only the plain step and the library defaults")
     args = parser.parse_args()
     if args.repeats % 10:
         parser.error("--repeats must be a multiple of 10 (every meta_interval divides it)")
@@ -170,20 +184,9 @@ def main():
         episode = make_episode(kind)
         plain = time_step(plain_step_fn(kind), episode, args.repeats)
         rows = []
-        for meta_interval in (1, 2, 5):
-            seconds = time_step(ala_step_fn(kind, 3, "per_tuple", meta_interval=meta_interval), episode, args.repeats)
-            rows.append(row(seconds, plain, state="per_tuple", assessor_steps=3, meta_interval=meta_interval))
-        if not args.only_meta_interval:
-            seconds = time_step(ala_step_fn(kind, 3, "per_tuple", variant="paper"), episode, args.repeats)
-            rows.append(row(seconds, plain, state="per_tuple", assessor_steps=3, variant="paper"))
-            seconds = time_step(ala_step_fn(kind, 0, "per_step", "uniform"), episode, args.repeats)
-            rows.append(row(seconds, plain, weighting="uniform"))
-            for state in ("per_tuple", "per_step"):
-                for assessor_steps in (3, 1):
-                    if (state, assessor_steps) == ("per_tuple", 3):
-                        continue  # the meta_interval 1 row above
-                    seconds = time_step(ala_step_fn(kind, assessor_steps, state), episode, args.repeats)
-                    rows.append(row(seconds, plain, state=state, assessor_steps=assessor_steps))
+        for switches in settings(args.only_defaults, args.only_meta_interval):
+            seconds = time_step(ala_step_fn(kind, **switches), episode, args.repeats)
+            rows.append(row(seconds, plain, **(switches or {"defaults": True})))
         results["embedders"][kind] = {
             "image_size": EMBEDDERS[kind][0],
             "filters": EMBEDDERS[kind][1],
@@ -191,6 +194,7 @@ def main():
             "plain_triplet_step_ms_min": round(plain[1] * 1e3, 2),
             "plain_triplet_cpu_ms_median": round(plain[2] * 1e3, 2),
             "plain_triplet_step_ms_mean": round(plain[3] * 1e3, 2),
+            "plain_triplet_cpu_ms_mean": round(plain[4] * 1e3, 2),
             "ala": rows,
         }
     print(json.dumps(results, indent=2))

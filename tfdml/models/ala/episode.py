@@ -3,7 +3,10 @@
 The training forward pass at theta is kept on a persistent tape (`theta_tape`) for repeated vector-Jacobian
 products, and the base loss's terms on another (`loss_tape`): `loss.terms(labels, embeddings)` lists the
 tuples and their unreduced values once per episode, and every weighted loss of the episode is the base loss's
-own reduction of those terms (`weighted_loss`). The look-ahead's `(P, o)` is computed once (constants in phi).
+own reduction of those terms (`weighted_loss`). The look-ahead's `(P, o)` is computed once (constants in phi),
+and so are the assessor's geometry features. The meta-gradient's Jacobian-vector product is the transpose of
+the look-ahead's vector-Jacobian product (`assessor_gradients`): the embedder runs forward on the training
+subset once per episode.
 """
 
 import tensorflow as tf
@@ -36,7 +39,12 @@ class EpisodeDerivatives:
         self.values = self.terms.values
         self.assessed = model.assessed_tuples(self.terms, self.train_y)
         self.units, self.unit_of = model.assessed_units(self.terms, self.assessed)
-        self._lookahead = None
+        self._lookahead = self._geometry = None
+        # The assessor's input features are constants of the episode: computed once for its K + 1 assessments
+        # (here, outside the conditional meta-update of meta_interval > 1, whose branch could not share them).
+        self._features = None
+        if model.weighting == "assessor" and model.assessor_input != "embeddings":
+            self._features = self.features()
 
     # -------------------------------------------------------------------------------- weights and losses
     def weights(self):
@@ -44,28 +52,27 @@ class EpisodeDerivatives:
         (1 for those whose weight cannot change the loss, module docstring of the package)."""
         model = self.model
         embeddings = tf.stop_gradient(self.embeddings)
-        features = None
-        if model.assessor_input != "embeddings":
-            features = self.features(embeddings)
+        features = self._features
+        if features is None and model.assessor_input != "embeddings":  # a uniform model asked for its weights
+            features = self.features()
         raw, new_state = model.assessor(embeddings, self.units, features)
         per_unit = model.weights_from_outputs(tf.cast(raw, self.values.dtype))
         assessed = tf.gather(per_unit, self.unit_of)
         full = tf.tensor_scatter_nd_update(tf.ones_like(self.values), self.assessed[:, None], assessed)
         return full, raw, new_state
 
-    def features(self, embeddings):
+    def features(self):
         """Geometry of each assessed unit, `[U, 3]`, standardised over them: `(d_ap, d_an, term)` for
         triplets, `(d, term, +-1 for a positive / negative pair)` for pairs, `(d_ap, mean d_an, mean term)`
         over the triplets of an anchor-positive pair. Constants."""
-        distances = pairwise_distance(embeddings)
         values = tf.stop_gradient(tf.gather(self.values, self.assessed))
         indices = tf.gather(self.terms.indices, self.assessed)
         if self.terms.kind == "pair":
-            d = tf.gather_nd(distances, indices)
+            d = tf.gather_nd(pairwise_distance(tf.stop_gradient(self.embeddings)), indices)
             same = tf.equal(tf.gather(self.train_y, indices[:, 0]), tf.gather(self.train_y, indices[:, 1]))
             features = tf.stack([d, values, tf.where(same, tf.ones_like(d), -tf.ones_like(d))], axis=1)
         else:
-            d_ap, d_an = triplet_distances(distances, indices)
+            d_ap, d_an = self.assessed_distances()
             features = tf.stack([d_ap, d_an, values], axis=1)
         # One row per unit, the mean over its terms (a single term, except a triplet loss's anchor-positive pairs).
         features = tf.math.unsorted_segment_mean(features, self.unit_of, tf.shape(self.units)[0])
@@ -73,6 +80,14 @@ class EpisodeDerivatives:
         mean = tf.reduce_sum(features, axis=0) / count
         std = tf.sqrt(tf.reduce_sum(tf.square(features - mean), axis=0) / count)
         return (features - mean) / (std + 1e-6)
+
+    def assessed_distances(self):
+        """`(d_ap, d_an)` of the assessed triplets at the episode's embeddings (constants; computed once, read by
+        the features and the logs)."""
+        if self._geometry is None:
+            distances = pairwise_distance(tf.stop_gradient(self.embeddings))
+            self._geometry = triplet_distances(distances, tf.gather(self.terms.indices, self.assessed))
+        return self._geometry
 
     def weighted_loss(self, weights):
         """The training loss with per-tuple `weights` (the base loss's reduction, or the paper's sum)."""
@@ -108,7 +123,10 @@ class EpisodeDerivatives:
 
     def lookahead(self, weights):
         """Validation loss at `theta' = theta - o - P (.) grad(...)` (eqs 10-11) and its gradient in theta'."""
-        grads = self.gradients(weights)[0]
+        return self.validation(self.gradients(weights)[0])
+
+    def validation(self, grads):
+        """`(L_va(theta'), d L_va / d theta')` at the virtual step `theta' = theta - o - P (.) grads`."""
         preconditioners, offsets = self.lookahead_terms()
         theta_prime = [
             t - p * g if o is None else t - o - p * g for t, p, o, g in zip(self.theta, preconditioners, offsets, grads)
@@ -121,34 +139,34 @@ class EpisodeDerivatives:
             meta_loss = self.model.reduce(self.model.base_loss.terms(self.val_y, val_embeddings))
         return meta_loss, tape.gradient(meta_loss, theta_prime, unconnected_gradients=ZERO)
 
-    def term_jvp(self, embedding_tangent):
-        """`c_i = <d term_i / dE, tangent>` for every listed term, by differentiating the vector-Jacobian
-        product of the recorded terms in its (linear) upstream: exact, and without recomputing the terms
-        (a sampled loss would draw other tuples)."""
-        upstream = tf.ones_like(self.values)
-        with tf.GradientTape() as tape:
-            tape.watch(upstream)
-            grad = self.loss_tape.gradient(
-                self.values, self.embeddings, output_gradients=upstream, unconnected_gradients=ZERO
-            )
-            inner = tf.reduce_sum(grad * tf.cast(embedding_tangent, grad.dtype))
-        return tf.stop_gradient(tape.gradient(inner, upstream, unconnected_gradients=ZERO))
+    def term_vjp(self, upstream):
+        """`sum_i upstream_i d term_i / d theta` from the recorded passes (with `upstream` the reduction's
+        coefficients `u(w)`, the gradient of the weighted loss: its remainder `extra` does not depend on the
+        embeddings)."""
+        grad = self.loss_tape.gradient(
+            self.values, self.embeddings, output_gradients=upstream, unconnected_gradients=ZERO
+        )
+        return self.theta_tape.gradient(self.embeddings, self.theta, output_gradients=grad, unconnected_gradients=ZERO)
 
     def assessor_gradients(self):
-        """Exact `d L_va(theta'(phi)) / d phi` and `L_va(theta'(phi))` (package docstring): `c_i` for every
-        term, then a gradient step on `-sum_i u_i(w(phi)) c_i` with `u` the reduction's coefficients."""
+        """Exact `d L_va(theta'(phi)) / d phi` and `L_va(theta'(phi))` (package docstring): `c_i = <d term_i /
+        d theta, P g_va>` for every term, then a gradient step on `-sum_i u_i(w(phi)) c_i` with `u` the
+        reduction's coefficients. `c` is the transpose of the look-ahead's own vector-Jacobian product, taken
+        by differentiating it in its (linear) upstream: one more pass through the recorded backward pass
+        instead of a forward-mode pass that would run the embedder again."""
         model = self.model
         with tf.GradientTape() as tape:
             weights = self.weights()[0]
             coefficients = model.coefficients(self.terms, weights)
-        meta_loss, val_grads = self.lookahead(weights)
-        # J (P g): how the training embeddings move along the preconditioned validation gradient.
+        upstream = tf.stop_gradient(coefficients)
+        with tf.GradientTape() as transpose:
+            transpose.watch(upstream)
+            grads = self.term_vjp(upstream)
+        meta_loss, val_grads = self.validation(grads)
         tangents = [p * g for p, g in zip(self.lookahead_terms()[0], val_grads)]
-        with tf.autodiff.ForwardAccumulator(self.theta, tangents) as accumulator:
-            embeddings, _ = model.embedder.stateless_call(self.theta, self.non_trainable, self.train_x, training=True)
-        alignment = self.term_jvp(accumulator.jvp(embeddings, unconnected_gradients=ZERO))
+        alignment = transpose.gradient(grads, upstream, output_gradients=tangents, unconnected_gradients=ZERO)
         with tape:
-            surrogate = -tf.reduce_sum(coefficients * alignment)
+            surrogate = -tf.reduce_sum(coefficients * tf.stop_gradient(alignment))
         phi_grads = tape.gradient(surrogate, model.assessor.trainable_variables, unconnected_gradients=ZERO)
         return phi_grads, meta_loss
 
@@ -171,8 +189,7 @@ class EpisodeDerivatives:
             raw = tf.cast(raw, dtype)
             logs["output_std"] = tf.sqrt(safe_divide(tf.reduce_sum(tf.square(raw)), count))  # centred outputs
         if self.terms.kind == "triplet":
-            indices = tf.gather(self.terms.indices, self.assessed)
-            d_ap, d_an = triplet_distances(pairwise_distance(tf.stop_gradient(self.embeddings)), indices)
+            d_ap, d_an = self.assessed_distances()
             ratio = safe_divide(d_ap, d_an)
             triplets = tf.cast(tf.size(applied), dtype)
             logs["hardness"] = safe_divide(tf.reduce_sum(ratio), triplets)

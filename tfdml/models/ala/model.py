@@ -325,6 +325,9 @@ class ALAModel(keras.Model):
         return cls(**config)
 
     # ------------------------------------------------------------------------------------- Algorithm 1
+    # Not converted by AutoGraph: the step has no Python control flow on tensors (meta_interval's is a tf.cond),
+    # and converting it and everything it calls took most of the time of tracing it.
+    @tf.autograph.experimental.do_not_convert
     def train_step(self, data):
         (train_x, train_y, val_x, val_y), replicas = _whole_episode(data)
         logs = self.ala_update(train_x, train_y, val_x, val_y, gradient_scale=1.0 / replicas)
@@ -333,6 +336,7 @@ class ALAModel(keras.Model):
             tracker.update_state(logs[name], sample_weight=meta_step if name == "meta_loss" else None)
         return {name: tracker.result() for name, tracker in self.trackers.items()}
 
+    @tf.autograph.experimental.do_not_convert
     def test_step(self, data):
         (_, _, val_x, val_y), _ = _whole_episode(data)
         embeddings = self.embedder(val_x, training=False)
