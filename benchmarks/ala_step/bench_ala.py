@@ -41,7 +41,7 @@ import tensorflow as tf  # noqa: E402
 from tfdml.losses.triplet import TripletLoss  # noqa: E402
 from tfdml.models import ALAModel  # noqa: E402
 
-TARGET_RATIO = 3.0
+TARGET_RATIO = 2.5
 
 
 EMBEDDERS = {"small": (32, (16, 32)), "wide": (64, (32, 64, 128, 128))}  # image size, conv filters
