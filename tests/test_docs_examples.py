@@ -8,8 +8,12 @@ import warnings
 
 import docs_examples
 import pytest
+from test_readme import main_job_example
 
 BLOCKS = [block for page in docs_examples.pages() for block in docs_examples.blocks(page)]
+# The README's main job, included on a guide page: tests/test_readme.py runs it at the same test size and
+# checks that it is the job; running it here too would train the same model a second time.
+RUN_BY_TEST_README = main_job_example().strip()
 _NAMESPACES = {}  # page -> the namespace its blocks share, in order
 
 
@@ -17,6 +21,8 @@ _NAMESPACES = {}  # page -> the namespace its blocks share, in order
 def test_example_runs(block, tmp_path_factory, monkeypatch):
     if block.skip:
         pytest.skip(f"{block.name}: {block.skip}")
+    if block.code.strip() == RUN_BY_TEST_README:
+        pytest.skip(f"{block.name}: the README's main job, run by tests/test_readme.py")
     if block.page not in _NAMESPACES:
         _NAMESPACES[block.page] = (docs_examples.namespace(), str(tmp_path_factory.mktemp("docs")))
     names, scratch = _NAMESPACES[block.page]
