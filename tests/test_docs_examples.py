@@ -8,12 +8,16 @@ import warnings
 
 import docs_examples
 import pytest
+from test_ala_episodes import guide_example
 from test_readme import main_job_example
 
 BLOCKS = [block for page in docs_examples.pages() for block in docs_examples.blocks(page)]
-# The README's main job, included on a guide page: tests/test_readme.py runs it at the same test size and
-# checks that it is the job; running it here too would train the same model a second time.
-RUN_BY_TEST_README = main_job_example().strip()
+# Blocks that another test runs at the same test size, with stricter checks: running them here too would train
+# the same models a second time.
+RUN_ELSEWHERE = {
+    main_job_example().strip(): "the README's main job, run by tests/test_readme.py (which checks it is the job)",
+    guide_example().strip(): "run in a fresh process, every warning an error, by tests/test_ala_episodes.py",
+}
 _NAMESPACES = {}  # page -> the namespace its blocks share, in order
 
 
@@ -21,8 +25,8 @@ _NAMESPACES = {}  # page -> the namespace its blocks share, in order
 def test_example_runs(block, tmp_path_factory, monkeypatch):
     if block.skip:
         pytest.skip(f"{block.name}: {block.skip}")
-    if block.code.strip() == RUN_BY_TEST_README:
-        pytest.skip(f"{block.name}: the README's main job, run by tests/test_readme.py")
+    if block.code.strip() in RUN_ELSEWHERE:
+        pytest.skip(f"{block.name}: {RUN_ELSEWHERE[block.code.strip()]}")
     if block.page not in _NAMESPACES:
         _NAMESPACES[block.page] = (docs_examples.namespace(), str(tmp_path_factory.mktemp("docs")))
     names, scratch = _NAMESPACES[block.page]
