@@ -65,7 +65,7 @@ def export_saved_model(
     serving_options, index_options, search_options = split_options(options)
     serving = ServingInput(model, serving_options)
     model_dir, chosen_version, target = _version_path(base_dir, name, version, overwrite)
-    archive, serve, _, outputs = embedding_archive(model, serving)
+    archive, serve, outputs = embedding_archive(model, serving)
     embedded = None
     if gallery is not None:
         # Embedded by `serve` itself (the function written as serving_default), once, for index and search.

@@ -179,8 +179,7 @@ def image_spec():
 def embedding_archive(model, serving):
     """An `ExportArchive` of `model` with its two embedding signatures: `serving_default` (uint8 images of
     any size -> channels converted -> `serving.evaluation_image` -> the model) and `embed_preprocessed` (the
-    model's input as it takes it). Returns `(archive, serving function, its Python function, output
-    widths)`."""
+    model's input as it takes it). Returns `(archive, serving function, output widths)`."""
 
     def embed_preprocessed(preprocessed):
         return named_outputs(model, preprocessed)
@@ -197,4 +196,4 @@ def embedding_archive(model, serving):
     archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
     shapes = serve.get_concrete_function().structured_outputs
     outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None for key, value in shapes.items()}
-    return archive, serve, embed_images, outputs
+    return archive, serve, outputs

@@ -73,9 +73,6 @@ def build_model(config, input_shape, total_steps):
             optimizer=optimizer,
             loss=recipes.build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim),
         )
-        # Built here, in the strategy scope: fit would first make the optimizer's variables while tracing its
-        # train step, and a step that creates variables is traced twice.
-        embedder.optimizer.build(embedder.trainable_variables)
         return embedder, embedder
     # The look-ahead step of eq (10) reads each variable's rate from the (multi-rate) optimizer, and ALAModel
     # reads the embedding size from the tfdml embedder.
