@@ -108,24 +108,15 @@ def _font_path(face):
     return os.path.join(font_dir(), face)
 
 
-_FONTS = {}
-
-
+@functools.cache
 def _font(face, size=RENDER_SIZE):
-    key = (face, size)
-    if key not in _FONTS:
-        _FONTS[key] = ImageFont.truetype(_font_path(face), size)
-    return _FONTS[key]
+    return ImageFont.truetype(_font_path(face), size)
 
 
-_CMAPS = {}
-
-
+@functools.cache
 def _cmap(face):
-    if face not in _CMAPS:
-        with TTFont(_font_path(face), lazy=True) as font:
-            _CMAPS[face] = frozenset(font.getBestCmap() or ())
-    return _CMAPS[face]
+    with TTFont(_font_path(face), lazy=True) as font:
+        return frozenset(font.getBestCmap() or ())
 
 
 def render_glyph(char, face, rotation=0.0, size=RENDER_SIZE):
