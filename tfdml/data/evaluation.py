@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdml.data.preprocessing import eval_image
+from tfdml.data.tracing import dataset_function
 
 
 def eval_dataset(
@@ -39,6 +40,7 @@ def eval_dataset(
         image = eval_image(source.load(i), image_size, center_crop, resize, preprocess)
         return image, tf.gather(labels, i), i
 
+    load = dataset_function(load, source.load, preprocess)
     ds = tf.data.Dataset.range(n).map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     spec = ds.element_spec[0]
     if not spec.shape.is_fully_defined():
@@ -48,7 +50,7 @@ def eval_dataset(
         )
     ds = _skipped_items_recorded(ds, source, n)
     if not with_index:
-        ds = ds.map(lambda image, label, index: (image, label))
+        ds = ds.map(dataset_function(lambda image, label, index: (image, label)))
     ds = ds.batch(batch_size)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
 
@@ -77,4 +79,5 @@ def _skipped_items_recorded(ds, source, n):
         tf.cond(tf.size(missing) > 0, report, lambda: tf.constant(0))
         return index + 1, element
 
-    return ds.scan(tf.constant(0, tf.int64), find_gaps).filter(lambda image, label, index: index < n)
+    scanned = ds.scan(tf.constant(0, tf.int64), dataset_function(find_gaps))
+    return scanned.filter(dataset_function(lambda image, label, index: index < n))

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tfdml.data import _keywords
 from tfdml.data.preprocessing import as_size, resolve_augment, train_image
+from tfdml.data.tracing import dataset_function
 
 logger = logging.getLogger("tfdml.data")
 
@@ -166,7 +167,7 @@ def _slot_schedule(num_classes, group, seed, epochs):
         return tf.data.Dataset.from_tensor_slices((perm, slot_ids))
 
     epochs_ds = tf.data.Dataset.range(epochs) if epochs is not None else tf.data.Dataset.counter()
-    return epochs_ds.flat_map(epoch_slots)
+    return epochs_ds.flat_map(dataset_function(epoch_slots))
 
 
 def _sample_without_replacement(counts, k_max, seed):
@@ -220,7 +221,9 @@ class _BatchSampler:
         return train_image(self.source.load(index), image_seed, self.image_size, self.augment, self.preprocess)
 
     def _image_spec(self):
-        probe = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(lambda i: self._image(i, tf.stack([i, i])))
+        probe = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(
+            dataset_function(lambda i: self._image(i, tf.stack([i, i])))
+        )
         spec = probe.element_spec
         if not spec.shape.is_fully_defined():
             raise ValueError(
@@ -244,7 +247,7 @@ class _BatchSampler:
         spec = self.image_spec
         loaded = (
             tf.data.Dataset.from_tensor_slices((items, tf.range(self.total, dtype=tf.int64)))
-            .map(lambda i, p: (self._image(i, _fold(seeds, p)), p))
+            .map(dataset_function(lambda i, p: (self._image(i, _fold(seeds, p)), p)))
             .ignore_errors()
             .batch(self.total)
         )
@@ -255,7 +258,7 @@ class _BatchSampler:
         return (
             loaded.concatenate(sentinel)
             .take(1)
-            .map(lambda images, positions: self._repair(images, positions, items, labels))
+            .map(dataset_function(lambda images, positions: self._repair(images, positions, items, labels)))
         )
 
     def _repair(self, images, positions, items, labels):
@@ -302,7 +305,10 @@ def _batches(sampler, schedule, group, parallel_batches):
     if parallel_batches is None:
         parallel_batches = _default_parallel_batches()
     ds = schedule.batch(group, drop_remainder=True).interleave(
-        sampler.batch, cycle_length=parallel_batches, num_parallel_calls=parallel_batches, deterministic=True
+        dataset_function(sampler.batch),
+        cycle_length=parallel_batches,
+        num_parallel_calls=parallel_batches,
+        deterministic=True,
     )
 
     def keep(images, labels, complete):
@@ -312,7 +318,7 @@ def _batches(sampler, schedule, group, parallel_batches):
         tf.cond(complete, lambda: tf.constant(0), warn)
         return complete
 
-    return ds.filter(keep).map(lambda images, labels, complete: (images, labels))
+    return ds.filter(dataset_function(keep)).map(dataset_function(lambda images, labels, complete: (images, labels)))
 
 
 def _warn_dropped(labels):
@@ -482,7 +488,7 @@ def _disjoint_episodes(source, sizes, options):
     def split(images, labels):
         return images[:train_size], labels[:train_size], images[train_size:], labels[train_size:]
 
-    return _batches(sampler, schedule, group, options.parallel_batches).map(split)
+    return _batches(sampler, schedule, group, options.parallel_batches).map(dataset_function(split))
 
 
 def _independent_episodes(source, val_source, sizes, options):
@@ -501,7 +507,7 @@ def _independent_episodes(source, val_source, sizes, options):
         sampler = _BatchSampler(subset, classes, [k] * n, _fold(sample_seed, index), options)
         schedule = _slot_schedule(len(classes), n, _fold(schedule_seed, index), options.epochs)
         subsets.append(_batches(sampler, schedule, n, options.parallel_batches))
-    return tf.data.Dataset.zip(tuple(subsets)).map(lambda train, val: (*train, *val))
+    return tf.data.Dataset.zip(tuple(subsets)).map(dataset_function(lambda train, val: (*train, *val)))
 
 
 def _episode_classes(train_size, val_size, samples_per_class, train_classes, val_classes):

@@ -167,6 +167,8 @@ class Source:
         def load(i):
             return parent.load(tf.gather(table, i))
 
+        # The parent's loader is what runs: it decides whether the pipelines trace with AutoGraph (`tracing`).
+        load.__module__ = getattr(parent.load, "__module__", None)
         subset = Source(
             self.labels[indices],
             load,

@@ -155,7 +155,8 @@ def _add_search_signature(archive, serve, embedded, options, index_settings):
         embedding = serve(images)[EMBEDDING_OUTPUT]
         return {**searcher(embedding), EMBEDDING_OUTPUT: embedding}
 
-    archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec()]))
+    # Calls only tfdml's functions and the traced serve: no AutoGraph (`tfdml.data.tracing`).
+    archive.add_endpoint(SEARCH_SIGNATURE, tf.function(search_images, input_signature=[image_spec()], autograph=False))
     return searcher, calibration
 
 

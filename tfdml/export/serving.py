@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 
 from tfdml.data.preprocessing import as_size, eval_image, eval_settings
+from tfdml.data.tracing import autograph_needed
 from tfdml.export.layout import (
     EMBEDDING_OUTPUT,
     IMAGE_INPUT,
@@ -190,10 +191,13 @@ def embedding_archive(model, serving):
     float_spec = tf.TensorSpec([None, *serving.size, serving.channels], tf.float32, name=PREPROCESSED_INPUT)
     archive = keras.export.ExportArchive()
     archive.track(model)
+    # AutoGraph only for a model's own `export_outputs` or preprocessing (`tfdml.data.tracing`).
+    autograph = autograph_needed(getattr(model, "export_outputs", None), serving.preprocess_fn)
     # The argument names (`images`, `preprocessed`) become the signatures' input names.
-    serve = tf.function(embed_images, input_signature=[image_spec()])
+    serve = tf.function(embed_images, input_signature=[image_spec()], autograph=autograph)
     archive.add_endpoint(SERVING_SIGNATURE, serve)
-    archive.add_endpoint(PREPROCESSED_SIGNATURE, tf.function(embed_preprocessed, input_signature=[float_spec]))
+    embed = tf.function(embed_preprocessed, input_signature=[float_spec], autograph=autograph)
+    archive.add_endpoint(PREPROCESSED_SIGNATURE, embed)
     shapes = serve.get_concrete_function().structured_outputs
     outputs = {key: int(value.shape[-1]) if value.shape[-1] is not None else None for key, value in shapes.items()}
     return archive, serve, outputs
