@@ -1,10 +1,11 @@
 """Training job for the kill-and-resume test in test_callbacks.py (not a test module).
 
-Usage: python tests/resume_worker.py BACKUP_DIR OUT_NPZ KILL_EPOCH
+Usage: python tests/resume_worker.py BACKUP_DIR OUT_NPZ KILL_EPOCH [REFERENCE_BACKUP_DIR REFERENCE_OUT_NPZ]
 Trains a multi-level small-CNN embedder with RLL (dynamic temperature, SGD momentum, cosine schedule, heads
 at 10x) on an endless batch stream under `keras.callbacks.BackupAndRestore` and `resume_stream`; with
 KILL_EPOCH >= 0 the process SIGKILLs itself in the middle of that epoch. Writes the final weights, the step
-counter and the first epoch it ran to OUT_NPZ.
+counter and the first epoch it ran to OUT_NPZ. Given a reference, first trains the same model uninterrupted
+into REFERENCE_BACKUP_DIR and REFERENCE_OUT_NPZ, in the same process (one TensorFlow import for both).
 """
 
 import os
@@ -83,4 +84,6 @@ def main(backup_dir, out, kill_epoch):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 6:
+        main(sys.argv[4], sys.argv[5], -1)
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

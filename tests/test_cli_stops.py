@@ -47,22 +47,47 @@ def _finish(proc, timeout=600):
     return proc.communicate(timeout=timeout)[0]
 
 
-def _weights(model_file):
-    return keras.saving.load_model(model_file, compile=False).get_weights()
+def _lock_holder(lock):
+    """The record of the process holding `lock`, or None while there is none (or it is being written)."""
+    try:
+        return json.loads(lock.read_text())
+    except (OSError, ValueError):
+        return None
 
 
-def test_stops_lose_nothing(tmp_path):
-    """SIGTERM in training checkpoints and says how to resume (exit 143); a Ctrl-C after the last epoch, before
-    the report is complete, keeps the trained weights and leaves no half report; the same command then writes
-    the report from those weights without training again, and clears the checkpoints."""
-    report, checkpoints = tmp_path / "r", tmp_path / "r" / "checkpoints"
-    proc = cli_process.start(tmp_path, *JOB)
-    assert cli_process.wait_for(proc, cli_process.checkpointed_epoch(checkpoints, 1)), cli_process.shown(_finish(proc))
-    proc.send_signal(signal.SIGTERM)
-    out = _finish(proc)
-    assert proc.returncode == 143, cli_process.shown(out)
-    assert "tfdml train: interrupted after epoch 1/2; run the same command to resume" in out
-    assert "Traceback" not in out
+def test_stops_lose_nothing_and_one_run_holds_the_folder(tmp_path):
+    """The same command on one folder, five times:
+
+    1. SIGTERM in training checkpoints and says how to resume (exit 143); while that run was stopped (SIGSTOP)
+       holding the folder, a second run was refused (exit 2), naming it;
+    2. started again, the run resumes; a Ctrl-C after the last epoch, before the report is complete, keeps the
+       trained weights and leaves no half report;
+    3. a run killed (SIGKILL) while it holds the folder leaves its lock; the same command takes the lock over,
+       writes the report from the kept weights without training again, and clears the checkpoints."""
+    report, checkpoints, lock = tmp_path / "r", tmp_path / "r" / "checkpoints", tmp_path / ".r.lock"
+    first = cli_process.start(tmp_path, *JOB)
+    assert cli_process.wait_for(first, cli_process.checkpointed_epoch(checkpoints, 1)), cli_process.shown(
+        _finish(first)
+    )
+    first.send_signal(signal.SIGSTOP)  # holds the folder while the second starts
+    try:
+        second = cli_process.start(tmp_path, *JOB)
+        out = _finish(second)
+        holder = _lock_holder(lock)
+    finally:
+        first.send_signal(signal.SIGTERM)  # delivered once it continues, where it stopped
+        first.send_signal(signal.SIGCONT)
+    first_out = _finish(first)
+    assert second.returncode == 2, cli_process.shown(out)
+    assert holder["pid"] == first.pid
+    assert (
+        f"tfdml train: error: r is in use by tfdml train (pid {first.pid}, started {holder['started']}); wait for "
+        "it to finish, stop it (started again, the run resumes), or give another --report-dir" in out
+    )
+    assert first.returncode == 143, cli_process.shown(first_out)
+    assert "tfdml train: interrupted after epoch 1/2; run the same command to resume" in first_out
+    assert "Traceback" not in first_out
+    assert completed_epochs(checkpoints) == 1
 
     trained = checkpoints / pipeline.TRAINED_WEIGHTS
     proc = cli_process.start(tmp_path, *JOB)
@@ -80,9 +105,23 @@ def test_stops_lose_nothing(tmp_path):
     kept = tmp_path / "kept.weights.h5"
     shutil.copy(trained, kept)
 
+    killed = cli_process.start(tmp_path, *JOB)
+    try:
+        held = cli_process.wait_for(killed, lambda: (_lock_holder(lock) or {}).get("pid") == killed.pid)
+        holder = _lock_holder(lock)
+    finally:
+        killed.kill()  # SIGKILL: no clean-up, the lock file stays
+        killed_out = killed.communicate()[0]  # reaps it and closes its pipe
+    assert held, cli_process.shown(killed_out)
+    assert lock.exists() and completed_epochs(checkpoints) == 2
+
     proc = cli_process.start(tmp_path, *JOB)
     out = _finish(proc)
     assert proc.returncode == 0, cli_process.shown(out)
+    assert (
+        f"took over the lock of r left by tfdml train (pid {killed.pid}, started {holder['started']}), "
+        "no longer running" in out
+    )
     assert "training is complete (2 epoch(s) in r/checkpoints)" in out and "Epoch " not in out
     with open(report / "metrics.json") as f:
         metrics = json.load(f)
@@ -94,39 +133,6 @@ def test_stops_lose_nothing(tmp_path):
     reference.load_weights(kept)
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_array_equal(got, want)
-
-
-def test_a_second_run_is_refused_and_a_dead_runs_lock_is_taken_over(tmp_path):
-    checkpoints, lock = tmp_path / "r" / "checkpoints", tmp_path / ".r.lock"
-    first = cli_process.start(tmp_path, *JOB)
-    assert cli_process.wait_for(first, cli_process.checkpointed_epoch(checkpoints, 1)), cli_process.shown(
-        _finish(first)
-    )
-    first.send_signal(signal.SIGSTOP)  # holds the folder while the second starts
-    try:
-        second = cli_process.start(tmp_path, *JOB)
-        out = _finish(second)
-        holder = json.loads(lock.read_text())
-    finally:
-        first.kill()  # SIGKILL: no clean-up, the lock file stays
-        first.communicate()  # reaps it and closes its pipe
-    assert second.returncode == 2, cli_process.shown(out)
-    assert holder["pid"] == first.pid
-    assert (
-        f"tfdml train: error: r is in use by tfdml train (pid {first.pid}, started {holder['started']}); wait for "
-        "it to finish, stop it (started again, the run resumes), or give another --report-dir" in out
-    )
-    assert completed_epochs(checkpoints) == 1 and lock.exists()
-
-    third = cli_process.start(tmp_path, *JOB)
-    out = _finish(third)
-    assert third.returncode == 0, cli_process.shown(out)
-    assert (
-        f"took over the lock of r left by tfdml train (pid {first.pid}, started {holder['started']}), "
-        "no longer running" in out
-    )
-    assert "resuming from epoch 2/2" in out
-    assert (tmp_path / "r" / "metrics.json").exists() and not lock.exists()
 
 
 def _serves(version_dir):
