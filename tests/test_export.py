@@ -320,7 +320,8 @@ def test_export_errors(tmp_path):
 
 
 class ProtocolModel(keras.Model):
-    """A subclassed model using the optional protocol: preprocessing_config() and export_outputs()."""
+    """A subclassed model using the optional protocol: preprocessing_config() and export_outputs() (which
+    branches on a tensor in Python, as a user's function may)."""
 
     def __init__(self):
         super().__init__(name="protocol")
@@ -335,6 +336,8 @@ class ProtocolModel(keras.Model):
 
     def export_outputs(self, x):
         h = self.dense(self.flatten(x))
+        if tf.reduce_all(tf.math.is_finite(h)):  # Python `if` on a tensor: the export traces it with AutoGraph
+            h = tf.identity(h)
         return {"embedding": h, "level_H": 2.0 * h}
 
 
