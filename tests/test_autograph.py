@@ -40,6 +40,9 @@ def test_only_the_users_functions_need_autograph():
     # A subset runs its parent's loader: the parent's decides.
     assert tracing.autograph_needed(source.subset([1, 2]).load)
     assert not tracing.autograph_needed(own.subset([1]).load)
+    anonymous = lambda image: image  # noqa: E731
+    anonymous.__module__ = None  # nothing says whose it is: converted, as before
+    assert tracing.autograph_needed(anonymous)
 
 
 def test_eval_dataset_converts_a_users_branching_loader_and_preprocessing():
