@@ -246,8 +246,12 @@ def run_sections(args, results, deadline):
 def main(argv=None):
     args = parse_args(argv)
     if args.small:  # before JAX starts: --small's times mean nothing, and unoptimised code without XLA's CPU
-        # fusion emitters compiles several times faster
-        os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+        # fusion emitters, as one LLVM module (no split for parallel code generation), compiles several times faster
+        os.environ.setdefault(
+            "XLA_FLAGS",
+            "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+            " --xla_cpu_parallel_codegen_split_count=1",
+        )
     # `timeout` stops a run with SIGTERM: exit through the `finally` below, which writes what was measured.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     start = time.monotonic()

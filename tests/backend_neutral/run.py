@@ -4,6 +4,7 @@
 references) prints one line per failure and exits 1 if any check fails.
 """
 
+import random
 import sys
 
 import keras
@@ -90,9 +91,21 @@ def check_cases_and_equivalences(cases, pairs):
     return [line for line in failures if line]
 
 
+def seed_without_tensorflow(seed):
+    """`keras.utils.set_random_seed(seed)` for these fits, less its `tf.random.set_seed`: importing TensorFlow
+    would cost a JAX or PyTorch run seconds, and no TensorFlow op draws here (Keras' initializers take their
+    default seeds from Python's `random`)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        torch.manual_seed(seed)
+
+
 def check_fit(name, make, epochs=6):
     """None if `model.fit` of a small embedder lowers the loss `make()`, else a line saying what happened."""
-    keras.utils.set_random_seed(0)
+    seed_without_tensorflow(0)
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(4), 8).astype("int32")
     x = (rng.normal(size=(4, 8))[labels] + 0.8 * rng.normal(size=(32, 8))).astype("float32")
