@@ -60,12 +60,12 @@ def _chunk_rows(num_gallery, k, memory_budget):
 _PAD_NORM = 1e30
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)  # no Python control flow on tensors
 def _search_chunk(queries, gallery, k):
     return tf.math.top_k(tf.matmul(queries, gallery, transpose_b=True), k=k, sorted=True)
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)  # no Python control flow on tensors
 def _blocked_search_chunk(queries, gallery, k, block):
     """Exact top-k that runs the full top-k only on the `k` column blocks with the largest maxima.
 
