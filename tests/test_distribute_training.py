@@ -144,8 +144,24 @@ def test_fit_distributed_without_strategy_equals_fit(margin_reference):
     _assert_same_weights(_weights(model), after_one, start)
 
 
+@pytest.fixture(scope="module")
+def class_balanced_digits():
+    """One class-balanced global batch of digits for 2 replicas (2 classes x 4, one class per replica's share),
+    read once for every loss below."""
+    from tfdml.data import class_balanced_dataset, digits
+
+    dataset = class_balanced_dataset(
+        digits("train"), classes_per_batch=2, samples_per_class=4, image_size=12, seed=0, num_replicas=2, prefetch=False
+    )
+    images, labels = (np.asarray(t) for t in next(iter(dataset)))
+    assert [len(set(labels[:4])), len(set(labels[4:])), len(set(labels))] == [1, 1, 2]
+    return images.astype("float64"), labels
+
+
 @pytest.mark.parametrize("loss_name", ["ranked_list", "group"])
-def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_batches(loss_name):
+def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_batches(
+    loss_name, class_balanced_digits
+):
     """One class per replica (2 classes x 4 digits on 2 replicas): alone, a replica would see no negative.
 
     Group Loss runs on the embedder's classifier heads (`y_pred = concat([e_l, logits_l])` per level).
@@ -154,16 +170,11 @@ def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_b
     on one device; float64 so that RLL's mining thresholds cannot flip on rounding differences. Both run
     eagerly (tracing a conv net per replica costs tens of seconds; the traced path is tested above).
     """
-    from tfdml.data import class_balanced_dataset, digits
     from tfdml.distribute import synchronize_batch_normalization
     from tfdml.losses import GroupLoss, RankedListLoss
     from tfdml.models import MultiLevelEmbedder
 
-    dataset = class_balanced_dataset(
-        digits("train"), classes_per_batch=2, samples_per_class=4, image_size=12, seed=0, num_replicas=2, prefetch=False
-    ).take(1)
-    dataset = dataset.map(lambda images, labels: (tf.cast(images, "float64"), labels)).cache()
-    dataset = dataset.apply(tf.data.experimental.assert_cardinality(1))  # `fit` then knows the epoch length
+    dataset = tf.data.Dataset.from_tensors(class_balanced_digits)  # one step; `fit` knows the epoch length
 
     def make():
         keras.utils.set_random_seed(4)
