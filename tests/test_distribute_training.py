@@ -127,7 +127,7 @@ def test_fit_distributed_matches_fit_and_resumes_from_its_checkpoint(margin_refe
     assert "Epoch 1/1 - 3 steps" in capsys.readouterr().out
 
     with strategy.scope():  # a fresh process would do the same: new model, same checkpoint_dir
-        resumed = _margin_model()
+        resumed = _margin_model(run_eagerly=True)  # the resume is the point; its step was traced above
     history = fit_distributed(resumed, _margin_dataset(), epochs=2, checkpoint_dir=str(tmp_path))
     assert "Resumed from" in capsys.readouterr().out and len(history["loss"]) == 1
     _assert_same_weights(_weights(resumed), after_two)
