@@ -127,7 +127,7 @@ def test_fit_distributed_matches_fit_and_resumes_from_its_checkpoint(margin_refe
     assert "Epoch 1/1 - 3 steps" in capsys.readouterr().out
 
     with strategy.scope():  # a fresh process would do the same: new model, same checkpoint_dir
-        resumed = _margin_model(run_eagerly=True)  # the resume is the point; its step was traced above
+        resumed = _margin_model()
     history = fit_distributed(resumed, _margin_dataset(), epochs=2, checkpoint_dir=str(tmp_path))
     assert "Resumed from" in capsys.readouterr().out and len(history["loss"]) == 1
     _assert_same_weights(_weights(resumed), after_two)
@@ -144,24 +144,8 @@ def test_fit_distributed_without_strategy_equals_fit(margin_reference):
     _assert_same_weights(_weights(model), after_one, start)
 
 
-@pytest.fixture(scope="module")
-def class_balanced_digits():
-    """One class-balanced global batch of digits for 2 replicas (2 classes x 4, one class per replica's share),
-    read once for every loss below."""
-    from tfdml.data import class_balanced_dataset, digits
-
-    dataset = class_balanced_dataset(
-        digits("train"), classes_per_batch=2, samples_per_class=4, image_size=12, seed=0, num_replicas=2, prefetch=False
-    )
-    images, labels = (np.asarray(t) for t in next(iter(dataset)))
-    assert [len(set(labels[:4])), len(set(labels[4:])), len(set(labels))] == [1, 1, 2]
-    return images.astype("float64"), labels
-
-
 @pytest.mark.parametrize("loss_name", ["ranked_list", "group"])
-def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_batches(
-    loss_name, class_balanced_digits
-):
+def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_batches(loss_name):
     """One class per replica (2 classes x 4 digits on 2 replicas): alone, a replica would see no negative.
 
     Group Loss runs on the embedder's classifier heads (`y_pred = concat([e_l, logits_l])` per level).
@@ -170,11 +154,16 @@ def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_b
     on one device; float64 so that RLL's mining thresholds cannot flip on rounding differences. Both run
     eagerly (tracing a conv net per replica costs tens of seconds; the traced path is tested above).
     """
+    from tfdml.data import class_balanced_dataset, digits
     from tfdml.distribute import synchronize_batch_normalization
     from tfdml.losses import GroupLoss, RankedListLoss
     from tfdml.models import MultiLevelEmbedder
 
-    dataset = tf.data.Dataset.from_tensors(class_balanced_digits)  # one step; `fit` knows the epoch length
+    dataset = class_balanced_dataset(
+        digits("train"), classes_per_batch=2, samples_per_class=4, image_size=12, seed=0, num_replicas=2, prefetch=False
+    ).take(1)
+    dataset = dataset.map(lambda images, labels: (tf.cast(images, "float64"), labels)).cache()
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(1))  # `fit` then knows the epoch length
 
     def make():
         keras.utils.set_random_seed(4)
