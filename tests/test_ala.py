@@ -85,7 +85,10 @@ def _uniform_assessor(model):
 def test_real_step_at_uniform_weights_is_model_fit_of_the_plain_loss(name, weighting, assessor_steps):
     """Weights all 1 (uniform weighting, or an assessor that cannot tell tuples apart and does not learn):
     two ALA steps move the embedder (and the margin loss's beta) exactly as two `model.fit` steps of the
-    plain loss on the training subsets, Adam for the network and the loss's own SGD for beta."""
+    plain loss on the training subsets, Adam for the network and the loss's own SGD for beta.
+
+    Both run eagerly: tracing costs several times the two steps, and the traced step is
+    `test_train_step_is_algorithm_1_with_the_updated_assessor`'s and `test_fit_and_evaluate_with_each_base_loss`'s."""
     episodes = [_episode(seed=s, train_classes=4, per_class=3) for s in (1, 2)]
     ala = ALAModel(
         _embedder(seed=4),
@@ -97,10 +100,10 @@ def test_real_step_at_uniform_weights_is_model_fit_of_the_plain_loss(name, weigh
     )
     if weighting == "assessor":
         _uniform_assessor(ala)
-    ala.compile(optimizer=keras.optimizers.Adam(0.05))
+    ala.compile(optimizer=keras.optimizers.Adam(0.05), run_eagerly=True)
     plain = _metric_model(_embedder(seed=4))
     plain_loss = LOSSES[name]()
-    plain.compile(optimizer=keras.optimizers.Adam(0.05), loss=plain_loss)
+    plain.compile(optimizer=keras.optimizers.Adam(0.05), loss=plain_loss, run_eagerly=True)
 
     ala.fit(_dataset(episodes), verbose=0)
     for x, y, _, _ in episodes:
@@ -366,7 +369,9 @@ def test_train_step_is_algorithm_1_with_the_updated_assessor():
 
 # ------------------------------------------------------------------------------ meta_interval, tuples
 def test_meta_interval_updates_the_assessor_every_nth_step_and_trains_the_embedder_every_step():
-    model = ALAModel(_embedder(), base_loss="contrastive", assessor_units=3, meta_interval=2)
+    # One assessor update per meta step (K = 1): the interval is what is tested, and the traced tf.cond holds
+    # K unrolled meta-gradients.
+    model = ALAModel(_embedder(), base_loss="contrastive", assessor_units=3, meta_interval=2, assessor_steps=1)
     model.compile(optimizer=keras.optimizers.Adam(0.01))
     step = tf.function(model.train_step)
     phi, theta = [v.numpy() for v in model.assessor.trainable_variables], model.embedder.get_weights()
@@ -437,7 +442,7 @@ def test_mirrored_strategy_update_equals_single_device_update():
     assert len(devices) == 2
     episode = _episode(seed=7, train_classes=2, val_classes=2, per_class=4)  # halves split the classes
 
-    def make():
+    def make(run_eagerly=False):
         # The paper's SGD assessor: Adam's normalised step would blow float32 summation-order noise in
         # near-zero gradient entries up to full steps.
         model = ALAModel(
@@ -449,19 +454,19 @@ def test_mirrored_strategy_update_equals_single_device_update():
             assessor_learning_rate=0.5,
             variant="paper",
         )
-        model.compile(optimizer=keras.optimizers.SGD(0.5))
+        model.compile(optimizer=keras.optimizers.SGD(0.5), run_eagerly=run_eagerly)
         return model
 
-    single = make()
+    single = make(run_eagerly=True)  # the reference, without tracing; the mirrored step is traced
+    start = [w.numpy() for w in single.weights]
     single_logs = single.fit(tf.data.Dataset.from_tensors(episode), verbose=0).history
     with tf.distribute.MirroredStrategy(devices).scope():
         mirrored = make()
     mirrored_logs = mirrored.fit(tf.data.Dataset.from_tensors(episode), verbose=0).history
-    start = make()
     moved = 0.0
-    for a, b, c in zip(single.weights, mirrored.weights, start.weights):
+    for a, b, c in zip(single.weights, mirrored.weights, start, strict=True):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.path)
-        moved = max(moved, np.abs(a.numpy() - c.numpy()).max())
+        moved = max(moved, np.abs(a.numpy() - c).max())
     assert moved > 1e-3
     for key in single_logs:
         np.testing.assert_allclose(mirrored_logs[key], single_logs[key], rtol=1e-5, atol=1e-7)

@@ -326,10 +326,10 @@ def test_fit_distributed_checkpoint_resumes_with_the_queue(tmp_path):
     x, y = checks.clustered_data(per_class=6)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
 
-    def make():
+    def make():  # eager: the checkpoint is the point here (the traced fit_distributed step is tested elsewhere)
         model = _embedder(3)
         loss = CrossBatchMemory(losses.ContrastiveLoss(), memory_size=20, embedding_dim=4, start_step=2)
-        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, jit_compile=False)
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, run_eagerly=True)
         return model, loss
 
     straight, straight_loss = make()
@@ -467,7 +467,7 @@ def test_replicas_hold_the_same_queue_and_sum_to_the_single_device_gradient(repl
             np.testing.assert_array_equal(np.asarray(component), want.numpy())
 
 
-def _xbm_model():
+def _xbm_model(run_eagerly=False):
     class Embedder(MetricModel):
         def __init__(self):
             super().__init__(name="xbm_embedder", dtype="float64")
@@ -481,15 +481,15 @@ def _xbm_model():
 
     model = Embedder()
     model(np.zeros((1, 6)))
-    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=_make_xbm(), jit_compile=False)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=_make_xbm(), jit_compile=False, run_eagerly=run_eagerly)
     return model
 
 
 def test_fit_on_two_replicas_matches_one_device_weights_and_queue():
-    """The traced `fit` path: 2 epochs of 4 global batches of 12 on 2 replicas, against one device."""
+    """The traced `fit` path: 2 epochs of 4 global batches of 12 on 2 replicas, against one device (eager)."""
     xs, ys = zip(*_global_batches(seed=1))
     dataset = tf.data.Dataset.from_tensor_slices((np.concatenate(xs), np.concatenate(ys))).batch(12)
-    single = _xbm_model()
+    single = _xbm_model(run_eagerly=True)
     start = single.get_weights()[0].copy()
     single.fit(dataset, epochs=2, verbose=0, shuffle=False)
     with distribute.mirrored_strategy(["/cpu:0", "/cpu:1"]).scope():
