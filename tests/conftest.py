@@ -40,27 +40,28 @@ settings.load_profile("tfdml")
 # short files fill in behind them, so that no worker is left running a long file alone at the end (xdist's
 # `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last).
 SLOW_FILES = (
+    "test_configs.py",
     "test_ala.py",
     "test_cli_stops.py",
-    "test_configs.py",
     "test_cli_train.py",
     "test_distribute_training.py",
     "test_data_glyphs.py",
     "test_backends.py",
     "test_callbacks.py",
-    "test_docs_examples.py",
     "test_cross_batch_memory.py",
-    "test_ala_noise.py",
     "test_losses_triplet.py",
     "test_ala_episodes.py",
-    "test_docs_site.py",
-    "test_index_recall.py",
     "test_keras_loading.py",
-    "test_export.py",
-    "test_cli_retrieval.py",
-    "test_models.py",
-    "test_gpu_benchmark.py",
+    "test_index_recall.py",
+    "test_ala_noise.py",
     "test_losses_pml.py",
+    "test_cli_retrieval.py",
+    "test_docs_site.py",
+    "test_export.py",
+    "test_docs_examples.py",
+    "test_losses_noise.py",
+    "test_gpu_benchmark.py",
+    "test_models.py",
 )
 
 
