@@ -7,8 +7,9 @@ and TensorFlow functions as they are, so converting them would give the same gra
 process tracing them pays (parsing and rewriting each function's source). `eval_dataset` and the exported
 signatures are traced as written unless they call a function of the user's (a source's loader, a
 preprocessing function, a model's `export_outputs`), which may branch on tensors in Python as `tf.data` and
-`tf.function` allow: that one is converted as before. The training streams (`sampling`) always are: they load
-their images in a dataset made inside another's function, where a user's function was never converted.
+`tf.function` allow: that one is converted as before. The training streams (`sampling`) are always traced as
+written: they load their images in a dataset made inside another dataset's function, where a user's function
+was not converted before either.
 """
 
 import tensorflow as tf
