@@ -167,3 +167,38 @@ def assert_float16_ok(loss, value_dtype=tf.float32):
     grads = tape.gradient(value, model.trainable_variables)
     assert np.isfinite(value.numpy())
     assert all(np.all(np.isfinite(g.numpy())) for g in grads)
+
+
+def largest_tensor_in_graph(fn, batch_size, dim=8):
+    """Largest number of elements of any op output in `fn`'s graph, loop bodies and gradient included. A
+    dimension the graph leaves open (a dynamic shape: tf.where, a boolean mask, a loop-carried tensor) counts
+    as `batch_size`, the most any axis indexed by samples can hold, so that a `[B, B, B]` tensor built with
+    dynamic shapes counts B^3 instead of escaping the scan; an output of unknown rank fails the scan."""
+    spec = (tf.TensorSpec([batch_size], tf.int32), tf.TensorSpec([batch_size, dim], tf.float32))
+
+    @tf.function(input_signature=spec)
+    def value_and_grad(labels, embeddings):
+        with tf.GradientTape() as tape:
+            tape.watch(embeddings)
+            value = fn(labels, embeddings)
+        return value, tape.gradient(value, embeddings)
+
+    graph = value_and_grad.get_concrete_function().graph
+    graphs, largest = [graph], 0
+    seen = set()
+    while graphs:
+        current = graphs.pop()
+        for op in current.get_operations():
+            for output in op.outputs:
+                if output.dtype == tf.resource or output.dtype == tf.variant:
+                    continue  # handles (variables, tensor lists): no elements of their own
+                if output.shape.rank is None and op.type == "Placeholder":
+                    continue  # a function body's input: the tensor it receives is counted where it is made
+                assert output.shape.rank is not None, f"{op.name}: an output of unknown rank cannot be bounded"
+                largest = max(largest, int(np.prod([batch_size if d is None else d for d in output.shape.as_list()])))
+        for function in getattr(current, "_functions", {}).values():
+            inner = getattr(function, "graph", None)
+            if inner is not None and id(inner) not in seen:
+                seen.add(id(inner))
+                graphs.append(inner)
+    return largest, len(seen)

@@ -13,7 +13,6 @@ import tensorflow as tf
 
 import tfdml.losses as losses
 from tests import loss_checks as checks
-from tests.test_losses_triplet import _largest_tensor_in_graph
 
 with open(os.path.join(os.path.dirname(__file__), "data", "pml_reference.json")) as _reference:
     REFERENCE = json.load(_reference)
@@ -209,7 +208,7 @@ def test_float16_and_mixed_precision(name):
 def test_no_tensor_larger_than_batch_squared(name):
     """B = 64 samples of 16 classes, D = 8: no op output (gradient included) exceeds B^2 elements."""
     loss = _all_losses(16, 8)[name]
-    largest, _ = _largest_tensor_in_graph(lambda y, x: loss(y, x), 64)
+    largest, _ = checks.largest_tensor_in_graph(lambda y, x: loss(y, x), 64)
     assert largest <= 64 * 64
 
 

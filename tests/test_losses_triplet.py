@@ -228,41 +228,6 @@ def test_tfa_distance_metric_gradients_match_finite_differences(distance_metric)
     )
 
 
-def _largest_tensor_in_graph(fn, batch_size, dim=8):
-    """Largest number of elements of any op output in `fn`'s graph, loop bodies and gradient included. A
-    dimension the graph leaves open (a dynamic shape: tf.where, a boolean mask, a loop-carried tensor) counts
-    as `batch_size`, the most any axis indexed by samples can hold, so that a `[B, B, B]` tensor built with
-    dynamic shapes counts B^3 instead of escaping the scan; an output of unknown rank fails the scan."""
-    spec = (tf.TensorSpec([batch_size], tf.int32), tf.TensorSpec([batch_size, dim], tf.float32))
-
-    @tf.function(input_signature=spec)
-    def value_and_grad(labels, embeddings):
-        with tf.GradientTape() as tape:
-            tape.watch(embeddings)
-            value = fn(labels, embeddings)
-        return value, tape.gradient(value, embeddings)
-
-    graph = value_and_grad.get_concrete_function().graph
-    graphs, largest = [graph], 0
-    seen = set()
-    while graphs:
-        current = graphs.pop()
-        for op in current.get_operations():
-            for output in op.outputs:
-                if output.dtype == tf.resource or output.dtype == tf.variant:
-                    continue  # handles (variables, tensor lists): no elements of their own
-                if output.shape.rank is None and op.type == "Placeholder":
-                    continue  # a function body's input: the tensor it receives is counted where it is made
-                assert output.shape.rank is not None, f"{op.name}: an output of unknown rank cannot be bounded"
-                largest = max(largest, int(np.prod([batch_size if d is None else d for d in output.shape.as_list()])))
-        for function in getattr(current, "_functions", {}).values():
-            inner = getattr(function, "graph", None)
-            if inner is not None and id(inner) not in seen:
-                seen.add(id(inner))
-                graphs.append(inner)
-    return largest, len(seen)
-
-
 @pytest.mark.parametrize(
     "loss",
     [
@@ -274,7 +239,7 @@ def _largest_tensor_in_graph(fn, batch_size, dim=8):
 )
 def test_no_cubic_tensor_is_built(loss):
     batch_size = 64
-    largest, num_loop_bodies = _largest_tensor_in_graph(loss, batch_size)
+    largest, num_loop_bodies = checks.largest_tensor_in_graph(loss, batch_size)
     assert num_loop_bodies >= 1  # the slot loop body was inspected too
     assert largest <= batch_size * batch_size
 
@@ -286,7 +251,7 @@ def test_the_scan_counts_a_cubic_tensor_built_with_dynamic_shapes():
         kept = tf.boolean_mask(embeddings, labels >= 0)[:, 0]  # [None]: the mask hides the static size
         return tf.reduce_sum(kept[:, None, None] + kept[None, :, None] + kept[None, None, :])
 
-    largest, _ = _largest_tensor_in_graph(cubic, 16)
+    largest, _ = checks.largest_tensor_in_graph(cubic, 16)
     assert largest >= 16**3
 
 
