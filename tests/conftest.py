@@ -6,7 +6,7 @@ keeps running on /CPU:0 as usual).
 
 Under pytest-xdist (`-n N`, the README's test command) each worker process runs whole test files
 (`--dist loadfile`: a module's fixtures are built once) and TensorFlow's op threads are shared out between the
-workers, so that N workers do not each start one thread per core.
+workers (NumPy's BLAS and OpenMP threads as well), so that N workers do not each start one thread per core.
 """
 
 import os
@@ -20,7 +20,16 @@ NUM_LOGICAL_CPUS = 4
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    tf.config.threading.set_intra_op_parallelism_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+    _SHARE = max(1, (os.cpu_count() or 1) // _WORKERS)
+    tf.config.threading.set_intra_op_parallelism_threads(_SHARE)
+    # NumPy's BLAS and scikit-learn's OpenMP too, here and in the subprocesses the tests start: their threads
+    # wait for each other by spinning, and on cores the other workers keep busy a small k-means or matmul
+    # then costs several times its CPU time.
+    for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_variable, str(_SHARE))
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(_SHARE)
 
 _cpus = tf.config.list_physical_devices("CPU")
 try:
