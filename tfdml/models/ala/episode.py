@@ -100,9 +100,9 @@ class EpisodeDerivatives:
         return self.model.reduce(self.terms, weights)
 
     # ----------------------------------------------------------------------------------- the real step
-    def gradients(self, weights, sources=None):
+    def gradients(self, weights, theta=None):
         """`(grad_theta, grad of the loss's own variables)` of the weighted loss, weights constant (eq 13);
-        `sources`: the gradient in those values of theta only (default: all of them)."""
+        `theta`: the gradient in those of its values only (default: all of them)."""
         weights = tf.stop_gradient(tf.cast(weights, self.values.dtype))
         with self.loss_tape:
             value = self.weighted_loss(weights)
@@ -110,7 +110,7 @@ class EpisodeDerivatives:
         grads = self.loss_tape.gradient(value, sources, unconnected_gradients=ZERO)
         theta_grads = self.theta_tape.gradient(
             self.embeddings,
-            self.theta if sources is None else sources,
+            self.theta if theta is None else theta,
             output_gradients=grads[0],
             unconnected_gradients=ZERO,
         )
