@@ -100,6 +100,12 @@ class ALAModel(keras.Model):
             reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
             lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
                 compiled optimizer's step with its state held constant).
+            lookahead_variables: "all" (the paper's: the virtual step moves every variable of the embedder) or
+                "head" (it moves the embedder's head only: a tfdml embedder's `head_variables`, else the
+                trainable variables of its last layer that has any; `ValueError` if there is none). The body stays
+                at theta in the virtual step, so the look-ahead's products backpropagate through the head alone:
+                an exact meta-gradient of a smaller virtual step, much cheaper per assessor update on a deep
+                embedder (`benchmarks/ala_step`); the real step still trains every variable.
             assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
             assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
             state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
