@@ -14,11 +14,11 @@ import pytest
 import tensorflow as tf
 
 from tfdml.losses import ContrastiveLoss, MarginLoss, RankedListLoss, TripletLoss
-from tfdml.models import ALAModel, MetricModel
+from tfdml.models import ALAModel, Embedder, MetricModel
 from tfdml.models.ala import resolve_base_loss
 from tfdml.models.ala.episode import EpisodeDerivatives
 from tfdml.ops import reduce_terms
-from tfdml.optimizers import learning_rate_multipliers
+from tfdml.optimizers import MultiOptimizer, learning_rate_multipliers
 
 BASE_RATE, HEAD_MULTIPLIER = 0.25, 8.0
 
@@ -331,6 +331,69 @@ def test_optimizer_lookahead_at_uniform_weights_is_the_real_step():
         assert np.abs(variable.numpy() - start).max() > 1e-6
 
 
+# ------------------------------------------------------------------------------ the head-only look-ahead
+def _split_model(name, lookahead_variables, body, head, **kwargs):
+    """A float64 model whose head (the last Dense layer) is trained by the optimizer `head`, the rest by `body`."""
+    model = _float64_model(LOSSES[name](), lookahead_variables=lookahead_variables, **kwargs)
+    model.compile(optimizer=MultiOptimizer([(head, model.embedder.layers[1])], default=body))
+    return model
+
+
+@pytest.mark.parametrize("lookahead,optimizer", [("sgd", keras.optimizers.SGD), ("optimizer", keras.optimizers.Adam)])
+def test_head_lookahead_is_the_full_lookahead_with_the_body_at_rate_zero(lookahead, optimizer):
+    """`lookahead_variables="head"` moves the head alone and differentiates through it alone: the full
+    look-ahead (pinned to finite differences above) with the body's rate 0 gives the same meta-loss and
+    meta-gradient, for the SGD virtual step and for Adam's (its reference gradient taken in the head only),
+    whatever the body's rate; with the body at a rate the full look-ahead's differs. The SGD case is also
+    checked against central finite differences of the plain-tape reference whose virtual step moves the head
+    alone. One model, its switch and its body's rate changed between the evaluations."""
+    episode = _episode(dtype="float64", train_classes=4)
+    model = _split_model(  # the library's assessor (one state per step, positive pairs): cheap in eager mode
+        "contrastive",
+        "all",
+        optimizer(0.0),
+        optimizer(0.5),
+        lookahead=lookahead,
+        state="per_step",
+        assessed="positive_pairs",
+    )
+    body = model.optimizer._optimizer_map(model.embedder.trainable_variables[0])
+
+    def meta_gradient(variables, body_rate):
+        model.lookahead_variables = variables
+        body.learning_rate.assign(body_rate)
+        grads, meta_loss = model.meta_gradient(*episode)
+        return np.concatenate([g.numpy().ravel() for g in grads]), float(meta_loss)
+
+    full, full_loss = meta_gradient("all", 0.0)
+    for body_rate in (0.0, 0.25):  # the body's rate is not the head look-ahead's
+        head, head_loss = meta_gradient("head", body_rate)
+        assert np.abs(head).max() > 1e-6
+        np.testing.assert_allclose(head_loss, full_loss, rtol=1e-12)
+        np.testing.assert_allclose(head, full, rtol=1e-9, atol=1e-15)
+    moving_body, moving_body_loss = meta_gradient("all", 0.25)  # not a vacuous equality
+    assert abs(moving_body_loss - head_loss) > 1e-6 and np.abs(moving_body - head).max() > 1e-4
+    if lookahead == "sgd":
+        model.lookahead_variables = "head"
+        assert model.lookahead_positions == [2, 3]  # the last Dense layer's kernel and bias
+        _check_meta_gradient(model, episode, [0.0, 0.0, 0.5, 0.5])
+
+
+def test_head_lookahead_moves_a_tfdml_embedders_new_layers_else_the_last_layer_with_variables():
+    embedder = Embedder("small_cnn", embedding_dim=4, input_shape=(8, 8, 1), weights=None, widths=(2,))
+    variables = embedder.trainable_variables
+    moved = [variables[i].path for i in ALAModel(embedder, lookahead_variables="head").lookahead_positions]
+    assert moved == [v.path for v in embedder.head_variables] and 0 < len(moved) < len(variables)
+    sequential = _embedder()  # Dense(4), Dense(3), UnitNormalization: the Dense(3)
+    model = ALAModel(sequential, lookahead_variables="head")
+    assert [sequential.trainable_variables[i].path for i in model.lookahead_positions] == [
+        v.path for v in sequential.layers[1].trainable_variables
+    ]
+    assert ALAModel(_embedder()).lookahead_positions == [0, 1, 2, 3]  # the default: all of them
+    with pytest.raises(ValueError, match='lookahead_variables="head" needs the embedder\'s head'):
+        ALAModel(keras.Sequential([keras.Input((5,)), keras.layers.UnitNormalization()]), lookahead_variables="head")
+
+
 def test_train_step_is_algorithm_1_with_the_updated_assessor():
     """One step = K=2 SGD steps of phi on the exact meta-gradient, then theta updated with w(phi*) (eq 13)."""
     b, lr = 0.5, BASE_RATE
@@ -389,7 +452,13 @@ def test_meta_interval_updates_the_assessor_every_nth_step_and_trains_the_embedd
 # Keras' saving converts every variable with np.array, which NumPy 2 flags for Keras variables (any model.save).
 @pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
 def test_state_and_the_losses_beta_survive_save_load(tmp_path):
-    model = ALAModel(_embedder(), base_loss=MarginLoss(beta=1.1, seed=2), assessor_units=4, temperature=0.7)
+    model = ALAModel(
+        _embedder(),
+        base_loss=MarginLoss(beta=1.1, seed=2),
+        assessor_units=4,
+        temperature=0.7,
+        lookahead_variables="head",
+    )
     model.compile(optimizer=keras.optimizers.Adam(0.02))
     for seed in (0, 1):
         model.train_step(_episode(seed=seed))
@@ -400,7 +469,8 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, ALAModel) and isinstance(loaded.base_loss, MarginLoss)
-    assert loaded.temperature == 0.7 and loaded.assessor.units == 4
+    assert loaded.temperature == 0.7 and loaded.assessor.units == 4 and loaded.lookahead_variables == "head"
+    assert model.get_config()["lookahead_variables"] == "head"
     np.testing.assert_allclose(loaded.base_loss.beta.numpy(), model.base_loss.beta.numpy())
     for a, b in zip(model.weights, loaded.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -510,6 +580,7 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         ({"weights": "relu"}, "weights must be one of"),
         ({"reduction": "max"}, "reduction must be one of"),
         ({"lookahead": "adam"}, "lookahead must be one of"),
+        ({"lookahead_variables": "body"}, "lookahead_variables must be one of \\['all', 'head'\\]"),
         ({"assessor_input": "pixels"}, "assessor_input must be one of"),
         ({"state": "global"}, "state must be one of"),
         ({"meta_interval": 0}, "meta_interval must be >= 1"),

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tfdml import ala_options
-from tfdml.config import ALAParams, load_config
+from tfdml.config import ALAParams, ConfigError, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,9 +68,19 @@ def test_the_configuration_section_is_the_declaration():
         ({"weights": "sigmoid", "weight_range": 2.0}, 'weight_range must be > 0 and needs weights="softmax", got 2.0.'),
         ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "inner_learning_rate sets the rate of an SGD"),
         ({"meta_interval": 0}, "meta_interval must be >= 1, got 0."),
+        ({"lookahead_variables": "body"}, "lookahead_variables must be one of ['all', 'head'], got 'body'."),
     ],
 )
 def test_bad_switches_are_named(switches, message):
     with pytest.raises(ValueError) as error:
         ala_options.ALAOptions(**switches).resolved()
     assert str(error.value).startswith(message)
+
+
+def test_a_switch_set_in_the_configuration_reaches_the_model_arguments():
+    """`ala.params.lookahead_variables: head` is what `tfdml train` passes to `ALAModel`; a bad value is named."""
+    params = load_config(overrides=["ala.params.lookahead_variables=head"]).ala.params
+    assert params.lookahead_variables == "head" and params.arguments() == {"lookahead_variables": "head"}
+    assert ALAParams.from_dict(params.to_dict()) == params
+    with pytest.raises(ConfigError, match="lookahead_variables: must be one of all, head, got 'body'"):
+        load_config(overrides=["ala.params.lookahead_variables=body"])

@@ -14,6 +14,9 @@ from tfdml.loss_names import TUPLE_KINDS
 BASE_LOSSES = tuple(TUPLE_KINDS)
 WEIGHTINGS = ("assessor", "uniform")
 LOOKAHEADS = ("sgd", "optimizer")
+# Which variables the virtual step (eq 10) moves: "all" (the paper's exact step) or "head" (the embedder's head
+# only, the body held at theta: an exact meta-gradient of a smaller virtual step, far cheaper per assessor update).
+LOOKAHEAD_VARIABLES = ("all", "head")
 ASSESSOR_INPUTS = ("embeddings", "embeddings+geometry", "geometry")
 STATE_MODES = ("per_tuple", "per_step")
 # Which tuples the assessor weighs: "all" (the paper) or "positive_pairs" (a pair loss's positive pairs only, the
@@ -85,6 +88,8 @@ class ALAOptions:
     weight_range: float | None = _option(None, above=0.0)
     reduction: str | None = _option(None, choices=REDUCTIONS)  # how the weighted terms are reduced
     lookahead: str | None = _option(None, choices=LOOKAHEADS)  # virtual step: SGD or the optimizer's
+    # which variables the virtual step moves: all (the paper's) or the embedder's head only (cheaper)
+    lookahead_variables: str | None = _option("all", choices=LOOKAHEAD_VARIABLES)
     # what the assessor reads of a tuple: its embeddings (the paper), its distances and loss, or both
     assessor_input: str | None = _option(None, choices=ASSESSOR_INPUTS)
     assessor_units: int | None = _option(64, minimum=1)  # LSTM units of the assessor
@@ -122,6 +127,7 @@ class ALAOptions:
             ("weights", WEIGHT_FORMS),
             ("reduction", REDUCTIONS),
             ("lookahead", LOOKAHEADS),
+            ("lookahead_variables", LOOKAHEAD_VARIABLES),
             ("assessor_input", ASSESSOR_INPUTS),
             ("state", STATE_MODES),
             ("weighting", WEIGHTINGS),

@@ -7,6 +7,10 @@ own reduction of those terms (`weighted_loss`). The look-ahead's `(P, o)` is com
 and so are the assessor's geometry features. The meta-gradient's Jacobian-vector product is the transpose of
 the look-ahead's vector-Jacobian product (`assessor_gradients`): the embedder runs forward on the training
 subset once per episode.
+
+The virtual step moves the variables at `model.lookahead_positions` (all of them, or with
+`lookahead_variables="head"` the embedder's head only): every vector-Jacobian product of the look-ahead takes
+those as its sources (`moved`), so that with the head alone the tape backpropagates through the head alone.
 """
 
 import tensorflow as tf
@@ -27,6 +31,8 @@ class EpisodeDerivatives:
         self.train_y = validate_labels(train_y, "train_labels")
         self.val_y = None if val_y is None else validate_labels(val_y, "val_labels")
         self.theta = [v.value for v in embedder.trainable_variables]
+        self.positions = list(model.lookahead_positions)
+        self.moved = [self.theta[i] for i in self.positions]  # what the virtual step moves
         self.non_trainable = [v.value for v in embedder.non_trainable_variables]
         with tf.GradientTape(persistent=True) as self.theta_tape:
             self.theta_tape.watch(self.theta)
@@ -94,59 +100,68 @@ class EpisodeDerivatives:
         return self.model.reduce(self.terms, weights)
 
     # ----------------------------------------------------------------------------------- the real step
-    def gradients(self, weights):
-        """`(grad_theta, grad of the loss's own variables)` of the weighted loss, weights constant (eq 13)."""
+    def gradients(self, weights, theta=None):
+        """`(grad_theta, grad of the loss's own variables)` of the weighted loss, weights constant (eq 13);
+        `theta`: the gradient in those of its values only (default: all of them)."""
         weights = tf.stop_gradient(tf.cast(weights, self.values.dtype))
         with self.loss_tape:
             value = self.weighted_loss(weights)
         sources = [self.embeddings] + list(self.model.loss_variables)
         grads = self.loss_tape.gradient(value, sources, unconnected_gradients=ZERO)
         theta_grads = self.theta_tape.gradient(
-            self.embeddings, self.theta, output_gradients=grads[0], unconnected_gradients=ZERO
+            self.embeddings,
+            self.theta if theta is None else theta,
+            output_gradients=grads[0],
+            unconnected_gradients=ZERO,
         )
         return theta_grads, grads[1:]
 
     # --------------------------------------------------------------------------------- the look-ahead
     def lookahead_terms(self):
-        """`(P, o)` of the virtual step, computed on first use."""
+        """`(P, o)` of the virtual step over the moved variables, computed on first use."""
         if self._lookahead is None:
             model = self.model
+            variables = model.embedder.trainable_variables
             self._lookahead = lookahead_terms(
                 model.lookahead,
                 getattr(model, "optimizer", None),
-                model.embedder.trainable_variables,
-                self.theta,
-                lambda: self.gradients(tf.ones_like(self.values))[0],
+                [variables[i] for i in self.positions],
+                self.moved,
+                lambda: self.gradients(tf.ones_like(self.values), self.moved)[0],
                 model.inner_learning_rate,
             )
         return self._lookahead
 
     def lookahead(self, weights):
         """Validation loss at `theta' = theta - o - P (.) grad(...)` (eqs 10-11) and its gradient in theta'."""
-        return self.validation(self.gradients(weights)[0])
+        return self.validation(self.gradients(weights, self.moved)[0])
 
     def validation(self, grads):
-        """`(L_va(theta'), d L_va / d theta')` at the virtual step `theta' = theta - o - P (.) grads`."""
+        """`(L_va(theta'), d L_va / d theta'_moved)` at the virtual step `theta' = theta - o - P (.) grads` of
+        the moved variables (`grads` theirs), the others at theta."""
         preconditioners, offsets = self.lookahead_terms()
-        theta_prime = [
-            t - p * g if o is None else t - o - p * g for t, p, o, g in zip(self.theta, preconditioners, offsets, grads)
+        moved = [
+            t - p * g if o is None else t - o - p * g for t, p, o, g in zip(self.moved, preconditioners, offsets, grads)
         ]
+        theta_prime = list(self.theta)
+        for position, value in zip(self.positions, moved):
+            theta_prime[position] = value
         with tf.GradientTape() as tape:
-            tape.watch(theta_prime)
+            tape.watch(moved)
             val_embeddings, _ = self.model.embedder.stateless_call(
                 theta_prime, self.non_trainable, self.val_x, training=True
             )
             meta_loss = self.model.reduce(self.model.base_loss.terms(self.val_y, val_embeddings))
-        return meta_loss, tape.gradient(meta_loss, theta_prime, unconnected_gradients=ZERO)
+        return meta_loss, tape.gradient(meta_loss, moved, unconnected_gradients=ZERO)
 
     def term_vjp(self, upstream):
-        """`sum_i upstream_i d term_i / d theta` from the recorded passes (with `upstream` the reduction's
+        """`sum_i upstream_i d term_i / d theta_moved` from the recorded passes (with `upstream` the reduction's
         coefficients `u(w)`, the gradient of the weighted loss: its remainder `extra` does not depend on the
         embeddings)."""
         grad = self.loss_tape.gradient(
             self.values, self.embeddings, output_gradients=upstream, unconnected_gradients=ZERO
         )
-        return self.theta_tape.gradient(self.embeddings, self.theta, output_gradients=grad, unconnected_gradients=ZERO)
+        return self.theta_tape.gradient(self.embeddings, self.moved, output_gradients=grad, unconnected_gradients=ZERO)
 
     def assessor_gradients(self):
         """Exact `d L_va(theta'(phi)) / d phi` and `L_va(theta'(phi))` (package docstring): `c_i = <d term_i /

@@ -5,6 +5,10 @@ offset `o` that do not depend on the assessor (the package docstring gives the f
 (`inner_learning_rate` replaces them by one rate), `o` = 0. `lookahead="optimizer"`: the compiled
 optimizer's own update linearised in the new gradient, its state held constant (SGD with momentum /
 Nesterov, Adam / AdamW with their moments, weight decay); other optimizers are modelled as SGD at their rate.
+
+Which variables the virtual step moves (`lookahead_variables`): "all" (the paper's), or "head", the embedder's
+head only (`moved_positions`), the body held at theta: every product of the look-ahead then takes the head's
+variables as its sources and backpropagates through the head alone.
 """
 
 import keras
@@ -18,6 +22,27 @@ def variable_optimizers(optimizer, variables):
     if isinstance(optimizer, keras.optimizers.MultiOptimizer):
         return [optimizer._optimizer_map(v) for v in variables]
     return [optimizer] * len(variables)
+
+
+def moved_positions(embedder, lookahead_variables):
+    """Positions, in `embedder.trainable_variables`, of the variables the virtual step moves: all of them, or
+    for "head" a tfdml embedder's `head_variables` (its new layers), else the trainable variables of the
+    embedder's last layer that has any; `ValueError` when no head can be found."""
+    variables = list(embedder.trainable_variables)
+    if lookahead_variables == "all":
+        return list(range(len(variables)))
+    head = list(getattr(embedder, "head_variables", None) or [])
+    if not head:
+        layers = [layer for layer in getattr(embedder, "layers", []) if layer.trainable_variables]
+        head = list(layers[-1].trainable_variables) if layers else []
+    position = {id(v): i for i, v in enumerate(variables)}
+    positions = sorted(position[id(v)] for v in head if id(v) in position)
+    if not positions:
+        raise ValueError(
+            f"lookahead_variables=\"head\" needs the embedder's head: a tfdml embedder's head_variables or a "
+            f"last layer with trainable variables; {type(embedder).__name__} has neither."
+        )
+    return positions
 
 
 def unmodelled_optimizers(optimizer, variables):

@@ -13,7 +13,7 @@ from tfdml.distribute import gather_replicas, num_replicas
 from tfdml.losses import MetricLoss
 from tfdml.losses.aliases import loss_class
 from tfdml.models.ala.episode import EpisodeDerivatives
-from tfdml.models.ala.lookahead import unmodelled_optimizers
+from tfdml.models.ala.lookahead import moved_positions, unmodelled_optimizers
 from tfdml.models.assessor import TupleAssessor
 from tfdml.ops import reduce_terms, safe_divide, term_coefficients
 from tfdml.optimizers import build_optimizer
@@ -100,6 +100,12 @@ class ALAModel(keras.Model):
             reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
             lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
                 compiled optimizer's step with its state held constant).
+            lookahead_variables: "all" (the paper's: the virtual step moves every variable of the embedder) or
+                "head" (it moves the embedder's head only: a tfdml embedder's `head_variables`, else the
+                trainable variables of its last layer that has any; `ValueError` if there is none). The body stays
+                at theta in the virtual step, so the look-ahead's products backpropagate through the head alone:
+                an exact meta-gradient of a smaller virtual step, much cheaper per assessor update on a deep
+                embedder (`benchmarks/ala_step`); the real step still trains every variable.
             assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
             assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
             state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
@@ -138,9 +144,12 @@ class ALAModel(keras.Model):
             chosen.weight_range,
         )
         self.lookahead, self.inner_learning_rate = chosen.lookahead, chosen.inner_learning_rate
+        self.lookahead_variables = chosen.lookahead_variables
         self.assessor_input, self.weighting, self.assessed = chosen.assessor_input, chosen.weighting, chosen.assessed
         self.assessor_steps, self.meta_interval = chosen.assessor_steps, chosen.meta_interval
         self.assessor_learning_rate = chosen.assessor_learning_rate
+        if embedder.built and self.weighting == "assessor":
+            moved_positions(embedder, self.lookahead_variables)  # a "head" it lacks fails here, not in fit
         embedding_dim = embedding_dim if embedding_dim is not None else _embedding_size(embedder)
         if embedding_dim is None:
             raise ValueError(
@@ -194,6 +203,12 @@ class ALAModel(keras.Model):
             raise ValueError(f"base_loss {type(loss).__name__} has variables but no variable_optimizer to train them.")
         if self.loss_optimizer is not None:
             self.loss_optimizer.build(self.loss_variables)
+
+    @property
+    def lookahead_positions(self):
+        """Positions, in the embedder's trainable variables, of those the virtual step moves
+        (`lookahead_variables`: all, or the embedder's head, `tfdml.models.ala.lookahead.moved_positions`)."""
+        return moved_positions(self.embedder, self.lookahead_variables)
 
     # ------------------------------------------------------------------------------- weights, reduction
     def weights_from_outputs(self, outputs):
