@@ -16,14 +16,8 @@ bounded softmax weights of mean 1; `variant="paper"` is Algorithm 1 literally (e
 sums over tuples). `tfdml.ala_options.VARIANTS` lists what each variant sets; the DML-ALA guide says why, and
 the label-noise benchmark what it measures. The meta-gradient is exact, without a Hessian (`episode.py`: one
 Jacobian-vector product of the embedder), checked against finite differences in `tests/test_ala.py`; the
-look-ahead `theta'` is the paper's SGD step or the compiled optimizer's (`lookahead.py`).
-
-`lookahead_variables="head"` makes the virtual step smaller: it moves the embedder's head alone (a tfdml
-embedder's `head_variables`, else the last layer that has trainable variables), the body held at theta. Every
-product of the look-ahead then has the head's variables as its sources, so each of the K assessor updates
-backpropagates through the head instead of the whole embedder: the meta-gradient is still exact, of that
-smaller step. The real step (13) trains every variable as before. `benchmarks/ala_step` measures the cost,
-`benchmarks/label_noise` what the assessor still learns.
+look-ahead `theta'` is the paper's SGD step or the compiled optimizer's, moving every variable or, cheaper, the
+embedder's head alone (`lookahead_variables="head"`: `lookahead.py`).
 
 Under `MirroredStrategy` every replica gathers the whole episode and computes the single-device update. Logged
 per step: `loss`, `meta_loss`, `weight_mean`, `weight_variance`, `output_std` and, for triplets, the hardness
