@@ -78,10 +78,7 @@ def assert_bad_inputs_rejected(loss):
 def assert_jit_matches_eager(loss, labels, embeddings, rtol=1e-6):
     @tf.function(jit_compile=True)
     def compiled(labels, embeddings):
-        with tf.GradientTape() as tape:
-            tape.watch(embeddings)
-            value = loss(labels, embeddings)
-        return value, tape.gradient(value, embeddings)
+        return value_and_gradient(loss, labels, embeddings)
 
     embeddings = tf.convert_to_tensor(embeddings)
     value, grad = value_and_gradient(loss, labels, embeddings)
@@ -178,10 +175,7 @@ def largest_tensor_in_graph(fn, batch_size, dim=8):
 
     @tf.function(input_signature=spec)
     def value_and_grad(labels, embeddings):
-        with tf.GradientTape() as tape:
-            tape.watch(embeddings)
-            value = fn(labels, embeddings)
-        return value, tape.gradient(value, embeddings)
+        return value_and_gradient(fn, labels, embeddings)
 
     graph = value_and_grad.get_concrete_function().graph
     graphs, largest = [graph], 0
