@@ -212,3 +212,29 @@ def test_fit_on_a_dataset_does_not_warn_that_keras_ignores_shuffle():
     assert len(history["loss"]) == 2
     with pytest.warns(UserWarning, match="shuffle=True"):  # asked for explicitly, Keras still says so
         model.fit(dataset, epochs=1, shuffle=True, verbose=0)
+
+
+@pytest.mark.parametrize("kind", ["functional", "embedder", "multi_level"])
+def test_fit_traces_the_train_step_once(kind):
+    """The optimizer's variables exist before the first trace: a function that creates variables while it is
+    traced is traced a second time, which doubles the wait before the first step."""
+    from tfdml.models import Embedder, MultiLevelEmbedder
+
+    keras.utils.set_random_seed(0)
+    x, labels = _data()
+    if kind == "functional":
+        model = _embedder()
+    else:
+        x = np.random.default_rng(0).uniform(size=(len(labels), 16, 16, 1)).astype("float32")
+        if kind == "embedder":
+            model = Embedder("small_cnn", embedding_dim=4, input_shape=(16, 16, 1), widths=(4, 8))
+        else:  # its L and M heads pool with CaffeAveragePooling2D, a layer without weights
+            model = MultiLevelEmbedder(
+                "small_cnn", embedding_dim=4, input_shape=(16, 16, 1), head_filters=4, head_units=8
+            )
+    model.compile(keras.optimizers.Adam(1e-3), loss=MarginLoss())
+    traces = []
+    step = model.train_step
+    model.train_step = lambda data: traces.append(1) or step(data)  # Python runs only while it is traced
+    model.fit(x, labels, batch_size=len(labels), epochs=2, verbose=0)
+    assert len(traces) == 1

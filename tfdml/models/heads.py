@@ -184,6 +184,7 @@ class AuxiliaryEmbeddingHead(keras.layers.Layer):
         else:
             self.pool = CaffeAveragePooling2D(self.pool_size, self.pool_strides, name="pool")
             _, out_h, out_w, _ = self.pool.compute_output_shape(tuple(input_shape))
+        self.pool.build(tuple(input_shape))  # no weights, but an unbuilt layer leaves the optimizer to the first trace
         self.conv.build((None, out_h, out_w, input_shape[-1]))
         self.conv_bn.build((None, out_h, out_w, self.filters))
         self._flat_dim = out_h * out_w * self.filters
