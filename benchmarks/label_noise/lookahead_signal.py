@@ -148,12 +148,14 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
         geometry["val_pos"].append(val_pos)
         geometry["val_neg_active"].append(val_neg)
         values = np.asarray(tf.gather(episode.values, episode.assessed))
+        geometry.setdefault("correct", []).append(correct)
         geometry["d_clean"].append(d[correct])
         geometry["d_wrong"].append(d[~correct])
         geometry["zero_clean"].append(values[correct] == 0)
         geometry["zero_wrong"].append(values[~correct] == 0)
     model.lookahead_variables = saved
     out = {}
+    correct_all = np.concatenate(geometry["correct"])
     for mode, r in rows.items():
         clean, wrong = np.concatenate(r["clean"]), np.concatenate(r["wrong"])
         out[mode] = {
@@ -169,6 +171,13 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
             "push_distance_spearman": round(
                 float(spearmanr(np.concatenate(r["d"]), np.concatenate(r["push"])).statistic), 3
             ),
+            # the same within the correct and within the mislabelled pairs: the distance, not the label
+            **{
+                f"push_distance_spearman_{name}": round(
+                    float(spearmanr(np.concatenate(r["d"])[kept], np.concatenate(r["push"])[kept]).statistic), 3
+                )
+                for name, kept in (("clean", correct_all), ("wrong", ~correct_all))
+            },
         }
     if "all_body0" in rows:
         head, body0 = np.concatenate(rows["head"]["clean"]), np.concatenate(rows["all_body0"]["clean"])
