@@ -121,7 +121,6 @@ def validation_terms(model, vx, vy):
 def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_body0")):
     """The pair pushes of the first `PROBE_BATCHES` episodes, summarised per look-ahead."""
     import tensorflow as tf
-    from scipy.stats import spearmanr
 
     from tfdml.models.ala.episode import EpisodeDerivatives
 
@@ -154,6 +153,13 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
         geometry["zero_clean"].append(values[correct] == 0)
         geometry["zero_wrong"].append(values[~correct] == 0)
     model.lookahead_variables = saved
+    return summary(rows, geometry)
+
+
+def summary(rows, geometry):
+    """Per look-ahead, the pushes of the correct and the mislabelled pairs; the pairs' geometry."""
+    from scipy.stats import spearmanr
+
     out = {}
     correct_all = np.concatenate(geometry["correct"])
     for mode, r in rows.items():
