@@ -83,6 +83,9 @@ class ALAOptions:
     weights: str | None = _option(None, choices=WEIGHT_FORMS)  # how the assessor's outputs become weights
     temperature: float | None = _option(1.0, above=0.0)  # softmax weights' temperature
     weight_floor: float | None = _option(0.0, minimum=0.0)  # softmax weights mixed with uniform ones
+    # a prior on the softmax logits, -p * the standardised anchor-positive distance, added to the assessor's: the
+    # weights start at the small-loss heuristic's ranking and the meta-gradient moves them from it (0: none)
+    distance_prior: float | None = _option(0.0, minimum=0.0)
     # bound r on the logits, r tanh(z / r); null: the variant's (1 for the default variant's softmax weights, none
     # for the paper's); .inf: none
     weight_range: float | None = _option(None, above=0.0)
@@ -155,6 +158,11 @@ def _checked_numbers(chosen, given):
         raise ValueError(f"weight_floor must be in [0, 1), got {chosen['weight_floor']}.")
     if chosen["weights"] == "sigmoid" and weight_floor:
         raise ValueError('weight_floor mixes softmax weights with uniform ones; it needs weights="softmax".')
+    distance_prior = float(chosen["distance_prior"])
+    if not distance_prior >= 0:
+        raise ValueError(f"distance_prior must be >= 0, got {chosen['distance_prior']}.")
+    if distance_prior and chosen["weights"] != "softmax":
+        raise ValueError('distance_prior shifts the softmax logits; it needs weights="softmax".')
     requested = given.get("weight_range")
     weight_range = chosen["weight_range"] if chosen["weights"] == "softmax" or requested is not None else None
     weight_range = None if weight_range is None or math.isinf(float(weight_range)) else float(weight_range)
@@ -179,6 +187,7 @@ def _checked_numbers(chosen, given):
         **counts,
         "temperature": temperature,
         "weight_floor": weight_floor,
+        "distance_prior": distance_prior,
         "weight_range": weight_range,
         "inner_learning_rate": None if inner is None else float(inner),
         "assessor_learning_rate": float(chosen["assessor_learning_rate"]),

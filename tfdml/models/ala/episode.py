@@ -49,7 +49,7 @@ class EpisodeDerivatives:
         # The assessor's input features are constants of the episode: computed once for its K + 1 assessments
         # (here, outside the conditional meta-update of meta_interval > 1, whose branch could not share them).
         self._features = None
-        if model.weighting == "assessor" and model.assessor_input != "embeddings":
+        if model.weighting == "assessor" and (model.assessor_input != "embeddings" or model.distance_prior):
             self._features = self.features()
 
     # -------------------------------------------------------------------------------- weights and losses
@@ -59,10 +59,15 @@ class EpisodeDerivatives:
         model = self.model
         embeddings = tf.stop_gradient(self.embeddings)
         features = self._features
-        if features is None and model.assessor_input != "embeddings":  # a uniform model asked for its weights
-            features = self.features()
-        raw, new_state = model.assessor(embeddings, self.units, features)
-        per_unit = model.weights_from_outputs(tf.cast(raw, self.values.dtype))
+        if features is None and (model.assessor_input != "embeddings" or model.distance_prior):
+            features = self.features()  # a uniform model asked for its weights
+        raw, new_state = model.assessor(
+            embeddings, self.units, None if model.assessor_input == "embeddings" else features
+        )
+        logits = tf.cast(raw, self.values.dtype)
+        if model.distance_prior:  # the heuristic's ranking as the starting logits: the nearer pair weighs more
+            logits = logits - model.distance_prior * tf.cast(features[:, 0], logits.dtype)
+        per_unit = model.weights_from_outputs(logits)
         assessed = tf.gather(per_unit, self.unit_of)
         full = tf.tensor_scatter_nd_update(tf.ones_like(self.values), self.assessed[:, None], assessed)
         return full, raw, new_state

@@ -94,6 +94,10 @@ class ALAModel(keras.Model):
             temperature: softmax temperature (default 1).
             weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
                 (default 0: a tuple can be silenced).
+            distance_prior: `p`, a prior on the softmax logits: `z = assessor output - p * s`, with `s` the assessed
+                unit's anchor-positive distance standardised over the step's units (the assessor's first
+                geometry feature), before the bound: the weights start at the small-loss heuristic's ranking
+                (the nearer pair weighs more) and the meta-gradient moves them from it (default 0: none).
             weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
                 `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
                 `float("inf")`: unbounded).
@@ -143,6 +147,7 @@ class ALAModel(keras.Model):
             chosen.weight_floor,
             chosen.weight_range,
         )
+        self.distance_prior = chosen.distance_prior
         self.lookahead, self.inner_learning_rate = chosen.lookahead, chosen.inner_learning_rate
         self.lookahead_variables = chosen.lookahead_variables
         self.assessor_input, self.weighting, self.assessed = chosen.assessor_input, chosen.weighting, chosen.assessed
