@@ -11,6 +11,8 @@ Algorithm 1:
     K times:  phi <- phi - b * grad_phi L_va(theta'(phi))                                (11, 12)
     theta <- optimizer step on grad_theta L(w(phi*); theta)                              (13)
 
+`L_va` is the base loss on the validation subset unless `ALAModel(validation_loss=...)` gives another.
+
 `ALAModel(variant="default")` weighs the positive pairs from one shared LSTM state per step, with centred,
 bounded softmax weights of mean 1; `variant="paper"` is Algorithm 1 literally (every tuple, sigmoid weights,
 sums over tuples). `tfdml.ala_options.VARIANTS` lists what each variant sets; the DML-ALA guide says why, and
