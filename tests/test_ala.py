@@ -259,14 +259,16 @@ def _sgd_rates(model):
     ]
 
 
-def _reference_meta_loss(model, episode, rates):
+def _reference_meta_loss(model, episode, rates, validation_loss=None):
     """`L_va(theta')` with `theta' = theta - rate * grad_theta L(w)`, `w` the model's weights at the current
-    assessor (constants), written with a plain tape; the validation loss by the loss's `compute` (or the sum of
-    its terms, `reduction="sum"`) after assigning theta' to the embedder."""
+    assessor (constants), written with a plain tape; the validation loss (`validation_loss`, default the base
+    loss) by the loss's `compute` (or the sum of its terms, `reduction="sum"`) after assigning theta' to the
+    embedder."""
     train_x, train_y, val_x, val_y = episode
     weights = EpisodeDerivatives(model, train_x, train_y).weights()[0]
     variables = model.embedder.trainable_variables
     loss = model.base_loss
+    val_loss = loss if validation_loss is None else validation_loss
     with tf.GradientTape() as tape:
         terms = loss.terms(tf.constant(train_y), model.embedder(train_x, training=True))
         if model.reduction == "sum":
@@ -279,18 +281,20 @@ def _reference_meta_loss(model, episode, rates):
         variable.assign(t - rate * g.numpy())
     val_embeddings = model.embedder(val_x, training=True)
     if model.reduction == "sum":
-        meta_loss = float(tf.reduce_sum(loss.terms(tf.constant(val_y), val_embeddings).values))
+        meta_loss = float(tf.reduce_sum(val_loss.terms(tf.constant(val_y), val_embeddings).values))
     else:
-        meta_loss = float(loss.compute(tf.constant(val_y), val_embeddings))
+        meta_loss = float(val_loss.compute(tf.constant(val_y), val_embeddings))
     for variable, t in zip(variables, theta):
         variable.assign(t)
     return meta_loss
 
 
-def _check_meta_gradient(model, episode, rates):
+def _check_meta_gradient(model, episode, rates, validation_loss=None):
     phi = model.assessor.trainable_variables
     grads, meta_loss = model.meta_gradient(*episode)
-    np.testing.assert_allclose(meta_loss.numpy(), _reference_meta_loss(model, episode, rates), rtol=1e-10)
+    np.testing.assert_allclose(
+        meta_loss.numpy(), _reference_meta_loss(model, episode, rates, validation_loss), rtol=1e-10
+    )
     flat_grad = np.concatenate([g.numpy().ravel() for g in grads])
     assert np.abs(flat_grad).max() > 1e-7  # a real, non-vanishing signal
     start = [v.numpy() for v in phi]
@@ -300,7 +304,7 @@ def _check_meta_gradient(model, episode, rates):
         for variable, value in zip(phi, start):
             variable.assign(value + step * direction[offset : offset + value.size].reshape(value.shape))
             offset += value.size
-        return _reference_meta_loss(model, episode, rates)
+        return _reference_meta_loss(model, episode, rates, validation_loss)
 
     rng = np.random.default_rng(2)
     eps = 1e-5
@@ -336,6 +340,29 @@ def test_meta_gradient_equals_central_finite_differences(name, kwargs):
     rates = _sgd_rates(model)
     assert len(set(rates)) == 2  # the head's 8x rate enters the virtual step
     _check_meta_gradient(model, _episode(dtype="float64", train_classes=4), rates)
+
+
+@pytest.mark.parametrize(
+    "name,validation_loss,kwargs",
+    [
+        # the base loss with a wider negative margin: the validation subset's negative pairs count
+        ("contrastive", lambda: ContrastiveLoss(pos_margin=0.05, neg_margin=1.8), {"assessed": "positive_pairs"}),
+        ("triplet_all", lambda: ContrastiveLoss(pos_margin=0.1, neg_margin=1.5), {"lookahead_variables": "head"}),
+    ],
+)
+def test_meta_gradient_with_a_validation_loss_equals_central_finite_differences(name, validation_loss, kwargs):
+    """`validation_loss`: the look-ahead scores the virtual step with that loss, not the base loss."""
+    val_loss = validation_loss()
+    model = _float64_model(LOSSES[name](), validation_loss=val_loss, **kwargs)
+    assert model.validation_loss is val_loss
+    rates = _sgd_rates(model)
+    if kwargs.get("lookahead_variables") == "head":  # the virtual step moves the head alone
+        head = set(model.lookahead_positions)
+        rates = [rate if i in head else 0.0 for i, rate in enumerate(rates)]
+    episode = _episode(dtype="float64", train_classes=4)
+    meta_loss = float(model.meta_gradient(*episode)[1])
+    assert abs(meta_loss - _reference_meta_loss(model, episode, rates)) > 1e-3  # not the base loss's value
+    _check_meta_gradient(model, episode, rates, val_loss)
 
 
 def test_optimizer_lookahead_at_uniform_weights_is_the_real_step():
@@ -486,6 +513,8 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
         temperature=0.7,
         lookahead_variables="head",
         distance_prior=0.5,
+        validation_loss="contrastive",
+        validation_loss_params={"pos_margin": 0.1, "neg_margin": 1.2},
     )
     model.compile(optimizer=keras.optimizers.Adam(0.02))
     for seed in (0, 1):
@@ -499,6 +528,12 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
     assert isinstance(loaded, ALAModel) and isinstance(loaded.base_loss, MarginLoss)
     assert loaded.temperature == 0.7 and loaded.assessor.units == 4 and loaded.lookahead_variables == "head"
     assert model.get_config()["lookahead_variables"] == "head" and loaded.distance_prior == 0.5
+    assert isinstance(loaded.validation_loss, ContrastiveLoss) and loaded.validation_loss.neg_margin == 1.2
+    assert loaded.validation_loss.pos_margin == 0.1
+    default = ALAModel(_embedder(), base_loss="contrastive")  # None: the base loss, saved as None
+    assert default.get_config()["validation_loss"] is None
+    restored = ALAModel.from_config(default.get_config())
+    assert restored.validation_loss is restored.base_loss and isinstance(restored.base_loss, ContrastiveLoss)
     np.testing.assert_allclose(loaded.base_loss.beta.numpy(), model.base_loss.beta.numpy())
     for a, b in zip(model.weights, loaded.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -594,6 +629,16 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         ALAModel(_embedder(), base_loss=TripletLoss(), loss_params={"margin": 0.1})
     with pytest.raises(ValueError, match="embedding size"):
         ALAModel(keras.Sequential([keras.layers.Dense(3)]))
+    with pytest.raises(ValueError, match="validation_loss must be one of"):
+        ALAModel(_embedder(), validation_loss="hinge")
+    with pytest.raises(ValueError, match="Unknown parameters \\['beta'\\] for validation_loss 'contrastive'"):
+        ALAModel(_embedder(), validation_loss="contrastive", validation_loss_params={"beta": 1.0})
+    with pytest.raises(ValueError, match="validation_loss_params sets the arguments of a validation_loss given by"):
+        ALAModel(_embedder(), validation_loss_params={"neg_margin": 1.0})
+    with pytest.raises(ValueError, match="validation_loss RankedListLoss has no per-tuple terms"):
+        ALAModel(_embedder(), validation_loss=RankedListLoss())
+    with pytest.raises(ValueError, match="validation_loss MarginLoss has trainable variables, which nothing would"):
+        ALAModel(_embedder(), validation_loss=MarginLoss())
     model = ALAModel(_embedder(), assessor_units=2)
     model.compile(optimizer="sgd")
     with pytest.raises(ValueError, match="episodes"):

@@ -16,10 +16,18 @@ def cell(values):
     return f"{mean:.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:.1f}"
 
 
+def _value(value):
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):  # e.g. validation_loss_params
+        return "(" + ", ".join(f"{k} {_value(v)}" for k, v in sorted(value.items())) + ")"
+    return str(value)
+
+
 def row_label(method, options):
     if method == "base":
         return "base loss"
-    text = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in sorted(options.items()))
+    text = ", ".join(f"{k} {_value(v)}" for k, v in sorted(options.items()))
     label = {"heuristic": "+ small-loss heuristic", "prism": "+ PRISM", "ala": "+ DML-ALA"}.get(method, method)
     return f"{label} ({text})" if text else label
 

@@ -5,6 +5,10 @@ through every variable with the body's rate 0 (which must equal the head alone),
 benchmark's row (warm start or scratch) and after some of its real steps.
 
     nice -n 10 python -m benchmarks.label_noise.lookahead_signal --regime pretrained --seed 0
+    # a validation loss whose negative pairs are active (ALAModel's validation_loss):
+    nice -n 10 python -m benchmarks.label_noise.lookahead_signal --regime pretrained --seed 0 --options \
+        '{"trusted": [30, 3], "validation_loss": "contrastive",
+          "validation_loss_params": {"pos_margin": 0.0468, "neg_margin": 1.0}}'
 """
 
 import argparse
@@ -109,13 +113,17 @@ def auc(positives, negatives):
 
 
 def validation_terms(model, vx, vy):
-    """`(mean positive-pair term, fraction of negative pairs with a non-zero term)` of a validation subset."""
+    """`(mean positive-pair term, fraction of negative pairs with a non-zero term)` of a validation subset, in
+    the validation loss (the base loss unless the options give a `validation_loss`)."""
     import tensorflow as tf
 
-    terms = model.base_loss.terms(vy, model.embedder(vx, training=True))
+    embeddings = model.embedder(vx, training=True)
+    terms = model.validation_loss.terms(vy, embeddings)
     pairs = tf.gather(vy, terms.indices).numpy()
     positive, values = pairs[:, 0] == pairs[:, 1], terms.values.numpy()
-    return float(values[positive].mean()), float((values[~positive] > 0).mean())
+    emb = embeddings.numpy()
+    distances = np.linalg.norm(emb[terms.indices.numpy()[:, 0]] - emb[terms.indices.numpy()[:, 1]], axis=1)
+    return float(values[positive].mean()), float((values[~positive] > 0).mean()), distances[~positive]
 
 
 def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_body0")):
@@ -143,9 +151,10 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
             emb = episode.embeddings.numpy()
             rows[mode]["d"].append(np.linalg.norm(emb[units[:, 0]] - emb[units[:, 1]], axis=1))
         d = rows[mode]["d"][-1]
-        val_pos, val_neg = validation_terms(model, vx, vy)
+        val_pos, val_neg, val_neg_d = validation_terms(model, vx, vy)
         geometry["val_pos"].append(val_pos)
         geometry["val_neg_active"].append(val_neg)
+        geometry.setdefault("val_neg_d", []).append(val_neg_d)
         values = np.asarray(tf.gather(episode.values, episode.assessed))
         geometry.setdefault("correct", []).append(correct)
         geometry["d_clean"].append(d[correct])
@@ -199,6 +208,10 @@ def summary(rows, geometry):
         "zero_term_wrong": round(float(np.concatenate(geometry["zero_wrong"]).mean()), 3),
         "val_positive_term_mean": float(np.mean(geometry["val_pos"])),
         "val_negative_active": round(float(np.mean(geometry["val_neg_active"])), 3),
+        # the validation subsets' negative-pair distances (10 %, 50 %, 90 %): where a margin makes them active
+        "val_negative_distance_q10_50_90": [
+            round(float(q), 3) for q in np.quantile(np.concatenate(geometry["val_neg_d"]), [0.1, 0.5, 0.9])
+        ],
     }
     return out
 

@@ -5,7 +5,7 @@ batch the base loss trains on, the validation subset is drawn in addition with l
 (`tfdml.ala_options.episode_sizes`). The base loss (`TripletLoss`, `MarginLoss`, `ContrastiveLoss`) lists its
 tuples and their unreduced terms (`loss.terms`); the assessor gives each tuple a weight and the weighted terms
 go through the loss's own reduction, so that with every weight 1 the step is exactly the plain loss's step.
-Algorithm 1:
+Algorithm 1, `L_va` the base loss on the validation subset unless `ALAModel(validation_loss=...)` gives another:
 
     theta'(phi) = theta - o - P (.) grad_theta L(w(phi); theta)                          (10)
     K times:  phi <- phi - b * grad_phi L_va(theta'(phi))                                (11, 12)

@@ -156,7 +156,7 @@ class EpisodeDerivatives:
             val_embeddings, _ = self.model.embedder.stateless_call(
                 theta_prime, self.non_trainable, self.val_x, training=True
             )
-            meta_loss = self.model.reduce(self.model.base_loss.terms(self.val_y, val_embeddings))
+            meta_loss = self.model.reduce(self.model.validation_loss.terms(self.val_y, val_embeddings))
         return meta_loss, tape.gradient(meta_loss, moved, unconnected_gradients=ZERO)
 
     def term_vjp(self, upstream):

@@ -21,13 +21,14 @@ from tfdml.optimizers import build_optimizer
 NUM_GEOMETRY_FEATURES = 3
 
 
-def resolve_base_loss(base_loss, loss_params=None):
+def resolve_base_loss(base_loss, loss_params=None, argument="base_loss", params_argument="loss_params"):
     """The tfdml loss ALA weights: a short name of `tfdml.ala_options.BASE_LOSSES` (built with `loss_params`,
-    the loss's own arguments) or a tfdml loss instance that lists per-tuple terms."""
+    the loss's own arguments) or a tfdml loss instance that lists per-tuple terms (`argument` and
+    `params_argument` name them in errors)."""
     if isinstance(base_loss, str):
         if base_loss not in options.BASE_LOSSES:
             raise ValueError(
-                f"base_loss must be one of {list(options.BASE_LOSSES)} or a tfdml loss with per-tuple terms "
+                f"{argument} must be one of {list(options.BASE_LOSSES)} or a tfdml loss with per-tuple terms "
                 f"(TripletLoss, MarginLoss, ContrastiveLoss), got {base_loss!r}."
             )
         cls = loss_class(base_loss)
@@ -36,17 +37,35 @@ def resolve_base_loss(base_loss, loss_params=None):
         unknown = sorted(set(params) - accepted)
         if unknown:
             raise ValueError(
-                f"Unknown parameters {unknown} for base_loss {base_loss!r}; expected some of {sorted(accepted)}."
+                f"Unknown parameters {unknown} for {argument} {base_loss!r}; expected some of {sorted(accepted)}."
             )
         return cls(**params)
     if loss_params:
-        raise ValueError("loss_params sets the arguments of a base_loss given by name; this one is an instance.")
+        raise ValueError(
+            f"{params_argument} sets the arguments of a {argument} given by name; this one is an instance."
+        )
     if not isinstance(base_loss, MetricLoss) or base_loss.tuple_kind is None:
         raise ValueError(
-            f"base_loss {type(base_loss).__name__} has no per-tuple terms; use one of "
+            f"{argument} {type(base_loss).__name__} has no per-tuple terms; use one of "
             f"{list(options.BASE_LOSSES)} or a tfdml TripletLoss, MarginLoss or ContrastiveLoss."
         )
     return base_loss
+
+
+def resolve_validation_loss(validation_loss, params, base_loss):
+    """The loss of the validation subset, `L_va`: the base loss (None) or another loss with per-tuple terms and
+    no trainable variables (nothing trains them: the validation loss only scores the virtual step)."""
+    if validation_loss is None:
+        if params:
+            raise ValueError("validation_loss_params sets the arguments of a validation_loss given by name; none is.")
+        return base_loss
+    loss = resolve_base_loss(validation_loss, params, "validation_loss", "validation_loss_params")
+    if loss.trainable_variables:
+        raise ValueError(
+            f"validation_loss {type(loss).__name__} has trainable variables, which nothing would train; "
+            "give it fixed values (e.g. MarginLoss(learn_beta=False)) or leave validation_loss None."
+        )
+    return loss
 
 
 _SWITCHES = tuple(field.name for field in dataclasses.fields(options.ALAOptions))
@@ -80,6 +99,12 @@ class ALAModel(keras.Model):
             instance. With every weight 1 the real step is exactly that loss's step; its variables (the margin
             loss's `beta`) are trained by its own optimizer.
         loss_params: arguments of a base loss given by name.
+        validation_loss: the loss `L_va` of the validation subset, which the look-ahead scores (eq 11): None
+            (default: the base loss), a name of `tfdml.ala_options.BASE_LOSSES` (built with
+            `validation_loss_params`) or a tfdml loss with per-tuple terms and no trainable variables, for
+            example the base loss with a wider negative margin, so that the validation loss also pays for
+            classes coming closer (`benchmarks/label_noise`).
+        validation_loss_params: arguments of a validation loss given by name.
         embedding_dim: embedding size, when the embedder does not tell it.
         **kwargs: DML-ALA's switches, declared (type, default, range) once in `tfdml.ala_options.ALAOptions`;
             the other keywords go to `keras.Model`. None takes the variant's choice:
@@ -132,7 +157,16 @@ class ALAModel(keras.Model):
         >>> tuples, weights = model.tuple_weights(images[:66], labels[:66])   # what the assessor learnt
     """
 
-    def __init__(self, embedder, base_loss="triplet", loss_params=None, embedding_dim=None, **kwargs):
+    def __init__(
+        self,
+        embedder,
+        base_loss="triplet",
+        loss_params=None,
+        embedding_dim=None,
+        validation_loss=None,
+        validation_loss_params=None,
+        **kwargs,
+    ):
         # The switches are declared once, in tfdml.ala_options.ALAOptions; the rest of kwargs go to keras.Model.
         switches = {name: kwargs.pop(name) for name in _SWITCHES if name in kwargs}
         super().__init__(**kwargs)
@@ -140,6 +174,7 @@ class ALAModel(keras.Model):
             raise TypeError(f"embedder must be a Keras model or layer, got {type(embedder).__name__}.")
         self.embedder = embedder
         self.base_loss = resolve_base_loss(base_loss, loss_params)
+        self.validation_loss = resolve_validation_loss(validation_loss, validation_loss_params, self.base_loss)
         self.options = chosen = options.ALAOptions(**switches).resolved()
         self.variant, self.weight_form, self.reduction = chosen.variant, chosen.weights, chosen.reduction
         self.temperature, self.weight_floor, self.weight_range = (
@@ -332,6 +367,9 @@ class ALAModel(keras.Model):
         config.update(
             embedder=keras.saving.serialize_keras_object(self.embedder),
             base_loss=keras.saving.serialize_keras_object(self.base_loss),
+            validation_loss=None
+            if self.validation_loss is self.base_loss
+            else keras.saving.serialize_keras_object(self.validation_loss),
             **self.options.saved(),
             embedding_dim=self.embedding_dim,
         )
@@ -342,6 +380,8 @@ class ALAModel(keras.Model):
         config = dict(config)
         config["embedder"] = keras.saving.deserialize_keras_object(config["embedder"])
         config["base_loss"] = keras.saving.deserialize_keras_object(config["base_loss"])
+        if config.get("validation_loss") is not None:
+            config["validation_loss"] = keras.saving.deserialize_keras_object(config["validation_loss"])
         return cls(**config)
 
     # ------------------------------------------------------------------------------------- Algorithm 1
@@ -360,7 +400,7 @@ class ALAModel(keras.Model):
     def test_step(self, data):
         (_, _, val_x, val_y), _ = _whole_episode(data)
         embeddings = self.embedder(val_x, training=False)
-        value = self.reduce(self.base_loss.terms(tf.cast(val_y, tf.int32), embeddings))
+        value = self.reduce(self.validation_loss.terms(tf.cast(val_y, tf.int32), embeddings))
         name = "meta_loss" if "meta_loss" in self.trackers else "loss"
         self.trackers[name].update_state(value)
         return {name: self.trackers[name].result()}
@@ -409,7 +449,7 @@ class ALAModel(keras.Model):
         return {name: value for name, value in logs.items() if name in self.trackers or name == "meta_step"}
 
     def loss_log_scale(self, meta_loss, val_y):
-        """The logged validation loss: the base loss's value, or with sums the sum per validation image."""
+        """The logged validation loss: the validation loss's value, or with sums the sum per validation image."""
         if self.reduction == "loss":
             return meta_loss
         return safe_divide(meta_loss, tf.cast(tf.shape(val_y)[0], meta_loss.dtype))
