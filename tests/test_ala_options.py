@@ -85,3 +85,40 @@ def test_a_switch_set_in_the_configuration_reaches_the_model_arguments():
     assert ALAParams.from_dict(params.to_dict()) == params
     with pytest.raises(ConfigError, match="lookahead_variables: must be one of all, head, got 'body'"):
         load_config(overrides=["ala.params.lookahead_variables=body"])
+
+
+def test_the_configurations_validation_loss_reaches_the_jobs_model():
+    """`ala.validation_loss` and its arguments are what the job's `ALAModel` scores the look-ahead with; unset,
+    the base loss."""
+    from tfdml.losses import ContrastiveLoss
+    from tfdml.pipeline.train import build_model
+
+    job = ["ala.enabled=true", "loss.name=contrastive", "model.widths=[4,8]"]
+    config = load_config(
+        overrides=[*job, "ala.validation_loss=contrastive", "ala.validation_loss_params.neg_margin=1.4"]
+    )
+    model, _ = build_model(config, (32, 32, 1), total_steps=10)
+    assert isinstance(model.validation_loss, ContrastiveLoss) and model.validation_loss is not model.base_loss
+    assert model.validation_loss.get_config()["neg_margin"] == 1.4 != model.base_loss.get_config()["neg_margin"]
+    model, _ = build_model(load_config(overrides=job), (32, 32, 1), total_steps=10)
+    assert model.validation_loss is model.base_loss
+
+
+ALA = ["ala.enabled=true", "loss.name=contrastive"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["loss.name=contrastive", "ala.validation_loss=contrastive"], "ala.validation_loss: applies with ala.enabled"),
+        ([*ALA, "ala.validation_loss_params.neg_margin=1.4"], "ala.validation_loss_params: sets the arguments of"),
+        ([*ALA, "ala.validation_loss=ranked_list"], "ala.validation_loss: must be one of triplet, margin, contrastive"),
+        ([*ALA, "ala.validation_loss=contrastive", "ala.validation_loss_params.beta=1"], "unknown configuration key"),
+        ([*ALA, "ala.validation_loss=contrastive", "ala.validation_loss_params.neg_margin=big"], "expected a number"),
+        ([*ALA, "ala.validation_loss=margin"], "ala.validation_loss_params: validation_loss MarginLoss has trainable"),
+    ],
+)
+def test_a_bad_validation_loss_is_named(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides=overrides)
+    assert message in str(error.value)

@@ -347,13 +347,30 @@ class ALAConfig(_Section):
     # come from it (tfdml.data.episode_dataset's val_source), not from the training data; under label noise
     # the assessor needs it. null: from the training data
     val_path: str | None = None
+    # the loss that scores the look-ahead on the validation subsets (ALAModel's validation_loss; null: the base
+    # loss) and its arguments; warm-started, a loss whose negative pairs are active there (benchmarks/label_noise)
+    validation_loss: str | None = _field(None, choices=ALA_LOSSES)
+    validation_loss_params: dict[str, Any] = _field(factory=dict)
 
     def check(self, key):
-        if self.val_path is None:
-            return
-        if not self.enabled:
-            raise ConfigError(f"{key}.val_path: applies with {key}.enabled=true only")
-        _check_image_folder(self.val_path, f"{key}.val_path")
+        for name in ("val_path", "validation_loss"):
+            if getattr(self, name) is not None and not self.enabled:
+                raise ConfigError(f"{key}.{name}: applies with {key}.enabled=true only")
+        if self.validation_loss_params and self.validation_loss is None:
+            raise ConfigError(
+                f"{key}.validation_loss_params: sets the arguments of {key}.validation_loss, which is null"
+            )
+        if self.val_path is not None:
+            _check_image_folder(self.val_path, f"{key}.val_path")
+
+    def check_with_library(self, key):
+        if self.validation_loss is not None:
+            from tfdml import losses
+
+            loss_class = getattr(losses, LOSSES[self.validation_loss])
+            _check_arguments(
+                loss_class, self.validation_loss_params, f"{key}.validation_loss_params", skip=("self", "name")
+            )
 
 
 def _optimizer_name(value, key):
@@ -572,12 +589,16 @@ class Config(_Section):
 
     def check_with_library(self, key):
         if self.ala.enabled:
-            from tfdml.models.ala import resolve_base_loss
+            from tfdml.models.ala.model import resolve_base_loss, resolve_validation_loss
 
             try:
-                resolve_base_loss(self.loss.name, self.loss.params or None)
+                base_loss = resolve_base_loss(self.loss.name, self.loss.params or None)
             except ValueError as error:
                 raise ConfigError(f"loss.params: {error}") from None
+            try:
+                resolve_validation_loss(self.ala.validation_loss, self.ala.validation_loss_params or None, base_loss)
+            except ValueError as error:
+                raise ConfigError(f"ala.validation_loss_params: {error}") from None
 
 
 def default_report_dir(config):

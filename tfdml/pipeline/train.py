@@ -79,7 +79,13 @@ def build_model(config, input_shape, total_steps):
     ala_params = config.ala.params.arguments()
     # With loss.label_noise the assessor weighs the pairs the small-loss heuristic keeps (PRISM is refused).
     base_loss = recipes.build_loss(config.loss, config.model.num_classes, total_steps, embedder.embedding_dim)
-    model = ALAModel(embedder, base_loss=base_loss, **ala_params)
+    model = ALAModel(
+        embedder,
+        base_loss=base_loss,
+        validation_loss=config.ala.validation_loss,
+        validation_loss_params=config.ala.validation_loss_params or None,
+        **ala_params,
+    )
     model.compile(optimizer=optimizer)
     return model, embedder
 
