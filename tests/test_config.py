@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tfdml import config as config_lib
-from tfdml.config import Config, ConfigError, load_config, sections
+from tfdml.config import Config, ConfigError, folders, load_config
 
 CONFIGS = sorted(
     glob.glob(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "*.yaml"))
@@ -203,7 +203,7 @@ def test_image_folder_check_closes_the_folder_it_stops_in(tmp_path):
             (tmp_path / name / f"{i}.png").write_bytes(b"")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert sections._image_folder_problem(str(tmp_path)) is None
+        assert folders.image_folder_problem(str(tmp_path)) is None
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from tfdml import ala_options
 from tfdml.config import nested
+from tfdml.config.folders import check_image_folder
 from tfdml.config.schema import (
     ConfigError,
     _check_arguments,
@@ -99,42 +100,11 @@ class DataConfig(_Section):
                 )
             for name in ("path", "eval_path"):
                 if getattr(self, name) is not None:
-                    _check_image_folder(getattr(self, name), f"{key}.{name}")
+                    check_image_folder(getattr(self, name), f"{key}.{name}")
 
     def check_with_library(self, key):
         if self.source == "tfds":
             _check_tfds_name(self.name, f"{key}.name")
-
-
-def _check_image_folder(folder, key):
-    """A `ConfigError` naming `key` unless `folder` is a directory laid out as an image folder."""
-    if not os.path.isdir(folder):
-        raise ConfigError(f"{key}: no such directory: {folder}")
-    problem = _image_folder_problem(folder)
-    if problem:
-        raise ConfigError(f"{key}: {problem}")
-
-
-def _image_folder_problem(folder):
-    """What makes `folder` no image folder (no class sub-folders, or nothing in them), or None. Cheap: it
-    stops at the first class folder holding a file (image_folder checks the files themselves)."""
-    try:
-        classes = sorted(d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)))
-    except OSError as error:
-        return f"cannot read {folder}: {error.strerror or error}"
-    if not classes:
-        return f"{folder} has no class sub-folders (expected {folder}/<class name>/<image files>)"
-    for name in classes:
-        try:
-            with os.scandir(os.path.join(folder, name)) as entries:  # closed at the first file found
-                if any(entry.is_file() for entry in entries):
-                    return None
-        except OSError:
-            continue
-    return (
-        f"none of the {len(classes)} class sub-folders of {folder} holds a file (expected "
-        f"{folder}/<class name>/<image files>)"
-    )
 
 
 def _check_tfds_name(name, key):
@@ -361,7 +331,7 @@ class ALAConfig(_Section):
                 f"{key}.validation_loss_params: sets the arguments of {key}.validation_loss, which is null"
             )
         if self.val_path is not None:
-            _check_image_folder(self.val_path, f"{key}.val_path")
+            check_image_folder(self.val_path, f"{key}.val_path")
 
     def check_with_library(self, key):
         if self.validation_loss is not None:
