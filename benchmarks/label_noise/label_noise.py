@@ -184,12 +184,13 @@ def commit():
         return None
 
 
-def train_ala(spec, data, batches, config, seed, warm_start=None):
-    """DML-ALA (`tfdml.models.ALAModel`) on the same batches as the other rows, each with a validation subset
-    drawn in addition (`tfdml.ala_options.episode_sizes`): the test embeddings. With the option
-    `trusted: [classes, per_class]` the validation subsets come from a small verified set (`trusted_labels`)
-    instead of the noisy training labels; with `heuristic: drop_rate` DML-ALA weighs the terms that the
-    small-loss heuristic keeps (`SmallLossWeighting(base, drop_rate)` as its base loss)."""
+def ala_model(spec, data, batches, config, seed, warm_start=None):
+    """DML-ALA (`tfdml.models.ALAModel`), compiled, on the same batches as the other rows, each with a validation
+    subset drawn in addition (`tfdml.ala_options.episode_sizes`): `(model, embedder, episodes, validation labels,
+    validation batches)`. With the option `trusted: [classes, per_class]` the validation subsets come from a small
+    verified set (`trusted_labels`) instead of the noisy training labels; with `heuristic: drop_rate` DML-ALA
+    weighs the terms that the small-loss heuristic keeps (`SmallLossWeighting(base, drop_rate)` as its base
+    loss)."""
     import keras
     import tensorflow as tf
 
@@ -227,6 +228,12 @@ def train_ala(spec, data, batches, config, seed, warm_start=None):
         **options,
     )
     model.compile(optimizer=keras.optimizers.Adam(config["learning_rate"]))
+    return model, embedder, dataset, val_labels, extra
+
+
+def train_ala(spec, data, batches, config, seed, warm_start=None):
+    """`ala_model`'s model trained on its episodes: the test embeddings and the model."""
+    model, embedder, dataset, _, _ = ala_model(spec, data, batches, config, seed, warm_start)
     model.fit(dataset.prefetch(2), epochs=1, steps_per_epoch=len(batches), verbose=0)
     return bm.embed(embedder, data["test_x"]), model
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.glyph_methods import benchmark_methods as bm
 from benchmarks.label_noise import label_noise as ln
-from benchmarks.label_noise.noisy_labels import noisy_data, trusted_labels
+from benchmarks.label_noise.noisy_labels import noisy_data
 from benchmarks.reality_check import reality_check as rc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,12 +30,8 @@ PROBE_BATCHES = 20
 
 
 def setup(regime, noise, seed, options, steps):
-    import keras
-    import tensorflow as tf
-
-    from tfdml.ala_options import episode_sizes
-    from tfdml.models import ALAModel
-
+    """The data, batches and compiled `ALAModel` of a benchmark row (`label_noise.ala_model`), warm-started in the
+    pretrained regime."""
     ln.REGIME = regime
     full = bm.load_data(ln.CONFIG)
     data = noisy_data(full, noise, seed)
@@ -49,26 +45,7 @@ def setup(regime, noise, seed, options, steps):
             "final", data, seed
         )
         pretrain_cpu = time.process_time() - cpu
-    options = dict(options)
-    trusted = options.pop("trusted")
-    sizes = episode_sizes(config["classes_per_batch"], config["samples_per_class"])
-    val_labels = trusted_labels(data, *trusted, seed)
-    extra = bm.validation_batches(
-        val_labels,
-        batches,
-        sizes["val_size"] // sizes["samples_per_class"],
-        sizes["samples_per_class"],
-        seed,
-        batch_labels=data["train_y"],
-        stream=ln.VALIDATION_STREAM,
-    )
-    embedder = bm.tfdml_embedder(config, seed=seed)
-    if warm is not None:
-        bm.transfer_weights(warm, embedder)
-    model = ALAModel(embedder, base_loss=spec["ala_base"](data["num_classes"]), embedding_dim=64, **options)
-    model.compile(optimizer=keras.optimizers.Adam(lr))
-    images, labels = tf.constant(data["train_x"]), tf.constant(data["train_y"])
-    dataset = bm.episodes(images, labels, batches, extra, tf.constant(val_labels))
+    model, _, dataset, val_labels, extra = ln.ala_model(spec, data, batches, config, seed, warm)
     return data, batches, extra, val_labels, model, dataset, pretrain_cpu
 
 
@@ -89,17 +66,11 @@ def pair_push(model, episode, body_rate_zero=False):
             tf.ones_like(episode.values), episode.assessed[:, None], tf.gather(unit_w, episode.unit_of)
         )
         coefficients = model.coefficients(episode.terms, full)
-    upstream = tf.stop_gradient(coefficients)
-    with tf.GradientTape() as transpose:
-        transpose.watch(upstream)
-        grads = episode.term_vjp(upstream)
-    meta_loss, val_grads = episode.validation(grads)
-    tangents = [p * g for p, g in zip(episode.lookahead_terms()[0], val_grads)]
-    alignment = transpose.gradient(grads, upstream, output_gradients=tangents, unconnected_gradients="zero")
+    alignment, meta_loss = episode.alignment(coefficients)
     with tape:
         surrogate = -tf.reduce_sum(coefficients * tf.stop_gradient(alignment))
     push = -tf.convert_to_tensor(tape.gradient(surrogate, unit_w))
-    before, _ = episode.validation([tf.zeros_like(g) for g in grads])
+    before, _ = episode.validation([tf.zeros_like(v) for v in episode.moved])
     return push.numpy(), float(meta_loss), float(before)
 
 

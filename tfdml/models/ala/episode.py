@@ -178,17 +178,22 @@ class EpisodeDerivatives:
         with tf.GradientTape() as tape:
             weights = self.weights()[0]
             coefficients = model.coefficients(self.terms, weights)
+        alignment, meta_loss = self.alignment(coefficients)
+        with tape:
+            surrogate = -tf.reduce_sum(coefficients * tf.stop_gradient(alignment))
+        phi_grads = tape.gradient(surrogate, model.assessor.trainable_variables, unconnected_gradients=ZERO)
+        return phi_grads, meta_loss
+
+    def alignment(self, coefficients):
+        """`(c, L_va(theta'))` for the reduction's `coefficients`: per term `c_i = <d term_i / d theta, P g_va>`,
+        the transpose of the look-ahead's vector-Jacobian product, differentiated in its linear upstream."""
         upstream = tf.stop_gradient(coefficients)
         with tf.GradientTape() as transpose:
             transpose.watch(upstream)
             grads = self.term_vjp(upstream)
         meta_loss, val_grads = self.validation(grads)
         tangents = [p * g for p, g in zip(self.lookahead_terms()[0], val_grads)]
-        alignment = transpose.gradient(grads, upstream, output_gradients=tangents, unconnected_gradients=ZERO)
-        with tape:
-            surrogate = -tf.reduce_sum(coefficients * tf.stop_gradient(alignment))
-        phi_grads = tape.gradient(surrogate, model.assessor.trainable_variables, unconnected_gradients=ZERO)
-        return phi_grads, meta_loss
+        return transpose.gradient(grads, upstream, output_gradients=tangents, unconnected_gradients=ZERO), meta_loss
 
     # ------------------------------------------------------------------------------------------ logs
     def logs(self, weights, raw=None):
