@@ -62,10 +62,7 @@ def pair_push(model, episode, body_rate_zero=False):
     unit_w = tf.ones([tf.shape(episode.units)[0]], episode.values.dtype)
     with tf.GradientTape() as tape:
         tape.watch(unit_w)
-        full = tf.tensor_scatter_nd_update(
-            tf.ones_like(episode.values), episode.assessed[:, None], tf.gather(unit_w, episode.unit_of)
-        )
-        coefficients = model.coefficients(episode.terms, full)
+        coefficients = model.coefficients(episode.terms, episode.weights_of_units(unit_w))
     alignment, meta_loss = episode.alignment(coefficients)
     with tape:
         surrogate = -tf.reduce_sum(coefficients * tf.stop_gradient(alignment))
@@ -84,8 +81,9 @@ def auc(positives, negatives):
 
 
 def validation_terms(model, vx, vy):
-    """`(mean positive-pair term, fraction of negative pairs with a non-zero term)` of a validation subset, in
-    the validation loss (the base loss unless the options give a `validation_loss`)."""
+    """`(mean positive-pair term, fraction of negative pairs with a non-zero term, the negative pairs'
+    distances)` of a validation subset, in the validation loss (the base loss unless the options give a
+    `validation_loss`)."""
     import tensorflow as tf
 
     embeddings = model.embedder(vx, training=True)
@@ -103,8 +101,20 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
 
     from tfdml.models.ala.episode import EpisodeDerivatives
 
-    rows = {mode: {"clean": [], "wrong": [], "val_change": [], "d": []} for mode in modes}
-    geometry = {"d_clean": [], "d_wrong": [], "zero_clean": [], "zero_wrong": [], "val_pos": [], "val_neg_active": []}
+    rows = {mode: {"push": [], "clean": [], "wrong": [], "val_change": [], "d": []} for mode in modes}
+    geometry = {
+        key: []
+        for key in (
+            "correct",
+            "d_clean",
+            "d_wrong",
+            "zero_clean",
+            "zero_wrong",
+            "val_pos",
+            "val_neg_active",
+            "val_neg_d",
+        )
+    }
     saved = model.lookahead_variables
     for batch, val in zip(batches[:PROBE_BATCHES], extra[:PROBE_BATCHES]):
         tx, ty = tf.constant(data["train_x"][batch]), tf.constant(data["train_y"][batch])
@@ -113,21 +123,21 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
             model.lookahead_variables = "head" if mode == "head" else "all"
             episode = EpisodeDerivatives(model, tx, ty, vx, vy)
             push, after, before = pair_push(model, episode, body_rate_zero=mode == "all_body0")
-            units = episode.units.numpy()
-            correct = data["true_y"][batch[units[:, 0]]] == data["true_y"][batch[units[:, 1]]]
-            rows[mode].setdefault("push", []).append(push)
+            if mode == modes[0]:  # the pairs and the embeddings are the same whatever the look-ahead
+                units, emb = episode.units.numpy(), episode.embeddings.numpy()
+                correct = data["true_y"][batch[units[:, 0]]] == data["true_y"][batch[units[:, 1]]]
+                d = np.linalg.norm(emb[units[:, 0]] - emb[units[:, 1]], axis=1)
+                values = np.asarray(tf.gather(episode.values, episode.assessed))
+            rows[mode]["push"].append(push)
             rows[mode]["clean"].append(push[correct])
             rows[mode]["wrong"].append(push[~correct])
             rows[mode]["val_change"].append(after - before)
-            emb = episode.embeddings.numpy()
-            rows[mode]["d"].append(np.linalg.norm(emb[units[:, 0]] - emb[units[:, 1]], axis=1))
-        d = rows[mode]["d"][-1]
+            rows[mode]["d"].append(d)
         val_pos, val_neg, val_neg_d = validation_terms(model, vx, vy)
         geometry["val_pos"].append(val_pos)
         geometry["val_neg_active"].append(val_neg)
-        geometry.setdefault("val_neg_d", []).append(val_neg_d)
-        values = np.asarray(tf.gather(episode.values, episode.assessed))
-        geometry.setdefault("correct", []).append(correct)
+        geometry["val_neg_d"].append(val_neg_d)
+        geometry["correct"].append(correct)
         geometry["d_clean"].append(d[correct])
         geometry["d_wrong"].append(d[~correct])
         geometry["zero_clean"].append(values[correct] == 0)

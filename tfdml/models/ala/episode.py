@@ -48,9 +48,9 @@ class EpisodeDerivatives:
         self._lookahead = self._geometry = None
         # The assessor's input features are constants of the episode: computed once for its K + 1 assessments
         # (here, outside the conditional meta-update of meta_interval > 1, whose branch could not share them).
-        self._features = None
-        if model.weighting == "assessor" and (model.assessor_input != "embeddings" or model.distance_prior):
-            self._features = self.features()
+        # Read by the assessor (its geometry input) or by the distance prior on its logits.
+        self._needs_features = model.assessor_input != "embeddings" or bool(model.distance_prior)
+        self._features = self.features() if model.weighting == "assessor" and self._needs_features else None
 
     # -------------------------------------------------------------------------------- weights and losses
     def weights(self):
@@ -59,7 +59,7 @@ class EpisodeDerivatives:
         model = self.model
         embeddings = tf.stop_gradient(self.embeddings)
         features = self._features
-        if features is None and (model.assessor_input != "embeddings" or model.distance_prior):
+        if features is None and self._needs_features:
             features = self.features()  # a uniform model asked for its weights
         raw, new_state = model.assessor(
             embeddings, self.units, None if model.assessor_input == "embeddings" else features
@@ -67,10 +67,13 @@ class EpisodeDerivatives:
         logits = tf.cast(raw, self.values.dtype)
         if model.distance_prior:  # the heuristic's ranking as the starting logits: the nearer pair weighs more
             logits = logits - model.distance_prior * tf.cast(features[:, 0], logits.dtype)
-        per_unit = model.weights_from_outputs(logits)
+        return self.weights_of_units(model.weights_from_outputs(logits)), raw, new_state
+
+    def weights_of_units(self, per_unit):
+        """The weights `[T]` of every listed tuple from those of the assessed units `[U]` (a unit's tuples share
+        its weight; the tuples not assessed keep 1)."""
         assessed = tf.gather(per_unit, self.unit_of)
-        full = tf.tensor_scatter_nd_update(tf.ones_like(self.values), self.assessed[:, None], assessed)
-        return full, raw, new_state
+        return tf.tensor_scatter_nd_update(tf.ones_like(self.values), self.assessed[:, None], assessed)
 
     def features(self):
         """Geometry of each assessed unit, `[U, 3]`, standardised over them: `(d_ap, d_an, term)` for
