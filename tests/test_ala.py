@@ -259,13 +259,14 @@ def _sgd_rates(model):
     ]
 
 
-def _reference_meta_loss(model, episode, rates, validation_loss=None):
+def _reference_meta_loss(model, episode, rates, validation_loss=None, weights=None):
     """`L_va(theta')` with `theta' = theta - rate * grad_theta L(w)`, `w` the model's weights at the current
-    assessor (constants), written with a plain tape; the validation loss (`validation_loss`, default the base
-    loss) by the loss's `compute` (or the sum of its terms, `reduction="sum"`) after assigning theta' to the
-    embedder."""
+    assessor unless given (constants), written with a plain tape; the validation loss (`validation_loss`, default
+    the base loss) by the loss's `compute` (or the sum of its terms, `reduction="sum"`) after assigning theta' to
+    the embedder."""
     train_x, train_y, val_x, val_y = episode
-    weights = EpisodeDerivatives(model, train_x, train_y).weights()[0]
+    if weights is None:
+        weights = EpisodeDerivatives(model, train_x, train_y).weights()[0]
     variables = model.embedder.trainable_variables
     loss = model.base_loss
     val_loss = loss if validation_loss is None else validation_loss
@@ -289,7 +290,9 @@ def _reference_meta_loss(model, episode, rates, validation_loss=None):
     return meta_loss
 
 
-def _check_meta_gradient(model, episode, rates, validation_loss=None):
+def _check_meta_gradient(model, episode, rates, validation_loss=None, extra=None):
+    """The assessor's gradient against central finite differences of the reference meta-loss (plus `extra()`,
+    a further term of the assessor's objective at its current variables)."""
     phi = model.assessor.trainable_variables
     grads, meta_loss = model.meta_gradient(*episode)
     np.testing.assert_allclose(
@@ -304,7 +307,7 @@ def _check_meta_gradient(model, episode, rates, validation_loss=None):
         for variable, value in zip(phi, start):
             variable.assign(value + step * direction[offset : offset + value.size].reshape(value.shape))
             offset += value.size
-        return _reference_meta_loss(model, episode, rates, validation_loss)
+        return _reference_meta_loss(model, episode, rates, validation_loss) + (extra() if extra else 0.0)
 
     rng = np.random.default_rng(2)
     eps = 1e-5
@@ -340,6 +343,38 @@ def test_meta_gradient_equals_central_finite_differences(name, kwargs):
     rates = _sgd_rates(model)
     assert len(set(rates)) == 2  # the head's 8x rate enters the virtual step
     _check_meta_gradient(model, _episode(dtype="float64", train_classes=4), rates)
+
+
+def test_output_penalty_adds_its_pull_to_the_meta_gradient():
+    """`output_penalty=lambda`: the assessor's gradient is that of `L_va(theta'(phi)) + lambda s / 2 sum_j o_j(phi)^2`,
+    `o` its outputs and `s` (a constant) the root mean square of the meta-loss's gradient in the bounded logits,
+    here by central finite differences of the reference meta-loss at the weights of perturbed logits."""
+    penalty = 20.0  # the pull a sizeable part of the gradient at these small outputs
+    model = _float64_model(
+        LOSSES["contrastive"](), state="per_step", assessed="positive_pairs", weight_range=1.0, output_penalty=penalty
+    )
+    rates = _sgd_rates(model)
+    episode = _episode(dtype="float64", train_classes=4)
+    derivatives = EpisodeDerivatives(model, *episode[:2])
+    logits = derivatives.assess()[3].numpy()
+
+    def meta_loss_at(z):
+        weights = derivatives.weights_of_units(model.weights_from_logits(tf.constant(z)))
+        return _reference_meta_loss(model, episode, rates, weights=weights)
+
+    eps = 1e-6
+    push = [(meta_loss_at(logits + eps * e) - meta_loss_at(logits - eps * e)) / (2 * eps) for e in np.eye(logits.size)]
+    scale = np.sqrt(np.mean(np.square(push)))
+
+    def pull():
+        outputs = EpisodeDerivatives(model, *episode[:2]).weights()[1].numpy()
+        return penalty * scale * 0.5 * np.sum(np.square(outputs))
+
+    _check_meta_gradient(model, episode, rates, extra=pull)
+    with_pull = np.concatenate([g.numpy().ravel() for g in model.meta_gradient(*episode)[0]])
+    model.output_penalty = 0.0
+    without = np.concatenate([g.numpy().ravel() for g in model.meta_gradient(*episode)[0]])
+    assert np.abs(with_pull - without).max() > 0.1 * np.abs(without).max()
 
 
 @pytest.mark.parametrize(
@@ -513,6 +548,7 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
         temperature=0.7,
         lookahead_variables="head",
         distance_prior=0.5,
+        output_penalty=0.2,
         validation_loss="contrastive",
         validation_loss_params={"pos_margin": 0.1, "neg_margin": 1.2},
     )
@@ -528,6 +564,7 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
     assert isinstance(loaded, ALAModel) and isinstance(loaded.base_loss, MarginLoss)
     assert loaded.temperature == 0.7 and loaded.assessor.units == 4 and loaded.lookahead_variables == "head"
     assert model.get_config()["lookahead_variables"] == "head" and loaded.distance_prior == 0.5
+    assert loaded.output_penalty == 0.2
     assert isinstance(loaded.validation_loss, ContrastiveLoss) and loaded.validation_loss.neg_margin == 1.2
     assert loaded.validation_loss.pos_margin == 0.1
     default = ALAModel(_embedder(), base_loss="contrastive")  # None: the base loss, saved as None
@@ -664,6 +701,8 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         ({"variant": "paper", "weight_floor": 0.5}, 'needs weights="softmax"'),
         ({"weight_range": 0.0}, "weight_range must be > 0"),
         ({"distance_prior": -1.0}, "distance_prior must be >= 0"),
+        ({"output_penalty": -0.1}, "output_penalty must be >= 0"),
+        ({"weights": "sigmoid", "output_penalty": 0.1}, "output_penalty pulls the softmax logits towards 0; it needs"),
         (
             {"weights": "sigmoid", "distance_prior": 1.0},
             'distance_prior shifts the softmax logits; it needs weights="softmax"',

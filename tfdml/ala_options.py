@@ -86,6 +86,9 @@ class ALAOptions:
     # a prior on the softmax logits, -p * the standardised anchor-positive distance, added to the assessor's: the
     # weights start at the small-loss heuristic's ranking and the meta-gradient moves them from it (0: none)
     distance_prior: float | None = _option(0.0, minimum=0.0)
+    # pulls the assessor's outputs towards 0, in units of the meta-gradient on the bounded logits: an output stops
+    # growing where the bound's slope falls to about this times its size (0: none, the outputs' spread can grow)
+    output_penalty: float | None = _option(0.0, minimum=0.0)
     # bound r on the logits, r tanh(z / r); null: the variant's (1 for the default variant's softmax weights, none
     # for the paper's); .inf: none
     weight_range: float | None = _option(None, above=0.0)
@@ -163,6 +166,11 @@ def _checked_numbers(chosen, given):
         raise ValueError(f"distance_prior must be >= 0, got {chosen['distance_prior']}.")
     if distance_prior and chosen["weights"] != "softmax":
         raise ValueError('distance_prior shifts the softmax logits; it needs weights="softmax".')
+    output_penalty = float(chosen["output_penalty"])
+    if not output_penalty >= 0:
+        raise ValueError(f"output_penalty must be >= 0, got {chosen['output_penalty']}.")
+    if output_penalty and chosen["weights"] != "softmax":
+        raise ValueError('output_penalty pulls the softmax logits towards 0; it needs weights="softmax".')
     requested = given.get("weight_range")
     weight_range = chosen["weight_range"] if chosen["weights"] == "softmax" or requested is not None else None
     weight_range = None if weight_range is None or math.isinf(float(weight_range)) else float(weight_range)
@@ -188,6 +196,7 @@ def _checked_numbers(chosen, given):
         "temperature": temperature,
         "weight_floor": weight_floor,
         "distance_prior": distance_prior,
+        "output_penalty": output_penalty,
         "weight_range": weight_range,
         "inner_learning_rate": None if inner is None else float(inner),
         "assessor_learning_rate": float(chosen["assessor_learning_rate"]),

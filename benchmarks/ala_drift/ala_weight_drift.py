@@ -1,17 +1,18 @@
 """Do DML-ALA's assessor outputs drift or saturate over a long run?
 
     nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift                    # 5,000 steps, 40 % label noise
-    nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift --steps 500 --noise 0.0
+    nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift --options '{"output_penalty": 0.3}' --tag penalty0.3
     python -m benchmarks.ala_drift.ala_weight_drift --summary                    # the summary of benchmarks/ala_drift/
 
 The problem of `benchmarks/label_noise/noisy_clusters.py` (Gaussian class clusters in 8 dimensions), a small
 MLP embedder, the contrastive loss, episodes of 6 x 4 training and 2 x 4 validation images, trained with `ALAModel`
-at the library defaults (`state="per_tuple"`: the carried LSTM state is part of what could drift). Per step it records
-the spread of the assessor's centred outputs (`output_std`), their largest magnitude, the smallest and largest
-applied weight, and the LSTM's carried state: its largest magnitude and the fraction of its units beyond
-0.99 in magnitude (tanh saturation). One JSON line per `--every` steps goes to
-`benchmarks/ala_drift/drift_noise<level>.jsonl`; the summary compares the first and the last tenth of the run
-and fits a linear trend to `output_std`.
+at the library defaults or the switches of `--options` (the carried LSTM state is part of what could drift). Per
+step it records the spread of the assessor's centred outputs (`output_std`), their largest magnitude, the smallest
+and largest applied weight, and the LSTM's carried state: its largest magnitude and the fraction of its units
+beyond 0.99 in magnitude (tanh saturation). One JSON line per `--every` steps goes to
+`benchmarks/ala_drift/drift_noise<level>[_<tag>][_seed<seed>].jsonl`; the summary compares the first and the
+last tenth of the run and fits a linear trend to `output_std`, over the whole run and after the first 1,000
+steps, with its standard error.
 """
 
 import argparse
@@ -25,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT_DIR = os.path.join(ROOT, "benchmarks", "ala_drift")
 
 
-def run(steps, noise, seed, every, path, weight_range=None, choices=None):
+def run(steps, noise, seed, every, path, options=None):
     import keras
     import tensorflow as tf
 
@@ -40,9 +41,7 @@ def run(steps, noise, seed, every, path, weight_range=None, choices=None):
         [keras.Input((problem.DIM,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(8)]
         + [keras.layers.UnitNormalization()]
     )
-    model = ALAModel(
-        embedder, base_loss=ContrastiveLoss(neg_margin=1.0), weight_range=weight_range, **dict(choices or {})
-    )
+    model = ALAModel(embedder, base_loss=ContrastiveLoss(neg_margin=1.0), **dict(options or {}))
     model.compile(optimizer=keras.optimizers.Adam(3e-3))
     update = tf.function(model.ala_update)
     probe_index = problem.subset(rng, noisy, np.arange(problem.TRAIN_CLASSES))
@@ -99,9 +98,25 @@ def summary(path):
             "max": round(float(np.max([r[key] for r in records])), 4),
         }
     values = np.array([r["output_std"] for r in records])
-    slope = np.polyfit(steps, values, 1)[0]
-    out["output_std_trend_per_1000_steps"] = round(float(slope * 1000), 5)
+    for name, start in (("", 0), ("_after_1000", 1000)):
+        slope, error = _trend(steps[steps >= start], values[steps >= start])
+        out[f"output_std_trend_per_1000_steps{name}"] = round(slope * 1000, 5)
+        out[f"output_std_trend_standard_error{name}"] = round(error * 1000, 5)
     return out
+
+
+def _trend(steps, values, lags=20):
+    """Least-squares slope of `values` over `steps` and its standard error, robust to the correlation of
+    neighbouring records (Newey-West, `lags` records: 500 steps at the default `--every`)."""
+    design = np.stack([np.ones_like(steps, dtype=float), steps.astype(float)], axis=1)
+    coefficients, *_ = np.linalg.lstsq(design, values, rcond=None)
+    scores = design * (values - design @ coefficients)[:, None]
+    meat = scores.T @ scores
+    for lag in range(1, lags + 1):
+        cross = scores[lag:].T @ scores[:-lag]
+        meat += (1 - lag / (lags + 1)) * (cross + cross.T)
+    bread = np.linalg.inv(design.T @ design)
+    return float(coefficients[1]), float(np.sqrt((bread @ meat @ bread)[1, 1]))
 
 
 def main(argv=None):
@@ -112,18 +127,15 @@ def main(argv=None):
     parser.add_argument("--noise", type=float, default=0.4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=25, help="record every N-th step")
-    parser.add_argument("--weight-range", type=float, default=None, help="ALAModel(weight_range=...)")
-    parser.add_argument("--state", default=None, help="ALAModel(state=...) (default: the library's)")
-    parser.add_argument("--assessed", default=None, help="ALAModel(assessed=...) (default: the library's)")
+    parser.add_argument("--options", type=json.loads, default={}, help="ALAModel switches, a JSON object")
+    parser.add_argument("--tag", default="", help="added to the results file's name (the options it ran with)")
     parser.add_argument("--summary", action="store_true", help="only summarise the recorded runs")
     args = parser.parse_args(argv)
     os.makedirs(OUT_DIR, exist_ok=True)
-    suffix = "" if args.weight_range is None else f"_range{args.weight_range:g}"
-    choices = {name: getattr(args, name) for name in ("state", "assessed") if getattr(args, name) is not None}
-    suffix += "".join(f"_{value}" for value in choices.values())
+    suffix = (f"_{args.tag}" if args.tag else "") + (f"_seed{args.seed}" if args.seed else "")
     path = os.path.join(OUT_DIR, f"drift_noise{args.noise:g}{suffix}.jsonl")
     if not args.summary:
-        run(args.steps, args.noise, args.seed, args.every, path, args.weight_range, choices)
+        run(args.steps, args.noise, args.seed, args.every, path, args.options)
     for name in sorted(os.listdir(OUT_DIR)):
         if name.endswith(".jsonl"):
             print(json.dumps(summary(os.path.join(OUT_DIR, name))))

@@ -56,6 +56,11 @@ class EpisodeDerivatives:
     def weights(self):
         """`(weights [T], raw assessor outputs [U], new assessor state)`: the weights of every listed tuple
         (1 for those whose weight cannot change the loss, module docstring of the package)."""
+        return self.assess()[:3]
+
+    def assess(self):
+        """`weights()` and the bounded logits `[U]` the weights are the softmax of (the assessor's outputs for
+        sigmoid weights)."""
         model = self.model
         embeddings = tf.stop_gradient(self.embeddings)
         features = self._features
@@ -67,7 +72,8 @@ class EpisodeDerivatives:
         logits = tf.cast(raw, self.values.dtype)
         if model.distance_prior:  # the heuristic's ranking as the starting logits: the nearer pair weighs more
             logits = logits - model.distance_prior * tf.cast(features[:, 0], logits.dtype)
-        return self.weights_of_units(model.weights_from_outputs(logits)), raw, new_state
+        bounded = model.bounded_logits(logits)
+        return self.weights_of_units(model.weights_from_logits(bounded)), raw, new_state, bounded
 
     def weights_of_units(self, per_unit):
         """The weights `[T]` of every listed tuple from those of the assessed units `[U]` (a unit's tuples share
@@ -178,14 +184,28 @@ class EpisodeDerivatives:
         by differentiating it in its (linear) upstream: one more pass through the recorded backward pass
         instead of a forward-mode pass that would run the embedder again."""
         model = self.model
-        with tf.GradientTape() as tape:
-            weights = self.weights()[0]
+        with tf.GradientTape(persistent=bool(model.output_penalty)) as tape:
+            weights, raw, _, bounded = self.assess()
             coefficients = model.coefficients(self.terms, weights)
         alignment, meta_loss = self.alignment(coefficients)
         with tape:
             surrogate = -tf.reduce_sum(coefficients * tf.stop_gradient(alignment))
+        if model.output_penalty:
+            scale = self.penalty_scale(tape, surrogate, bounded)
+            with tape:
+                outputs = tf.cast(raw, scale.dtype)
+                surrogate += model.output_penalty * scale * 0.5 * tf.reduce_sum(tf.square(outputs))
         phi_grads = tape.gradient(surrogate, model.assessor.trainable_variables, unconnected_gradients=ZERO)
         return phi_grads, meta_loss
+
+    def penalty_scale(self, tape, surrogate, bounded):
+        """`s`, a constant: the root mean square of the meta-gradient on the bounded logits. `output_penalty`
+        adds `lambda s / 2 sum_j o_j^2` over the assessor's outputs `o` to the meta-objective, in the units of
+        its meta-gradient whatever the losses' and rates' scale, so that an output stops growing where the
+        bound's slope at it falls to about `lambda |o|` (with the default bound r = 1 and lambda = 0.1, near
+        |o| = 1.6)."""
+        push = tape.gradient(surrogate, bounded, unconnected_gradients=ZERO)
+        return tf.stop_gradient(tf.sqrt(tf.reduce_mean(tf.square(push))))
 
     def alignment(self, coefficients):
         """`(c, L_va(theta'))` for the reduction's `coefficients`: per term `c_i = <d term_i / d theta, P g_va>`,

@@ -123,6 +123,12 @@ class ALAModel(keras.Model):
                 unit's anchor-positive distance standardised over the step's units (the assessor's first
                 geometry feature), before the bound: the weights start at the small-loss heuristic's ranking
                 (the nearer pair weighs more) and the meta-gradient moves them from it (default 0: none).
+            output_penalty: `lambda`, pulls the assessor's outputs `o` towards 0 (towards the distance prior's
+                logits) with `lambda s / 2 sum o^2` added to its meta-objective, `s` the root mean square of the
+                meta-gradient on the bounded logits (so that `lambda` means the same whatever the losses' and the
+                rates' scale): an output stops growing where the bound's slope at it falls to about `lambda |o|`,
+                so that the spread of the outputs cannot grow without end once the weights reach their bound
+                (`benchmarks/ala_drift`; default 0: none).
             weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
                 `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
                 `float("inf")`: unbounded).
@@ -182,7 +188,7 @@ class ALAModel(keras.Model):
             chosen.weight_floor,
             chosen.weight_range,
         )
-        self.distance_prior = chosen.distance_prior
+        self.distance_prior, self.output_penalty = chosen.distance_prior, chosen.output_penalty
         self.lookahead, self.inner_learning_rate = chosen.lookahead, chosen.inner_learning_rate
         self.lookahead_variables = chosen.lookahead_variables
         self.assessor_input, self.weighting, self.assessed = chosen.assessor_input, chosen.weighting, chosen.assessed
@@ -253,12 +259,19 @@ class ALAModel(keras.Model):
     # ------------------------------------------------------------------------------- weights, reduction
     def weights_from_outputs(self, outputs):
         """The applied weights of the assessed tuples from the assessor's outputs (package docstring)."""
-        if self.weight_form == "sigmoid":
+        return self.weights_from_logits(self.bounded_logits(outputs))
+
+    def bounded_logits(self, outputs):
+        """The softmax logits within `weight_range` (the outputs themselves for sigmoid weights or no bound)."""
+        if self.weight_form == "sigmoid" or self.weight_range is None:
             return outputs
-        count = tf.cast(tf.size(outputs), outputs.dtype)
-        if self.weight_range is not None:  # |logit| < r: no weight beyond exp(2 r / temperature) times another
-            outputs = self.weight_range * tf.tanh(outputs / self.weight_range)
-        weights = count * tf.nn.softmax(outputs / self.temperature)  # outputs: centred logits
+        return self.weight_range * tf.tanh(outputs / self.weight_range)  # no weight beyond exp(2 r / T) x another
+
+    def weights_from_logits(self, logits):
+        """The applied weights from the bounded logits (centred): `n softmax(z / T)`, floored; sigmoid: themselves."""
+        if self.weight_form == "sigmoid":
+            return logits
+        weights = tf.cast(tf.size(logits), logits.dtype) * tf.nn.softmax(logits / self.temperature)
         return self.weight_floor + (1.0 - self.weight_floor) * weights if self.weight_floor else weights
 
     def assessed_tuples(self, terms, labels):
