@@ -471,11 +471,20 @@ def on_files(files, config):
 
 
 _DRIFT_RUNS = {
-    "drift_noise0.4.jsonl": "default: positive pairs, one state per step, `weight_range=1`",
-    "drift_noise0.4_rangeinf.jsonl": "default with unbounded logits (`weight_range=inf`)",
-    "drift_noise0.4_per_tuple_all.jsonl": "the paper's recurrence over every pair, unbounded",
-    "drift_noise0.4_range2_per_tuple_all.jsonl": "the paper's recurrence over every pair, `weight_range=2`",
+    "": "default: positive pairs, one state per step, `weight_range=1`",
+    "rangeinf": "default with unbounded logits (`weight_range=inf`)",
+    "per_tuple_all": "the paper's recurrence over every pair, unbounded",
+    "range2_per_tuple_all": "the paper's recurrence over every pair, `weight_range=2`",
 }
+_DRIFT_FILE = re.compile(r"drift_noise[0-9.]+(?:_(?!seed)(.+?))?(?:_seed(\d+))?\.jsonl$")
+
+
+def _drift_run(name):
+    """What a drift run's file name says: its options (`--tag`) and its seed."""
+    tag, seed = _DRIFT_FILE.match(name).groups()
+    tag = tag or ""
+    what = f"default with `output_penalty={tag[len('penalty') :]}`" if tag.startswith("penalty") else _DRIFT_RUNS[tag]
+    return f"{what}, seed {seed or 0}"
 
 
 def ala_drift_table():
@@ -485,8 +494,9 @@ def ala_drift_table():
     with open(os.path.join(ROOT, "benchmarks", "ala_drift", "summary.json")) as f:
         runs = [json.loads(line) for line in f if line.strip()]
     lines = [
-        "| run | finite | output spread: first → last tenth (max) | trend / 1,000 steps | largest weight: last"
-        " tenth (max) | smallest weight: last tenth | saturated LSTM units: last tenth (max) |",
+        "| run | finite | output spread: first → last tenth (max) | trend / 1,000 steps ± SE: whole run; after"
+        " step 1,000 | largest weight: last tenth (max) | smallest weight: last tenth | saturated LSTM units: last"
+        " tenth (max) |",
         "|---|---|---|---|---|---|---|",
     ]
     for run in runs:
@@ -494,11 +504,13 @@ def ala_drift_table():
         spread, top, low, sat = (
             run[k] for k in ("output_std", "probe_weight_max", "probe_weight_min", "state_h_saturated")
         )
+        slope, error = "output_std_trend_per_1000_steps", "output_std_trend_standard_error"
+        trend = "; ".join(f"{run[slope + part]:+.3f} ± {run[error + part]:.3f}" for part in ("", "_after_1000"))
         lines.append(
-            f"| {_DRIFT_RUNS.get(name, name)} (`{name}`) | {'yes' if run['all_finite'] else '**no**'} | "
-            f"{spread['first_tenth']:.2f} → {spread['last_tenth']:.2f} ({spread['max']:.1f}) | "
-            f"{run['output_std_trend_per_1000_steps']:+.2f} | {top['last_tenth']:.2f} ({top['max']:.1f}) | "
-            f"{low['last_tenth']:.2f} | {100 * sat['last_tenth']:.0f} % ({100 * sat['max']:.0f} %) |"
+            f"| {_drift_run(name)} (`{name}`) | {'yes' if run['all_finite'] else '**no**'} | "
+            f"{spread['first_tenth']:.2f} → {spread['last_tenth']:.2f} ({spread['max']:.1f}) | {trend} | "
+            f"{top['last_tenth']:.2f} ({top['max']:.1f}) | {low['last_tenth']:.2f} | "
+            f"{100 * sat['last_tenth']:.0f} % ({100 * sat['max']:.0f} %) |"
         )
     return "\n".join(lines) + "\n"
 
