@@ -2,9 +2,11 @@
 positive pair of a seed's first batches, the meta-gradient `-d L_va(theta'(w)) / d w_pair` at uniform weights
 (the push the assessor's update gives the pair's weight) through the head alone, through every variable, and
 through every variable with the body's rate 0 (which must equal the head alone), at the embedder of the
-benchmark's row (warm start or scratch) and after some of its real steps.
+benchmark's row (warm start or scratch, on the base loss `--base`) and after some of its real steps.
 
     nice -n 10 python -m benchmarks.label_noise.lookahead_signal --regime pretrained --seed 0
+    nice -n 10 python -m benchmarks.label_noise.lookahead_signal --regime scratch --noise 0.2 --base margin \
+        --at 0 150 400
     # a validation loss whose negative pairs are active (ALAModel's validation_loss):
     nice -n 10 python -m benchmarks.label_noise.lookahead_signal --regime pretrained --seed 0 --options \
         '{"trusted": [30, 3], "validation_loss": "contrastive",
@@ -29,13 +31,13 @@ OUT = os.path.join(HERE, "results_lookahead_signal.jsonl")
 PROBE_BATCHES = 20
 
 
-def setup(regime, noise, seed, options, steps):
-    """The data, batches and compiled `ALAModel` of a benchmark row (`label_noise.ala_model`), warm-started in the
-    pretrained regime."""
+def setup(regime, noise, seed, options, steps, base="contrastive"):
+    """The data, batches and compiled `ALAModel` of a benchmark row (`label_noise.ala_model`) on base loss `base`,
+    warm-started in the pretrained regime. The first `steps` batches are those of a run of any length."""
     ln.REGIME = regime
     full = bm.load_data(ln.CONFIG)
     data = noisy_data(full, noise, seed)
-    spec, lr = ln.method_spec("contrastive", "ala", options)
+    spec, lr = ln.method_spec(base, "ala", options)
     config = dict(ln.CONFIG, steps=steps, learning_rate=lr)
     batches = bm.index_batches(data["train_y"], config["classes_per_batch"], config["samples_per_class"], steps, seed)
     warm, pretrain_cpu = None, None
@@ -83,16 +85,32 @@ def auc(positives, negatives):
 def validation_terms(model, vx, vy):
     """`(mean positive-pair term, fraction of negative pairs with a non-zero term, the negative pairs'
     distances)` of a validation subset, in the validation loss (the base loss unless the options give a
-    `validation_loss`)."""
+    `validation_loss`). Triplet terms (margin, triplet losses): the mean triplet term, the fraction of triplets
+    whose term moves with their negative, and the distances of every negative pair of the subset."""
     import tensorflow as tf
 
     embeddings = model.embedder(vx, training=True)
-    terms = model.validation_loss.terms(vy, embeddings)
+    with tf.GradientTape() as tape:
+        tape.watch(embeddings)
+        terms = model.validation_loss.terms(vy, embeddings)
+    if terms.kind == "triplet":
+        return _triplet_validation_terms(tape, terms, vy, embeddings)
     pairs = tf.gather(vy, terms.indices).numpy()
     positive, values = pairs[:, 0] == pairs[:, 1], terms.values.numpy()
     emb = embeddings.numpy()
     distances = np.linalg.norm(emb[terms.indices.numpy()[:, 0]] - emb[terms.indices.numpy()[:, 1]], axis=1)
     return float(values[positive].mean()), float((values[~positive] > 0).mean()), distances[~positive]
+
+
+def _triplet_validation_terms(tape, terms, vy, embeddings):
+    jacobian = tape.jacobian(terms.values, embeddings).numpy()  # [T, B, D]
+    negatives = terms.indices.numpy()[:, 2]
+    moves = np.linalg.norm(jacobian[np.arange(len(negatives)), negatives], axis=1) > 0
+    emb, labels = embeddings.numpy(), vy.numpy()
+    i, j = np.triu_indices(len(labels), 1)
+    different = labels[i] != labels[j]
+    distances = np.linalg.norm(emb[i[different]] - emb[j[different]], axis=1)
+    return float(terms.values.numpy().mean()), float(moves.mean()), distances
 
 
 def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_body0")):
@@ -202,9 +220,10 @@ def main(argv=None):
     parser.add_argument("--regime", choices=("scratch", "pretrained"), default="pretrained")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noise", type=float, default=0.4)
+    parser.add_argument("--base", choices=tuple(ln.BASES), default="contrastive", help="the row's base loss")
     parser.add_argument("--train", default="head", help="the look-ahead of the real steps between probes")
     parser.add_argument(
-        "--at", type=int, nargs="+", default=[0, 50, 150], help="steps at which to probe (below 300 - 20)"
+        "--at", type=int, nargs="+", default=[0, 50, 150], help="steps at which to probe the next 20 batches"
     )
     parser.add_argument("--options", type=json.loads, default={"trusted": [30, 3]})
     parser.add_argument("--out", default=OUT)
@@ -214,10 +233,9 @@ def main(argv=None):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    steps = max(args.at)
     options = dict(args.options, lookahead_variables=args.train)
     data, batches, extra, val_labels, model, dataset, pretrain_cpu = setup(
-        args.regime, args.noise, args.seed, options, max(steps, 300)
+        args.regime, args.noise, args.seed, options, max(args.at) + PROBE_BATCHES, args.base
     )
     print("pretrain CPU s", pretrain_cpu, flush=True)
     iterator, done = iter(dataset), 0
@@ -233,6 +251,7 @@ def main(argv=None):
             "regime": args.regime,
             "seed": args.seed,
             "noise": args.noise,
+            "base": args.base,
             "train_lookahead": args.train,
             "options": args.options,
             "step": at,
