@@ -199,11 +199,8 @@ class EpisodeDerivatives:
         return phi_grads, meta_loss
 
     def penalty_scale(self, tape, surrogate, bounded):
-        """`s`, a constant: the root mean square of the meta-gradient on the bounded logits. `output_penalty`
-        adds `lambda s / 2 sum_j o_j^2` over the assessor's outputs `o` to the meta-objective, in the units of
-        its meta-gradient whatever the losses' and rates' scale, so that an output stops growing where the
-        bound's slope at it falls to about `lambda |o|` (with the default bound r = 1 and lambda = 0.1, near
-        |o| = 1.6)."""
+        """`s` of `output_penalty` (`ALAModel`'s docstring), a constant: the root mean square of the
+        meta-gradient on the bounded logits, which puts the penalty in the meta-gradient's units."""
         push = tape.gradient(surrogate, bounded, unconnected_gradients=ZERO)
         return tf.stop_gradient(tf.sqrt(tf.reduce_mean(tf.square(push))))
 
