@@ -37,3 +37,14 @@ def signed(values):
         return "-"
     mean, se = mean_se(100 * np.asarray(values))
     return f"{mean:+.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:+.1f}"
+
+
+def paired_versus(runs, other, metric="recall@1"):
+    """`runs` minus `other` (records by seed) on their common seeds, paired: mean +- standard error in points,
+    and on how many seeds `runs` is above ("-" without a common seed)."""
+    seeds = sorted(set(runs) & set(other))
+    if not seeds:
+        return "-"
+    differences = [runs[s][metric] - other[s][metric] for s in seeds]
+    above = sum(d > 0 for d in differences)
+    return f"{signed(differences)} ({above}/{len(seeds)} above)"

@@ -391,17 +391,19 @@ def table(records, steps=None, caption=None):
         "seed. Noise cost: clean base minus noisy base, paired by seed (the clean base rows are the reality "
         "check's final runs, the same protocol, batches and initial weights, unless run here). Recovered: mean "
         "Delta R@1 / mean noise cost over the seeds that have both (+- the standard error of Delta over the "
-        "cost).",
+        "cost). Minus the heuristic: the row's R@1 minus the small-loss heuristic's at the same noise, paired by "
+        "seed, and on how many seeds the row is above.",
         "",
-        "| base loss | noise | row | n | R@1 | MAP@R | Delta R@1 | Delta MAP@R | noise cost R@1 | recovered |"
-        + (" noise cost MAP@R | recovered MAP@R |" if with_map else ""),
-        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if with_map else ""),
+        "| base loss | noise | row | n | R@1 | MAP@R | Delta R@1 | Delta MAP@R | noise cost R@1 | recovered | "
+        "R@1 minus the heuristic, paired |" + (" noise cost MAP@R | recovered MAP@R |" if with_map else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if with_map else ""),
     ]
     validation = [r for r in current if r["phase"] == "validation" and default_caption]
     for base in BASES:
         clean = by.get((base, 0.0, "base", "{}"), {})
         for noise in NOISE_LEVELS:
             reference = by.get((base, noise, "base", "{}"), {})
+            heuristic = max((by[k] for k in by if k[:3] == (base, noise, "heuristic")), key=len, default={})
             rows = sorted(
                 (k for k in by if k[0] == base and k[1] == noise),
                 key=lambda k: (METHODS.index(k[2]) if k[2] in METHODS else 99, k[3]),
@@ -429,6 +431,7 @@ def table(records, steps=None, caption=None):
                         cells.append(f"{mean_d / np.mean(cost):.2f} +- {se_d / np.mean(cost):.2f} (n={len(d)})")
                     else:
                         cells.append("-")
+                cells.append(fmt.paired_versus(runs, heuristic) if method not in ("base", "heuristic") else "-")
                 lines.append("| " + " | ".join(cells + sum(extra, [])) + " |")
     exploration = [r for r in current if r["phase"] == "exploration" and default_caption]
     if exploration:
