@@ -483,7 +483,10 @@ def _drift_run(name):
     """What a drift run's file name says: its options (`--tag`) and its seed."""
     tag, seed = _DRIFT_FILE.match(name).groups()
     tag = tag or ""
-    what = f"default with `output_penalty={tag[len('penalty') :]}`" if tag.startswith("penalty") else _DRIFT_RUNS[tag]
+    if tag.startswith("penalty"):
+        what = f"default with `output_penalty={tag[len('penalty') :]}`"
+    else:  # a tag not described here is shown as it is, not a failed build
+        what = _DRIFT_RUNS.get(tag, f"`--tag {tag}`")
     return f"{what}, seed {seed or 0}"
 
 

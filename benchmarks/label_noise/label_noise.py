@@ -403,6 +403,8 @@ def table(records, steps=None, caption=None):
         clean = by.get((base, 0.0, "base", "{}"), {})
         for noise in NOISE_LEVELS:
             reference = by.get((base, noise, "base", "{}"), {})
+            # the heuristic at its validated rate: the rate whose final runs cover the seeds (another rate is run
+            # on the validation split, or on a seed or two while exploring)
             heuristic = max((by[k] for k in by if k[:3] == (base, noise, "heuristic")), key=len, default={})
             rows = sorted(
                 (k for k in by if k[0] == base and k[1] == noise),
