@@ -1,6 +1,10 @@
-"""The label-noise table's paired comparison cell (benchmarks/label_noise/cells.py), against NumPy."""
+"""The label-noise table's paired comparison cell (benchmarks/label_noise/cells.py) and the cell-by-cell summary
+(summary.py): against NumPy, and the summary's choice made on the validation split, never on the test seeds."""
+
+import json
 
 import numpy as np
+import pytest
 
 from benchmarks.label_noise.cells import paired_versus
 
@@ -20,3 +24,53 @@ def test_paired_versus_is_the_mean_and_standard_error_of_the_differences_on_comm
 def test_paired_versus_without_a_common_seed_is_a_dash():
     assert paired_versus(records({0: 0.8}), records({1: 0.7})) == "-"
     assert paired_versus(records({0: 0.8}), {}) == "-"
+
+
+def _line(phase, noise, method, options, seed, recall, map_r=0.3, base="margin"):
+    record = {"phase": phase, "noise": noise, "base": base, "base_method": "margin_dw", "method": method}
+    return {**record, "options": options, "seed": seed, "steps": 300, "recall@1": recall, "map@r": map_r}
+
+
+def test_summary_chooses_dml_ala_on_the_validation_split_and_pairs_it_with_the_heuristic(tmp_path):
+    from benchmarks.label_noise import summary
+
+    seeds = range(5)
+    better_on_test, better_on_validation = {"heuristic": 0.25}, {"lookahead_variables": "head"}
+    lines = [_line("final", 0.0, "base", {}, s, 0.80) for s in seeds]
+    lines += [_line("final", 0.0, "ala", better_on_validation, s, 0.79 - 0.01 * s) for s in seeds]
+    lines += [_line("final", 0.4, "base", {}, s, 0.60) for s in seeds]
+    lines += [_line("final", 0.4, "heuristic", {"drop_rate": 0.5}, s, 0.65) for s in seeds]
+    lines += [_line("final", 0.4, "heuristic", {"drop_rate": 0.25}, 0, 0.99)]  # one seed: not the validated rate
+    lines += [_line("final", 0.4, "ala", better_on_test, s, 0.75) for s in seeds]
+    lines += [_line("final", 0.4, "ala", better_on_validation, s, 0.70 + 0.01 * s) for s in seeds]
+    lines += [_line("validation", 0.4, "ala", better_on_test, 0, 0.5, map_r=0.10)]
+    lines += [_line("validation", 0.4, "ala", better_on_validation, 0, 0.5, map_r=0.20)]
+    lines += [_line("validation", 0.4, "ala", {"weight_floor": 0.5}, 0, 0.5, map_r=0.90)]  # no test seeds: not a choice
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    (row,) = summary.cell_lines(summary.read(str(path)), "protocol")
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "head-only (of 2)"
+    gain, cost = 100 * np.mean([0.10 + 0.01 * s for s in seeds]), 20.0
+    assert cells[4] == f"{gain / cost:.2f} / {5 / 20:.2f}"
+    versus = 100 * np.array([0.05 + 0.01 * s for s in seeds])
+    assert cells[5] == f"{versus.mean():+.1f} +- {versus.std(ddof=1) / np.sqrt(5):.1f} (5/5 above)"
+    on_clean = 100 * np.array([-0.01 - 0.01 * s for s in seeds])
+    assert cells[6] == f"{on_clean.mean():+.1f} +- {on_clean.std(ddof=1) / np.sqrt(5):.1f} (0/5 above)"
+
+
+def test_summary_names_a_cell_without_a_validated_setting_and_refuses_a_mixed_file(tmp_path):
+    from benchmarks.label_noise import summary
+
+    lines = [_line("final", 0.0, "base", {}, s, 0.8) for s in range(5)]
+    lines += [_line("final", 0.2, m, {}, s, 0.7) for m in ("base", "heuristic", "ala") for s in range(5)]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (row,) = summary.cell_lines(summary.read(str(path)), "protocol")
+    assert "no setting both validated and run on the test seeds" in row
+
+    mixed = dict(lines[0], base_method="margin_all")
+    path.write_text("".join(json.dumps(line) + "\n" for line in [*lines, mixed]))
+    with pytest.raises(ValueError, match="margin ran as"):
+        summary.read(str(path))
