@@ -50,7 +50,7 @@ def test_summary_chooses_dml_ala_on_the_validation_split_and_pairs_it_with_the_h
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    (row,) = summary.cell_lines(summary.read(str(path)), "protocol")
+    (row,) = summary.cell_lines(summary.read(str(path))[""], "protocol")
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3] == "head-only (of 2)"
     gain, cost = 100 * np.mean([0.10 + 0.01 * s for s in seeds]), 20.0
@@ -68,10 +68,34 @@ def test_summary_names_a_cell_without_a_validated_setting_and_refuses_a_mixed_fi
     lines += [_line("final", 0.2, m, {}, s, 0.7) for m in ("base", "heuristic", "ala") for s in range(5)]
     path = tmp_path / "results.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    (row,) = summary.cell_lines(summary.read(str(path)), "protocol")
+    (row,) = summary.cell_lines(summary.read(str(path))[""], "protocol")
     assert "no setting both validated and run on the test seeds" in row
 
     mixed = dict(lines[0], base_method="margin_all")
     path.write_text("".join(json.dumps(line) + "\n" for line in [*lines, mixed]))
     with pytest.raises(ValueError, match="margin ran as"):
         summary.read(str(path))
+
+
+def test_summary_pairs_runs_of_one_machine_only(tmp_path):
+    from benchmarks.label_noise import summary
+
+    lines = []
+    for machine, shift in (({}, 0.0), ({"machine": "another CPU"}, 0.10)):  # the earlier runs record none
+        ala = {"lookahead_variables": "head"}
+        rows = [_line("final", 0.0, "base", {}, s, 0.80 + shift) for s in range(5)]
+        rows += [_line("final", 0.4, "base", {}, s, 0.60 + shift) for s in range(5)]
+        rows += [_line("final", 0.4, "heuristic", {"drop_rate": 0.5}, s, 0.65 + shift) for s in range(5)]
+        rows += [_line("final", 0.4, "ala", ala, s, 0.70 + shift + 0.01 * s) for s in range(5)]
+        rows += [_line("validation", 0.4, "ala", ala, 0, 0.5)]
+        lines += [dict(row, **machine) for row in rows]
+    for name in ("results_600.jsonl", "results_pretrained.jsonl", "results_fashion.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    text = summary.summary(sources=[("results_600.jsonl", "glyphs", "")], here=str(tmp_path))
+    rows = [line for line in text.splitlines() if line.startswith("| glyphs")]
+    assert [row.split("|")[1].strip() for row in rows] == ["glyphs [A]", "glyphs [B]"]
+    versus = 100 * np.array([0.05 + 0.01 * s for s in range(5)])  # the same within each machine
+    expected = f"{versus.mean():+.1f} +- {versus.std(ddof=1) / np.sqrt(5):.1f} (5/5 above)"
+    assert all(row.split("|")[6].strip() == expected for row in rows)
+    assert "B: another CPU" in text.splitlines()[0]

@@ -48,3 +48,27 @@ def paired_versus(runs, other, metric="recall@1"):
     differences = [runs[s][metric] - other[s][metric] for s in seeds]
     above = sum(d > 0 for d in differences)
     return f"{signed(differences)} ({above}/{len(seeds)} above)"
+
+
+def machine_letters(records):
+    """`{machine: letter}` over `records` (an iterable of result lines), in the order the machines first appear.
+    Runs repeat exactly on one machine but not across machines, so rows and pairs are kept per machine; a line
+    that does not record its machine (the earlier runs) counts as one machine, ""."""
+    letters = {}
+    for record in records:
+        letters.setdefault(record.get("machine", ""), chr(ord("A") + len(letters)))
+    return letters
+
+
+def machine_legend(letters):
+    """The sentence naming each machine's letter, after a space ("" when there is one machine)."""
+    if len(letters) < 2:
+        return ""
+    earlier = "the earlier runs, which do not record it"
+    names = [f"{letter}: {machine or earlier}" for machine, letter in letters.items()]
+    return " Machines (rows and pairs are per machine): " + "; ".join(names) + "."
+
+
+def machine_tag(letters, machine):
+    """A row label's suffix naming its machine when there are several."""
+    return f" [{letters[machine]}]" if len(letters) > 1 else ""

@@ -36,10 +36,12 @@ QUIET = {"trusted": None, "state": "per_step", "assessed": "positive_pairs", "we
 
 
 def read(path, test_metrics=""):
-    """The final and validation lines of `path` by (phase, noise, base, method, options, seed), the latest kept;
-    a final line's R@1 and MAP@R are its `test_metrics` ones (a validation line's are the split's, which choose).
-    A file holds one protocol: `ValueError` if one base loss ran under two implementations or step counts."""
-    records, protocol = {}, {}
+    """`{machine: {(phase, noise, base, method, options, seed): line}}` of the final and validation lines of
+    `path`, the latest kept, the machines in the order they first appear (runs are paired within a machine only:
+    `cells.machine_letters`); a final line's R@1 and MAP@R are its `test_metrics` ones (a validation line's are
+    the split's, which choose). A file holds one protocol: `ValueError` if one base loss ran under two
+    implementations or step counts."""
+    machines, protocol = {}, {}
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
@@ -52,8 +54,9 @@ def read(path, test_metrics=""):
                         r = dict(r, **{m: r[test_metrics + m] for m in ("recall@1", "map@r")})
                     if r["phase"] in ("final", "validation"):
                         options = json.dumps(r["options"], sort_keys=True)
+                        records = machines.setdefault(r.get("machine", ""), {})
                         records[(r["phase"], r["noise"], r["base"], r["method"], options, r["seed"])] = r
-    return records
+    return machines
 
 
 def runs_of(records, phase, noise, base, method):
@@ -163,8 +166,12 @@ def summary(sources=SOURCES, here=HERE):
         "| R@1 minus the heuristic | clean, R@1 minus the plain loss |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, label, test_metrics in sources:
-        lines += cell_lines(read(os.path.join(here, name), test_metrics), label)
+    files = [(read(os.path.join(here, name), metrics), label) for name, label, metrics in sources]
+    letters = fmt.machine_letters({"machine": m} for machines, _ in files for m in machines)
+    for machines, label in files:
+        for machine, records in machines.items():
+            lines += cell_lines(records, label + fmt.machine_tag(letters, machine))
+    lines[0] += fmt.machine_legend(letters)
     return "\n".join(lines) + "\n"
 
 
