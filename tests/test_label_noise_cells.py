@@ -99,3 +99,24 @@ def test_summary_pairs_runs_of_one_machine_only(tmp_path):
     expected = f"{versus.mean():+.1f} +- {versus.std(ddof=1) / np.sqrt(5):.1f} (5/5 above)"
     assert all(row.split("|")[6].strip() == expected for row in rows)
     assert "B: another CPU" in text.splitlines()[0]
+
+
+def test_the_table_keeps_rows_and_pairs_per_machine():
+    from benchmarks.label_noise import label_noise
+
+    lines = []
+    for machine, shift in (({}, 0.0), ({"machine": "another CPU"}, 0.10)):
+        rows = [_line("final", 0.0, "base", {}, s, 0.80 + shift) for s in range(3)]
+        rows += [_line("final", 0.4, "base", {}, s, 0.60 + shift) for s in range(3)]
+        rows += [_line("final", 0.4, "heuristic", {"drop_rate": 0.5}, s, 0.65 + shift) for s in range(3)]
+        rows += [_line("final", 0.4, "ala", {}, s, 0.70 + shift + 0.01 * s) for s in range(3)]
+        lines += [dict(row, **machine) for row in rows]
+    records = {label_noise.key(line): line for line in lines}
+
+    text = label_noise.table(records, steps=300)
+    ala = [row for row in text.splitlines() if row.startswith("| margin | 40% | + DML-ALA")]
+    assert [row.split("|")[3].strip() for row in ala] == ["+ DML-ALA [A]", "+ DML-ALA [B]"]
+    versus = 100 * np.array([0.05, 0.06, 0.07])  # paired within each machine: the shift between them cancels
+    expected = f"{versus.mean():+.1f} +- {versus.std(ddof=1) / np.sqrt(3):.1f} (3/3 above)"
+    assert [row.split("|")[11].strip() for row in ala] == [expected, expected]
+    assert "B: another CPU" in text.splitlines()[0]
