@@ -68,7 +68,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 from benchmarks.glyph_methods import benchmark_methods as bm  # noqa: E402
 from benchmarks.label_noise import cells as fmt  # noqa: E402
-from benchmarks.label_noise import fashion  # noqa: E402
+from benchmarks.label_noise import fashion, summary  # noqa: E402
 from benchmarks.label_noise.noisy_labels import noisy_data, trusted_labels, validation_split  # noqa: E402
 from benchmarks.label_noise.weights import WEIGHT_AUC_BATCHES, weight_auc  # noqa: E402
 from benchmarks.reality_check import reality_check as rc  # noqa: E402
@@ -610,6 +610,7 @@ def main(argv=None):
     text = tables(read_results(args.out, args.steps), args.steps)
     with open(table_path, "w") as f:
         f.write(text)
+    summary.main(quiet=True)  # the cell-by-cell summary reads every results file, this one included
     print(text)
     return 0
 

@@ -175,11 +175,12 @@ def summary(sources=SOURCES, here=HERE):
     return "\n".join(lines) + "\n"
 
 
-def main():
+def main(quiet=False):
     text = summary()
     with open(SUMMARY, "w") as f:
         f.write(text)
-    print(text)
+    if not quiet:
+        print(text)
     return 0
 
 
