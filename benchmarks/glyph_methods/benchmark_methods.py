@@ -95,7 +95,8 @@ def validation_batches(labels, batches, val_classes, samples_per_class, seed, ba
     `batch_labels`, the labels the sampler sees; default `labels`), K distinct items of each by `labels`
     (-1: an item no class may use), among the classes that have K items (DML-ALA's validation subsets, drawn
     in addition to the batches). `stream` seeds the draw apart from the batches' (each benchmark keeps its own,
-    so its recorded runs stay reproducible)."""
+    so its recorded runs stay reproducible). Where a batch holds every class (Fashion-MNIST's 3-class validation
+    split), the validation classes are drawn among all of them."""
     rng = np.random.default_rng([int(seed), int(stream)])
     batch_labels = labels if batch_labels is None else batch_labels
     by_class = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
@@ -103,6 +104,8 @@ def validation_batches(labels, batches, val_classes, samples_per_class, seed, ba
     rows = np.empty((len(batches), val_classes * samples_per_class), np.int64)
     for step, batch in enumerate(batches):
         others = np.setdiff1d(present, batch_labels[batch])
+        if len(others) < val_classes:
+            others = present
         classes = rng.choice(others, val_classes, replace=False)
         rows[step] = np.concatenate([rng.choice(by_class[c], samples_per_class, replace=False) for c in classes])
     return rows

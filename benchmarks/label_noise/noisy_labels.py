@@ -31,10 +31,12 @@ def validation_split(data):
 
 def trusted_labels(data, classes, per_class, seed):
     """Labels of a small verified set: `per_class` images of each of `classes` training characters drawn at
-    random, with their true labels (what a user gets by checking that many images by hand); -1 elsewhere."""
+    random, with their true labels (what a user gets by checking that many images by hand); -1 elsewhere. Where
+    fewer than `classes` training classes exist (Fashion-MNIST's validation split has 3), all of them."""
     rng = np.random.default_rng([int(seed), 7907])
     true = data.get("true_y", data["train_y"])
-    chosen = rng.choice(np.unique(true[true >= 0]), classes, replace=False)
+    available = np.unique(true[true >= 0])
+    chosen = rng.choice(available, min(int(classes), len(available)), replace=False)
     labels = np.full_like(true, -1)
     for c in chosen:
         picked = rng.choice(np.flatnonzero(true == c), per_class, replace=False)
