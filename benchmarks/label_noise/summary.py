@@ -31,7 +31,8 @@ SOURCES = (
     ("results_fashion.jsonl", "Fashion-MNIST, from scratch, 300 steps, new images of the training classes", "seen_"),
 )
 MIN_SEEDS = 5
-# Options every DML-ALA row of the benchmark sets, or that equal the library default: not named in a setting.
+# Options every DML-ALA row of the benchmark sets (None), or their library defaults: not named in a setting, and
+# a line that writes a default out counts as the same setting as one that does not.
 QUIET = {"trusted": None, "state": "per_step", "assessed": "positive_pairs", "weight_range": 1.0}
 
 
@@ -53,10 +54,18 @@ def read(path, test_metrics=""):
                     if r["phase"] == "final" and test_metrics:
                         r = dict(r, **{m: r[test_metrics + m] for m in ("recall@1", "map@r")})
                     if r["phase"] in ("final", "validation"):
-                        options = json.dumps(r["options"], sort_keys=True)
+                        options = canonical(r["method"], r["options"])
                         records = machines.setdefault(r.get("machine", ""), {})
                         records[(r["phase"], r["noise"], r["base"], r["method"], options, r["seed"])] = r
     return machines
+
+
+def canonical(method, options):
+    """`options` as a key, without the DML-ALA switches that state the library default (`QUIET`): a line that
+    writes `"state": "per_step"` out ran the same setting as one that leaves it to the default."""
+    if method == "ala":
+        options = {k: v for k, v in options.items() if not (k in QUIET and QUIET[k] is not None and v == QUIET[k])}
+    return json.dumps(options, sort_keys=True)
 
 
 def runs_of(records, phase, noise, base, method):
@@ -70,12 +79,17 @@ def runs_of(records, phase, noise, base, method):
 
 def chosen_ala(records, noise, base):
     """`(options, validation MAP@R, how many settings were validated)`: the DML-ALA setting run on the test seeds
-    (at least `MIN_SEEDS`) with the best mean validation MAP@R at this noise; None when no setting has both."""
+    (at least `MIN_SEEDS`) with the best mean validation MAP@R at this noise, over the validation seeds every
+    such setting ran (each its own where they share none); None when no setting has both."""
     finals = {o: r for o, r in runs_of(records, "final", noise, base, "ala").items() if len(r) >= MIN_SEEDS}
-    validated = runs_of(records, "validation", noise, base, "ala")
-    scored = {o: float(np.mean([r["map@r"] for r in validated[o].values()])) for o in finals if o in validated}
-    if not scored:
+    validated = {o: runs for o, runs in runs_of(records, "validation", noise, base, "ala").items() if o in finals}
+    if not validated:
         return None
+    common = set.intersection(*(set(runs) for runs in validated.values()))
+    scored = {
+        o: float(np.mean([r["map@r"] for s, r in runs.items() if s in common or not common]))
+        for o, runs in validated.items()
+    }
     best = max(scored, key=scored.get)
     return best, scored[best], len(scored)
 
