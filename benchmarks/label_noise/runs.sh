@@ -8,6 +8,7 @@ nice -n 5 python -m benchmarks.label_noise.label_noise --noise 0.4 --methods bas
 python -m benchmarks.label_noise.label_noise --table-only      # table.md from results.jsonl
 # the 600-step protocol in its own file, clean base rows run there too:
 R=benchmarks/label_noise/results_600.jsonl
+R6=$R
 O='{"trusted": [30, 3], "state": "per_step", "assessed": "positive_pairs", "weight_range": 1.0}'
 nice -n 5 python -m benchmarks.label_noise.label_noise --steps 600 --out $R --noise 0.4 0.0 --bases contrastive margin --methods base heuristic
 nice -n 5 python -m benchmarks.label_noise.label_noise --steps 600 --out $R --noise 0.4 --bases contrastive margin --methods ala --ala-options "$O"
@@ -102,3 +103,26 @@ nice -n 5 $F --noise 0.4 0.2 --methods base heuristic ala --ala-options '{"trust
 nice -n 5 $F --noise 0.0 --methods ala --ala-options '{"trusted": [5, 60]}'
 python -m benchmarks.label_noise.fashion            # the references
 python -m benchmarks.label_noise.label_noise --data fashion_mnist --table-only   # results_fashion_table.md
+
+# Every glyph cell again on one machine (the [B] rows): base loss, heuristic and four DML-ALA candidates per cell,
+# chosen on the validation split; warm-started at 40 % and 20 % then clean, from scratch at 20 % then clean at the
+# setting chosen at 20 %.
+V='{"trusted": [30, 3], "lookahead_variables": "head", "validation_loss": "contrastive", "validation_loss_params": {"pos_margin": 0.0468, "neg_margin": 1.4}'
+A='{"trusted": [30, 3], "lookahead_variables": "head"'
+S9="$A, \"validation_loss\": \"contrastive\", \"validation_loss_params\": {\"pos_margin\": 0.0468, \"neg_margin\": 0.9}"
+for base in margin triplet contrastive; do
+  R=0.5; [ $base = margin ] && R=0.25
+  C="[$V}, $V, \"heuristic\": $R}, $V, \"output_penalty\": 0.3}, $V, \"heuristic\": $R, \"output_penalty\": 0.3}]"
+  nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.4 0.2 --bases $base --methods base heuristic ala --ala-options "$C"
+  nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.0 --bases $base --methods base ala --ala-options "$C"
+  C="[$A}, $A, \"heuristic\": $R}, $S9}, $S9, \"heuristic\": $R}]"
+  nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.2 --bases $base --methods base heuristic ala --ala-options "$C"
+done
+# clean labels from scratch at the setting chosen at 20 % (read off the validation table), e.g. the margin loss's:
+nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.0 --bases margin --methods base ala --ala-options "$S9, \"heuristic\": 0.25}"
+# Fashion-MNIST with the head-only settings (alone, on the heuristic's pairs, with the contrastive validation loss):
+FA='{"trusted": [5, 60], "lookahead_variables": "head"'
+FV="\"validation_loss\": \"contrastive\", \"validation_loss_params\": {\"pos_margin\": 0.0468, \"neg_margin\": 1.4}"
+nice -n 10 $F --noise 0.4 --methods base heuristic ala --ala-options "[$FA}, $FA, \"heuristic\": 0.5}, $FA, \"heuristic\": 0.5, $FV}]"
+nice -n 10 $F --noise 0.2 --methods base heuristic ala --ala-options "[$FA}, $FA, \"heuristic\": 0.25}, $FA, \"heuristic\": 0.25, $FV}]"
+nice -n 10 $F --noise 0.0 --methods base ala --ala-options "$FA, \"heuristic\": 0.5, $FV}"
