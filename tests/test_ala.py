@@ -634,8 +634,12 @@ def test_mirrored_strategy_update_equals_single_device_update():
         mirrored = make()
     mirrored_logs = mirrored.fit(tf.data.Dataset.from_tensors(episode), verbose=0).history
     moved = 0.0
+    # Two replicas sum in another order than one device, and how far that moves a float32 step depends on the
+    # CPU's kernels: on an AVX-512 machine up to 2.2e-6 on a weight and 1.4e-5 (relative 4e-5) on the assessor's
+    # carried LSTM state, which sums over every tuple. A wrong all-reduce moves a weight by the order of the step
+    # itself, over 1e-3 here.
     for a, b, c in zip(single.weights, mirrored.weights, start, strict=True):
-        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6, err_msg=a.path)
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-5, err_msg=a.path)
         moved = max(moved, np.abs(a.numpy() - c).max())
     assert moved > 1e-3
     for key in single_logs:
