@@ -126,3 +126,10 @@ FV="\"validation_loss\": \"contrastive\", \"validation_loss_params\": {\"pos_mar
 nice -n 10 $F --noise 0.4 --methods base heuristic ala --ala-options "[$FA}, $FA, \"heuristic\": 0.5}, $FA, \"heuristic\": 0.5, $FV}]"
 nice -n 10 $F --noise 0.2 --methods base heuristic ala --ala-options "[$FA}, $FA, \"heuristic\": 0.25}, $FA, \"heuristic\": 0.25, $FV}]"
 nice -n 10 $F --noise 0.0 --methods base ala --ala-options "$FA, \"heuristic\": 0.5, $FV}"
+# The margin loss's candidates that the validation split did not choose, on the test seeds too:
+for o in "$V}" "$V, \"heuristic\": 0.25}" "$V, \"output_penalty\": 0.3}" "$V, \"heuristic\": 0.25, \"output_penalty\": 0.3}"; do
+  nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.4 0.2 --bases margin --methods ala --ala-options "$o"
+done
+for o in "$A}" "$A, \"heuristic\": 0.25}"; do
+  nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.2 --bases margin --methods ala --ala-options "$o"
+done
