@@ -17,6 +17,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from benchmarks.glyph_methods import benchmark_methods as bm  # noqa: E402
 from benchmarks.label_noise import cells as fmt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,21 +43,19 @@ def read(path, test_metrics=""):
     `cells.machine_letters`); a final line's R@1 and MAP@R are its `test_metrics` ones (a validation line's are
     the split's, which choose). A file holds one protocol: `ValueError` if one base loss ran under two
     implementations or step counts."""
+
+    def key(r):
+        options = canonical(r["method"], r["options"])
+        return r.get("machine", ""), r["phase"], r["noise"], r["base"], r["method"], options, r["seed"]
+
     machines, protocol = {}, {}
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    r = json.loads(line)
-                    ran = protocol.setdefault(r["base"], (r["base_method"], r["steps"]))
-                    if ran != (r["base_method"], r["steps"]):
-                        raise ValueError(f"{path}: {r['base']} ran as {ran} and as {(r['base_method'], r['steps'])}")
-                    if r["phase"] == "final" and test_metrics:
-                        r = dict(r, **{m: r[test_metrics + m] for m in ("recall@1", "map@r")})
-                    if r["phase"] in ("final", "validation"):
-                        options = canonical(r["method"], r["options"])
-                        records = machines.setdefault(r.get("machine", ""), {})
-                        records[(r["phase"], r["noise"], r["base"], r["method"], options, r["seed"])] = r
+    for (machine, *cell), r in bm.latest_records(path, key, lambda r: r["phase"] in ("final", "validation")).items():
+        ran = protocol.setdefault(r["base"], (r["base_method"], r["steps"]))
+        if ran != (r["base_method"], r["steps"]):
+            raise ValueError(f"{path}: {r['base']} ran as {ran} and as {(r['base_method'], r['steps'])}")
+        if r["phase"] == "final" and test_metrics:
+            r = dict(r, **{m: r[test_metrics + m] for m in ("recall@1", "map@r")})
+        machines.setdefault(machine, {})[tuple(cell)] = r
     return machines
 
 
