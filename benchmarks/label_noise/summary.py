@@ -77,7 +77,7 @@ def runs_of(records, phase, noise, base, method):
 
 
 def chosen_ala(records, noise, base):
-    """`(options, validation MAP@R, how many settings were validated)`: the DML-ALA setting run on the test seeds
+    """`(options, how many settings were validated)`: the DML-ALA setting run on the test seeds
     (at least `MIN_SEEDS`) with the best mean validation MAP@R at this noise, over the validation seeds every
     such setting ran (each its own where they share none); None when no setting has both."""
     finals = {o: r for o, r in runs_of(records, "final", noise, base, "ala").items() if len(r) >= MIN_SEEDS}
@@ -90,7 +90,7 @@ def chosen_ala(records, noise, base):
         for o, runs in validated.items()
     }
     best = max(scored, key=scored.get)
-    return best, scored[best], len(scored)
+    return best, len(scored)
 
 
 def heuristic_runs(records, noise, base):
@@ -105,7 +105,7 @@ def clean_runs(records, base, options):
     if len(finals.get(options, {})) >= MIN_SEEDS:
         return finals[options]
     untrusted = {k: v for k, v in json.loads(options).items() if k != "trusted"}
-    return finals.get(json.dumps(untrusted, sort_keys=True), {})
+    return finals.get(canonical("ala", untrusted), {})
 
 
 def setting_label(options):
@@ -149,7 +149,7 @@ def cell_lines(records, label):
                 gap = "no setting both validated and run on the test seeds"
                 lines.append("| " + " | ".join([label, base, f"{noise:.0%}", gap, "-", "-", "-"]) + " |")
                 continue
-            options, _, candidates = choice
+            options, candidates = choice
             ala = runs_of(records, "final", noise, base, "ala")[options]
             on_clean = clean_runs(records, base, options)
             cells = [
