@@ -39,6 +39,29 @@ def signed(values):
     return f"{mean:+.1f} +- {se:.1f}" if len(values) > 1 else f"{mean:+.1f}"
 
 
+def validated_heuristic(rates):
+    """The heuristic's runs a row is compared with, among those of each drop rate (`{seed: record}` each): the
+    rate whose runs cover the most test seeds, its validated one (another rate runs on the validation split, or
+    on a seed or two while exploring)."""
+    return max(rates, key=len, default={})
+
+
+def recovered(runs, noisy, clean, seeds, metric="recall@1"):
+    """`(fraction, standard error)` of the noise's cost that `runs` recover on `seeds` (records by seed): the mean
+    gain over the noisy base loss over the mean cost (clean minus noisy base); None without a seed or where the
+    noise costs nothing."""
+    cost = [clean[s][metric] - noisy[s][metric] for s in seeds]
+    if not cost or np.mean(cost) <= 0:
+        return None
+    mean, se = mean_se([runs[s][metric] - noisy[s][metric] for s in seeds])
+    return mean / np.mean(cost), se / np.mean(cost)
+
+
+def recovered_cell(runs, noisy, clean, seeds, metric="recall@1"):
+    value = recovered(runs, noisy, clean, seeds, metric)
+    return "-" if value is None else f"{value[0]:.2f} +- {value[1]:.2f} (n={len(seeds)})"
+
+
 def paired_versus(runs, other, metric="recall@1"):
     """`runs` minus `other` (records by seed) on their common seeds, paired: mean +- standard error in points,
     and on how many seeds `runs` is above ("-" without a common seed)."""

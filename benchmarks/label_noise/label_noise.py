@@ -427,11 +427,7 @@ def table(records, steps=None, caption=None):
     for base, noise, host in ((b, n, m) for b in BASES for n in NOISE_LEVELS for m in letters):
         clean = by.get((base, 0.0, "base", "{}", host), {})
         reference = by.get((base, noise, "base", "{}", host), {})
-        # the heuristic at its validated rate: the rate whose final runs cover the seeds (another rate is run
-        # on the validation split, or on a seed or two while exploring)
-        heuristic = max(
-            (by[k] for k in by if k[:3] == (base, noise, "heuristic") and k[4] == host), key=len, default={}
-        )
+        heuristic = fmt.validated_heuristic(by[k] for k in by if k[:3] == (base, noise, "heuristic") and k[4] == host)
         rows = sorted(
             (k for k in by if k[0] == base and k[1] == noise and k[4] == host),
             key=lambda k: (METHODS.index(k[2]) if k[2] in METHODS else 99, k[3]),
@@ -445,21 +441,16 @@ def table(records, steps=None, caption=None):
             delta = [runs[s]["recall@1"] - reference[s]["recall@1"] for s in common]
             delta_map = [runs[s]["map@r"] - reference[s]["map@r"] for s in common]
             costed = sorted(set(common) & set(clean)) if noise > 0 else []
-            cost = [clean[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
             extra = [_recovered(runs, reference, clean, costed, "map@r", method == "base")] if with_map else []
             label = fmt.row_label(method, json.loads(options)) + fmt.machine_tag(letters, host)
             cells = [base, f"{noise:.0%}", label, str(len(seeds))]
             cells += [fmt.cell(r1), fmt.cell(mapr)]
             if method == "base":
+                cost = [clean[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
                 cells += ["-", "-", fmt.cell(cost) if cost else "-", "-"]
             else:
                 cells += [fmt.signed(delta), fmt.signed(delta_map), "-"]
-                if cost and np.mean(cost) > 0:
-                    d = [runs[s]["recall@1"] - reference[s]["recall@1"] for s in costed]
-                    mean_d, se_d = fmt.mean_se(d)
-                    cells.append(f"{mean_d / np.mean(cost):.2f} +- {se_d / np.mean(cost):.2f} (n={len(d)})")
-                else:
-                    cells.append("-")
+                cells.append(fmt.recovered_cell(runs, reference, clean, costed))
             cells.append(fmt.paired_versus(runs, heuristic) if method not in ("base", "heuristic") else "-")
             lines.append("| " + " | ".join(cells + sum(extra, [])) + " |")
     exploration = [r for r in current if r["phase"] == "exploration" and default_caption]
@@ -505,13 +496,10 @@ def table(records, steps=None, caption=None):
 
 def _recovered(runs, reference, clean, seeds, metric, base):
     """The noise cost's and recovered fraction's cells of `metric` (`base`: the cost; else the fraction)."""
-    cost = [clean[s][metric] - reference[s][metric] for s in seeds]
     if base:
+        cost = [clean[s][metric] - reference[s][metric] for s in seeds]
         return [fmt.cell(cost) if cost else "-", "-"]
-    if not cost or np.mean(cost) <= 0:
-        return ["-", "-"]
-    mean_d, se_d = fmt.mean_se([runs[s][metric] - reference[s][metric] for s in seeds])
-    return ["-", f"{mean_d / np.mean(cost):.2f} +- {se_d / np.mean(cost):.2f} (n={len(seeds)})"]
+    return ["-", fmt.recovered_cell(runs, reference, clean, seeds, metric)]
 
 
 def tables(records, steps):

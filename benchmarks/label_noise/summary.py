@@ -94,8 +94,8 @@ def chosen_ala(records, noise, base):
 
 
 def heuristic_runs(records, noise, base):
-    """The heuristic's final runs the cell's table compares with: its rate with the most test seeds."""
-    return max(runs_of(records, "final", noise, base, "heuristic").values(), key=len, default={})
+    """The heuristic's final runs the cell's table compares with (`cells.validated_heuristic`)."""
+    return fmt.validated_heuristic(runs_of(records, "final", noise, base, "heuristic").values())
 
 
 def clean_runs(records, base, options):
@@ -125,12 +125,9 @@ def setting_label(options):
 
 
 def recovered(runs, noisy, clean):
-    """Mean R@1 gain over the noisy base loss / mean noise cost, on the seeds all three have ("-" if none)."""
-    seeds = sorted(set(runs) & set(noisy) & set(clean))
-    cost = [clean[s]["recall@1"] - noisy[s]["recall@1"] for s in seeds]
-    if not seeds or np.mean(cost) <= 0:
-        return "-"
-    return f"{np.mean([runs[s]['recall@1'] - noisy[s]['recall@1'] for s in seeds]) / np.mean(cost):.2f}"
+    """The share of the noise's R@1 cost recovered on the seeds all three have ("-" where it has no meaning)."""
+    value = fmt.recovered(runs, noisy, clean, sorted(set(runs) & set(noisy) & set(clean)))
+    return "-" if value is None else f"{value[0]:.2f}"
 
 
 def cell_lines(records, label):
