@@ -162,3 +162,74 @@ def test_positive_pairs_of_a_triplet_loss_share_one_weight(base_loss):
     assert np.std(shared) > 1e-4
     np.testing.assert_allclose(np.mean(shared), 1.0, rtol=1e-5)
     assert len(pair_weights) < len(triplets) or isinstance(base_loss, MarginLoss)  # several triplets a pair
+
+
+def _cut_model(seed, **kwargs):
+    keras.utils.set_random_seed(seed)
+    embedder = keras.Sequential(
+        [keras.Input((DIM,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(8)]
+        + [keras.layers.UnitNormalization()]
+    )
+    model = ALAModel(embedder, base_loss=ContrastiveLoss(neg_margin=1.0), assessor_units=8, **kwargs)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))
+    return model
+
+
+def test_distance_cut_leaves_out_the_pairs_beyond_the_verified_spread_and_no_more():
+    """`distance_cut`: a step leaves out exactly the training positive pairs farther apart than the quantile of
+    the validation subset's positive-pair distances (a NumPy reading of the rule: the same step as the base
+    loss with those pairs' terms weighted 0). After training on 40 % flipped labels with verified validation
+    labels it leaves out mislabelled pairs far above their share (0.86 of what it leaves out, against 0.56 of
+    the positive pairs) and most of them (0.89); on clean labels 0.24 of the pairs, `1 - q` and what the
+    validation subset's two classes misjudge of the others' spread."""
+    from tfdml.models.ala.episode import EpisodeDerivatives
+    from tfdml.ops import reduce_terms
+
+    x, true, noisy, rng = noisy_clusters(0)
+    true = true.astype("int32")
+    model = _cut_model(0, distance_cut=0.9, weighting="uniform")
+    (train_x, train_y, val_x, val_y), *_ = episodes(x, noisy, rng, 1, val_labels=true).as_numpy_iterator()
+    embed = model.embedder
+    train_e, val_e = embed(train_x).numpy(), embed(val_x).numpy()
+    _, val_pairs = _positive_pair_distances(val_y, val_e)
+    threshold = val_pairs[int(np.ceil(0.9 * len(val_pairs))) - 1]
+    distances = np.linalg.norm(train_e[:, None] - train_e[None], axis=-1)
+    beyond = (train_y[:, None] == train_y[None]) & (distances > threshold) & ~np.eye(len(train_y), dtype=bool)
+    episode = EpisodeDerivatives(model, train_x, train_y, val_x, val_y)
+    np.testing.assert_array_equal(episode.cut.numpy(), beyond)
+    loss = ContrastiveLoss(neg_margin=1.0)
+    terms = loss.terms(train_y, embed(train_x))
+    pairs = terms.indices.numpy()
+    kept = ~beyond[pairs[:, 0], pairs[:, 1]]
+    expected = float(reduce_terms(terms, kept.astype("float32")))
+    np.testing.assert_allclose(float(episode.weighted_loss(np.ones(int(np.sum(kept)), "float32"))), expected, 1e-6)
+
+    def cut_pairs(labels, steps):
+        model = _cut_model(1, distance_cut=0.9, weighting="uniform")
+        model.fit(episodes(x, labels, rng, steps, val_labels=true), verbose=0)
+        cut = correct = positives = mislabelled = 0
+        for _ in range(20):
+            index = subset(rng, labels, rng.permutation(CLASSES)[:TRAIN_CLASSES])
+            val = subset(rng, true, rng.permutation(CLASSES)[:2])
+            episode = EpisodeDerivatives(model, x[index], labels[index], x[val], true[val])
+            i, j = np.nonzero(np.triu(episode.cut.numpy()))
+            wrong = (true[index[i]] != labels[index[i]]) | (true[index[j]] != labels[index[j]])
+            cut, mislabelled = cut + len(i), mislabelled + int(np.sum(wrong))
+            same = np.triu(labels[index][:, None] == labels[index][None], 1)
+            a, b = np.nonzero(same)
+            positives += len(a)
+            correct += int(np.sum((true[index[a]] == labels[index[a]]) & (true[index[b]] == labels[index[b]])))
+        return cut, mislabelled, positives, correct
+
+    cut, mislabelled, positives, correct = cut_pairs(noisy, 80)
+    assert mislabelled / cut > (positives - correct) / positives + 0.2  # it leaves out mislabelled pairs first
+    assert mislabelled / (positives - correct) > 0.7  # and most of them
+    cut, _, positives, _ = cut_pairs(true, 80)
+    assert 0.05 < cut / positives < 0.35  # clean: 1 - q and the spread of the validation classes (0.24 here)
+
+
+def _positive_pair_distances(labels, embeddings):
+    distances = np.linalg.norm(embeddings[:, None] - embeddings[None], axis=-1)
+    i, j = np.triu_indices(len(labels), 1)
+    positive = labels[i] == labels[j]
+    return distances, np.sort(distances[i[positive], j[positive]])

@@ -10,7 +10,13 @@ from tests import loss_checks as checks
 from tests.references import numpy_losses
 from tests.references import numpy_noise as ref
 from tfdml.losses import PRISM, ContrastiveLoss, MarginLoss, SmallLossWeighting, TripletLoss, TripletSemiHardLoss
-from tfdml.losses.noise import farthest_positive_pairs, prism_clean_probability, prism_keep
+from tfdml.losses.noise import (
+    farthest_positive_pairs,
+    positive_distance_quantile,
+    positive_pairs_beyond,
+    prism_clean_probability,
+    prism_keep,
+)
 from tfdml.ops import reduce_terms
 
 
@@ -24,6 +30,32 @@ def _batch(classes=6, per_class=4, dim=8, seed=0, spread=0.3):
 
 
 # ------------------------------------------------------------------------------------------------ heuristic
+def _positive_pair_distances(labels, embeddings):
+    distances = np.linalg.norm(embeddings[:, None] - embeddings[None], axis=-1)
+    i, j = np.triu_indices(len(labels), 1)
+    positive = labels[i] == labels[j]
+    return distances, np.sort(distances[i[positive], j[positive]])
+
+
+@pytest.mark.parametrize("quantile", [0.05, 0.5, 0.9, 1.0])
+def test_distance_cut_threshold_is_the_nearest_rank_quantile_of_the_positive_pair_distances(quantile):
+    labels, embeddings = _batch(classes=4, per_class=3, seed=1)
+    _, positive = _positive_pair_distances(labels, embeddings)  # 12 unordered positive pairs
+    expected = positive[int(np.ceil(quantile * len(positive))) - 1]
+    np.testing.assert_allclose(float(positive_distance_quantile(labels, embeddings, quantile)), expected, atol=1e-5)
+    assert np.isinf(float(positive_distance_quantile(np.arange(4, dtype=np.int32), embeddings[:4], quantile)))
+
+
+def test_distance_cut_takes_the_positive_pairs_beyond_the_threshold_and_no_other():
+    labels, embeddings = _batch(seed=2, spread=0.6)
+    distances, positive = _positive_pair_distances(labels, embeddings)
+    threshold = 0.5 * (positive[9] + positive[10])  # between two pairs: no pair within rounding of it
+    same = (labels[:, None] == labels[None]) & ~np.eye(len(labels), dtype=bool)
+    expected = same & (distances > threshold)
+    assert expected.sum() == 2 * (len(positive) - 10)
+    np.testing.assert_array_equal(np.asarray(positive_pairs_beyond(labels, embeddings, threshold)), expected)
+
+
 @pytest.mark.parametrize("drop_rate", [0.0, 0.1, 0.25, 0.5, 0.9])
 def test_heuristic_drops_exactly_the_farthest_positive_pairs(drop_rate):
     labels, embeddings = _batch(seed=1)

@@ -89,6 +89,9 @@ class ALAOptions:
     # pulls the assessor's outputs towards 0, in units of the meta-gradient on the bounded logits: an output stops
     # growing where the bound's slope falls to about this times its size (0: none, the outputs' spread can grow)
     output_penalty: float | None = _option(0.0, minimum=0.0)
+    # the training subset's positive pairs farther apart than this quantile of the validation subset's positive-pair
+    # distances are left out (verified validation labels: a cut calibrated on true pairs); null: none
+    distance_cut: float | None = _option(None, above=0.0, maximum=1.0)
     # bound r on the logits, r tanh(z / r); null: the variant's (1 for the default variant's softmax weights, none
     # for the paper's); .inf: none
     weight_range: float | None = _option(None, above=0.0)
@@ -171,6 +174,9 @@ def _checked_numbers(chosen, given):
         raise ValueError(f"output_penalty must be >= 0, got {chosen['output_penalty']}.")
     if output_penalty and chosen["weights"] != "softmax":
         raise ValueError('output_penalty pulls the softmax logits towards 0; it needs weights="softmax".')
+    cut = chosen["distance_cut"]
+    if cut is not None and not 0.0 < float(cut) <= 1.0:
+        raise ValueError(f"distance_cut must be a quantile in (0, 1], got {cut}.")
     requested = given.get("weight_range")
     weight_range = chosen["weight_range"] if chosen["weights"] == "softmax" or requested is not None else None
     weight_range = None if weight_range is None or math.isinf(float(weight_range)) else float(weight_range)
@@ -197,6 +203,7 @@ def _checked_numbers(chosen, given):
         "weight_floor": weight_floor,
         "distance_prior": distance_prior,
         "output_penalty": output_penalty,
+        "distance_cut": None if cut is None else float(cut),
         "weight_range": weight_range,
         "inner_learning_rate": None if inner is None else float(inner),
         "assessor_learning_rate": float(chosen["assessor_learning_rate"]),

@@ -74,6 +74,52 @@ def farthest_positive_pairs(labels, embeddings, drop_rate):
     return chosen | ops.transpose(chosen)
 
 
+def positive_distance_quantile(labels, embeddings, quantile):
+    """The `quantile` (in (0, 1]) of the distances `||f_i - f_j||` of the unordered positive pairs of a batch,
+    by nearest rank: the `ceil(quantile * P)`-th smallest of the `P` distances; inf when the batch has no
+    positive pair (so that nothing lies beyond it). No gradient."""
+    embeddings = ops.stop_gradient(ops.convert_to_tensor(embeddings))
+    distances = pairwise_distance(embeddings)
+    positions = _positions(labels)
+    pairs = ops.reshape(positive_mask(labels) & (positions[:, None] < positions[None, :]), (-1,))
+    count = ops.sum(ops.cast(pairs, "int32"))
+    # The pairs' distances first in ascending order, every other entry (inf) after them.
+    ordered = ops.sort(ops.where(pairs, ops.reshape(distances, (-1,)), np.inf))
+    rank = ops.cast(ops.ceil(float(quantile) * ops.cast(count, "float32")), "int32") - 1
+    value = ops.take(ordered, ops.maximum(rank, 0))
+    return ops.where(count > 0, value, np.inf)
+
+
+def positive_pairs_beyond(labels, embeddings, threshold):
+    """bool `[B, B]`, symmetric: the positive pairs `{i, j}` (same label, `i != j`) whose distance exceeds
+    `threshold`. No gradient."""
+    distances = pairwise_distance(ops.stop_gradient(ops.convert_to_tensor(embeddings)))
+    return positive_mask(labels) & (distances > ops.cast(threshold, distances.dtype))
+
+
+def terms_on_pairs(terms, pairs):
+    """bool, one per term (shaped as `terms.values`): whether the term's (anchor, positive), or its pair for a
+    pair loss, is one of `pairs` (bool `[B, B]`)."""
+    if getattr(terms, "valid", None) is None:  # listed terms: their (anchor, positive) rows
+        size = ops.shape(pairs)[0]
+        flat = ops.cast(terms.indices[:, 0], "int32") * size + ops.cast(terms.indices[:, 1], "int32")
+        hit = ops.take(ops.reshape(pairs, (-1,)), flat)
+    else:  # dense terms: [B, B] pairs or [B, B, B] (anchor, positive, negative) triplets
+        hit = pairs if terms.kind == "pair" else pairs[:, :, None]
+    return hit & ops.ones_like(terms.values, dtype="bool")
+
+
+def terms_without_pairs(terms, pairs):
+    """`terms` without those on `pairs` (bool `[B, B]`): listed terms lose their rows (a data-dependent
+    length), dense terms their tuples' validity, so that the loss's reduction of what is left is its value
+    with those tuples never mined."""
+    kept = ops.logical_not(terms_on_pairs(terms, pairs))
+    if getattr(terms, "valid", None) is not None:
+        return dataclasses.replace(terms, valid=terms.valid & kept)
+    (kept,) = ops.nonzero(kept)
+    return terms.map_tuples(lambda values: ops.take(values, kept, axis=0))
+
+
 # ------------------------------------------------------------------------------------------------ PRISM
 def _class_centres(memory_labels, memory_embeddings, memory_valid):
     """`(centres [M, D], centre_labels [M], present bool [M])`: one row per class of the valid memory slots (the
@@ -193,13 +239,7 @@ class SmallLossWeighting(_WrappedLoss):
     def weights(self, labels, embeddings, terms):
         """Float, one per term (shaped as `terms.values`): 0 for the terms on a dropped positive pair, else 1."""
         dropped = farthest_positive_pairs(labels, embeddings, self.drop_rate)
-        if getattr(terms, "valid", None) is None:  # listed terms: their (anchor, positive) rows
-            size = ops.shape(dropped)[0]
-            flat = ops.cast(terms.indices[:, 0], "int32") * size + ops.cast(terms.indices[:, 1], "int32")
-            hit = ops.take(ops.reshape(dropped, (-1,)), flat)
-        else:  # dense terms: [B, B] pairs or [B, B, B] (anchor, positive, negative) triplets
-            hit = dropped if terms.kind == "pair" else dropped[:, :, None]
-        return 1 - ops.cast(hit, terms.values.dtype) * ops.ones_like(terms.values)
+        return 1 - ops.cast(terms_on_pairs(terms, dropped), terms.values.dtype)
 
     @property
     def tuple_kind(self):
@@ -214,11 +254,7 @@ class SmallLossWeighting(_WrappedLoss):
         a weight 0 removes a term from the sums and the counts), so that a method weighting tuples, such as
         `tfdml.models.ALAModel`, weighs the kept ones."""
         terms = self.loss.terms(labels, embeddings)
-        kept = self.weights(labels, embeddings, terms) > 0
-        if getattr(terms, "valid", None) is not None:  # dense terms: a smaller mask of the tuples
-            return dataclasses.replace(terms, valid=terms.valid & kept)
-        (kept,) = ops.nonzero(kept)  # listed terms: the kept rows (a data-dependent length)
-        return terms.map_tuples(lambda values: ops.take(values, kept, axis=0))
+        return terms_without_pairs(terms, farthest_positive_pairs(labels, embeddings, self.drop_rate))
 
     def get_config(self):
         return {**super().get_config(), "drop_rate": self.drop_rate}

@@ -15,8 +15,9 @@ those as its sources (`moved`), so that with the head alone the tape backpropaga
 
 import tensorflow as tf
 
+from tfdml.losses.noise import positive_distance_quantile, positive_pairs_beyond, terms_without_pairs
 from tfdml.models.ala.lookahead import lookahead_terms
-from tfdml.ops import pairwise_distance, safe_divide, triplet_distances, validate_labels
+from tfdml.ops import pairwise_distance, positive_mask, safe_divide, triplet_distances, validate_labels
 
 ZERO = tf.UnconnectedGradients.ZERO
 
@@ -39,9 +40,12 @@ class EpisodeDerivatives:
             self.embeddings, self.new_non_trainable = embedder.stateless_call(
                 self.theta, self.non_trainable, train_x, training=True
             )
+        self.cut = self.cut_pairs() if model.distance_cut is not None and val_x is not None else None
         with tf.GradientTape(persistent=True) as self.loss_tape:
             self.loss_tape.watch(self.embeddings)
             self.terms = model.base_loss.terms(self.train_y, self.embeddings)
+            if self.cut is not None:
+                self.terms = terms_without_pairs(self.terms, self.cut)
         self.values = self.terms.values
         self.assessed = model.assessed_tuples(self.terms, self.train_y)
         self.units, self.unit_of = model.assessed_units(self.terms, self.assessed)
@@ -51,6 +55,16 @@ class EpisodeDerivatives:
         # Read by the assessor (its geometry input) or by the distance prior on its logits.
         self._needs_features = model.assessor_input != "embeddings" or bool(model.distance_prior)
         self._features = self.features() if model.weighting == "assessor" and self._needs_features else None
+
+    def cut_pairs(self):
+        """bool `[B, B]`: the training subset's positive pairs beyond `distance_cut`'s quantile of the validation
+        subset's positive-pair distances, both embedded at theta as the step and the look-ahead embed them
+        (the validation pass's statistics are not kept)."""
+        val_embeddings, _ = self.model.embedder.stateless_call(
+            self.theta, self.non_trainable, self.val_x, training=True
+        )
+        threshold = positive_distance_quantile(self.val_y, val_embeddings, self.model.distance_cut)
+        return positive_pairs_beyond(self.train_y, self.embeddings, threshold)
 
     # -------------------------------------------------------------------------------- weights and losses
     def weights(self):
@@ -230,6 +244,11 @@ class EpisodeDerivatives:
             "weight_mean": mean,
             "weight_variance": safe_divide(tf.reduce_sum(tf.square(per_unit - mean)), count),
         }
+        if self.cut is not None:  # the share of the training subset's positive pairs left out
+            positives = positive_mask(self.train_y)
+            logs["cut_fraction"] = safe_divide(
+                tf.reduce_sum(tf.cast(self.cut, dtype)), tf.reduce_sum(tf.cast(positives, dtype))
+            )
         if raw is not None:
             raw = tf.cast(raw, dtype)
             logs["output_std"] = tf.sqrt(safe_divide(tf.reduce_sum(tf.square(raw)), count))  # centred outputs

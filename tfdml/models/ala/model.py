@@ -129,6 +129,13 @@ class ALAModel(keras.Model):
                 rates' scale): an output stops growing where the bound's slope at it falls to about `lambda |o|`,
                 so that the spread of the outputs cannot grow without end once the weights reach their bound
                 (`benchmarks/ala_drift`; default 0: none).
+            distance_cut: `q` in (0, 1], a cut calibrated on the validation subset, whose labels are verified
+                (`val_source`): the training subset's positive pairs farther apart than the `q`-quantile of the
+                validation subset's positive-pair distances (both at theta) are taken for mislabelled and left out
+                of the base loss, as `SmallLossWeighting` leaves out its farthest pairs, before the assessor
+                weighs the rest; on clean labels about `1 - q` of them are, under label noise the mislabelled
+                ones beyond the true pairs' spread too. Logged as `cut_fraction` (default None: no cut;
+                `tuple_weights`, which has no validation subset, lists the tuples before it).
             weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
                 `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
                 `float("inf")`: unbounded).
@@ -189,6 +196,7 @@ class ALAModel(keras.Model):
             chosen.weight_range,
         )
         self.distance_prior, self.output_penalty = chosen.distance_prior, chosen.output_penalty
+        self.distance_cut = chosen.distance_cut
         self.lookahead, self.inner_learning_rate = chosen.lookahead, chosen.inner_learning_rate
         self.lookahead_variables = chosen.lookahead_variables
         self.assessor_input, self.weighting, self.assessed = chosen.assessor_input, chosen.weighting, chosen.assessed
@@ -211,6 +219,8 @@ class ALAModel(keras.Model):
             names += ["meta_loss", "weight_mean", "weight_variance"]
             if self.weight_form == "softmax":
                 names += ["output_std"]
+        if self.distance_cut is not None:
+            names += ["cut_fraction"]
         if self.base_loss.tuple_kind == "triplet":
             names += ["hardness"] + (["weighted_hardness", "hardness_ratio"] if self.weighting == "assessor" else [])
         self.trackers = {name: keras.metrics.Mean(name=name) for name in names}
