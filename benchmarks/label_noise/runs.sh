@@ -133,3 +133,21 @@ done
 for o in "$A}" "$A, \"heuristic\": 0.25}"; do
   nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.2 --bases margin --methods ala --ala-options "$o"
 done
+# DML-ALA at the library's defaults (the exact step) with the verified set, every glyph cell on one machine:
+D='{"trusted": [30, 3]}'
+for base in contrastive triplet margin; do
+  nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.4 0.2 0.0 --bases $base --methods ala --ala-options "$D"
+  nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.2 0.0 --bases $base --methods base ala --ala-options "$D"
+done
+nice -n 10 $F --noise 0.4 0.2 0.0 --methods ala --ala-options '{"trusted": [5, 60]}'   # Fashion-MNIST, the same
+# The verified cut (distance_cut 1.0): DML-ALA on the pairs it keeps (validated) and the cut alone (uniform weights),
+# warm-started at 40 %, 20 % and clean; from scratch at 20 %.
+VC="$V, \"distance_cut\": 1.0}"
+AC="$A, \"distance_cut\": 1.0}"
+U='{"trusted": [30, 3], "weighting": "uniform", "distance_cut": 1.0}'
+for base in contrastive triplet margin; do
+  nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.4 0.2 --bases $base --methods ala --ala-options "[$VC]"
+  nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.4 0.2 0.0 --bases $base --methods ala --ala-options "$U"
+  nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.0 --bases $base --methods ala --ala-options "$VC"
+  nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.2 --bases $base --methods ala --ala-options "[$AC]"
+done
