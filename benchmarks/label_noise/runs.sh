@@ -151,3 +151,11 @@ for base in contrastive triplet margin; do
   nice -n 10 python -m benchmarks.label_noise.label_noise --regime pretrained --out $W --noise 0.0 --bases $base --methods ala --ala-options "$VC"
   nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.2 --bases $base --methods ala --ala-options "[$AC]"
 done
+# The cut from scratch on clean labels, and on Fashion-MNIST (alone or with the contrastive validation loss):
+for base in triplet margin contrastive; do
+  nice -n 10 python -m benchmarks.label_noise.label_noise --steps 600 --out $R6 --noise 0.0 --bases $base --methods ala --ala-options "$AC"
+done
+FC='{"trusted": [5, 60], "lookahead_variables": "head", "distance_cut": 1.0'
+nice -n 10 $F --noise 0.4 0.2 --methods ala --ala-options "[$FC}, $FC, $FV}]"
+nice -n 10 $F --noise 0.0 --methods ala --ala-options "$FC}"
+nice -n 10 $F --noise 0.0 --methods ala --ala-options "$FC, $FV}"

@@ -117,6 +117,8 @@ def setting_label(options):
     words = ["head-only" if options.pop("lookahead_variables", "all") == "head" else "exact step"]
     if "heuristic" in options:
         words.append(f"on the heuristic's pairs ({options.pop('heuristic'):g})")
+    if "distance_cut" in options:
+        words.append(f"on the verified cut's pairs ({options.pop('distance_cut'):g})")
     if "validation_loss" in options:
         params = options.pop("validation_loss_params", {})
         margin = f" neg_margin {params['neg_margin']:g}" if "neg_margin" in params else ""
