@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks.label_noise.noisy_clusters import CLASSES, DIM, TRAIN_CLASSES, episodes, noisy_clusters, subset
+from tests.references import numpy_noise as ref
 from tfdml.losses import ContrastiveLoss, MarginLoss, TripletLoss
 from tfdml.models import ALAModel
 
@@ -191,10 +192,7 @@ def test_distance_cut_leaves_out_the_pairs_beyond_the_verified_spread_and_no_mor
     (train_x, train_y, val_x, val_y), *_ = episodes(x, noisy, rng, 1, val_labels=true).as_numpy_iterator()
     embed = model.embedder
     train_e, val_e = embed(train_x).numpy(), embed(val_x).numpy()
-    _, val_pairs = _positive_pair_distances(val_y, val_e)
-    threshold = val_pairs[int(np.ceil(0.9 * len(val_pairs))) - 1]
-    distances = np.linalg.norm(train_e[:, None] - train_e[None], axis=-1)
-    beyond = (train_y[:, None] == train_y[None]) & (distances > threshold) & ~np.eye(len(train_y), dtype=bool)
+    beyond = ref.pairs_beyond(train_y, train_e, ref.distance_cut_threshold(val_y, val_e, 0.9))
     episode = EpisodeDerivatives(model, train_x, train_y, val_x, val_y)
     np.testing.assert_array_equal(episode.cut.numpy(), beyond)
     loss = ContrastiveLoss(neg_margin=1.0)
@@ -226,10 +224,3 @@ def test_distance_cut_leaves_out_the_pairs_beyond_the_verified_spread_and_no_mor
     assert mislabelled / (positives - correct) > 0.7  # and most of them
     cut, _, positives, _ = cut_pairs(true, 80)
     assert 0.05 < cut / positives < 0.35  # clean: 1 - q and the spread of the validation classes (0.24 here)
-
-
-def _positive_pair_distances(labels, embeddings):
-    distances = np.linalg.norm(embeddings[:, None] - embeddings[None], axis=-1)
-    i, j = np.triu_indices(len(labels), 1)
-    positive = labels[i] == labels[j]
-    return distances, np.sort(distances[i[positive], j[positive]])

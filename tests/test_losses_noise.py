@@ -30,28 +30,19 @@ def _batch(classes=6, per_class=4, dim=8, seed=0, spread=0.3):
 
 
 # ------------------------------------------------------------------------------------------------ heuristic
-def _positive_pair_distances(labels, embeddings):
-    distances = np.linalg.norm(embeddings[:, None] - embeddings[None], axis=-1)
-    i, j = np.triu_indices(len(labels), 1)
-    positive = labels[i] == labels[j]
-    return distances, np.sort(distances[i[positive], j[positive]])
-
-
 @pytest.mark.parametrize("quantile", [0.05, 0.5, 0.9, 1.0])
 def test_distance_cut_threshold_is_the_nearest_rank_quantile_of_the_positive_pair_distances(quantile):
-    labels, embeddings = _batch(classes=4, per_class=3, seed=1)
-    _, positive = _positive_pair_distances(labels, embeddings)  # 12 unordered positive pairs
-    expected = positive[int(np.ceil(quantile * len(positive))) - 1]
+    labels, embeddings = _batch(classes=4, per_class=3, seed=1)  # 12 unordered positive pairs
+    expected = ref.distance_cut_threshold(labels, embeddings, quantile)
     np.testing.assert_allclose(float(positive_distance_quantile(labels, embeddings, quantile)), expected, atol=1e-5)
     assert np.isinf(float(positive_distance_quantile(np.arange(4, dtype=np.int32), embeddings[:4], quantile)))
 
 
 def test_distance_cut_takes_the_positive_pairs_beyond_the_threshold_and_no_other():
     labels, embeddings = _batch(seed=2, spread=0.6)
-    distances, positive = _positive_pair_distances(labels, embeddings)
+    positive = ref.positive_pair_distances(labels, embeddings)
     threshold = 0.5 * (positive[9] + positive[10])  # between two pairs: no pair within rounding of it
-    same = (labels[:, None] == labels[None]) & ~np.eye(len(labels), dtype=bool)
-    expected = same & (distances > threshold)
+    expected = ref.pairs_beyond(labels, embeddings, threshold)
     assert expected.sum() == 2 * (len(positive) - 10)
     np.testing.assert_array_equal(np.asarray(positive_pairs_beyond(labels, embeddings, threshold)), expected)
 

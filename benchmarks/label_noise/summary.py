@@ -173,9 +173,9 @@ def cell_lines(records, label):
     return lines
 
 
-def at_defaults(options):
-    """Whether `options` (a canonical key) is DML-ALA at the library's defaults, with or without the verified set."""
-    return set(json.loads(options)) <= {"trusted"}
+def verified_defaults(options):
+    """Whether `options` (a canonical key) is DML-ALA at the library's defaults with the verified set."""
+    return set(json.loads(options)) == {"trusted"}
 
 
 def cpu_ratio(runs, base_runs):
@@ -195,7 +195,7 @@ def defaults_lines(records, label):
         found = {
             o: r
             for o, r in runs_of(records, "final", noise, base, "ala").items()
-            if at_defaults(o) and "trusted" in json.loads(o) and len(r) >= MIN_SEEDS
+            if verified_defaults(o) and len(r) >= MIN_SEEDS
         }
         if not found:
             continue

@@ -1,7 +1,9 @@
-"""Loop-based NumPy readings of the two label-noise selections of `tfdml.losses.noise` (never imports tfdml).
+"""Loop-based NumPy readings of the label-noise selections of `tfdml.losses.noise` (never imports tfdml).
 
 - The small-loss heuristic: of the unordered positive pairs of a batch, the `round(rate * P)` with the
   largest Euclidean distance (halves up).
+- DML-ALA's verified cut: the positive pairs farther apart than the nearest-rank quantile of another batch's
+  positive-pair distances.
 - PRISM (Liu et al., CVPR 2021), read from the paper's official code (`losses/PRISM.py`): per sample the
   softmax over the memory's class centres of `f . c_k`, the centre of a class the mean of its stored
   embeddings; the sliding window of the `floor(rate * B)`-th lowest score and the keep rule.
@@ -22,6 +24,33 @@ def farthest_positive_pairs(labels, embeddings, drop_rate):
     count = math.floor(drop_rate * len(pairs) + 0.5)
     pairs.sort(key=lambda p: -p[0])
     return {(i, j) for _, i, j in pairs[:count]}
+
+
+def positive_pair_distances(labels, embeddings):
+    """The Euclidean distances of the unordered positive pairs, ascending."""
+    distances = []
+    for i in range(len(labels)):
+        for j in range(i + 1, len(labels)):
+            if labels[i] == labels[j]:
+                distances.append(float(np.linalg.norm(np.subtract(embeddings[i], embeddings[j]))))
+    return sorted(distances)
+
+
+def distance_cut_threshold(labels, embeddings, quantile):
+    """The `ceil(quantile * P)`-th smallest of the `P` positive-pair distances; inf without a positive pair."""
+    distances = positive_pair_distances(labels, embeddings)
+    return distances[math.ceil(quantile * len(distances)) - 1] if distances else math.inf
+
+
+def pairs_beyond(labels, embeddings, threshold):
+    """bool `[B, B]`, symmetric: the positive pairs (`i != j`) farther apart than `threshold`."""
+    size = len(labels)
+    beyond = np.zeros((size, size), bool)
+    for i in range(size):
+        for j in range(size):
+            distance = float(np.linalg.norm(np.subtract(embeddings[i], embeddings[j])))
+            beyond[i, j] = i != j and labels[i] == labels[j] and distance > threshold
+    return beyond
 
 
 def clean_probability(labels, embeddings, memory_labels, memory_embeddings):

@@ -56,15 +56,19 @@ def _ranks(values, descending=False):
     return ops.cast(ops.argsort(order), "int32")  # the inverse permutation
 
 
+def _unordered_positive_pairs(labels, embeddings):
+    """`(pairs, distances)`: bool `[B, B]`, the unordered positive pairs `i < j`, and every distance `||f_i - f_j||`
+    (no gradient)."""
+    distances = pairwise_distance(ops.stop_gradient(ops.convert_to_tensor(embeddings)))
+    positions = _positions(labels)
+    return positive_mask(labels) & (positions[:, None] < positions[None, :]), distances
+
+
 def farthest_positive_pairs(labels, embeddings, drop_rate):
     """bool `[B, B]`, symmetric: the positive pairs `{i, j}` (same label, `i != j`) among the
     `round(drop_rate * P)` of the `P` unordered positive pairs of the batch with the largest distance
     `||f_i - f_j||` (halves rounded up; ties broken by row-major order). No gradient."""
-    embeddings = ops.stop_gradient(ops.convert_to_tensor(embeddings))
-    distances = pairwise_distance(embeddings)
-    positions = _positions(labels)
-    upper = positions[:, None] < positions[None, :]
-    pairs = positive_mask(labels) & upper
+    pairs, distances = _unordered_positive_pairs(labels, embeddings)
     count = ops.sum(ops.cast(pairs, "float32"))
     drop = ops.floor(count * float(drop_rate) + 0.5)
     # Distances are >= 0: the -1 of the other entries ranks them after every pair.
@@ -78,10 +82,8 @@ def positive_distance_quantile(labels, embeddings, quantile):
     """The `quantile` (in (0, 1]) of the distances `||f_i - f_j||` of the unordered positive pairs of a batch,
     by nearest rank: the `ceil(quantile * P)`-th smallest of the `P` distances; inf when the batch has no
     positive pair (so that nothing lies beyond it). No gradient."""
-    embeddings = ops.stop_gradient(ops.convert_to_tensor(embeddings))
-    distances = pairwise_distance(embeddings)
-    positions = _positions(labels)
-    pairs = ops.reshape(positive_mask(labels) & (positions[:, None] < positions[None, :]), (-1,))
+    pairs, distances = _unordered_positive_pairs(labels, embeddings)
+    pairs = ops.reshape(pairs, (-1,))
     count = ops.sum(ops.cast(pairs, "int32"))
     # The pairs' distances first in ascending order, every other entry (inf) after them.
     ordered = ops.sort(ops.where(pairs, ops.reshape(distances, (-1,)), np.inf))
