@@ -1,4 +1,5 @@
-"""Backbones for tfdml embedders: `keras.applications` by name, any functional Keras model, or the small CNN.
+"""Backbones for tfdml embedders: EfficientNet-Lite with offline ImageNet weights, `keras.applications` by name,
+any functional Keras model, or the small CNN.
 
 `get_backbone(name_or_model, input_shape, weights)` returns a functional Keras model without its
 classification top. `default_taps(backbone)` gives the low / mid / high tap layers used by
@@ -14,7 +15,12 @@ The equivalents are the first, downsampling block of the stride-16 and stride-32
 |----------------|--------------------|--------------------|--------------------|-----------------|
 | resnet50/101/152 | `conv4_block1_out` | `conv5_block1_out` | `conv5_block3_out` | 14x14, 7x7, 7x7 |
 | inception_v3   | `mixed3`           | `mixed8`           | `mixed10`          | 12x12, 5x5, 5x5 |
+| efficientnet_lite0 | `block5c_out`  | `block7a_out`      | `top_activation`   | 14x14, 7x7, 7x7 |
 | small_cnn      | `block1_out`       | `block2_out`       | `block3_out`       | (32 px: 16, 8, 4) |
+
+EfficientNet-Lite is tapped at the ends of its stages (`tfdml.models.efficientnet_lite.default_taps`): L at the
+end of stage 5 (the last stride-16 stage; `block5d_out` for lite1 and lite2), M at the end of stage 7 (the
+last block, 320 channels, 352 for lite2), H at the head (1280 channels).
 
 InceptionV3's `mixed3` and `mixed8` are its grid-reduction blocks (35->17, 17->8 at 299 px). A small CNN
 with more blocks (`widths` of length n > 3) is tapped at its last three, `block{n-2}_out` to `block{n}_out`;
@@ -28,6 +34,8 @@ name, "unit" (pixels / 255) for the small CNN, None for custom backbones.
 import re
 
 import keras
+
+from tfdml.models import efficientnet_lite
 
 # normalised name -> (keras.applications constructor, module holding its preprocess_input)
 _APPLICATIONS = {
@@ -53,6 +61,9 @@ _APPLICATIONS = {
     "convnexttiny": ("ConvNeXtTiny", "convnext"),
     "vgg16": ("VGG16", "vgg16"),
 }
+
+# normalised name -> EfficientNet-Lite variant: ImageNet weights from an installed package, no network
+_LITE = {name.replace("_", ""): name for name in efficientnet_lite.VARIANTS}
 
 # keyed by the Keras model name that keras.applications gives each backbone
 _RESNET_TAPS = {"L": "conv4_block1_out", "M": "conv5_block1_out", "H": "conv5_block3_out"}
@@ -80,7 +91,22 @@ def is_small_cnn(backbone):
 
 def backbone_names():
     """Names accepted by `get_backbone` (besides any functional Keras model)."""
-    return [SMALL_CNN] + sorted(_APPLICATIONS)
+    return [SMALL_CNN] + sorted(efficientnet_lite.VARIANTS) + sorted(_APPLICATIONS)
+
+
+def is_efficientnet_lite(backbone):
+    return isinstance(backbone, str) and normalise_name(backbone) in _LITE
+
+
+def default_input_shape(backbone):
+    """The input shape a named backbone takes by default: the small CNN's (32, 32, 1), an EfficientNet-Lite's
+    own resolution (224, 240 or 260 px), else (224, 224, 3)."""
+    if is_small_cnn(backbone):
+        return SMALL_CNN_INPUT_SHAPE
+    if is_efficientnet_lite(backbone):
+        size = efficientnet_lite.VARIANTS[_LITE[normalise_name(backbone)]].resolution
+        return (size, size, 3)
+    return DEFAULT_INPUT_SHAPE
 
 
 def small_cnn(input_shape=SMALL_CNN_INPUT_SHAPE, widths=(8, 16, 32), name=SMALL_CNN):
@@ -128,12 +154,15 @@ def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
     """Resolves `backbone` to a functional Keras model without a classification top.
 
     Args:
-      backbone: a `keras.applications` name ("resnet50", "inception_v3", "efficientnetv2b0",
-        "mobilenetv3small", ...; case, `_` and `-` are ignored), "small_cnn", or a Keras model (returned as
-        is; it must be functional or sequential so that its layers can be tapped).
-      input_shape: `(height, width, channels)`; defaults to (224, 224, 3) for `keras.applications` and
-        (32, 32, 1) for the small CNN. Ignored for a Keras model.
-      weights: "imagenet" (downloaded by Keras), None (random initialisation) or a path to a weights file.
+      backbone: "efficientnet_lite0/1/2" (ImageNet weights from an installed package, offline), a
+        `keras.applications` name ("resnet50", "inception_v3", "efficientnetv2b0", "mobilenetv3small", ...;
+        case, `_` and `-` are ignored), "small_cnn", or a Keras model (returned as is; it must be functional or
+        sequential so that its layers can be tapped).
+      input_shape: `(height, width, channels)`; defaults to (224, 224, 3) for `keras.applications`, the
+        variant's own resolution for EfficientNet-Lite and (32, 32, 1) for the small CNN. Ignored for a Keras
+        model.
+      weights: "imagenet" (EfficientNet-Lite: converted from its installed package; `keras.applications`:
+        downloaded by Keras), None (random initialisation) or a path to a `keras.applications` weights file.
         Must be None for "small_cnn". Ignored for a Keras model.
       widths: the small CNN's block widths (default (8, 16, 32)); only for "small_cnn".
     """
@@ -158,6 +187,17 @@ def get_backbone(backbone, input_shape=None, weights="imagenet", widths=None):
         return small_cnn(input_shape or SMALL_CNN_INPUT_SHAPE, **({} if widths is None else {"widths": widths}))
     if widths is not None:
         raise ValueError(f"widths sets the small CNN's block widths; backbone {backbone!r} does not take it.")
+    if key in _LITE:
+        if weights not in ("imagenet", None, "none"):
+            raise ValueError(
+                f"Backbone {backbone!r} takes weights='imagenet' (from its installed package) or None, got {weights!r}."
+            )
+        try:
+            return efficientnet_lite.efficientnet_lite(
+                _LITE[key], input_shape, None if weights == "none" else weights, include_top=False
+            )
+        except efficientnet_lite.MissingWeightsPackage as error:
+            raise PretrainedWeightsError(str(error), str(error)) from None
     if key not in _APPLICATIONS:
         raise ValueError(
             f"Unknown backbone {backbone!r}. Known names: {', '.join(backbone_names())}; or pass a Keras model."
@@ -187,6 +227,8 @@ def preprocessing_name(backbone):
     key = normalise_name(name)
     if key in _APPLICATIONS:
         return f"keras.applications.{_APPLICATIONS[key][1]}.preprocess_input"
+    if key in _LITE:
+        return efficientnet_lite.PREPROCESSING
     if key == normalise_name(SMALL_CNN):
         return "unit"
     return None
@@ -201,6 +243,8 @@ def default_taps(backbone):
         blocks = sum(1 for layer in backbone.layers if re.fullmatch(r"block\d+_out", layer.name))
         if blocks > 3:
             return {level: f"block{blocks - 2 + i}_out" for i, level in enumerate("LMH")}
+    if backbone.name in efficientnet_lite.VARIANTS:
+        return efficientnet_lite.default_taps(backbone.name)
     return dict(DEFAULT_TAPS[backbone.name]) if backbone.name in DEFAULT_TAPS else None
 
 

@@ -39,7 +39,10 @@ class L2Normalize(keras.layers.Layer):
         self.epsilon = epsilon
 
     def call(self, inputs):
-        return tf.math.l2_normalize(inputs, axis=self.axis, epsilon=self.epsilon)
+        # tf.math.l2_normalize's arithmetic in backend-neutral ops (the same values on TensorFlow), so that an
+        # embedder runs on every Keras backend
+        square_sum = keras.ops.sum(keras.ops.square(inputs), axis=self.axis, keepdims=True)
+        return inputs * keras.ops.rsqrt(keras.ops.maximum(square_sum, keras.ops.cast(self.epsilon, inputs.dtype)))
 
     def compute_output_shape(self, input_shape):
         return input_shape
