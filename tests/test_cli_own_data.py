@@ -17,6 +17,7 @@ from tfdml.config import ConfigError, load_config
 TINY = [
     f"--set={item}"
     for item in (
+        "model.backbone=small_cnn",  # --image-dir's default is the pretrained EfficientNet-Lite0
         "model.widths=[4,4]",
         "model.embedding_dim=4",
         "data.image_size=16",

@@ -535,6 +535,7 @@ def _class_folders(root, names, per_class=5, size=12):
 TINY_MODEL = [
     f"--set={item}"
     for item in (
+        "model.backbone=small_cnn",  # --image-dir's default is the pretrained EfficientNet-Lite0
         "model.widths=[4,4,4]",
         "model.embedding_dim=4",
         "model.head_filters=2",

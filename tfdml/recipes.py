@@ -63,6 +63,7 @@ def make_embedder(config, input_shape=None):
     mapping of its fields; missing ones take its defaults).
 
     Fields: type, backbone, weights, embedding_dim, taps, levels, level_weights, freeze_batchnorm,
+    frozen_stages, freeze_backbone,
     num_classes, head_filters, head_units (the last three only for `multilevel`), widths (the small CNN's
     block widths, default (8, 16, 32); other backbones ignore it). `input_shape` is `(h, w, c)`.
 
@@ -78,6 +79,8 @@ def make_embedder(config, input_shape=None):
         weights=config.weights,
         num_classes=config.num_classes,
         freeze_batchnorm=config.freeze_batchnorm,
+        frozen_stages=config.frozen_stages,
+        freeze_backbone=config.freeze_backbone,
         widths=widths,
     )
     if config.type == "single":

@@ -4,3 +4,4 @@ from tfdml.callbacks.checkpoint import EpochLog, completed_epochs, previous_epoc
 from tfdml.callbacks.pretraining import ClassificationPretraining
 from tfdml.callbacks.retrieval import RetrievalEvaluation
 from tfdml.callbacks.temperature import DynamicTemperature
+from tfdml.callbacks.timing import EpochTimeEstimate

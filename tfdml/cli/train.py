@@ -50,7 +50,10 @@ def register(subparsers):
         help="train on your own images: DIR/<class name>/<image files>. Without "
         "--eval-image-dir the classes are split in halves by sorted folder name: the "
         "model trains on the first half and is evaluated on the unseen second half. "
-        "The job is named after DIR.",
+        "The job is named after DIR. Without --config it fine-tunes EfficientNet-Lite0 from its ImageNet "
+        "weights (installed with tfdml) at 128 px: its new head first alone on the backbone's features, then "
+        "the whole network with augmentation for 3 passes over the training images; "
+        "--set model.backbone=small_cnn trains the small CNN from scratch instead.",
     )
     parser.add_argument(
         "--eval-image-dir",
@@ -109,19 +112,47 @@ def _add_run_options(parser):
     )
 
 
+# What `--image-dir` trains unless `--set` says otherwise: EfficientNet-Lite0 from its ImageNet weights (installed
+# with tfdml, no download), fine-tuned whole at a resolution a CPU trains (benchmarks/pretrained measures it
+# against frozen features and raw pixels), the head first trained alone on the backbone's features (seconds),
+# then the whole network with the backbone at a tenth of the head's learning rate.
+FOLDER_MODEL = (
+    ("model.backbone", "efficientnet_lite0"),
+    ("model.weights", "imagenet"),
+    ("model.widths", None),
+    ("model.embedding_dim", 128),
+)
+FOLDER_TRAINING = (
+    ("data.image_size", 128),
+    ("data.augment", True),
+    ("optimizer.learning_rate", 1e-4),
+    ("optimizer.head_lr_multiplier", 10.0),
+    ("training.epochs", 3),
+    ("training.steps_per_epoch", None),
+    ("training.head_warmup_steps", 300),
+)
+
+
 def _folder_job(args):
-    """Overrides that `--image-dir` / `--eval-image-dir` stand for (before --set, which may change them)."""
+    """Overrides that `--image-dir` / `--eval-image-dir` stand for (before --set, which may change them).
+
+    The pretrained model and its training settings apply without `--config` (a configuration file says how
+    to train); the pretrained backbone's keys are left out when `--set` names another backbone, whose own
+    defaults (no ImageNet weights) apply."""
     if args.image_dir is None:
         if args.eval_image_dir is not None:
             raise ConfigError("--eval-image-dir needs --image-dir (the training images)")
         return []
     name = os.path.basename(os.path.normpath(os.path.abspath(args.image_dir))) or "images"
+    own_backbone = any(item.split("=", 1)[0].strip() == "model.backbone" for item in args.overrides)
+    defaults = () if args.config else (*(() if own_backbone else FOLDER_MODEL), *FOLDER_TRAINING)
     return [
         ("data.source", "folder"),
         ("data.path", args.image_dir),
         ("data.eval_path", args.eval_image_dir),
         ("name", name),
         ("description", f"images of {args.image_dir}"),
+        *defaults,
     ]
 
 

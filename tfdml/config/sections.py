@@ -139,6 +139,9 @@ class ModelConfig(_Section):
     # one per level; null: every level weighs 1
     level_weights: list[float] | None = _field(None, minimum=0.0, maximum=1e3)
     freeze_batchnorm: bool = False  # backbone BatchNorm in inference mode (RLL on CUB and Cars)
+    # the backbone's stem and first N stages left as they are (EfficientNet-Lite: 1-7; small_cnn: blocks)
+    frozen_stages: int = _field(0, minimum=0, maximum=1000)
+    freeze_backbone: bool = False  # the whole backbone left as it is: only the heads train
     num_classes: int | None = _field(None, minimum=1, maximum=10_000_000)  # classifier head (Group Loss)
     head_filters: int = _field(128, minimum=1, maximum=65_536)  # auxiliary (L, M) heads: 1x1 conv width
     head_units: int = _field(1024, minimum=1, maximum=65_536)  # auxiliary heads: hidden Dense width
@@ -163,6 +166,17 @@ class ModelConfig(_Section):
             raise ConfigError(f"{key}.backbone: unknown backbone {self.backbone!r}{hint}; valid: {', '.join(names)}")
         if backbones.is_small_cnn(self.backbone) and self.weights not in (None, "none"):
             raise ConfigError(f"{key}.weights: the small CNN has no pretrained weights: use null, got {self.weights!r}")
+        lite = backbones.is_efficientnet_lite(self.backbone)
+        if lite and self.weights not in (None, "none", "imagenet"):
+            raise ConfigError(
+                f"{key}.weights: {self.backbone} takes imagenet (from its installed package) or null, "
+                f"got {self.weights!r}"
+            )
+        if self.frozen_stages and not (lite or backbones.is_small_cnn(self.backbone)):
+            raise ConfigError(
+                f"{key}.frozen_stages: the stages of {self.backbone} are not known (EfficientNet-Lite and small_cnn "
+                "are); use 0, or freeze_backbone: true"
+            )
 
 
 @dataclasses.dataclass
@@ -378,6 +392,8 @@ class TrainingConfig(_Section):
     # null: one pass over the training images
     steps_per_epoch: int | None = _field(None, minimum=1, maximum=100_000_000)
     pretrain_epochs: int = _field(0, minimum=0, maximum=1_000_000)  # Group Loss classification pre-training
+    # steps of the new heads alone on backbone features computed once, before the whole network trains
+    head_warmup_steps: int = _field(0, minimum=0, maximum=1_000_000)
     checkpoint_dir: str | None = None  # default: <report_dir>/checkpoints
     eval_every: int = _field(0, minimum=0, maximum=1_000_000)  # epochs between retrieval evaluations (0: never)
     # auto: multi_worker when TF_CONFIG is set, mirrored with several GPUs, else none
@@ -499,6 +515,11 @@ class Config(_Section):
         if self.ala.enabled and self.loss.name not in ALA_LOSSES:
             raise ConfigError(
                 f"loss.name: DML-ALA (ala.enabled) weights {', '.join(ALA_LOSSES)} tuples, not {self.loss.name}"
+            )
+        if self.training.head_warmup_steps and self.model.num_classes:
+            raise ConfigError(
+                "training.head_warmup_steps: the warm-up trains embedding heads on backbone features; a model "
+                "with a classifier head (model.num_classes) pre-trains with training.pretrain_epochs instead"
             )
         if self.loss.cross_batch_memory is not None:
             self._check_memory(self.loss.cross_batch_memory)

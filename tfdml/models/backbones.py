@@ -98,17 +98,6 @@ def is_efficientnet_lite(backbone):
     return isinstance(backbone, str) and normalise_name(backbone) in _LITE
 
 
-def default_input_shape(backbone):
-    """The input shape a named backbone takes by default: the small CNN's (32, 32, 1), an EfficientNet-Lite's
-    own resolution (224, 240 or 260 px), else (224, 224, 3)."""
-    if is_small_cnn(backbone):
-        return SMALL_CNN_INPUT_SHAPE
-    if is_efficientnet_lite(backbone):
-        size = efficientnet_lite.VARIANTS[_LITE[normalise_name(backbone)]].resolution
-        return (size, size, 3)
-    return DEFAULT_INPUT_SHAPE
-
-
 def small_cnn(input_shape=SMALL_CNN_INPUT_SHAPE, widths=(8, 16, 32), name=SMALL_CNN):
     """A tiny convolutional backbone (about 6k parameters with the default widths).
 
@@ -252,6 +241,43 @@ def _all_layers(layer):
     for sub in getattr(layer, "layers", None) or getattr(layer, "_layers", []):
         yield sub
         yield from _all_layers(sub)
+
+
+def stage_end(backbone, stages):
+    """The layer that ends the first `stages` stages of a named backbone: EfficientNet-Lite's stage `stages`
+    (1-7), the small CNN's block `stages`; `ValueError` for other backbones (pass a layer name instead)."""
+    name = backbone.name
+    if name in efficientnet_lite.VARIANTS:
+        if not 1 <= stages <= len(efficientnet_lite.B0_STAGES):
+            raise ValueError(f"{name} has stages 1-{len(efficientnet_lite.B0_STAGES)}; got frozen_stages={stages}.")
+        return efficientnet_lite.stage_output(efficientnet_lite.VARIANTS[name], stages)
+    if name == SMALL_CNN:
+        blocks = sum(1 for layer in backbone.layers if re.fullmatch(r"block\d+_out", layer.name))
+        if not 1 <= stages <= blocks:
+            raise ValueError(f"the small CNN has blocks 1-{blocks}; got frozen_stages={stages}.")
+        return f"block{stages}_out"
+    raise ValueError(
+        f"frozen_stages knows the stages of EfficientNet-Lite and the small CNN, not of {name!r}: freeze its "
+        "first layers with tfdml.models.backbones.freeze_layers(backbone, up_to=layer_name)."
+    )
+
+
+def freeze_layers(backbone, up_to=None):
+    """Freezes the layers of `backbone` from its input up to and including the layer `up_to` (every layer when
+    None) and returns how many layers hold weights among them.
+
+    A frozen layer's weights are not trained and its BatchNormalization runs in inference mode (moving
+    statistics, not updated). Recompile a compiled model afterwards.
+    """
+    names = [layer.name for layer in backbone.layers]
+    if up_to is not None and up_to not in names:
+        raise ValueError(f"Backbone {backbone.name!r} has no layer named {up_to!r} to freeze up to.")
+    last = len(names) - 1 if up_to is None else names.index(up_to)
+    frozen = 0
+    for layer in backbone.layers[: last + 1]:
+        layer.trainable = False
+        frozen += bool(layer.weights)
+    return frozen
 
 
 def freeze_batchnorm(model):

@@ -30,6 +30,8 @@ class Embedder(MultiLevelEmbedder):
         embedding only. Combine with `tfdml.callbacks.ClassificationPretraining` for the paper's
         cross-entropy pre-training stage.
       freeze_batchnorm: freeze the backbone's BatchNorm layers.
+      frozen_stages: freeze the backbone's stem and first N stages (EfficientNet-Lite 1-7, the small CNN's
+        blocks; 0: none). freeze_backbone: freeze the whole backbone (see `MultiLevelEmbedder`).
       widths: the small CNN's block widths (default (8, 16, 32); `tfdml train`'s main job uses
         (16, 32, 64, 128)); only with `backbone="small_cnn"`.
       preprocessing: the pixel preprocessing the model applies to its raw input (default "auto": what the
@@ -61,6 +63,8 @@ class Embedder(MultiLevelEmbedder):
         freeze_batchnorm=False,
         widths=None,
         preprocessing="auto",
+        frozen_stages=0,
+        freeze_backbone=False,
         name=None,
         **kwargs,
     ):
@@ -75,6 +79,8 @@ class Embedder(MultiLevelEmbedder):
             freeze_batchnorm=freeze_batchnorm,
             widths=widths,
             preprocessing=preprocessing,
+            frozen_stages=frozen_stages,
+            freeze_backbone=freeze_backbone,
             name=name,
             **kwargs,
         )

@@ -107,6 +107,10 @@ class MultiLevelEmbedder(MetricModel):
         columns are logits); `model(x, training=False)` returns the embedding only.
       freeze_batchnorm: freeze the backbone's BatchNorm layers (moving statistics and affine parameters), as
         the RLL paper does on CUB and Cars.
+      frozen_stages: freeze the backbone's stem and its first N stages (EfficientNet-Lite: 1-7; the small
+        CNN: blocks), which fine-tuning then leaves as pretrained and does not back-propagate through (0: none).
+      freeze_backbone: freeze the whole backbone: only the heads train (`tfdml.training.fit_heads` trains
+        them on features computed once).
       widths: the small CNN's block widths (default (8, 16, 32); the main job's is (16, 32, 64, 128)); only
         with `backbone="small_cnn"`.
       preprocessing: the pixel preprocessing the model applies to its raw 0-255 input, its first layer
@@ -147,6 +151,8 @@ class MultiLevelEmbedder(MetricModel):
         freeze_batchnorm=False,
         widths=None,
         preprocessing="auto",
+        frozen_stages=0,
+        freeze_backbone=False,
         name=None,
         **kwargs,
     ):
@@ -186,6 +192,11 @@ class MultiLevelEmbedder(MetricModel):
         self.level_loss_trackers = [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels]
         if self.freeze_batchnorm:
             backbones_lib.freeze_batchnorm(self.backbone)
+        self.frozen_stages, self.freeze_backbone = int(frozen_stages), bool(freeze_backbone)
+        if self.freeze_backbone:
+            backbones_lib.freeze_layers(self.backbone)
+        elif self.frozen_stages:
+            backbones_lib.freeze_layers(self.backbone, backbones_lib.stage_end(self.backbone, self.frozen_stages))
         self.build((None,) + self.image_shape)
 
     def _build_heads(self, embedding_dim):
@@ -358,6 +369,8 @@ class MultiLevelEmbedder(MetricModel):
             "head_units": self.head_units,
             "num_classes": self.num_classes,
             "freeze_batchnorm": self.freeze_batchnorm,
+            "frozen_stages": self.frozen_stages,
+            "freeze_backbone": self.freeze_backbone,
             "widths": None if self.widths is None else list(self.widths),
             # Files written before the model applied it stored the same derived spec here: they load with it.
             "preprocessing": self.preprocessing,

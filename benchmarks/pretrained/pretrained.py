@@ -1,0 +1,244 @@
+"""Retrieval from an ImageNet-pretrained backbone (EfficientNet-Lite0), the regime of the papers and of users:
+raw pixels, frozen ImageNet features, heads trained on the frozen features with each loss, multi-level RLL
+against its H-only twin, and the `tfdml train --image-dir` defaults fine-tuning the whole network.
+
+Every method trains on one half of a data set's classes and retrieves the unseen other half (Recall@1 and
+MAP@R, %), seeds 0-4 (0-2 for fine-tuning), one JSON line per run in `results.jsonl`; `table.md` is
+written from it. Data sets:
+
+- `icons`: the desktop icon themes Debian packages, one class per icon name drawn by 8+ designers
+  (`icons.py` builds the folder; 265 classes, 2,711 images); the `tfdml train --image-dir` split: the first
+  half of the sorted class names to train, the second to retrieve;
+- `glyphs`: the embedded 301-character data set (the main job's split, 150 / 151 characters), grey as RGB;
+- `fashion`: Fashion-MNIST from the system package `dataset-fashion-mnist` (classes 0-4 to train, 2,000
+  images each; the 5,000 test images of classes 5-9 to retrieve), grey as RGB.
+
+    python benchmarks/pretrained/pretrained.py frozen --data icons --sizes 96,128,160,224
+    python benchmarks/pretrained/pretrained.py heads --data icons,glyphs,fashion
+    python benchmarks/pretrained/pretrained.py finetune --data icons --seeds 0,1,2
+    python benchmarks/pretrained/pretrained.py table
+"""
+
+import argparse
+import collections
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdml
+from tfdml.data.sources import class_halves
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results.jsonl")
+ICONS = os.environ.get("TFDML_ICONS", "/tmp/icons")
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+IMAGE_SIZE = {"icons": 128, "glyphs": 64, "fashion": 64}
+# Heads on frozen features: 300 steps of 8 classes x 4 images (fashion: 5 x 12, it has 5 training classes),
+# a 128-d embedding, Adam at 1e-3, each loss at its library defaults.
+HEAD_STEPS, HEAD_DIM, HEAD_LR = 300, 128, 1e-3
+HEAD_LOSSES = ("ranked_list", "triplet_semihard", "margin", "multi_similarity", "contrastive", "proxy_anchor")
+
+
+def machine():
+    """The CPU model, its cores and TensorFlow's version: figures repeat on one machine, not across machines."""
+    model = platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    return {"cpu": model, "cores": os.cpu_count(), "tf": tf.__version__}
+
+
+def _as_rgb(images, size):
+    images = tf.convert_to_tensor(images, tf.float32)
+    if images.shape[-1] == 1:
+        images = tf.image.grayscale_to_rgb(images)
+    return tf.image.resize(images, (size, size), antialias=True).numpy()
+
+
+def load(name, size):
+    """`(train images, train labels, test images, test labels)`, RGB 0-255 floats at `size` px."""
+    if name == "icons":
+        train, test = class_halves(tfdml.data.image_folder(ICONS))
+        arrays = []
+        for source in (train, test):
+            batches = tfdml.data.eval_dataset(source, 64, image_size=size, center_crop=False)
+            x, y = zip(*[(b[0].numpy(), b[1].numpy()) for b in batches])
+            arrays += [np.concatenate(x), np.concatenate(y)]
+        return tuple(arrays)
+    if name == "glyphs":
+        (train_x, train_y, _), (test_x, test_y, _) = (tfdml.data.glyph_arrays(s) for s in ("train", "test"))
+        return _as_rgb(train_x, size), train_y, _as_rgb(test_x, size), test_y
+    if name == "fashion":
+        from tfdml.data.idx import read_idx
+
+        def part(prefix):
+            x = read_idx(os.path.join(FASHION_DIR, f"{prefix}-images-idx3-ubyte.gz"))[..., None]
+            return x, read_idx(os.path.join(FASHION_DIR, f"{prefix}-labels-idx1-ubyte.gz")).astype(np.int64)
+
+        (train_x, train_y), (test_x, test_y) = part("train"), part("t10k")
+        rng = np.random.default_rng(2024)
+        draws = [rng.choice(np.flatnonzero(train_y == c), 2000, replace=False) for c in range(5)]
+        kept = np.sort(np.concatenate(draws))
+        unseen = test_y >= 5
+        return _as_rgb(train_x[kept], size), train_y[kept], _as_rgb(test_x[unseen], size), test_y[unseen]
+    raise ValueError(f"unknown data set {name!r}")
+
+
+def scores(embeddings, labels):
+    result = tfdml.retrieval.evaluate(embeddings, labels, ks=(1,), metrics=("recall", "map@r"))
+    return {"recall@1": round(100 * result["recall@1"], 2), "map@r": round(100 * result["map@r"], 2)}
+
+
+def record(row):
+    row = {**row, "machine": machine()}
+    with open(RESULTS, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
+def frozen(args):
+    for name in args.data:
+        for size in args.sizes or [IMAGE_SIZE[name]]:
+            train_x, train_y, test_x, test_y = load(name, size)
+            flat = test_x.reshape(len(test_x), -1)
+            record({"data": name, "method": "raw pixels", "image_size": size, **scores(flat, test_y)})
+            embedder = tfdml.models.Embedder("efficientnet_lite0", embedding_dim=None, input_shape=(size, size, 3))
+            started = time.perf_counter()
+            embeddings = embedder.predict(test_x, batch_size=64, verbose=0)
+            seconds = time.perf_counter() - started
+            row = {"data": name, "method": "frozen ImageNet features", "image_size": size, **scores(embeddings, test_y)}
+            record({**row, "images_per_s": round(len(test_x) / seconds, 1)})
+
+
+def _head_embedder(kind, size):
+    common = dict(embedding_dim=HEAD_DIM, input_shape=(size, size, 3), freeze_backbone=True)
+    if kind == "multilevel":
+        return tfdml.models.MultiLevelEmbedder("efficientnet_lite0", **common)
+    return tfdml.models.Embedder("efficientnet_lite0", **common)
+
+
+def _loss(name, num_classes):
+    if name == "rll_lmh" or name == "rll_h":
+        return tfdml.losses.get("ranked_list")
+    if name in ("proxy_anchor", "proxy_nca", "normalized_softmax"):
+        return tfdml.losses.get({"class_name": name, "config": {"num_classes": num_classes}})
+    return tfdml.losses.get(name)
+
+
+def heads(args):
+    for name in args.data:
+        size = IMAGE_SIZE[name]
+        train_x, train_y, test_x, test_y = load(name, size)
+        num_classes = len(np.unique(train_y))
+        batch = (5, 12) if num_classes < 8 else (8, 4)
+        cache = {}
+        for method in args.losses:
+            kind = "multilevel" if method == "rll_lmh" else "single"
+            for seed in args.seeds:
+                keras.utils.set_random_seed(seed)
+                embedder = _head_embedder(kind, size)
+                if kind not in cache:  # the frozen backbone's outputs: the same for every seed and loss
+                    cache[kind] = (
+                        tfdml.training.backbone_features(embedder, train_x),
+                        tfdml.training.backbone_features(embedder, test_x),
+                    )
+                train_f, test_f = cache[kind]
+                started = time.process_time()
+                tfdml.training.fit_heads(
+                    embedder,
+                    train_f,
+                    train_y,
+                    loss=_loss(method, num_classes),
+                    optimizer=keras.optimizers.Adam(HEAD_LR),
+                    steps=HEAD_STEPS,
+                    classes_per_batch=batch[0],
+                    samples_per_class=batch[1],
+                    seed=seed,
+                )
+                cpu = time.process_time() - started
+                embeddings = tfdml.training.FeatureHeads(embedder)(test_f).numpy()
+                record(
+                    {
+                        "data": name,
+                        "method": f"heads: {method}",
+                        "seed": seed,
+                        "image_size": size,
+                        **scores(embeddings, test_y),
+                        "train_cpu_s": round(cpu, 1),
+                    }
+                )
+
+
+def finetune(args):
+    for name in args.data:
+        if name != "icons":
+            raise SystemExit("finetune runs the `tfdml train --image-dir` defaults on the icon folder only")
+        for seed in args.seeds:
+            with tempfile.TemporaryDirectory() as report:
+                command = [sys.executable, "-m", "tfdml", "train", "--image-dir", ICONS, "--seed", str(seed),
+                           "--no-export", "--quiet", "--report-dir", report] + args.extra  # fmt: skip
+                started = time.perf_counter()
+                subprocess.run(command, check=True)
+                with open(os.path.join(report, "metrics.json")) as f:
+                    metrics = json.load(f)
+            model = metrics["model"]
+            record(
+                {
+                    "data": name,
+                    "method": "tfdml train --image-dir defaults" + (f" {' '.join(args.extra)}" if args.extra else ""),
+                    "seed": seed,
+                    "recall@1": round(100 * model["recall@1"], 2),
+                    "map@r": round(100 * model["map@r"], 2),
+                    "train_s": round(metrics["train_seconds"], 1),
+                    "wall_s": round(time.perf_counter() - started, 1),
+                }
+            )
+
+
+def _spread(values):
+    return f" ± {values.std(ddof=1):.1f}" if len(values) > 1 else ""
+
+
+def table(args):
+    rows = collections.defaultdict(list)
+    with open(RESULTS) as f:
+        for line in f:
+            row = json.loads(line)
+            rows[(row["data"], row["method"], row.get("image_size"))].append(row)
+    lines = ["| data | method | px | runs | Recall@1 | MAP@R |", "|---|---|---|---|---|---|"]
+    for (data, method, size), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], str(kv[0][2]), kv[0][1])):
+        r1 = np.array([r["recall@1"] for r in runs])
+        mapr = np.array([r["map@r"] for r in runs])
+        lines.append(
+            f"| {data} | {method} | {size or IMAGE_SIZE.get(data, '')} | {len(runs)} | "
+            f"{r1.mean():.1f}{_spread(r1)} | {mapr.mean():.1f}{_spread(mapr)} |"
+        )
+    with open(os.path.join(HERE, "table.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("frozen", "heads", "finetune", "table"), help="which runs")
+    parser.add_argument("--data", default="icons", type=lambda s: s.split(","), help="icons, glyphs, fashion")
+    parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], help="frozen: image sizes")
+    parser.add_argument("--seeds", default=[0, 1, 2, 3, 4], type=lambda s: [int(v) for v in s.split(",")])
+    parser.add_argument(
+        "--losses", default=list(HEAD_LOSSES) + ["rll_lmh"], type=lambda s: s.split(","), help="heads: methods"
+    )
+    parser.add_argument("extra", nargs="*", help="finetune: extra `tfdml train` options (after --)")
+    args = parser.parse_args()
+    {"frozen": frozen, "heads": heads, "finetune": finetune, "table": table}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Training an embedder's heads on cached backbone features: a frozen backbone embeds the data once, and the
+heads train in seconds on a CPU.
+
+With the backbone frozen (`tfdml.models.freeze_backbone`) and no augmentation, every epoch feeds the heads the
+same backbone outputs, so computing them once is exact: `backbone_features` runs the frozen backbone (in
+inference mode) over the images a single time and keeps, per level, what the level's head reads: the pooled
+vector for the global (H) head, which pools first anyway, and the tapped feature map for the auxiliary (L, M)
+heads. `fit_heads` then trains the embedder's own head layers on class-balanced batches of those features
+(C classes x K items, drawn as `tfdml.data.class_balanced_dataset` draws images), so the trained embedder
+exports and serves unchanged: `embedder(images)` uses the trained heads.
+
+Example:
+  >>> embedder = tfdml.models.Embedder("efficientnet_lite0", embedding_dim=128, input_shape=(128, 128, 3))
+  >>> features = tfdml.training.backbone_features(embedder, train_images)
+  >>> history = tfdml.training.fit_heads(embedder, features, train_labels, loss=tfdml.losses.MarginLoss(),
+  ...                                    optimizer=keras.optimizers.Adam(1e-3), steps=300)
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdml.models.base import MetricModel
+from tfdml.models.heads import GlobalEmbeddingHead
+
+
+def _check_embedder(embedder):
+    if getattr(embedder, "classifiers", None):
+        raise ValueError(
+            "fit_heads trains embedding heads only; this embedder has classifier heads (num_classes), which "
+            "Group Loss's classification pre-training trains through model.fit."
+        )
+
+
+def backbone_features(embedder, images, batch_size=64):
+    """Per level of `embedder`, what its head reads from the (frozen) backbone, for every image: a list of
+    arrays aligned with `embedder.levels` (`[N, C]` pooled for the global head, `[N, h, w, C]` for the others).
+
+    `images` are raw pixels (uint8 or 0-255 floats, `[N, h, w, c]` at the embedder's input size) or a
+    `tf.data.Dataset` of such batches (or of `(images, labels)` batches, whose labels are ignored).
+    """
+    _check_embedder(embedder)
+    pooled = [isinstance(head, GlobalEmbeddingHead) for head in embedder.level_heads]
+
+    @tf.function(reduce_retracing=True)
+    def step(batch):
+        maps = embedder.feature_extractor(embedder.pixel_preprocessing(batch), training=False)
+        maps = list(maps) if isinstance(maps, (list, tuple)) else [maps]
+        return [tf.reduce_mean(m, axis=(1, 2)) if pool else m for m, pool in zip(maps, pooled)]
+
+    # the same graph for every batch: a last, smaller batch is not traced again
+    batches = images if isinstance(images, tf.data.Dataset) else tf.data.Dataset.from_tensor_slices(images)
+    if not isinstance(images, tf.data.Dataset):
+        batches = batches.batch(batch_size)
+    parts = [[] for _ in pooled]
+    for batch in batches:
+        if isinstance(batch, (tuple, list)):
+            batch = batch[0]
+        for i, value in enumerate(step(batch)):
+            parts[i].append(value.numpy())
+    if not parts[0]:
+        raise ValueError("backbone_features got no images")
+    return [np.concatenate(p) for p in parts]
+
+
+def dataset_features(embedder, dataset):
+    """`(features, labels)`: `backbone_features` of a `tf.data.Dataset` of `(images, labels)` batches, with the
+    labels in the same order."""
+    labels = np.concatenate([np.asarray(batch[1]).reshape(-1) for batch in dataset])
+    return backbone_features(embedder, dataset), labels
+
+
+class FeatureHeads(MetricModel):
+    """The embedder's heads and normalisation over cached backbone features: `embedder(images)` equals
+    `FeatureHeads(embedder)(backbone_features(embedder, images))`. Its variables are the heads' own, so
+    training it trains the embedder's heads; the loss is applied to each level as the embedder applies it (and,
+    as a `MetricModel`, it trains the loss's own variables, such as the margin loss's beta)."""
+
+    def __init__(self, embedder, **kwargs):
+        super().__init__(**kwargs)
+        _check_embedder(embedder)
+        object.__setattr__(self, "embedder", embedder)  # not tracked: the backbone's variables stay out
+        self.heads = list(embedder.level_heads)
+        self.normalize = embedder.normalize
+
+    def call(self, features, training=None):
+        raw = [head(f, training=training) for head, f in zip(self.heads, features)]
+        return self.normalize(keras.ops.concatenate(raw, axis=-1) if len(raw) > 1 else raw[0])
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        self._tell_losses_whether_training(training)
+        loss = keras.losses.get(self.loss)
+        levels = self.embedder.split_levels(y_pred)
+        total = 0.0
+        for level, weight in zip(self.embedder.levels, self.embedder.level_weights):
+            total = total + weight * tf.cast(loss(y, levels[level], sample_weight), tf.float32)
+        return total
+
+
+def balanced_batches(labels, classes_per_batch, samples_per_class, steps, seed=0):
+    """`[steps, C * K]` item indices: each row C distinct classes (a new random order of the classes each pass)
+    with K items each, drawn without replacement within a class while it has enough items."""
+    labels = np.asarray(labels).reshape(-1)
+    classes = np.unique(labels)
+    if len(classes) < classes_per_batch:
+        raise ValueError(f"classes_per_batch={classes_per_batch} but the labels hold only {len(classes)} classes")
+    members = {c: np.flatnonzero(labels == c) for c in classes}
+    rng = np.random.default_rng(seed)
+    order, rows = [], []
+    for _ in range(steps):
+        if len(order) < classes_per_batch:
+            order = list(rng.permutation(classes)) + order
+        chosen = [order.pop() for _ in range(classes_per_batch)]
+        rows.append(
+            np.concatenate(
+                [rng.choice(members[c], samples_per_class, replace=len(members[c]) < samples_per_class) for c in chosen]
+            )
+        )
+    return np.stack(rows)
+
+
+def fit_heads(
+    embedder,
+    features,
+    labels,
+    *,
+    loss,
+    optimizer,
+    steps,
+    classes_per_batch=8,
+    samples_per_class=4,
+    seed=0,
+    verbose=0,
+    callbacks=None,
+):
+    """Trains `embedder`'s heads on cached `features` (from `backbone_features`) for `steps` class-balanced
+    batches of `classes_per_batch` x `samples_per_class`; returns the Keras `History`.
+
+    Args:
+      embedder: a tfdml `Embedder` or `MultiLevelEmbedder` without classifier heads.
+      features: the list `backbone_features(embedder, images)` returned.
+      labels: `[N]` integer class of each item.
+      loss: a tfdml loss (or its registered name), applied to every level's embedding as in `compile`.
+      optimizer: a Keras optimizer (its learning rate is the heads').
+      steps: training steps; seed: the batches' draw.
+    """
+    labels = np.asarray(labels).reshape(-1).astype(np.int64)
+    if any(len(f) != len(labels) for f in features):
+        raise ValueError(f"features hold {[len(f) for f in features]} items for {len(labels)} labels")
+    index = balanced_batches(labels, classes_per_batch, samples_per_class, steps, seed)
+    tensors = [tf.constant(f) for f in features]
+    label_tensor = tf.constant(labels)
+    dataset = tf.data.Dataset.from_tensor_slices(index).map(
+        lambda rows: (tuple(tf.gather(t, rows) for t in tensors), tf.gather(label_tensor, rows))
+    )
+    model = FeatureHeads(embedder)
+    model.compile(optimizer=optimizer, loss=loss)
+    return model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=verbose, callbacks=callbacks, shuffle=False)
