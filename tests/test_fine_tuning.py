@@ -25,8 +25,10 @@ def _pixels(n, seed=0):
     return np.random.default_rng(seed).uniform(0, 255, (n, SIZE, SIZE, 3)).astype(np.float32)
 
 
-def _lite(**kwargs):
-    return tfdml.models.Embedder("efficientnet_lite0", embedding_dim=8, input_shape=(SIZE, SIZE, 3), **kwargs)
+def _lite(**kwargs):  # the freezing and the heads do not depend on the weights: none loaded, faster
+    return tfdml.models.Embedder(
+        "efficientnet_lite0", embedding_dim=8, input_shape=(SIZE, SIZE, 3), weights=None, **kwargs
+    )
 
 
 def test_frozen_stages_leave_exactly_those_layers_untrained():
@@ -77,7 +79,12 @@ def test_heads_on_cached_features_equal_the_embedder_and_train_it():
 
 def _multilevel():
     return tfdml.models.MultiLevelEmbedder(
-        "efficientnet_lite0", embedding_dim=4, input_shape=(SIZE, SIZE, 3), freeze_backbone=True, head_units=8
+        "efficientnet_lite0",
+        embedding_dim=4,
+        input_shape=(SIZE, SIZE, 3),
+        freeze_backbone=True,
+        head_units=8,
+        weights=None,
     )
 
 
@@ -118,7 +125,7 @@ def test_epoch_time_estimate_says_the_pace_once():
     model.compile("sgd", "mse")
     model.fit(np.zeros((40, 2)), np.zeros((40, 1)), batch_size=2, epochs=1, verbose=0, callbacks=[estimate])
     assert len(lines) == 1
-    match = re.fullmatch(r"\nabout (\S+) s a step: \d+ s an epoch of 20 steps, \d+ s for the 3 epochs", lines[0])
+    match = re.fullmatch(r"\nabout (\S+) s a step: \d+ s an epoch of 20 steps, \d+ s for 3 epochs", lines[0])
     assert match and float(match.group(1)) == pytest.approx(estimate.seconds_per_step, rel=0.05)
 
 
@@ -128,8 +135,8 @@ def test_image_dir_defaults_are_the_pretrained_backbone(tmp_path):
     args = cli.build_parser().parse_args(["train", "--image-dir", str(tmp_path)])
     config = cli.train.resolve(args)
     model, data = config.model, config.data
-    assert (model.backbone, model.weights, data.image_size) == ("efficientnet_lite0", "imagenet", 128)
-    assert data.augment and config.optimizer.head_lr_multiplier == 10.0 and config.training.head_warmup_steps == 300
+    assert (model.backbone, model.weights, model.freeze_backbone) == ("efficientnet_lite0", "imagenet", True)
+    assert data.image_size == 160 and data.augment and config.training.head_warmup_steps == 300
     own = cli.build_parser().parse_args(["train", "--image-dir", str(tmp_path), "--set", "model.backbone=small_cnn"])
     assert cli.train.resolve(own).model.weights is None  # another backbone: its own defaults
     with pytest.raises(ConfigError, match="efficientnet_lite1 takes imagenet"):
@@ -139,7 +146,8 @@ def test_image_dir_defaults_are_the_pretrained_backbone(tmp_path):
 
 
 def test_image_dir_defaults_train_a_few_steps(tmp_path, capsys):
-    """The defaults as a user runs them (pretrained EfficientNet-Lite0, 128 px, augmentation), for 3 steps."""
+    """The defaults as a user runs them (EfficientNet-Lite0's ImageNet features, 160 px, the head's warm-up on
+    features computed once, then augmented images), for 3 steps after the warm-up."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -159,3 +167,4 @@ def test_image_dir_defaults_train_a_few_steps(tmp_path, capsys):
     assert re.search(r"about \S+ s a step: \d+ s an epoch of 3 steps", out.out)
     config = load_config(str(tmp_path / "r" / "config.yaml"))
     assert config.model.backbone == "efficientnet_lite0" and config.model.weights == "imagenet"
+    assert config.training.head_warmup_steps == 300

@@ -34,13 +34,14 @@ import numpy as np
 import tensorflow as tf
 
 import tfdml
+from tfdml.data.glyphs import glyph_arrays
 from tfdml.data.sources import class_halves
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results.jsonl")
 ICONS = os.environ.get("TFDML_ICONS", "/tmp/icons")
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
-IMAGE_SIZE = {"icons": 128, "glyphs": 64, "fashion": 64}
+IMAGE_SIZE = {"icons": 160, "glyphs": 64, "fashion": 64}
 # Heads on frozen features: 300 steps of 8 classes x 4 images (fashion: 5 x 12, it has 5 training classes),
 # a 128-d embedding, Adam at 1e-3, each loss at its library defaults.
 HEAD_STEPS, HEAD_DIM, HEAD_LR = 300, 128, 1e-3
@@ -63,18 +64,19 @@ def _as_rgb(images, size):
     return tf.image.resize(images, (size, size), antialias=True).numpy()
 
 
-def load(name, size):
-    """`(train images, train labels, test images, test labels)`, RGB 0-255 floats at `size` px."""
+def load(name, size, center_crop=False):
+    """`(train images, train labels, test images, test labels)`, RGB 0-255 floats at `size` px (icons: resized
+    whole, or the centre crop the job evaluates a model trained with augmentation on)."""
     if name == "icons":
         train, test = class_halves(tfdml.data.image_folder(ICONS))
         arrays = []
         for source in (train, test):
-            batches = tfdml.data.eval_dataset(source, 64, image_size=size, center_crop=False)
+            batches = tfdml.data.eval_dataset(source, 64, image_size=size, center_crop=center_crop)
             x, y = zip(*[(b[0].numpy(), b[1].numpy()) for b in batches])
             arrays += [np.concatenate(x), np.concatenate(y)]
         return tuple(arrays)
     if name == "glyphs":
-        (train_x, train_y, _), (test_x, test_y, _) = (tfdml.data.glyph_arrays(s) for s in ("train", "test"))
+        (train_x, train_y, _), (test_x, test_y, _) = (glyph_arrays(s) for s in ("train", "test"))
         return _as_rgb(train_x, size), train_y, _as_rgb(test_x, size), test_y
     if name == "fashion":
         from tfdml.data.idx import read_idx
@@ -107,14 +109,16 @@ def record(row):
 def frozen(args):
     for name in args.data:
         for size in args.sizes or [IMAGE_SIZE[name]]:
-            train_x, train_y, test_x, test_y = load(name, size)
+            train_x, train_y, test_x, test_y = load(name, size, args.center_crop)
+            crop = " (centre crop)" if args.center_crop else ""
             flat = test_x.reshape(len(test_x), -1)
-            record({"data": name, "method": "raw pixels", "image_size": size, **scores(flat, test_y)})
+            record({"data": name, "method": f"raw pixels{crop}", "image_size": size, **scores(flat, test_y)})
             embedder = tfdml.models.Embedder("efficientnet_lite0", embedding_dim=None, input_shape=(size, size, 3))
             started = time.perf_counter()
             embeddings = embedder.predict(test_x, batch_size=64, verbose=0)
             seconds = time.perf_counter() - started
-            row = {"data": name, "method": "frozen ImageNet features", "image_size": size, **scores(embeddings, test_y)}
+            method = f"frozen ImageNet features{crop}"
+            row = {"data": name, "method": method, "image_size": size, **scores(embeddings, test_y)}
             record({**row, "images_per_s": round(len(test_x) / seconds, 1)})
 
 
@@ -231,6 +235,7 @@ def main():
     parser.add_argument("what", choices=("frozen", "heads", "finetune", "table"), help="which runs")
     parser.add_argument("--data", default="icons", type=lambda s: s.split(","), help="icons, glyphs, fashion")
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], help="frozen: image sizes")
+    parser.add_argument("--center-crop", action="store_true", help="frozen: the job's evaluation crop (icons)")
     parser.add_argument("--seeds", default=[0, 1, 2, 3, 4], type=lambda s: [int(v) for v in s.split(",")])
     parser.add_argument(
         "--losses", default=list(HEAD_LOSSES) + ["rll_lmh"], type=lambda s: s.split(","), help="heads: methods"

@@ -16,7 +16,7 @@ def _duration(seconds):
 class EpochTimeEstimate(keras.callbacks.Callback):
     """Times `measured_steps` training steps after the first `warmup_steps` (which trace the step function)
     and prints one line: the time a step, an epoch of `steps_per_epoch` steps and the `epochs` left take at
-    that pace, e.g. "about 1.9 s a step: 40 s an epoch of 21 steps, 3 min for the 5 epochs".
+    that pace, e.g. "about 1.9 s a step: 40 s an epoch of 21 steps, 3 min for 5 epochs".
 
     Args:
       steps_per_epoch: the steps of an epoch.
@@ -44,6 +44,6 @@ class EpochTimeEstimate(keras.callbacks.Callback):
             epoch = self.seconds_per_step * self.steps_per_epoch
             self.say(
                 f"\nabout {self.seconds_per_step:.2g} s a step: {_duration(epoch)} an epoch of "
-                f"{self.steps_per_epoch} steps, {_duration(epoch * self.epochs)} for the {self.epochs} "
+                f"{self.steps_per_epoch} steps, {_duration(epoch * self.epochs)} for {self.epochs} "
                 f"epoch{'s' if self.epochs != 1 else ''}"
             )
