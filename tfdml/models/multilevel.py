@@ -126,7 +126,7 @@ class MultiLevelEmbedder(MetricModel):
     Example:
       >>> model = MultiLevelEmbedder("resnet50", embedding_dim=512, weights=None)
       >>> model.compile(optimizer="adam", loss=tfdml.losses.RankedListLoss())
-      >>> model.fit(dataset, epochs=10)
+      >>> model.fit(dataset, epochs=10, steps_per_epoch=100)
       >>> outputs = model.export_outputs(images)   # "embedding" (1536-d), "L", "M", "H" (512-d each)
     """
 
