@@ -132,6 +132,34 @@ def test_every_configuration_key_is_listed_with_what_it_does():
     assert losses.count("][tfdml.losses.") == len(LOSSES)
 
 
+def test_print_config_says_of_each_key_what_the_page_of_the_keys_says(capsys):
+    """`tfdml train --print-config` and the generated page read one description of each key."""
+    import html
+
+    from tfdml import cli
+
+    assert cli.main(["train", "--print-config", "--set", "model.type=multilevel"]) == 0
+    printed, comment, path = {}, [], []
+    for line in capsys.readouterr().out.splitlines():
+        text = line.lstrip()
+        if text.startswith("# "):
+            comment.append(text[2:])
+        elif text:
+            path[(len(line) - len(text)) // 2 :] = [text.split(":", 1)[0]]
+            printed[".".join(path)], comment = " ".join(comment), []
+    page = hooks.configuration_page().split("## `loss.name` and `loss.params`")[0]
+    said, sections = {}, set()
+    for match in re.finditer(r"^\| `([\w.]+)` \|(.*)\|$", page, re.M):
+        cell = re.split(r"(?<!\\)\|", match.group(2))[-1].strip()
+        if "See [`" in cell:  # a section's row links to its own table
+            sections.add(match.group(1))
+        else:
+            said[match.group(1)] = html.unescape(cell.replace("\\|", "|"))
+    assert set(printed) - set(said) <= sections  # every key printed (a section set to null holds none)
+    assert {key: printed[key] for key in printed if key in said} == {key: said[key] for key in printed if key in said}
+    assert said["training.epochs"] == "epochs of steps_per_epoch steps"
+
+
 def test_the_command_line_page_lists_every_option_of_every_command():
     import argparse
 
