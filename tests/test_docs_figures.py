@@ -268,3 +268,16 @@ def test_the_check_catches_a_retyped_figure_and_accepts_a_held_one():
     assert unheld_figures(f"It takes 12.5 ms a query {link}.", "docs/guides/x.md") == [(1, "12.5 ms")]
     assert unheld_figures("Run it:\n\n    took 12.5 ms\n", "docs/guides/x.md") == []  # sample output
     assert unheld_figures("```text\n0.9821\n```\n`0.1234`", "docs/guides/x.md") == []
+
+
+def test_the_export_guides_sample_index_line_is_the_benchmarks_current_row():
+    """The `tfdml export` line the Export guide shows is what the search benchmark's current `scann_default` row
+    at 1,000,000 x 512 (embedding-like data) prints, not an earlier run's."""
+    from tfdml.retrieval.tuning import describe_recall
+
+    with open(os.path.join(ROOT, "benchmarks", "search", "results_embedding.json")) as f:
+        record = json.load(f)["1000000/scann_default"]["index_recall"]
+    with open(os.path.join(ROOT, "docs", "guides", "export-and-serving.md"), encoding="utf-8") as f:
+        guide = f.read()
+    shown = re.search(r"\n      index: (.*?)\n\n", guide, re.S).group(1)
+    assert " ".join(shown.split()) == describe_recall(record)
