@@ -22,7 +22,6 @@ Outside a replica context, or with a single replica, every helper is the identit
         model = tfdml.models.Embedder("resnet50", embedding_dim=512)
         model.compile(optimizer="adam", loss=tfdml.losses.RankedListLoss())   # cross_replica=True
     model.fit(tfdml.data.class_balanced_dataset(source, 60, 3, image_size=224), epochs=10, steps_per_epoch=100)
-    # the loss sees all 180 images of each global batch
     # several machines (MultiWorkerMirroredStrategy): tfdml.training.fit_distributed
 """
 
