@@ -51,6 +51,21 @@ def inventory(site):
     return _inventory(site / "objects.inv")
 
 
+def test_no_page_reads_past_5000_words(site):
+    """A page a reader gets through: its article's words as rendered (code, tables and maths included), the
+    navigation and the footer left out. The label-noise benchmark's per-cell tables stay in its results folder."""
+    import html
+
+    counts = {}
+    for path in site.rglob("*.html"):
+        article = re.search(r"<article.*?</article>", path.read_text(encoding="utf-8"), re.S)
+        if article:
+            counts[str(path.relative_to(site))] = len(html.unescape(re.sub(r"<[^>]+>", " ", article.group(0))).split())
+    assert len(counts) > 50 and counts["benchmarks/label_noise/index.html"] > 1000
+    long = {page: words for page, words in counts.items() if words > 5000}
+    assert not long, long
+
+
 def _runtime_public_names(module):
     """`{name: object}` a user reaches as `module.name`: `__all__`, or the classes and functions without a
     leading `_` that tfdml defines (imported names included)."""
