@@ -18,11 +18,9 @@ import argparse
 import dataclasses
 import html
 import inspect
-import io
 import os
 import re
 import sys
-import tokenize
 import types
 import typing
 
@@ -242,27 +240,6 @@ def cli_page():
 # ------------------------------------------------------------------------------------- configuration keys
 
 
-def _field_comments(cls):
-    """`{field: comment}` of a dataclass, from its source: the comment lines right above the field and the
-    comment at the end of its line."""
-    source = inspect.getsource(cls)
-    comment_at = {
-        token.start[0]: token.string.lstrip("#").strip()
-        for token in tokenize.generate_tokens(io.StringIO(source).readline)
-        if token.type == tokenize.COMMENT
-    }
-    comments, above = {}, []
-    for number, text in enumerate(source.splitlines(), 1):
-        if text.strip().startswith("#"):
-            above.append(comment_at[number])
-            continue
-        match = re.match(r"    (\w+)\s*:", text)  # a field of the class body
-        if match:
-            comments[match.group(1)] = " ".join([*above, comment_at.get(number, "")]).strip()
-        above = []
-    return comments
-
-
 def _type_text(tp):
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -289,14 +266,6 @@ def _value_text(value):
     return f"`{text}`"
 
 
-def _section_class(tp):
-    """The dataclass a field holds (also behind `X | None`), or None."""
-    for candidate in (tp, *typing.get_args(tp)):
-        if dataclasses.is_dataclass(candidate):
-            return candidate
-    return None
-
-
 def _rules(field):
     rules = []
     meta = field.metadata or {}
@@ -320,6 +289,7 @@ def _default(field):
 def configuration_page(package=None):
     """Every key of `tfdml.config.Config`, section by section, and the loss classes `loss.name` names."""
     from tfdml import config as config_lib
+    from tfdml.config import descriptions
 
     job = config_lib.DEFAULT_JOB  # plain data: checking it with the library would import TensorFlow
     lines = [
@@ -334,16 +304,14 @@ def configuration_page(package=None):
     ]
 
     def section(cls, prefix, value):
-        comments = {}  # a section's fields may be declared in a dataclass it extends (ala.params: ALAOptions)
-        for base in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
-            comments.update(_field_comments(base))
+        comments = descriptions.field_comments(cls)  # what --print-config prints as comments too
         hints = typing.get_type_hints(cls)
         rows, children = [], []
         for field in dataclasses.fields(cls):
             if field.name.startswith("_"):
                 continue
             key = f"{prefix}{field.name}"
-            child = _section_class(hints[field.name])
+            child = descriptions.section_class(hints[field.name])
             default = _default(field)
             current = value.get(field.name, {} if child else default)
             in_job = "" if current == default or child else _value_text(current)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-pytest.importorskip("apache_beam", reason='the Beam tests need the beam extra: pip install "tfdml[beam]"')
+pytest.importorskip("apache_beam", reason='the Beam tests need the beam extra: pip install -e ".[beam]"')
 
 from tfdml import export as E  # noqa: E402
 from tfdml.beam import EmbedJob, read_shard, run_embed, shard_records  # noqa: E402

@@ -54,9 +54,35 @@ def test_core_install_without_beam(tmp_path):
     assert result["help_status"] == 0
     assert "embed" in result["help"] and "train" in result["help"]
     assert result["embed_status"] == 2
+    install = _readme_beam_install()
     assert result["embed_error"].strip() == (
-        "tfdml embed: error: tfdml.beam (tfdml embed) needs Apache Beam: "
-        'pip install "tfdml[beam]" (missing: apache_beam)'
+        f"tfdml embed: error: tfdml.beam (tfdml embed) needs Apache Beam: {install} in the top folder of "
+        "tfdml's source (missing: apache_beam)"
     )
-    assert 'pip install "tfdml[beam]"' in result["import_error"]
+    assert install in result["import_error"]
     assert not result["beam_loaded"]
+
+
+def _readme_beam_install():
+    """The install line of the README's beam snippet (what CI runs), which every hint repeats."""
+    sys.path.insert(0, os.path.join(ROOT, ".ci"))
+    try:
+        import readme_commands
+    finally:
+        sys.path.remove(os.path.join(ROOT, ".ci"))
+    install = readme_commands.commands("setup-beam")[0]
+    assert install == 'pip install -e ".[beam]"'
+    return install
+
+
+def test_every_beam_install_hint_is_the_readmes():
+    from tfdml.cli import build_parser
+    from tfdml.embed_job import BEAM_INSTALL
+
+    install = _readme_beam_install()
+    assert BEAM_INSTALL == install
+    embed = next(a for a in build_parser()._actions if a.choices and "embed" in a.choices).choices["embed"]
+    assert f"({install} in the top folder of tfdml's source)" in " ".join(embed.description.split())
+    with open(os.path.join(ROOT, "docs", "guides", "beam.md"), encoding="utf-8") as f:
+        guide = f.read()
+    assert f"\n{install}  " in guide and "tfdml[beam]" not in guide

@@ -1,6 +1,7 @@
 """Messages in the command line's words, and warnings about what the figures mean."""
 
 import logging
+import os
 
 import keras
 import numpy as np
@@ -33,6 +34,28 @@ def test_export_of_a_model_without_an_input_size_names_the_option(tmp_path, caps
         f"tfdml export: error: cannot tell the input size of {tmp_path / 'open.keras'} (its input shape leaves "
         "height and width open): give it with --image-size HEIGHT WIDTH\n"
     )
+
+
+def test_export_names_its_folder_from_the_report_or_asks_for_a_name(tmp_path, monkeypatch, capsys):
+    """No folder name the user never gave: outside a report folder --name is asked for before anything is
+    written; in one, the job's export name is the folder whose place is checked."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "alone").mkdir()
+    keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]).save(tmp_path / "alone" / "m.keras")
+    assert cli.main(["export", "--model", "alone/m.keras", "--base-dir", "out"]) == 2
+    assert capsys.readouterr().err == (
+        "tfdml export: error: --name is needed: the model is not in a 'tfdml train' report folder that names it.\n"
+    )
+    assert not (tmp_path / "out").exists()
+    report = tmp_path / "reports" / "shop"
+    report.mkdir(parents=True)
+    (report / "config.yaml").write_text("name: shop\nexport: {name: shop_embedder}\n")
+    os.replace(tmp_path / "alone" / "m.keras", report / "model.keras")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "shop_embedder").write_text("a file where the export's folder goes")
+    assert cli.main(["export", "--model", "reports/shop/model.keras", "--base-dir", "out"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tfdml export: error: --base-dir: ") and "out/shop_embedder is a file" in err, err
 
 
 def _source(labels, names=None):

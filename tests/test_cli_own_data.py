@@ -181,3 +181,24 @@ def test_batches_without_a_positive_pair_are_refused(overrides, key):
 
 def test_one_image_per_class_is_fine_for_proxy_losses():
     assert load_config(overrides=["loss.name=proxy_anchor", "data.samples_per_class=1"]).data.samples_per_class == 1
+
+
+@pytest.mark.parametrize("name", ["normalized_softmax", "proxy_anchor", "arcface"])
+def test_a_proxy_loss_named_on_the_command_line_gets_a_proxy_per_training_class(name):
+    """`--set loss.name=normalized_softmax` alone: the job gives the loss a proxy for each class id up to the
+    training data's largest and the embedding's width (it failed with a TypeError while building the loss); a caller of
+    `build_loss` without the job is told which argument is missing."""
+    from tfdml import pipeline, recipes
+    from tfdml.data import glyphs
+
+    config = load_config(overrides=[f"loss.name={name}"])
+    source = glyphs("train", image_size=8, images_per_class=2)
+    fitted = pipeline.fit_to_data(config, source)
+    classes = int(source.labels.max()) + 1  # every class id below it (the glyphs' training ids are not 0-149)
+    assert fitted.loss.params["num_classes"] == classes and classes >= 150
+    loss = recipes.build_loss(fitted.loss, embedding_dim=64)
+    assert (loss.num_classes, loss.embedding_dim) == (classes, 64)
+    kept = pipeline.fit_to_data(load_config(overrides=[f"loss.name={name}", "loss.params.num_classes=400"]), source)
+    assert kept.loss.params["num_classes"] == 400
+    with pytest.raises(ConfigError, match=f"loss.params.num_classes: {name} learns one proxy per training class"):
+        recipes.build_loss(config.loss, embedding_dim=64)

@@ -135,6 +135,42 @@ def test_stops_lose_nothing_and_one_run_holds_the_folder(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_stop_after_the_last_epoch_says_the_report_is_what_is_left(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C once the last epoch is checkpointed, before the trained weights are put aside: nothing is left
+    to train, and the message says so, as the stopping-and-resuming guide writes it; the same command then
+    writes the report without training."""
+    import importlib
+
+    train_stage = importlib.import_module("tfdml.pipeline.train")  # the module (tfdml.pipeline.train is a function)
+    monkeypatch.chdir(tmp_path)
+    real = train_stage.train
+
+    def train_then_ctrl_c(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    job = [*JOB]
+    job[job.index("--epochs") + 1] = "1"
+    job[job.index("--steps-per-epoch") + 1] = "2"
+    monkeypatch.setattr(train_stage, "train", train_then_ctrl_c)
+    assert cli.main(job) == 130
+    err = capsys.readouterr().err
+    with open(
+        os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "guides", "stopping-and-resuming.md")
+    ) as f:
+        guide = next(line.strip() for line in f if "tfdml train: interrupted after training" in line)
+    assert guide == (
+        "tfdml train: interrupted after training (10/10 epochs, kept in reports/glyphs_rll/checkpoints), before "
+        "the report was complete; run the same command to write the report in reports/glyphs_rll"
+    )
+    assert err.endswith(guide.replace("10/10", "1/1").replace("reports/glyphs_rll", "r") + "\n"), err
+    assert "after epoch" not in err and completed_epochs(tmp_path / "r" / "checkpoints") == 1
+    monkeypatch.setattr(train_stage, "train", real)
+    assert cli.main(job) == 0
+    out = capsys.readouterr().out
+    assert "Epoch " not in out and (tmp_path / "r" / "metrics.json").exists()
+
+
 def _serves(version_dir):
     """The kept export loads and answers a request."""
     served = tf.saved_model.load(str(version_dir)).signatures["serving_default"]

@@ -413,10 +413,28 @@ def test_help_states_each_default_once():
         assert "(default: None)" not in sub.format_help()
 
 
-def test_print_config_is_the_defaults(capsys):
+def test_print_config_is_the_defaults_with_what_each_key_means(capsys):
+    """The YAML of the resolved job, each key's meaning (the comment its section gives it, as on the generated
+    page of the keys) in a comment above it; a single-level model's unread keys (levels, auxiliary heads)
+    left out."""
     assert cli.main(["train", "--print-config"]) == 0
-    printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed == resolve_paths(default_config()).to_dict()
+    out = capsys.readouterr().out
+    expected = resolve_paths(default_config()).to_dict()
+    for key in ("taps", "levels", "level_weights", "head_filters", "head_units"):
+        del expected["model"][key]
+    assert yaml.safe_load(out) == expected
+    lines = out.splitlines()
+    above = {line: lines[i - 1] for i, line in enumerate(lines) if i}
+    assert above["  epochs: 10"] == "  # epochs of steps_per_epoch steps"  # TrainingConfig.epochs' comment
+    assert above["  name: adam"] == "  # a Keras optimizer"
+    assert above["data:"] == "# Where the images come from and how training batches are drawn (`tfdml.data`)."
+    assert "    # paper: Algorithm 1 literally" in lines  # ala.params.variant, declared in ALAOptions
+    keys = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+    assert all(lines[i - 1].lstrip().startswith("# ") for i in keys), "a key without its meaning"
+    assert max(map(len, lines)) <= 120 and "levels:" not in out and "type: single" in out
+    assert cli.main(["train", "--print-config", "--set", "model.type=multilevel"]) == 0
+    out = capsys.readouterr().out
+    assert "  levels: [L, M, H]" in out and "  # heads of a multilevel model" in out
     assert (
         cli.main(
             [
@@ -426,6 +444,8 @@ def test_print_config_is_the_defaults(capsys):
                 os.path.join(ROOT, "configs", "digits_rll.yaml"),
                 "--epochs",
                 "3",
+                "--set",
+                "training.epochs=3",  # the same value twice: nothing disagrees
                 "--set",
                 "loss.params.margin=0.5",
             ]
@@ -445,6 +465,17 @@ def test_print_config_is_the_defaults(capsys):
         (["--set", "seed=1.5"], "seed: expected an integer, got 1.5"),
         (["--set", "loss.params.margn=0.1"], "unknown configuration key 'loss.params.margn'"),
         (["--eval-image-dir", "x"], "--eval-image-dir needs --image-dir"),
+        (["--set", "loss.margin=0.3"], "unknown configuration key 'loss.margin' (did you mean 'loss.params.margin'?)"),
+        (["--set", "epochs=3"], "unknown configuration key 'epochs' (did you mean 'training.epochs'?)"),
+        (
+            ["--epochs", "1", "--set", "training.epochs=-3"],
+            "--set training.epochs=-3 and --epochs 1 disagree: give training.epochs once",
+        ),
+        (
+            ["--set", "training={epochs: 4}", "--epochs", "2"],
+            "--set training={epochs: 4} and --epochs 2 disagree: give training.epochs once",
+        ),
+        (["--no-export", "--set", "export.enabled=true"], "--set export.enabled=true and --no-export disagree"),
     ],
 )
 def test_bad_value_exits_2_with_one_line(arguments, message, capsys):

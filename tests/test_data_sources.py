@@ -25,7 +25,7 @@ def write_folder(root, classes=4, per_class=3, corrupt=0):
             (folder / f"{i}.{'png' if c % 2 == 0 else 'jpg'}").write_bytes(encoded.numpy())
     for i in range(corrupt):
         (root / "class_0" / f"zz_broken_{i}.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    (root / "class_0" / "notes.txt").write_text("ignored: not an image")
+    (root / "class_0" / "notes.txt").write_text("not an image: named in a warning, not read")
 
 
 def test_image_folder_labels_follow_sorted_class_folders(tmp_path):
@@ -51,6 +51,30 @@ def test_image_folder_errors(tmp_path):
         data.image_folder(str(tmp_path))
 
 
+def test_files_without_an_image_extension_are_named_not_ignored(tmp_path, caplog):
+    """A photo saved without an extension is not read, and the warning says which file and why; hidden files
+    (.DS_Store) are no images of anyone's."""
+    write_folder(tmp_path, classes=2, per_class=2)
+    png = (tmp_path / "class_0" / "0.png").read_bytes()
+    (tmp_path / "class_1" / "IMG_0001").write_bytes(png)
+    (tmp_path / "class_1" / ".DS_Store").write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="tfdml.data"):
+        source = data.image_folder(str(tmp_path))
+    assert len(source) == 4
+    assert [r.getMessage() for r in caplog.records] == [
+        f"image_folder({tmp_path}): 2 files (class_0/notes.txt, class_1/IMG_0001) not read: their names do not "
+        "end in an image extension (.jpg, .jpeg, .png, .bmp, .gif, .webp, .tif, .tiff); an image among them is "
+        "read once its name ends in one"
+    ]
+    (tmp_path / "class_1" / "IMG_0001").rename(tmp_path / "class_1" / "IMG_0001.png")
+    assert len(data.image_folder(str(tmp_path))) == 5
+    for folder in ("class_0", "class_1"):
+        for file in (tmp_path / folder).glob("*.*g"):
+            file.rename(file.with_suffix(""))
+    with pytest.raises(ValueError, match=r"no image files \(.*\) in its class sub-folders; they hold 6 files \("):
+        data.image_folder(str(tmp_path))
+
+
 def test_varying_image_sizes_need_image_size(tmp_path):
     write_folder(tmp_path)
     with pytest.raises(ValueError, match=r"images have no fixed size .* pass image_size"):
@@ -73,7 +97,8 @@ def test_image_folder_checks_each_file_once_and_names_the_skipped(tmp_path, capl
     (tmp_path / "class_1" / "text.png").write_bytes(b"not a png at all")
     with caplog.at_level(logging.WARNING, logger="tfdml.data"):
         source = data.image_folder(str(tmp_path))
-    warnings = [r.getMessage() for r in caplog.records]
+    notes, *warnings = [r.getMessage() for r in caplog.records]
+    assert "1 file (class_0/notes.txt) not read" in notes  # write_folder's text file, named apart
     assert len(warnings) == 1 and "skipped 3 of 11 images that cannot be decoded" in warnings[0]
     for name in (
         "empty.jpg (empty file)",

@@ -268,3 +268,33 @@ def test_the_check_catches_a_retyped_figure_and_accepts_a_held_one():
     assert unheld_figures(f"It takes 12.5 ms a query {link}.", "docs/guides/x.md") == [(1, "12.5 ms")]
     assert unheld_figures("Run it:\n\n    took 12.5 ms\n", "docs/guides/x.md") == []  # sample output
     assert unheld_figures("```text\n0.9821\n```\n`0.1234`", "docs/guides/x.md") == []
+
+
+def test_the_export_guides_sample_index_line_is_the_benchmarks_current_row():
+    """The `tfdml export` line the Export guide shows is what the search benchmark's current `scann_default` row
+    at 1,000,000 x 512 (embedding-like data) prints, not an earlier run's."""
+    from tfdml.retrieval.tuning import describe_recall
+
+    with open(os.path.join(ROOT, "benchmarks", "search", "results_embedding.json")) as f:
+        record = json.load(f)["1000000/scann_default"]["index_recall"]
+    with open(os.path.join(ROOT, "docs", "guides", "export-and-serving.md"), encoding="utf-8") as f:
+        guide = f.read()
+    shown = re.search(r"\n      index: (.*?)\n\n", guide, re.S).group(1)
+    assert " ".join(shown.split()) == describe_recall(record)
+
+
+def test_the_glyph_method_table_is_its_results_without_rows_that_hold_none():
+    """`benchmarks/glyph_methods/table.md` is what the script writes from `results.jsonl` (measures nothing), and
+    a method not run on the current protocol is named below the table, not shown as a row without figures."""
+    from benchmarks.glyph_methods import benchmark_methods as methods
+
+    records = methods.read_lines(os.path.join(ROOT, "benchmarks", "glyph_methods", "results.jsonl"), methods.CONFIG)
+    rows = methods.summarise(records)
+    done = {row[0] for row in rows}
+    missing = [name for name in methods.METHODS if name not in done]
+    table = methods.markdown_table(rows, methods.CONFIG, missing, methods.paired_differences(records))
+    with open(os.path.join(ROOT, "benchmarks", "glyph_methods", "table.md"), encoding="utf-8") as f:
+        assert f.read() == table
+    assert "not run yet |" not in table and missing and "\nNot run on this protocol yet: " in table
+    shown = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines() if line.startswith("| ")]
+    assert not {methods.METHODS[name][0] for name in missing} & set(shown)

@@ -51,6 +51,21 @@ def inventory(site):
     return _inventory(site / "objects.inv")
 
 
+def test_no_page_reads_past_5000_words(site):
+    """A page a reader gets through: its article's words as rendered (code, tables and maths included), the
+    navigation and the footer left out. The label-noise benchmark's per-cell tables stay in its results folder."""
+    import html
+
+    counts = {}
+    for path in site.rglob("*.html"):
+        article = re.search(r"<article.*?</article>", path.read_text(encoding="utf-8"), re.S)
+        if article:
+            counts[str(path.relative_to(site))] = len(html.unescape(re.sub(r"<[^>]+>", " ", article.group(0))).split())
+    assert len(counts) > 50 and counts["benchmarks/label_noise/index.html"] > 1000
+    long = {page: words for page, words in counts.items() if words > 5000}
+    assert not long, long
+
+
 def _runtime_public_names(module):
     """`{name: object}` a user reaches as `module.name`: `__all__`, or the classes and functions without a
     leading `_` that tfdml defines (imported names included)."""
@@ -130,6 +145,34 @@ def test_every_configuration_key_is_listed_with_what_it_does():
     # Every loss name links to the class whose arguments loss.params are.
     assert "| `ranked_list` | [`RankedListLoss`][tfdml.losses.ranked_list.RankedListLoss] |" in losses
     assert losses.count("][tfdml.losses.") == len(LOSSES)
+
+
+def test_print_config_says_of_each_key_what_the_page_of_the_keys_says(capsys):
+    """`tfdml train --print-config` and the generated page read one description of each key."""
+    import html
+
+    from tfdml import cli
+
+    assert cli.main(["train", "--print-config", "--set", "model.type=multilevel"]) == 0
+    printed, comment, path = {}, [], []
+    for line in capsys.readouterr().out.splitlines():
+        text = line.lstrip()
+        if text.startswith("# "):
+            comment.append(text[2:])
+        elif text:
+            path[(len(line) - len(text)) // 2 :] = [text.split(":", 1)[0]]
+            printed[".".join(path)], comment = " ".join(comment), []
+    page = hooks.configuration_page().split("## `loss.name` and `loss.params`")[0]
+    said, sections = {}, set()
+    for match in re.finditer(r"^\| `([\w.]+)` \|(.*)\|$", page, re.M):
+        cell = re.split(r"(?<!\\)\|", match.group(2))[-1].strip()
+        if "See [`" in cell:  # a section's row links to its own table
+            sections.add(match.group(1))
+        else:
+            said[match.group(1)] = html.unescape(cell.replace("\\|", "|"))
+    assert set(printed) - set(said) <= sections  # every key printed (a section set to null holds none)
+    assert {key: printed[key] for key in printed if key in said} == {key: said[key] for key in printed if key in said}
+    assert said["training.epochs"] == "epochs of steps_per_epoch steps"
 
 
 def test_the_command_line_page_lists_every_option_of_every_command():

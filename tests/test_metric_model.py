@@ -238,3 +238,40 @@ def test_fit_traces_the_train_step_once(kind):
     model.train_step = lambda data: traces.append(1) or step(data)  # Python runs only while it is traced
     model.fit(x, labels, batch_size=len(labels), epochs=2, verbose=0)
     assert len(traces) == 1
+
+
+class _StopIfTraining(keras.callbacks.Callback):
+    """Bounds a `fit` that should have been refused: it ends it after a few batches instead of never."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        if self.batches >= 3:
+            self.model.stop_training = True
+
+
+def test_fit_on_an_endless_stream_without_steps_per_epoch_is_refused_at_once():
+    """`class_balanced_dataset` never ends: without `steps_per_epoch` Keras would wait for the end of the first
+    epoch forever, with no output. The model says what is missing before one batch is read, and trains with
+    it."""
+    from tfdml import data
+    from tfdml.models import Embedder
+
+    source = data.digits("train")
+    stream = data.class_balanced_dataset(source, 3, 2, image_size=8, seed=0)
+    assert int(stream.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    keras.utils.set_random_seed(0)
+    model = Embedder("small_cnn", embedding_dim=4, input_shape=(8, 8, 1), widths=(4,))
+    model.compile(optimizer="adam", loss=MarginLoss())
+    guard = _StopIfTraining()
+    with pytest.raises(ValueError, match=r"fit: the dataset never ends .* needs steps_per_epoch=N") as raised:
+        model.fit(stream, epochs=1, verbose=0, callbacks=[guard])
+    assert guard.batches == 0 and "tfdml.data.steps_per_epoch(source, classes_per_batch)" in str(raised.value)
+    with pytest.raises(ValueError, match="steps_per_epoch"):  # a plain endless dataset too
+        model.fit(stream.take(2).repeat(), epochs=1, verbose=0, callbacks=[guard])
+    assert guard.batches == 0
+    history = model.fit(stream, epochs=1, steps_per_epoch=2, verbose=0).history
+    assert len(history["loss"]) == 1

@@ -176,6 +176,24 @@ def test_multilevel_rll_training_lowers_each_level_loss():
     np.testing.assert_allclose(history["loss"], total, rtol=1e-4)
 
 
+def test_a_single_level_model_logs_its_loss_once():
+    """The loss of the one level is the loss: no `loss_H` beside it, which reads as a multilevel model's; two
+    levels log each beside their sum."""
+    images, labels = _batch()
+    logs = {}
+    for name, model in {
+        "embedder": Embedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE),
+        "one level": MultiLevelEmbedder("small_cnn", embedding_dim=DIM, input_shape=SHAPE, levels=("H",)),
+        "two levels": MultiLevelEmbedder(
+            "small_cnn", embedding_dim=DIM, input_shape=SHAPE, levels=("M", "H"), head_filters=8, head_units=16
+        ),
+    }.items():
+        model.compile(keras.optimizers.SGD(0.01), loss=RankedListLoss())
+        history = model.fit(images, labels, batch_size=len(images), epochs=1, shuffle=False, verbose=0).history
+        logs[name] = sorted(history)
+    assert logs == {"embedder": ["loss"], "one level": ["loss"], "two levels": ["loss", "loss_H", "loss_M"]}
+
+
 def test_save_load_round_trip_keeps_outputs(multilevel, grouped, tmp_path):
     images, _ = _batch()
     for model in (multilevel, grouped):

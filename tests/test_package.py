@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("name", tfdml._SUBMODULES)
 def test_submodules_load_on_attribute_access(name):
     if name == "beam":  # the optional dependency (tests/test_beam_optional.py covers its absence)
-        pytest.importorskip("apache_beam", reason='tfdml.beam needs the beam extra: pip install "tfdml[beam]"')
+        pytest.importorskip("apache_beam", reason='tfdml.beam needs the beam extra: pip install -e ".[beam]"')
     module = getattr(tfdml, name)
     assert module.__name__ == f"tfdml.{name}"
 

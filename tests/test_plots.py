@@ -173,7 +173,8 @@ def test_retrieval_grid_without_classes_has_grey_frames_and_black_titles(tmp_pat
 
 
 def test_training_curves_draw_a_single_level_loss_once(tmp_path, figures):
-    """A single-level embedder logs `loss_H` equal to `loss`: one panel says so; distinct levels keep theirs."""
+    """A per-level loss equal to `loss` (a model that logged its only level beside the sum): one panel says so;
+    distinct levels keep theirs."""
     single = {"loss": [1.0, 0.6, 0.4], "loss_H": [1.0, 0.6, 0.4], "val_map@r": [0.1, 0.2, 0.3]}
     plots.plot_training_curves(single, tmp_path / "single.png")
     titles = [ax.get_title() for ax in figures[-1].axes if ax.get_visible()]

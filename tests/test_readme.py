@@ -1,6 +1,7 @@
 """The README's code stays true: its example (the main job in plain Keras, which the documentation's Concepts
 guide includes) runs as written with fewer steps and builds the main job it says it mirrors (`tfdml train`: the
-same model, loss, optimizer, batches and evaluation data)."""
+same model, loss, optimizer, batches and evaluation data); the main job itself, run whole, prints figures within
+the band the README states around its table."""
 
 import contextlib
 import io
@@ -13,6 +14,7 @@ import warnings
 import numpy as np
 import pytest
 
+from tests import cli_process
 from tfdml import config as config_lib
 from tfdml import pipeline, recipes
 from tfdml.data import glyphs
@@ -122,3 +124,52 @@ def test_ci_runs_the_readme_commands_as_written():
     assert "-eq 5" in code, "pytest's exit code 5 (no tests collected) must fail CI"
     with open(os.path.join(os.path.dirname(README), "docs", "getting-started.md")) as f:
         assert '--8<-- "README.md:setup"' in f.read()
+
+
+def _figure_table(lines):
+    """`{metric: (model, raw pixels)}` of the table that starts at the `metric  model  raw pixels` line, and
+    the index of the line after it."""
+    start = next(i for i, line in enumerate(lines) if line.split() == ["metric", "model", "raw", "pixels"])
+    table, end = {}, start + 1
+    while end < len(lines) and lines[end].strip():
+        metric, model, raw = lines[end].split()
+        table[metric] = (float(model), float(raw))
+        end += 1
+    return table, end
+
+
+def test_the_main_job_prints_the_readmes_figures_within_the_band_it_states(tmp_path):
+    """`tfdml train` as the README runs it (without the export, which changes no figure): after the epochs, the
+    README's table of figures, each within the band the README states, then the time and where the report
+    went."""
+    with open(README) as f:
+        readme = f.read()
+    shown = re.search(r"\[start:main-job-output\][^\n]*\n```text\n(.*?)```", readme, re.S).group(1)
+    expected, _ = _figure_table(shown.splitlines())
+    spread = re.search(r"\[start:main-job-spread\][^\n]*\n(.*?)<!--", readme, re.S).group(1)
+    band = (
+        int(re.search(r"Expect each\s+figure within (\d+) points \(hundredths\) of the table", spread).group(1)) / 100
+    )
+    assert band == 0.04 and list(expected) == ["recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tfdml", "train", "--no-export", "--report-dir", "r"],
+        cwd=tmp_path,
+        env=cli_process.env(),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    printed, end = _figure_table(lines)
+    assert lines[0] == "Epoch 1/10" and "Epoch 10/10" in lines[:end]
+    assert list(printed) == list(expected)
+    far = {
+        metric: (got, want)
+        for metric in expected
+        for got, want in zip(printed[metric], expected[metric])
+        if abs(got - want) > band
+    }
+    assert not far, f"outside the README's band of {band}: {far}"
+    after = [line for line in lines[end:] if line.strip()]
+    assert [line.split(":")[0] for line in after[:3]] == ["training", "this process", "report"], after

@@ -25,3 +25,24 @@ def test_regenerate_references_lists_every_generator_and_refuses_an_unknown_one(
     assert listed.stdout.split() == expected and "pml_reference" in expected
     refused = subprocess.run([sys.executable, script, "no_such"], capture_output=True, text=True)
     assert refused.returncode == 2 and "no generator named no_such" in refused.stderr
+
+
+def test_install_size_follows_the_extras_asked_for():
+    """tools/install_size.py (the README's install sizes): the library alone pulls TensorFlow and none of the
+    test extra's other Keras backends; the contributor's extras add them; a package counts all its files."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import install_size
+    finally:
+        sys.path.remove(os.path.join(ROOT, "tools"))
+    import importlib.metadata as metadata
+
+    requires = metadata.distribution("tfdml").requires
+    core, _ = install_size.closure([r for r in requires if install_size._wanted(r, ())])
+    contributor, _ = install_size.closure([r for r in requires if install_size._wanted(r, ("test", "docs"))])
+    assert {"tensorflow", "scann", "numpy"} <= set(core) and not {"torch", "jax", "pytest", "mkdocs"} & set(core)
+    assert set(core) < set(contributor) and {"torch", "pytest", "mkdocs"} <= set(contributor)
+    # a package's size is its folder's: PyYAML's module folder holds its files, bytecode caches included
+    folder = os.path.dirname(metadata.distribution("pyyaml").locate_file("yaml/__init__.py"))
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+    assert 0 < on_disk <= install_size.installed_bytes(core["pyyaml"])

@@ -21,7 +21,7 @@ Outside a replica context, or with a single replica, every helper is the identit
     with strategy.scope():
         model = tfdml.models.Embedder("resnet50", embedding_dim=512)
         model.compile(optimizer="adam", loss=tfdml.losses.RankedListLoss())   # cross_replica=True
-    model.fit(tfdml.data.class_balanced_dataset(source, 60, 3, image_size=224))  # the loss sees all 180
+    model.fit(tfdml.data.class_balanced_dataset(source, 60, 3, image_size=224), epochs=10, steps_per_epoch=100)
     # several machines (MultiWorkerMirroredStrategy): tfdml.training.fit_distributed
 """
 

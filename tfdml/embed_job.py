@@ -9,6 +9,9 @@ import posixpath
 from tfdml.retrieval_options import INDEX_MODES as _SCANN_MODES
 from tfdml.retrieval_options import TARGET_RECALL
 
+# How to install the beam extra, as the README writes it: in the top folder of tfdml's source (a clone or an
+# unpacked source archive).
+BEAM_INSTALL = 'pip install -e ".[beam]"'
 FORMATS = ("tfrecord", "parquet")
 INDEX_MODES = (*_SCANN_MODES, "none")
 INPUTS = ("image_dir", "images", "tfrecords")

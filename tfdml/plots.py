@@ -340,8 +340,8 @@ def plot_training_curves(history, path, title="Training"):
     """Loss and metric curves per epoch from a Keras `History` (or its `.history` dict of lists).
 
     Each metric gets one panel; `val_<name>` is drawn in the same panel as `<name>`. A per-level loss equal
-    to `loss` at every epoch (`loss_H` of a single-level embedder) is named in the `loss` panel's title
-    instead of getting an identical panel of its own.
+    to `loss` at every epoch (a history in which a model logged the loss of its only level beside `loss`) is
+    named in the `loss` panel's title instead of getting an identical panel of its own.
     """
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator

@@ -21,6 +21,8 @@ group's own learning rate. For SGD without momentum this equals Caffe's L2 `weig
 differs only in that the decay term does not accumulate in the momentum buffer.
 """
 
+import inspect
+
 from tfdml import losses
 from tfdml.config import LOSSES, ConfigError, ModelConfig, OptimizerConfig
 from tfdml.models import Embedder, MultiLevelEmbedder, backbones
@@ -96,12 +98,27 @@ def make_embedder(config, input_shape=None):
     )
 
 
+def required_arguments(loss_class):
+    """The names of the arguments `loss_class` cannot do without (no default), e.g. a proxy loss's
+    `num_classes` and `embedding_dim`."""
+    parameters = inspect.signature(loss_class).parameters.values()
+    return {p.name for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
 def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
     """A tfdml loss from a `LossConfig` (`name`, `params`, optional `dynamic_temperature`), applied to each
     prefix of `nested_dims` (`NestedLoss`), in a `CrossBatchMemory` of `embedding_dim`-wide embeddings (the full
     vectors) with `cross_batch_memory`, in `SmallLossWeighting` or `PRISM` with `label_noise`."""
 
     params = dict(section.params)
+    loss_class = getattr(losses, LOSSES[section.name])
+    if "embedding_dim" in required_arguments(loss_class):  # a proxy per class, as wide as the embedding
+        params.setdefault("embedding_dim", embedding_dim)
+    if section.name != "group" and "num_classes" in required_arguments(loss_class) and "num_classes" not in params:
+        raise ConfigError(
+            f"loss.params.num_classes: {section.name} learns one proxy per training class: give their number "
+            "(tfdml train takes it from the training data)"
+        )
     schedule = section.dynamic_temperature
     if schedule is not None:
         params["tn"] = losses.LinearTemperature(schedule.t1, schedule.t2, schedule.max_steps or total_steps)
@@ -109,7 +126,7 @@ def build_loss(section, num_classes=None, total_steps=None, embedding_dim=None):
         params.setdefault("num_classes", num_classes)
         if params["num_classes"] is None:
             raise ConfigError("model.num_classes: the group loss needs the classifier head size")
-    loss = getattr(losses, LOSSES[section.name])(**params)
+    loss = loss_class(**params)
     if section.nested_dims is not None:
         loss = losses.NestedLoss(loss, section.nested_dims, section.nested_weights)
     memory = section.cross_batch_memory

@@ -18,7 +18,7 @@ class ClassificationPretraining(keras.callbacks.Callback):
     Example:
       >>> model = Embedder("resnet50", num_classes=100, weights=None)
       >>> model.compile(keras.optimizers.Adam(2e-4), loss=GroupLoss(num_classes=100, temperature=24.0))
-      >>> model.fit(train, epochs=70, callbacks=[ClassificationPretraining(epochs=10)])
+      >>> model.fit(train, epochs=70, steps_per_epoch=100, callbacks=[ClassificationPretraining(epochs=10)])
     """
 
     def __init__(self, epochs=10):

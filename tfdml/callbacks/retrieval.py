@@ -34,7 +34,7 @@ class RetrievalEvaluation(keras.callbacks.Callback):
 
     Example:
       >>> callback = RetrievalEvaluation((x_test, y_test), every_n_epochs=2, ks=(1, 2, 4, 8))
-      >>> history = model.fit(train, epochs=10, callbacks=[callback])
+      >>> history = model.fit(train, epochs=10, steps_per_epoch=100, callbacks=[callback])
       >>> history.history["val_recall@1"]
       >>> RetrievalEvaluation(tfdml.data.glyphs("test"), center_crop=False)   # a Source
     """

@@ -11,7 +11,7 @@ import os
 import sys
 
 from tfdml.cli import positive_int, usage_error
-from tfdml.embed_job import EmbedJob
+from tfdml.embed_job import BEAM_INSTALL, EmbedJob
 
 HELP = "Embed, shard and index a catalogue of images with an exported model on Apache Beam."
 
@@ -27,7 +27,7 @@ def register(subparsers):
         "manifest.json. Runs on Beam's DirectRunner unless --runner says otherwise; any other option is one of "
         "Beam's pipeline options and goes to the runner unchanged (e.g. --direct_num_workers 2 "
         "--direct_running_mode multi_processing, --flink_master, --project, --temp_location). Needs the beam extra "
-        '(pip install "tfdml[beam]").',
+        f"({BEAM_INSTALL} in the top folder of tfdml's source).",
     )
     groups = {}
     for field in dataclasses.fields(EmbedJob):  # the job's fields are the options (tfdml.embed_job)

@@ -215,9 +215,16 @@ def argument_problem(args):
     except ConfigError as error:
         key, _, rest = str(error).partition(":")
         return f"{_SEARCH_OPTIONS.get(key.removeprefix('export.'), key)}:{rest}"
-    problem = output_dir_problem(os.path.join(args.base_dir, args.name or "x"), writable=True)
+    try:
+        name = _model_name(args, report_files(args.model)[0])
+    except ValueError as error:
+        name, unnamed = None, str(error)
+    # The folder the export writes, or, with no name known yet, the base folder it would be made in.
+    problem = output_dir_problem(args.base_dir if name is None else os.path.join(args.base_dir, name), writable=True)
     if problem:
         return f"--base-dir: {problem}"
+    if name is None:
+        return unnamed
     problem = model_file_problem(args.model)
     return f"--model: {problem}" if problem else None
 

@@ -10,10 +10,9 @@ import json
 import os
 import sys
 
-import yaml
-
 from tfdml.cli.reporting import warnings_to_stderr
-from tfdml.config import ConfigError, given_keys, load_config
+from tfdml.config import ConfigError, given_keys, load_config, parse_override
+from tfdml.config.descriptions import commented_yaml
 
 HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, export it and write a report."
 
@@ -103,7 +102,8 @@ def _add_run_options(parser):
     group.add_argument(
         "--print-config",
         action="store_true",
-        help="print the resolved configuration as YAML and exit without training.",
+        help="print the resolved configuration as YAML, each key's meaning in a comment above it, and exit "
+        "without training.",
     )
     group.add_argument(
         "--quiet",
@@ -179,12 +179,33 @@ def _overrides(args):
         "report.dir": args.report_dir,
         "export.base_dir": args.export_dir,
         "export.version": args.export_version,
+        "export.enabled": False if args.no_export else None,
     }
-    overrides = _folder_job(args) + list(args.overrides)
-    overrides += [(key, value) for key, value in shortcuts.items() if value is not None]
-    if args.no_export:
-        overrides.append(("export.enabled", False))
-    return overrides
+    shortcuts = {key: value for key, value in shortcuts.items() if value is not None}
+    _check_agreement(args.overrides, shortcuts)
+    return _folder_job(args) + list(args.overrides) + list(shortcuts.items())
+
+
+def _check_agreement(sets, shortcuts):
+    """A `ConfigError` when a `--set` gives a key that an option also gives, another value: the option would
+    replace it without a word (and a wrong value would never be checked)."""
+    for text in sets:
+        keys, value = parse_override(text)
+        for key, given in _leaves(".".join(keys), value):
+            if key in shortcuts and given != shortcuts[key]:
+                option = (
+                    "--no-export"
+                    if key == "export.enabled"
+                    else f"--{_OPTION_OF[key].replace('_', '-')} {shortcuts[key]}"
+                )
+                raise ConfigError(f"--set {text.strip()} and {option} disagree: give {key} once")
+
+
+def _leaves(key, value):
+    """`(dotted key, value)` of every value a `--set` gives (`training={epochs: 3}` gives `training.epochs`)."""
+    if isinstance(value, dict) and value:
+        return [leaf for name, item in value.items() for leaf in _leaves(f"{key}.{name}", item)]
+    return [(key, value)]
 
 
 def resolve(args):
@@ -241,7 +262,7 @@ def run(args):
 
     try:
         if args.print_config:
-            print(yaml.safe_dump(pipeline.resolve_paths(config).to_dict(), sort_keys=False), end="")
+            print(commented_yaml(pipeline.resolve_paths(config)), end="")
             return 0
         # Progress bars only on a terminal: redirected logs get one line per epoch.
         verbose = 2 if args.quiet or not sys.stdout.isatty() else 1

@@ -16,9 +16,11 @@ whose message is one line that names the key and what is allowed, e.g.
 `optimizer.learning_rate: expected a number, got 'abc'`. `Config.to_dict()` is plain YAML/JSON data and
 `Config.from_dict(config.to_dict()) == config`.
 
-The package has three parts: `tfdml.config.schema` (the validation machinery: typed fields and their rules),
-`tfdml.config.sections` (the sections and the whole `Config`) and `tfdml.config.loading` (the default job,
-files and overrides merged over it). Every public name is importable from `tfdml.config`.
+The package has four parts: `tfdml.config.schema` (the validation machinery: typed fields and their rules),
+`tfdml.config.sections` (the sections and the whole `Config`), `tfdml.config.loading` (the default job,
+files and overrides merged over it) and `tfdml.config.descriptions` (what each key means, read from the
+sections' field comments: `tfdml train --print-config` prints it). Every public name of the first three is
+importable from `tfdml.config`.
 """
 
 from tfdml.config.loading import (

@@ -40,13 +40,36 @@ def _names(items):
     return ", ".join(sorted(getattr(i, "name", i) for i in items))
 
 
-def _check_keys(mapping, known, key):
+def _check_keys(mapping, known, key, nested=None):
+    """A `ConfigError` for the first name of `mapping` not in `known`, with the nearest key: one of `nested`
+    (`{known name: the names it holds}`) where the name is one level too high (`loss.margin` for
+    `loss.params.margin`), else a close spelling here."""
     for name in mapping:
         if name not in known:
-            close = difflib.get_close_matches(str(name), list(known), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
             where = f"{key}.{name}" if key else str(name)
+            deeper = [
+                f"{key}.{parent}.{name}" if key else f"{parent}.{name}"
+                for parent, names in (nested or {}).items()
+                if name in names
+            ]
+            close = deeper[:1] or difflib.get_close_matches(str(name), list(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"unknown configuration key '{where}'{hint}; valid keys here: {_names(known)}")
+
+
+def _nested_names(cls):
+    """`{field: the keys it holds}` of the fields of the dataclass `cls` that are sections, or loss arguments
+    (`params`: the argument names `LOSS_PARAM_RANGES` knows; the loss class checks them later)."""
+    hints = typing.get_type_hints(cls)
+    nested = {}
+    for field in dataclasses.fields(cls):
+        tp = hints[field.name]
+        section = next((c for c in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(c)), None)
+        if section is not None:
+            nested[field.name] = {f.name for f in dataclasses.fields(section)}
+        elif field.name.endswith("params"):
+            nested[field.name] = set(LOSS_PARAM_RANGES)
+    return nested
 
 
 def _type_name(tp):
@@ -142,7 +165,7 @@ def _build(cls, mapping, key=""):
     if not isinstance(mapping, dict):
         raise ConfigError(f"{key or 'the configuration'}: expected a mapping, got {mapping!r}")
     known = {f.name: f for f in dataclasses.fields(cls)}
-    _check_keys(mapping, known, key)
+    _check_keys(mapping, known, key, _nested_names(cls))
     hints = typing.get_type_hints(cls)
     values = {}
     for name, value in mapping.items():

@@ -112,7 +112,11 @@ class StreamOptions:
         object.__setattr__(self, "augment", resolve_augment(self.augment))
 
     def finish(self, dataset):
-        """`dataset`, prefetched if `prefetch`."""
+        """`dataset`, prefetched if `prefetch`; without `epochs` its cardinality is declared infinite (what
+        `tf.data` cannot tell through the sampler's filter), so that `fit` and `take` know the stream never
+        ends."""
+        if self.epochs is None:
+            dataset = dataset.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
         return dataset.prefetch(tf.data.AUTOTUNE) if self.prefetch else dataset
 
 
@@ -363,7 +367,9 @@ def class_balanced_dataset(source, classes_per_batch, samples_per_class, *, num_
       `j*K .. j*K + K - 1` share one label, and within a class the K images are a uniform random choice in
       a uniform random order (so "the first n of each class", e.g. Group Loss's anchors, are a uniform
       random choice too). Undecodable images are skipped and replaced by other images of their class; see
-      `source.skipped_count` / `source.corrupt_items`.
+      `source.skipped_count` / `source.corrupt_items`. Without `epochs` the stream never ends (its
+      cardinality is `tf.data.INFINITE_CARDINALITY`): `fit` needs `steps_per_epoch`, which a tfdml model
+      asks for at once (a plain `keras.Model` would run its first epoch forever).
 
     Example:
       >>> source = tfdml.data.digits("train")

@@ -217,7 +217,8 @@ def list_class_folders(path, class_names=None, extensions=IMAGE_EXTENSIONS):
     """`(paths, labels, class_names)` of the images in `path/<class_name>/<image files>`.
 
     Class ids follow the sorted sub-folder names, or the order of `class_names` when given (e.g. to match
-    query classes to gallery classes; missing class folders are then skipped). Files are sorted.
+    query classes to gallery classes; missing class folders are then skipped). Files are sorted; the files
+    whose names do not end in one of `extensions` (hidden ones aside) are left out and named in one warning.
     """
     path = os.fspath(path)
     if not os.path.isdir(path):
@@ -226,7 +227,7 @@ def list_class_folders(path, class_names=None, extensions=IMAGE_EXTENSIONS):
         class_names = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
         if not class_names:
             raise ValueError(f"image folder {path!r} has no class sub-folders (expected path/<class>/<image>).")
-    paths, labels = [], []
+    paths, labels, others = [], [], []
     extensions = tuple(e.lower() for e in extensions)
     for label, name in enumerate(class_names):
         folder = os.path.join(path, name)
@@ -236,9 +237,29 @@ def list_class_folders(path, class_names=None, extensions=IMAGE_EXTENSIONS):
             if file.lower().endswith(extensions):
                 paths.append(os.path.join(folder, file))
                 labels.append(label)
+            elif not file.startswith(".") and os.path.isfile(os.path.join(folder, file)):
+                others.append(os.path.join(name, file))
     if not paths:
-        raise ValueError(f"image folder {path!r}: no image files ({', '.join(extensions)}) in its class sub-folders.")
+        raise ValueError(
+            f"image folder {path!r}: no image files ({', '.join(extensions)}) in its class sub-folders"
+            + (f"; they hold {_named(others)} with other names" if others else "")
+            + "."
+        )
+    if others:
+        logger.warning(
+            "image_folder(%s): %s not read: their names do not end in an image extension (%s); an image among "
+            "them is read once its name ends in one",
+            path,
+            _named(others),
+            ", ".join(extensions),
+        )
     return paths, np.asarray(labels, np.int64), list(class_names)
+
+
+def _named(files):
+    """`3 files (a/x, a/y, b/z)`: a count and the first `MAX_NAMED` names."""
+    more = f", ... ({len(files) - MAX_NAMED} more)" if len(files) > MAX_NAMED else ""
+    return f"{len(files)} file{'s' if len(files) != 1 else ''} ({', '.join(files[:MAX_NAMED])}{more})"
 
 
 def scan_image_files(paths):

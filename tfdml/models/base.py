@@ -1,8 +1,10 @@
 """`MetricModel`: the `keras.Model` base class of every tfdml embedder.
 
-It changes `compile` (and `fit`'s default `shuffle` for a `tf.data.Dataset`, which Keras cannot shuffle:
-tfdml's datasets come shuffled, and Keras' default `shuffle=True` only warns that it is ignored), so the
-stock `train_step`, `fit`, `evaluate`, `model.save` and distribution support are untouched:
+It changes `compile` (and, in `fit`, the default `shuffle` for a `tf.data.Dataset`, which Keras cannot
+shuffle: tfdml's datasets come shuffled, and Keras' default `shuffle=True` only warns that it is ignored; an
+endless dataset without `steps_per_epoch` is a `ValueError` at once, where Keras would wait for the end of
+the first epoch forever), so the stock `train_step`, `fit`, `evaluate`, `model.save` and distribution
+support are untouched:
 
 - losses that own variables (`loss.trainable_variables`, e.g. the margin loss' learnable `beta`) have them
   tracked by the model, so they appear in `model.trainable_variables`, receive gradients in the default
@@ -19,6 +21,8 @@ stock `train_step`, `fit`, `evaluate`, `model.save` and distribution support are
 `get_compile_config` stores the optimizer the user passed, so `keras.saving.load_model` recompiles the same
 way (and restores the losses' variables and every inner optimizer's state).
 """
+
+import inspect
 
 import keras
 import tensorflow as tf
@@ -42,6 +46,18 @@ def _flat_losses(loss):
     return [item for item in keras.tree.flatten(loss) if isinstance(item, keras.losses.Loss)]
 
 
+def _check_epoch_length(dataset, args, kwargs):
+    """A `ValueError` for an endless dataset (e.g. `tfdml.data.class_balanced_dataset`) given to `fit` without
+    `steps_per_epoch`: Keras would wait for its first epoch to end, forever and without a word."""
+    steps = inspect.signature(keras.Model.fit).bind(None, None, None, *args, **kwargs).arguments.get("steps_per_epoch")
+    if steps is None and int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+        raise ValueError(
+            "fit: the dataset never ends (e.g. tfdml.data.class_balanced_dataset without epochs), so an epoch "
+            "needs steps_per_epoch=N batches; tfdml.data.steps_per_epoch(source, classes_per_batch) is one pass "
+            "over the classes"
+        )
+
+
 @keras.saving.register_keras_serializable(package="tfdml")
 class MetricModel(keras.Model):
     """A `keras.Model` (functional or subclassed) whose `compile` understands tfdml losses.
@@ -51,7 +67,7 @@ class MetricModel(keras.Model):
         >>> embeddings = keras.layers.UnitNormalization()(keras.layers.Dense(32)(inputs))
         >>> model = MetricModel(inputs, embeddings)
         >>> model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=tfdml.losses.MarginLoss())
-        >>> model.fit(class_balanced_dataset)   # beta trained by its own SGD(0.1, momentum 0.9)
+        >>> model.fit(class_balanced_dataset, steps_per_epoch=100)   # beta trained by its own SGD(0.1, 0.9)
     """
 
     def __new__(cls, *args, **kwargs):
@@ -90,6 +106,7 @@ class MetricModel(keras.Model):
 
     def fit(self, x=None, y=None, *args, **kwargs):
         if isinstance(x, tf.data.Dataset):
+            _check_epoch_length(x, args, kwargs)
             kwargs.setdefault("shuffle", False)  # a dataset is shuffled by its own pipeline, never by fit
         self._build_optimizer()
         return super().fit(x, y, *args, **kwargs)

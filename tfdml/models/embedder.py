@@ -47,7 +47,7 @@ class Embedder(MultiLevelEmbedder):
     Example:
       >>> model = Embedder("resnet50", embedding_dim=512, weights=None)
       >>> model.compile(optimizer=keras.optimizers.Adam(1e-5), loss=tfdml.losses.MarginLoss())
-      >>> model.fit(dataset, epochs=20)
+      >>> model.fit(dataset, epochs=20, steps_per_epoch=100)
       >>> embeddings = model.predict(images)        # uint8 images -> [N, 512], unit norm
       >>> cnn = Embedder("small_cnn", embedding_dim=64, input_shape=(32, 32, 1), widths=(16, 32, 64, 128))
       >>> official = Embedder("inception_v3", embedding_dim=None, num_classes=100)  # Group Loss layout

@@ -84,7 +84,8 @@ class MultiLevelEmbedder(MetricModel):
 
     Compile with any tfdml loss: `model.compile(optimizer, loss=RankedListLoss())` applies the loss to each
     level's normalised embedding and sums them with `level_weights`; per-level values are logged as
-    `loss_L`, `loss_M`, `loss_H` (with `levels=("H",)` the model is a plain single-level embedder).
+    `loss_L`, `loss_M`, `loss_H` (with one level, e.g. `levels=("H",)`, the model is a plain single-level
+    embedder and logs `loss` alone).
 
     Args:
       backbone: a `keras.applications` name, "small_cnn", or a functional Keras model (see
@@ -130,7 +131,7 @@ class MultiLevelEmbedder(MetricModel):
     Example:
       >>> model = MultiLevelEmbedder("resnet50", embedding_dim=512, weights=None)
       >>> model.compile(optimizer="adam", loss=tfdml.losses.RankedListLoss())
-      >>> model.fit(dataset, epochs=10)
+      >>> model.fit(dataset, epochs=10, steps_per_epoch=100)
       >>> outputs = model.export_outputs(images)   # "embedding" (1536-d), "L", "M", "H" (512-d each)
     """
 
@@ -189,7 +190,10 @@ class MultiLevelEmbedder(MetricModel):
 
         self._build_heads(embedding_dim)
         self.normalize = L2Normalize(name="l2_normalize")
-        self.level_loss_trackers = [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels]
+        # Each level's loss beside their sum (`loss`); one level's would only repeat `loss`.
+        self.level_loss_trackers = (
+            [keras.metrics.Mean(name=f"loss_{level}") for level in self.levels] if len(self.levels) > 1 else []
+        )
         if self.freeze_batchnorm:
             backbones_lib.freeze_batchnorm(self.backbone)
         self.frozen_stages, self.freeze_backbone = int(frozen_stages), bool(freeze_backbone)
@@ -343,9 +347,10 @@ class MultiLevelEmbedder(MetricModel):
             loss = self._compiled_loss()
             values = [loss(y, prediction, sample_weight) for prediction in level_predictions]
         total = tf.constant(0.0, dtype=tf.float32)
-        for value, weight, tracker in zip(values, self.level_weights, self.level_loss_trackers):
+        for index, (value, weight) in enumerate(zip(values, self.level_weights)):
             value = tf.cast(value, tf.float32)
-            tracker.update_state(unscale_for_replicas(value))  # as Keras logs `loss`
+            if self.level_loss_trackers:
+                self.level_loss_trackers[index].update_state(unscale_for_replicas(value))  # as Keras logs `loss`
             total = total + weight * value
         for extra in self.losses:  # regularisers and add_loss terms, 1/N each so N replicas sum to one
             total = total + scale_for_replicas(tf.cast(tf.reduce_sum(extra), tf.float32))

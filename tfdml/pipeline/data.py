@@ -7,7 +7,8 @@ import logging
 import numpy as np
 
 from tfdml import data as data_lib
-from tfdml.config import ConfigError, DataConfig
+from tfdml import losses, recipes
+from tfdml.config import LOSSES, ConfigError, DataConfig
 from tfdml.data.sources import DatasetUnavailable, class_halves, single_image_classes
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def fit_to_data(config, train_source, fit_classes_per_batch=False, say=print):
             f"model.num_classes={num_classes} but the training labels go up to {top_label}: the "
             "classifier head needs every class id below it"
         )
+    config = _proxies_for_the_classes(config, top_label)
     if config.ala.enabled:
         return config
     available, wanted = _available_classes(config, train_source), config.data.classes_per_batch
@@ -111,6 +113,18 @@ def fit_to_data(config, train_source, fit_classes_per_batch=False, say=print):
         f"({train_source.name}) has {available} usable class(es) ({names}); a batch needs at "
         "least 2 classes and at most as many as the data has"
     )
+
+
+def _proxies_for_the_classes(config, top_label):
+    """A proxy or classifier loss (one weight vector per class: NormSoftmax, Proxy-Anchor, ...) without
+    `loss.params.num_classes` gets one for each class id up to the training data's largest (the ids index them)."""
+    section = config.loss
+    needs = section.name != "group" and "num_classes" in recipes.required_arguments(
+        getattr(losses, LOSSES[section.name])
+    )
+    if not needs or "num_classes" in section.params:
+        return config
+    return config.replace(loss=section.replace(params={**section.params, "num_classes": top_label + 1}))
 
 
 def steps_per_epoch(config, train_source):

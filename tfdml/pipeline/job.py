@@ -37,8 +37,10 @@ class Interrupted(KeyboardInterrupt):
 
 def _interrupted(stage, config):
     epochs, checkpoints = config.training.epochs, config.training.checkpoint_dir
+    done = completed_epochs(checkpoints) if stage == "training" else 0
+    if done >= epochs:  # stopped after the last epoch's checkpoint: the rerun trains nothing
+        stage = "after training"
     if stage == "training":
-        done = completed_epochs(checkpoints)
         if done:
             return Interrupted(f"interrupted after epoch {done}/{epochs}; run the same command to resume")
         return Interrupted(
