@@ -178,3 +178,15 @@ def test_same_embedding_on_other_backends(backend, tmp_path):
     other = np.array(json.loads(line.split(" ", 1)[1]))
     model = tfdml.models.Embedder("efficientnet_lite0", embedding_dim=None, weights="imagenet")
     np.testing.assert_allclose(other, model(_pixels(224), training=False).numpy(), atol=1e-4, rtol=0)
+
+
+def test_export_serves_the_pretrained_embedder(tmp_path):
+    """The SavedModel of an EfficientNet-Lite embedder takes uint8 images and scales them to [-1, 1] itself: the
+    served embedding of whole images at the model's size is the Keras model's."""
+    model = tfdml.models.Embedder("efficientnet_lite0", embedding_dim=8, input_shape=(64, 64, 3))
+    path = tfdml.export.export_saved_model(model, str(tmp_path), name="lite", center_crop=False)
+    meta = tfdml.export.load_metadata(os.path.dirname(path))
+    assert meta["preprocessing"] == "symmetric" and meta["image_size"] == [64, 64]
+    pixels = np.random.default_rng(1).integers(0, 256, (2, 64, 64, 3)).astype(np.uint8)
+    served = tf.saved_model.load(path).signatures["serving_default"](images=tf.constant(pixels))["embedding"]
+    np.testing.assert_allclose(served.numpy(), model(pixels.astype(np.float32)).numpy(), atol=1e-5)

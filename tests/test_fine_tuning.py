@@ -137,6 +137,7 @@ def test_image_dir_defaults_are_the_pretrained_backbone(tmp_path):
     model, data = config.model, config.data
     assert (model.backbone, model.weights, model.freeze_backbone) == ("efficientnet_lite0", "imagenet", True)
     assert data.image_size == 160 and data.augment and config.training.head_warmup_steps == 300
+    assert model.type == "multilevel" and model.levels == ["L", "M", "H"]
     own = cli.build_parser().parse_args(["train", "--image-dir", str(tmp_path), "--set", "model.backbone=small_cnn"])
     assert cli.train.resolve(own).model.weights is None  # another backbone: its own defaults
     with pytest.raises(ConfigError, match="efficientnet_lite1 takes imagenet"):

@@ -130,10 +130,10 @@ def _head_embedder(kind, size):
 
 
 def _loss(name, num_classes):
-    if name == "rll_lmh" or name == "rll_h":
+    if name == "rll_lmh":
         return tfdml.losses.get("ranked_list")
-    if name in ("proxy_anchor", "proxy_nca", "normalized_softmax"):
-        return tfdml.losses.get({"class_name": name, "config": {"num_classes": num_classes}})
+    if name == "proxy_anchor":  # one proxy per training class id
+        return tfdml.losses.ProxyAnchorLoss(num_classes, HEAD_DIM)
     return tfdml.losses.get(name)
 
 
@@ -141,8 +141,8 @@ def heads(args):
     for name in args.data:
         size = IMAGE_SIZE[name]
         train_x, train_y, test_x, test_y = load(name, size)
-        num_classes = len(np.unique(train_y))
-        batch = (5, 12) if num_classes < 8 else (8, 4)
+        num_classes = int(train_y.max()) + 1
+        batch = (5, 12) if len(np.unique(train_y)) < 8 else (8, 4)
         cache = {}
         for method in args.losses:
             kind = "multilevel" if method == "rll_lmh" else "single"
@@ -193,12 +193,14 @@ def finetune(args):
                 subprocess.run(command, check=True)
                 with open(os.path.join(report, "metrics.json")) as f:
                     metrics = json.load(f)
+                size = tfdml.config.load_config(os.path.join(report, "config.yaml")).data.image_size
             model = metrics["model"]
             record(
                 {
                     "data": name,
                     "method": "tfdml train --image-dir defaults" + (f" {' '.join(args.extra)}" if args.extra else ""),
                     "seed": seed,
+                    "image_size": size,
                     "recall@1": round(100 * model["recall@1"], 2),
                     "map@r": round(100 * model["map@r"], 2),
                     "train_s": round(metrics["train_seconds"], 1),
@@ -218,7 +220,11 @@ def table(args):
             row = json.loads(line)
             rows[(row["data"], row["method"], row.get("image_size"))].append(row)
     lines = ["| data | method | px | runs | Recall@1 | MAP@R |", "|---|---|---|---|---|---|"]
-    for (data, method, size), runs in sorted(rows.items(), key=lambda kv: (kv[0][0], str(kv[0][2]), kv[0][1])):
+    order = ("raw", "frozen", "heads", "fine-tuned", "tfdml")  # baselines first, then what trains more
+    for (data, method, size), runs in sorted(
+        rows.items(),
+        key=lambda kv: (kv[0][0], kv[0][2] or IMAGE_SIZE[kv[0][0]], [m for m in order if kv[0][1].startswith(m)][0], kv[0][1]),
+    ):
         r1 = np.array([r["recall@1"] for r in runs])
         mapr = np.array([r["map@r"] for r in runs])
         lines.append(

@@ -49,8 +49,8 @@ def register(subparsers):
         help="train on your own images: DIR/<class name>/<image files>. Without "
         "--eval-image-dir the classes are split in halves by sorted folder name: the "
         "model trains on the first half and is evaluated on the unseen second half. "
-        "The job is named after DIR. Without --config it trains a new head on EfficientNet-Lite0's ImageNet "
-        "features (installed with tfdml) at 160 px: first on the features of the training images computed "
+        "The job is named after DIR. Without --config it trains new L, M and H heads on EfficientNet-Lite0's "
+        "ImageNet features (installed with tfdml) at 160 px: first on the features of the training images computed "
         "once, then for one pass over augmented images; --set model.freeze_backbone=false --epochs 3 "
         "fine-tunes the whole network, --set model.backbone=small_cnn trains the small CNN from scratch.",
     )
@@ -113,14 +113,15 @@ def _add_run_options(parser):
 
 
 # What `--image-dir` trains unless `--set` says otherwise: EfficientNet-Lite0 from its ImageNet weights (installed
-# with tfdml, no download) at 160 px, the best of 96-224 px for frozen features; its backbone frozen and the new
-# head trained on the backbone's features of the training images, computed once, then for one pass over the
-# augmented images. The pretrained benchmark measures it against frozen features, raw pixels and fine-tuning the
+# with tfdml, no download) at 160 px, the best of 96-224 px for frozen features; its backbone frozen and new L, M
+# and H heads trained on the backbone's features of the training images, computed once, then for one pass over
+# the augmented images. The pretrained benchmark measures it against frozen features, raw pixels and fine-tuning the
 # whole network, which did worse on a CPU's budget.
 FOLDER_MODEL = (
     ("model.backbone", "efficientnet_lite0"),
     ("model.weights", "imagenet"),
     ("model.widths", None),
+    ("model.type", "multilevel"),  # L, M and H heads: the ends of stages 5 and 7 and the head
     ("model.embedding_dim", 128),
     ("model.freeze_backbone", True),
 )
