@@ -206,8 +206,11 @@ class _Section:
 
 
 def _check_arguments(function, params, key, skip=()):
-    """`params` against the named arguments of `function`: unknown names and values of the wrong kind
-    (a number where the default is a number, true/false where it is a bool) are `ConfigError`s."""
+    """`params` against the named arguments of `function`, a loss class: unknown names and values of the wrong
+    kind (a number where the default is a number, true/false where it is a bool) are `ConfigError`s, and a
+    number outside the range the class declares for it (`tfdml.losses.arguments`: its `ARGUMENTS`; a class or
+    function without a declaration: the default range of every number)."""
+    declaration = {a.name: a for a in getattr(function, "ARGUMENTS", ())}
     signature = inspect.signature(function)
     known = {
         name: p
@@ -215,44 +218,14 @@ def _check_arguments(function, params, key, skip=()):
         if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
     _check_keys(params, known, key)
-    # A loss's own declaration (`tfdml.losses.arguments`) first, then the ranges by name.
-    ranges = {**LOSS_PARAM_RANGES, **{a.name: a.range() for a in getattr(function, "ARGUMENTS", ())}}
     for name, value in params.items():
         default = known[name].default
+        ranges = declaration[name].range() if name in declaration else {}
         if isinstance(default, bool):
             _convert(value, bool, f"{key}.{name}")
         elif isinstance(default, (int, float)) and value is not None:
             number = _convert(value, int if isinstance(default, int) else float, f"{key}.{name}")
-            _check_number(number, ranges.get(name, {}), f"{key}.{name}")
-
-
-# Ranges of the losses' numeric arguments, by name (the same meaning in every loss that has it), for the losses
-# that do not declare their arguments (`tfdml.losses.arguments`: a declared loss's own ranges come first); other
-# numeric arguments get the default range of `_check_number` (finite, within MAX_INT / MAX_FLOAT).
-LOSS_PARAM_RANGES = {
-    "margin": {"minimum": 0.0, "maximum": 180.0},  # a distance or similarity margin; ArcFace's in degrees
-    "pos_margin": {"minimum": 0.0, "maximum": 4.0},  # distances between unit vectors are at most 2
-    "neg_margin": {"minimum": 0.0, "maximum": 4.0},
-    "cutoff": {"minimum": 0.0, "maximum": 4.0},
-    "nonzero_loss_cutoff": {"minimum": 0.0, "maximum": 4.0},
-    "base": {"minimum": -1.0, "maximum": 1.0},  # a cosine similarity
-    "m": {"minimum": 0.0, "maximum": 1.0},
-    "lam": {"minimum": 0.0, "maximum": 1.0},
-    "mining_epsilon": {"minimum": 0.0, "maximum": 2.0},
-    "alpha": {"minimum": 0.0, "maximum": 1e4},
-    "beta": {"minimum": 0.0, "maximum": 1e4},
-    "gamma": {"above": 0.0, "maximum": 1e4},
-    "scale": {"above": 0.0, "maximum": 1e4},
-    "softmax_scale": {"above": 0.0, "maximum": 1e4},
-    "temperature": {"above": 0.0, "maximum": 1e4},
-    "tn": {"above": 0.0, "maximum": 1e4},
-    "tp": {"minimum": 0.0, "maximum": 1e4},
-    "nu": {"minimum": 0.0, "maximum": 1e4},
-    "ce_weight": {"minimum": 0.0, "maximum": 1e4},
-    "beta_learning_rate": {"minimum": 0.0, "maximum": 100.0},
-    "num_anchors": {"minimum": 0, "maximum": 100_000},
-    "num_iterations": {"minimum": 1, "maximum": 1_000},
-}
+            _check_number(number, ranges, f"{key}.{name}")
 
 
 def output_dir_problem(path, writable=False):
