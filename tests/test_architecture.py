@@ -1,11 +1,17 @@
 """The import graph: no cycle between tfdml's modules (the layers contract in setup.cfg, run by
-`lint-imports`, forbids upward imports between layers; this also covers cycles inside a layer), and a
-configuration error is found before TensorFlow is imported (the CLI answers at once)."""
+`lint-imports`, forbids upward imports between layers; this also covers cycles inside a layer), a
+configuration error is found before TensorFlow is imported (the CLI answers at once), and the library names
+no benchmark while the tests import none."""
 
+import ast
+import os
+import re
 import subprocess
 import sys
 
 import grimp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cycles(graph):
@@ -74,3 +80,40 @@ def test_configuration_errors_are_found_before_tensorflow_is_imported():
     message, imported = out.splitlines()
     assert message.startswith("unknown configuration key 'training.epoch' (did you mean 'epochs'?)")
     assert imported == "[]"
+
+
+def _sources(folder):
+    """`{path relative to the top folder: source}` of the Python files under `folder`."""
+    found = {}
+    for where, _, names in os.walk(os.path.join(ROOT, folder)):
+        for name in sorted(names):
+            if name.endswith(".py"):
+                path = os.path.join(where, name)
+                with open(path, encoding="utf-8") as f:
+                    found[os.path.relpath(path, ROOT)] = f.read()
+    return found
+
+
+def _imported_modules(source):
+    """The modules a source file imports (`import a.b`, `from a.b import c`; relative imports left out)."""
+    modules = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.append(node.module)
+    return modules
+
+
+def test_the_library_names_no_benchmark_and_the_tests_import_none():
+    """Research stays out of the library: no tfdml module names the benchmarks' folder (a page of the
+    documentation does), and no test under tests/ imports a benchmark (the benchmarks' own tests live beside
+    them, in benchmarks/, which the test command also collects)."""
+    naming = [path for path, source in _sources("tfdml").items() if re.search(r"\bbenchmarks(/|\.\w)", source)]
+    assert not naming, f"library modules that name benchmarks/: {naming}"
+    importing = [
+        path
+        for path, source in _sources("tests").items()
+        if any(module.split(".")[0] == "benchmarks" for module in _imported_modules(source))
+    ]
+    assert not importing, f"tests that import a benchmark: {importing}"

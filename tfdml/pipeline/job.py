@@ -86,13 +86,13 @@ def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=
 
 def _warn_if_ala_learns_from_noisy_labels(config):
     """DML-ALA on labels the job declares noisy, with its validation subsets drawn from those labels: the
-    assessor then learns from a validation loss on the same wrong labels (benchmarks/label_noise measures
-    what it does)."""
+    assessor then learns from a validation loss on the same wrong labels (the label-noise benchmark of the
+    documentation measures what it does)."""
     if config.ala.enabled and config.ala.val_path is None and config.loss.label_noise is not None:
         logger.warning(
             "ala.enabled with loss.label_noise and no ala.val_path: the validation subsets come from the noisy "
             "training labels, and on them the assessor learned to weigh mislabelled pairs above correct ones and "
-            "trained below the plain loss (benchmarks/label_noise); set ala.val_path to an image folder whose "
+            "trained below the plain loss; set ala.val_path to an image folder whose "
             "labels were checked by hand"
         )
 
