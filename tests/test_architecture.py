@@ -1,7 +1,8 @@
 """The import graph: no cycle between tfdml's modules (the layers contract in setup.cfg, run by
 `lint-imports`, forbids upward imports between layers; this also covers cycles inside a layer), a
-configuration error is found before TensorFlow is imported (the CLI answers at once), and the library names
-no benchmark while the tests import none."""
+configuration error is found before TensorFlow is imported (the CLI answers at once), the library names
+no benchmark while the tests import none, and a name with a leading underscore is imported inside its own
+package only."""
 
 import ast
 import os
@@ -117,3 +118,48 @@ def test_the_library_names_no_benchmark_and_the_tests_import_none():
         if any(module.split(".")[0] == "benchmarks" for module in _imported_modules(source))
     ]
     assert not importing, f"tests that import a benchmark: {importing}"
+
+
+def _module_name(path):
+    name = path[: -len(".py")].replace(os.sep, ".")
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _package_of(module):
+    """The package a tfdml module belongs to: the module itself for a package, else the one that holds it."""
+    return module if os.path.isfile(os.path.join(ROOT, *module.split("."), "__init__.py")) else module.rsplit(".", 1)[0]
+
+
+def private_imports_across_packages(sources):
+    """`(importer, module, name)` of every `from tfdml... import _name` in `sources` ({path: source}) whose
+    importer is not inside the package of the module it imports from (a name with a leading underscore is shared
+    inside its package only; what another package needs is public)."""
+    found = []
+    for path, source in sources.items():
+        importer = _module_name(path)
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tfdml")):
+                continue
+            package = _package_of(node.module)
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and importer != package and not importer.startswith(package + "."):
+                    found.append((importer, node.module, alias.name))
+    return found
+
+
+def test_no_private_name_is_imported_across_packages():
+    sources = {}
+    for folder in ("tfdml", "tests", "benchmarks", "docs", "scripts", "tools"):
+        sources.update(_sources(folder))
+    assert not private_imports_across_packages(sources)
+    # The rule finds what it forbids, and allows a package's own modules to share a private name.
+    planted = {
+        os.path.join("tests", "test_x.py"): "from tfdml.pipeline.folder import _exchange\n",
+        os.path.join("tfdml", "cli", "x.py"): "from tfdml.config.schema import _convert\n",
+        os.path.join("tfdml", "config", "x.py"): "from tfdml.config.schema import _convert, __doc__\n",
+    }
+    assert private_imports_across_packages(planted) == [
+        ("tests.test_x", "tfdml.pipeline.folder", "_exchange"),
+        ("tfdml.cli.x", "tfdml.config.schema", "_convert"),
+    ]

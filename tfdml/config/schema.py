@@ -97,7 +97,7 @@ def _convert(value, tp, key):
     return ok
 
 
-def _bounds(meta, integer):
+def number_bounds(meta, integer):
     """`(low, low included, high)` of a number field (high: its maximum, else `MAX_INT` / `MAX_FLOAT`)."""
     high = meta.get("maximum")
     high = (MAX_INT if integer else MAX_FLOAT) if high is None else high
@@ -108,13 +108,13 @@ def _bounds(meta, integer):
 
 def range_text(meta, integer):
     """`[1, 4096]`, `(0, 1]`: the range of a number field, as the messages state it."""
-    low, included, high = _bounds(meta, integer)
+    low, included, high = number_bounds(meta, integer)
     text = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # noqa: E731
     return f"{'[' if included else '('}{'-inf' if low is None else text(low)}, {text(high)}]"
 
 
 def _check_number(item, meta, key):
-    low, included, high = _bounds(meta, isinstance(item, int))
+    low, included, high = number_bounds(meta, isinstance(item, int))
     inside = math.isfinite(item) and item <= high
     if low is not None:
         inside = inside and (item >= low if included else item > low)

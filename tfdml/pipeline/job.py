@@ -12,8 +12,8 @@ from tfdml import interrupts
 from tfdml.callbacks import completed_epochs
 from tfdml.config import Config, default_config
 from tfdml.pipeline.data import (
-    _check_evaluation_data,
-    _check_unseen_classes,
+    check_evaluation_data,
+    check_unseen_classes,
     fit_to_data,
     load_sources,
     make_datasets,
@@ -106,8 +106,8 @@ def _job(config, verbose, restart, say, fit_classes_per_batch, started):
             keras.utils.set_random_seed(config.seed)
             train_source, eval_source = load_sources(config.data)
             config = fit_to_data(config, train_source, fit_classes_per_batch, say)
-            _check_evaluation_data(eval_source)
-            _check_unseen_classes(train_source, eval_source)
+            check_evaluation_data(eval_source)
+            check_unseen_classes(train_source, eval_source)
             prepare_report_dir(config, restart, say)
             outcome = run_stages(config, verbose, train_source, eval_source, stage)
         if not outcome.summary.get("chief", True):
