@@ -151,3 +151,28 @@ def test_the_guide_shows_the_generated_table_of_arguments():
     table = hooks.loss_arguments_table()
     for name, class_name in LOSSES.items():
         assert f"| `{name}`: `{class_name}` |" in table
+
+
+def test_a_subclass_with_its_own_init_keeps_its_signature_and_hyper_parameters():
+    class Wider(losses.ContrastiveLoss):
+        def __init__(self, width=2.0, **kwargs):
+            super().__init__(neg_margin=width, **kwargs)
+
+    assert list(inspect.signature(Wider).parameters) == ["width", "kwargs"]
+    assert Wider().neg_margin == 2.0
+
+    class Scaled(losses.ProxyLoss):
+        """A proxy loss written the way `ProxyLoss` describes for an undeclared subclass."""
+
+        loss_fn = staticmethod(lambda labels, embeddings, proxies, scale: scale)
+
+        def __init__(self, num_classes, embedding_dim, scale=2.0, **kwargs):
+            super().__init__(num_classes, embedding_dim, **kwargs)
+            self.scale = scale
+
+        def hyper_parameters(self):
+            return {"scale": self.scale}
+
+    assert list(inspect.signature(Scaled).parameters) == ["num_classes", "embedding_dim", "scale", "kwargs"]
+    config = Scaled(3, 4, name="scaled").get_config()
+    assert (config["num_classes"], config["embedding_dim"], config["scale"]) == (3, 4, 2.0)

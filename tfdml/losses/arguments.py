@@ -105,10 +105,10 @@ def _signature(arguments, default_name):
 
 class _ClassSignature:
     """`inspect.signature(cls)` of a declared class, built from its `ARGUMENTS` when it is asked for (an instance
-    is a callable loss: its signature is `__call__`'s)."""
+    is a callable loss: its signature is `__call__`'s; an undeclared subclass has its own `__init__`'s)."""
 
     def __get__(self, instance, owner):
-        if instance is not None:
+        if instance is not None or not _is_declared(owner):  # a subclass with its own __init__: inspect reads it
             return None
         signature = _signature(owner.ARGUMENTS, owner.DEFAULT_NAME)
         return signature.replace(parameters=list(signature.parameters.values())[1:])

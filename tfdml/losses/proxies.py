@@ -197,7 +197,7 @@ class ProxyLoss(MetricLoss):
         initializer = (
             None if self.proxy_initializer is None else keras.saving.serialize_keras_object(self.proxy_initializer)
         )
-        config.update(proxy_optimizer=optimizer, proxy_initializer=initializer)
+        config.update(proxy_optimizer=optimizer, proxy_initializer=initializer, **self.hyper_parameters())
         return config
 
 
