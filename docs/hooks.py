@@ -11,7 +11,10 @@
 - Equations written `$...$` / `$$...$$` (pymdownx.arithmatex, generic mode) become MathML at build time
   (latex2mathml), which browsers render natively: nothing is fetched when the site is built or viewed.
 
-`python docs/hooks.py cli|configuration|api` prints a generated page (for a look without building).
+- `<!-- generated: NAME -->` in a page becomes a table written at build time: a benchmark's results
+  (`ala_drift`) or the losses' declared arguments (`loss_arguments`, in the losses guide).
+
+`python docs/hooks.py cli|configuration|api|NAME` prints a generated page or table (for a look without building).
 """
 
 import argparse
@@ -486,13 +489,48 @@ def ala_drift_table():
     return "\n".join(lines) + "\n"
 
 
-GENERATED_TABLES = {"ala_drift": ala_drift_table}
+def _argument_default(argument):
+    from tfdml.losses.arguments import REQUIRED
+
+    if argument.default is REQUIRED:
+        return "(required)"
+    return f"`{argument.default!r}`".replace("'", '"')
+
+
+def _argument_accepts(argument):
+    if argument.choices is not None:
+        return ", ".join(f'`"{choice}"`' for choice in argument.choices)
+    if argument.range():
+        return f"`{argument.range_text()}`"
+    return "true or false" if isinstance(argument.default, bool) else ""
+
+
+def loss_arguments_table():
+    """Every configurable loss's arguments, from the declarations (`tfdml.losses.arguments`): the class, each
+    argument's default, what it accepts and what it is. The classes' `__init__`, `get_config`, pure functions
+    and the configuration's `loss.params` read the same declarations."""
+    from tfdml import losses
+    from tfdml.loss_names import LOSSES
+
+    lines = ["| `loss.name`: class | argument | default | accepts | what it is |", "|---|---|---|---|---|"]
+    for name, class_name in LOSSES.items():
+        for i, argument in enumerate(getattr(losses, class_name).ARGUMENTS):
+            owner = f"`{name}`: `{class_name}`" if i == 0 else ""
+            what = html.escape(argument.doc, quote=False).replace("|", "\\|")
+            lines.append(
+                f"| {owner} | `{argument.name}` | {_argument_default(argument)} | {_argument_accepts(argument)} | "
+                f"{what} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+GENERATED_TABLES = {"ala_drift": ala_drift_table, "loss_arguments": loss_arguments_table}
 _GENERATED = re.compile(r"^<!-- generated: (\w+) -->$", re.M)
 
 
 def on_page_markdown(markdown, page, config, files):
-    """`<!-- generated: NAME -->` on a line of its own becomes the table `GENERATED_TABLES[NAME]` writes from
-    its benchmark's results file."""
+    """`<!-- generated: NAME -->` on a line of its own becomes the table `GENERATED_TABLES[NAME]` writes (from a
+    benchmark's results file, or from the code)."""
     return _GENERATED.sub(lambda match: GENERATED_TABLES[match.group(1)](), markdown)
 
 
@@ -519,5 +557,7 @@ if __name__ == "__main__":
         print(cli_page())
     elif what == "configuration":
         print(configuration_page())
+    elif what in GENERATED_TABLES:
+        print(GENERATED_TABLES[what]())
     else:
         print(api_page(f"{API_DIR}/{what}" if what.endswith(".md") else f"{API_DIR}/index.md"))

@@ -39,6 +39,7 @@ try:
 except RuntimeError:  # devices already initialised by an earlier import; keep what exists
     pass
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("tfdml", deadline=None, max_examples=25, derandomize=True)
@@ -47,7 +48,8 @@ settings.load_profile("tfdml")
 
 # The test files that take longest, longest first. Under pytest-xdist they are handed out first and the many
 # short files fill in behind them, so that no worker is left running a long file alone at the end (xdist's
-# `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last).
+# `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last). Their tests
+# are marked `slow`: `-m "not slow"` is the fast subset of CONTRIBUTING.md, and the whole suite runs them all.
 SLOW_FILES = (
     "test_configs.py",
     "test_ala.py",
@@ -85,3 +87,6 @@ def pytest_collection_modifyitems(items):
         return SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES)
 
     items.sort(key=rank)  # stable: each file's tests stay together and in order
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from benchmarks.label_noise.noisy_clusters import CLASSES, DIM, TRAIN_CLASSES, episodes, noisy_clusters, subset
+from tests.noisy_clusters import CLASSES, DIM, TRAIN_CLASSES, episodes, noisy_clusters, subset
 from tests.references import numpy_noise as ref
 from tfdml.losses import ContrastiveLoss, MarginLoss, TripletLoss
 from tfdml.models import ALAModel

@@ -66,14 +66,14 @@ def _source(labels, names=None):
 
 def test_evaluation_classes_seen_in_training_are_warned_about(caplog):
     with caplog.at_level(logging.WARNING, logger="tfdml.pipeline"):
-        pipeline._check_unseen_classes(_source([0, 1, 2]), _source([2, 3, 3]))  # class ids (no names)
-        pipeline._check_unseen_classes(
+        pipeline.check_unseen_classes(_source([0, 1, 2]), _source([2, 3, 3]))  # class ids (no names)
+        pipeline.check_unseen_classes(
             _source([0, 1], ["ant", "bee"]),
             _source([0, 1], ["bee", "cat"]),  # names: "bee" in both
         )
         # the default split of one folder or data set: disjoint halves of the classes, no warning
         train, evaluation = pipeline.class_halves(data.glyphs("train", image_size=8, images_per_class=2))
-        pipeline._check_unseen_classes(train, evaluation)
+        pipeline.check_unseen_classes(train, evaluation)
     assert [record.getMessage() for record in caplog.records] == [
         "s shares 1 of its 2 classes with the training data (s): 2; the retrieval figures are not on unseen classes",
         "s shares 1 of its 2 classes with the training data (s): bee; the retrieval figures are not on unseen classes",

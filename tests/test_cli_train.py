@@ -393,6 +393,21 @@ def test_every_option_has_help():
             assert action.help and action.help.strip(), f"tfdml {name} {action.option_strings or action.dest}"
 
 
+def test_each_shortcut_is_its_configuration_key():
+    """`--epochs 3` is `--set training.epochs=3`, and so on for every shortcut, declared once: the option, the
+    override and the option an error about the key names."""
+    values = {"epochs": "3", "steps_per_epoch": "5", "seed": "7", "export_version": "2"}
+    values.update(report_dir="reports/shortcut", export_dir="exported_models/shortcut")
+    parser = cli.build_parser()
+    for dest, key in cli.train._SHORTCUTS.items():
+        option = "--" + dest.replace("_", "-")
+        by_option = cli.train.resolve(parser.parse_args(["train", option, values[dest]]))
+        by_key = cli.train.resolve(parser.parse_args(["train", "--set", f"{key}={values[dest]}"]))
+        assert by_option == by_key != cli.train.resolve(parser.parse_args(["train"])), option
+        args = parser.parse_args(["train", option, values[dest]])
+        assert cli.train._with_option(f"{key}: a problem", args) == f"{key} ({option}): a problem"
+
+
 def test_version(capsys):
     from tfdml import __version__
 

@@ -16,7 +16,7 @@ import pytest
 from tests import cli_process
 from tfdml import cli, losses, pipeline
 from tfdml.config import DEFAULT_JOB, LOSSES, Config
-from tfdml.config.schema import _bounds
+from tfdml.config.schema import number_bounds
 
 
 def _number_type(hint):
@@ -59,7 +59,7 @@ LOSS_PARAMS = [
 
 def _bad_values(kind, meta):
     """`(YAML text, the value as the message shows it or None)` out of the field's range or of its type."""
-    low, included, _ = _bounds(meta, kind is int)
+    low, included, _ = number_bounds(meta, kind is int)
     values = [("abc", None)]
     if kind is int:  # not integers: the type is named
         values += [(".nan", None), (".inf", None), ("-.inf", None), ("1.5", None)]
@@ -95,7 +95,7 @@ CASES = [
 def test_every_number_has_a_stated_range():
     assert len(FIELDS) > 40  # every section's numbers were found
     for key, kind, _, meta in FIELDS:
-        low, _, high = _bounds(meta, kind is int)
+        low, _, high = number_bounds(meta, kind is int)
         assert low is not None and high is not None, key
 
 

@@ -48,11 +48,11 @@ def test_every_batch_has_exactly_c_classes_of_k_images():
 
 
 def test_within_class_sampling_is_uniform_without_replacement():
-    from tfdml.data.sampling import _sample_without_replacement
+    from tfdml.data.sampling import sample_without_replacement
 
     rows = 3000
     counts = tf.constant([10] * rows + [5] * rows + [2] * rows, tf.int64)
-    offsets = _sample_without_replacement(counts, 3, tf.constant([0, 1], tf.int64)).numpy()
+    offsets = sample_without_replacement(counts, 3, tf.constant([0, 1], tf.int64)).numpy()
     big, mid, small = offsets[:rows], offsets[rows : 2 * rows], offsets[2 * rows :]
     for block, n in ((big, 10), (mid, 5)):
         assert block.min() == 0 and block.max() == n - 1

@@ -173,22 +173,22 @@ def test_bad_target_is_named():
 def test_an_exported_index_records_its_recall_and_the_cli_prints_it(data, tmp_path):
     import argparse
 
-    from tfdml.cli.export import _UNMEASURED, _recall_target
-    from tfdml.export.gallery import EmbeddedGallery, _index_summary, save_index
+    from tfdml.cli.export import UNMEASURED, recall_target
+    from tfdml.export.gallery import EmbeddedGallery, index_summary, save_index
     from tfdml.retrieval.index import describe_recall
 
     gallery = data[0]
     embedded = EmbeddedGallery(gallery, None, None, None, None, "synthetic")
     index = save_index(str(tmp_path), embedded, "m", 1, "approximate", {"target_recall": 0.9})
-    summary = _index_summary(index)
+    summary = index_summary(index)
     assert summary["recall"]["target"] == 0.9 and summary["recall"]["measured"] >= 0.9
     assert summary["settings"]["leaves_to_search"] == summary["recall"]["leaves_to_search"]
     line = describe_recall(summary["recall"])
     assert line.startswith("approximate, recall@10 0.9") and "(target 0.9, 500 gallery items" in line
-    assert _recall_target("none") == _UNMEASURED and _recall_target("0.99") == 0.99
+    assert recall_target("none") == UNMEASURED and recall_target("0.99") == 0.99
     for bad in ("1.5", "0", "high"):
         with pytest.raises(argparse.ArgumentTypeError, match=r"expected a recall in \(0, 1\] or 'none'"):
-            _recall_target(bad)
+            recall_target(bad)
 
 
 def low_rank(n, dim, rank, clusters, seed):

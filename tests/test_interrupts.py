@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tfdml import interrupts
-from tfdml.pipeline.evaluate import _batches
-from tfdml.pipeline.train import _StopBetweenSteps
+from tfdml.pipeline.evaluate import stoppable_batches
+from tfdml.pipeline.train import StopBetweenSteps
 
 
 @pytest.fixture
@@ -73,11 +73,11 @@ def test_blocks_nest_and_the_outer_one_goes_on_holding(installed):
 
 
 def test_a_stop_while_the_job_embeds_waits_for_the_next_batch(installed):
-    """The job's evaluation reads its batches through `_batches`: a stop while one batch is embedded (inside
+    """The job's evaluation reads its batches through `stoppable_batches`: a stop while one batch is embedded (inside
     TensorFlow) is raised before the next one is read."""
     seen = []
     with pytest.raises(KeyboardInterrupt), interrupts.between_steps():
-        for batch in _batches(range(3)):
+        for batch in stoppable_batches(range(3)):
             seen.append(batch)
             signal.raise_signal(signal.SIGINT)
             seen.append(f"{batch} embedded")
@@ -108,6 +108,6 @@ def test_fit_stops_before_the_step_after_the_signal(installed):
     x, y = np.zeros((8, 3), "float32"), np.zeros((8, 2), "float32")
     record = _Record(stop_at=1)
     with pytest.raises(KeyboardInterrupt), interrupts.between_steps():
-        model.fit(x, y, batch_size=2, epochs=1, callbacks=[_StopBetweenSteps(), record], verbose=0)
+        model.fit(x, y, batch_size=2, epochs=1, callbacks=[StopBetweenSteps(), record], verbose=0)
     assert record.events == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1)]
     assert int(model.optimizer.iterations.numpy()) == 2

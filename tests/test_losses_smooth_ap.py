@@ -78,7 +78,7 @@ def test_degenerate_batches_are_finite(case):
 
 def test_config_errors_and_training():
     checks.assert_config_roundtrip(SmoothAPLoss(temperature=0.05))
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match=r"SmoothAPLoss: temperature must be in \(0, 10000\], got 0.0"):
         SmoothAPLoss(temperature=0.0)
     checks.assert_bad_inputs_rejected(SmoothAPLoss())
     checks.assert_fit_lowers_loss(SmoothAPLoss(temperature=0.1))

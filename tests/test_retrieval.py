@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tfdml.ops import exact_search, ranking_scores
-from tfdml.ops.neighbours import _block_size
+from tfdml.ops.neighbours import search_block_size
 from tfdml.retrieval import ScannIndex, auto_settings, evaluate
 from tfdml.retrieval import metrics as M
 
@@ -146,7 +146,7 @@ def test_blocked_top_k_is_exact_including_ties(distance):
     ints = rng.integers(0, 3, size=(2000, 2)).astype(np.float32)
     tied, _ = exact_search(ints, k=12, distance=distance, block_size=16)
     np.testing.assert_array_equal(tied, ref_neighbours(ints, None, distance)[:, :12])
-    assert _block_size(60000, 102) == 64 and _block_size(900, 180) == 0
+    assert search_block_size(60000, 102) == 64 and search_block_size(900, 180) == 0
 
 
 def test_exact_search_chunking_is_invisible():

@@ -42,7 +42,7 @@ VARIANTS = {
         "assessor_learning_rate": 1e-3,
         # One shared state per step over the positive pairs (a triplet loss's anchor-positive pairs, each weight
         # shared by the pair's triplets): the paper's recurrence over every pair trained far below the plain
-        # loss on clean data (the DML-ALA guide says why; benchmarks/label_noise measures both).
+        # loss on clean data (the DML-ALA guide says why, and the label-noise benchmark measures both).
         "state": "per_step",
         "assessed": "positive_pairs",
         # Softmax logits bounded, r tanh(z / r): unbounded logits let training collapse onto a few pairs.

@@ -4,7 +4,7 @@
     nice -n 5 python -m benchmarks.ala_drift.ala_weight_drift --options '{"output_penalty": 0.3}' --tag penalty0.3
     python -m benchmarks.ala_drift.ala_weight_drift --summary                    # the summary of benchmarks/ala_drift/
 
-The problem of `benchmarks/label_noise/noisy_clusters.py` (Gaussian class clusters in 8 dimensions), a small
+The problem of `tests/noisy_clusters.py` (Gaussian class clusters in 8 dimensions), a small
 MLP embedder, the contrastive loss, episodes of 6 x 4 training and 2 x 4 validation images, trained with `ALAModel`
 at the library defaults or the switches of `--options` (the carried LSTM state is part of what could drift). Per
 step it records the spread of the assessor's centred outputs (`output_std`), their largest magnitude, the smallest
@@ -30,7 +30,7 @@ def run(steps, noise, seed, every, path, options=None):
     import keras
     import tensorflow as tf
 
-    from benchmarks.label_noise import noisy_clusters as problem
+    from tests import noisy_clusters as problem
     from tfdml.losses import ContrastiveLoss
     from tfdml.models import ALAModel
     from tfdml.models.ala.episode import EpisodeDerivatives

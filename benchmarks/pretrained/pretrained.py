@@ -220,11 +220,13 @@ def table(args):
             row = json.loads(line)
             rows[(row["data"], row["method"], row.get("image_size"))].append(row)
     lines = ["| data | method | px | runs | Recall@1 | MAP@R |", "|---|---|---|---|---|---|"]
-    order = ("raw", "frozen", "heads", "fine-tuned", "tfdml")  # baselines first, then what trains more
-    for (data, method, size), runs in sorted(
-        rows.items(),
-        key=lambda kv: (kv[0][0], kv[0][2] or IMAGE_SIZE[kv[0][0]], [m for m in order if kv[0][1].startswith(m)][0], kv[0][1]),
-    ):
+    order = ("raw", "frozen", "heads", "fine-tuned", "the --image-dir", "tfdml")  # baselines, then more training
+
+    def place(item):
+        (data, method, size), _ = item
+        return data, size or IMAGE_SIZE[data], [i for i, m in enumerate(order) if method.startswith(m)][0], method
+
+    for (data, method, size), runs in sorted(rows.items(), key=place):
         r1 = np.array([r["recall@1"] for r in runs])
         mapr = np.array([r["map@r"] for r in runs])
         lines.append(

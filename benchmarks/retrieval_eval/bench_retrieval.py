@@ -121,7 +121,7 @@ def timed(fn, repeats=1):
 def bench_eval(args):
     import tensorflow as tf
 
-    from tfdml.ops.neighbours import DEFAULT_MEMORY_BUDGET, _chunk_rows
+    from tfdml.ops.neighbours import DEFAULT_MEMORY_BUDGET, search_chunk_rows
     from tfdml.retrieval import evaluate
 
     ks = (1, 10, 100)
@@ -144,7 +144,7 @@ def bench_eval(args):
         print(f"# {name}: {runs[name]}", file=sys.stderr, flush=True)
 
     if "matmul_only" not in skip:
-        chunk = _chunk_rows(args.n, max(ks), DEFAULT_MEMORY_BUDGET)
+        chunk = search_chunk_rows(args.n, max(ks), DEFAULT_MEMORY_BUDGET)
         gallery = tf.constant(x)
 
         @tf.function

@@ -102,7 +102,7 @@ def _add_gallery_options(parser):
     )
     group.add_argument(
         "--target-recall",
-        type=_recall_target,
+        type=recall_target,
         metavar="R",
         help="for an approximate ScaNN index (galleries from 20,000 items): the recall@10 against exact "
         "search it must reach, measured on 500 gallery items left out of their own neighbours; the leaves "
@@ -160,15 +160,15 @@ def _add_search_options(group):
 
 
 # `--target-recall none`: told apart from the option not given (None), which takes the job's value.
-_UNMEASURED = "none"
+UNMEASURED = "none"
 
 
-def _recall_target(text):
-    """`--target-recall`: a recall in (0, 1], or 'none' (`_UNMEASURED`)."""
+def recall_target(text):
+    """`--target-recall`: a recall in (0, 1], or 'none' (`UNMEASURED`)."""
     import argparse
 
-    if text.lower() == _UNMEASURED:
-        return _UNMEASURED
+    if text.lower() == UNMEASURED:
+        return UNMEASURED
     try:
         value = float(text)
     except ValueError:
@@ -279,7 +279,7 @@ def _search_settings(args, training_config):
         key: value if value is not None else job.get(key, getattr(defaults, key)) for key, value in given.items()
     }
     recall = settings.pop("target_recall")
-    settings["index_settings"] = {"target_recall": None if recall == _UNMEASURED else recall}
+    settings["index_settings"] = {"target_recall": None if recall == UNMEASURED else recall}
     return settings
 
 

@@ -66,13 +66,12 @@ def register(subparsers):
 
 def _add_run_options(parser):
     group = parser.add_argument_group("training run, outputs and resuming")
-    group.add_argument("--epochs", type=int, metavar="N", help="shortcut for --set training.epochs=N.")
-    group.add_argument(
-        "--steps-per-epoch", type=int, metavar="N", help="shortcut for --set training.steps_per_epoch=N."
-    )
-    group.add_argument("--seed", type=int, metavar="N", help="shortcut for --set seed=N (same seed, same run).")
-    group.add_argument(
-        "--report-dir",
+    _shortcut(group, "epochs", type=int)
+    _shortcut(group, "steps_per_epoch", type=int)
+    _shortcut(group, "seed", type=int, note="same seed, same run")
+    _shortcut(
+        group,
+        "report_dir",
         metavar="DIR",
         help="where the report and checkpoints go (default: reports/<name>, or reports/<name>-2, -3, ... when "
         "it holds the report of an earlier run, which is kept).",
@@ -89,13 +88,13 @@ def _add_run_options(parser):
         help="discard an unfinished run's checkpoints in the report directory and train from "
         "epoch 1 (without it, such a run resumes, and a changed configuration is refused).",
     )
-    group.add_argument(
-        "--export-dir", metavar="DIR", help="TF Serving base directory of the export (default: exported_models)."
+    _shortcut(
+        group, "export_dir", metavar="DIR", help="TF Serving base directory of the export (default: exported_models)."
     )
-    group.add_argument(
-        "--export-version",
+    _shortcut(
+        group,
+        "export_version",
         type=int,
-        metavar="N",
         help="version directory to write (default: the next free integer); an existing version is replaced.",
     )
     group.add_argument("--no-export", action="store_true", help="skip the SavedModel and index export.")
@@ -110,6 +109,24 @@ def _add_run_options(parser):
         action="store_true",
         help="one line per epoch instead of progress bars (the default when the output is not a terminal).",
     )
+
+
+# The options that stand for one configuration key each (option's dest -> key), declared once: the option, its
+# help ("shortcut for --set KEY=N" unless it says more), the override it makes and the errors that name it.
+_SHORTCUTS = {
+    "epochs": "training.epochs",
+    "steps_per_epoch": "training.steps_per_epoch",
+    "seed": "seed",
+    "report_dir": "report.dir",
+    "export_dir": "export.base_dir",
+    "export_version": "export.version",
+}
+
+
+def _shortcut(group, dest, metavar="N", help=None, note=None, **kwargs):
+    """Adds `--<dest>`, the option that stands for the configuration key `_SHORTCUTS[dest]`."""
+    text = f"shortcut for --set {_SHORTCUTS[dest]}={metavar}" + (f" ({note})." if note else ".")
+    group.add_argument("--" + dest.replace("_", "-"), metavar=metavar, help=help or text, **kwargs)
 
 
 # What `--image-dir` trains unless `--set` says otherwise: EfficientNet-Lite0 from its ImageNet weights (installed
@@ -160,28 +177,12 @@ def _folder_job(args):
 
 
 # Options that stand for configuration keys: an error about the key names the option when it was given.
-_OPTION_OF = {
-    "data.path": "image_dir",
-    "data.eval_path": "eval_image_dir",
-    "training.epochs": "epochs",
-    "training.steps_per_epoch": "steps_per_epoch",
-    "seed": "seed",
-    "report.dir": "report_dir",
-    "export.base_dir": "export_dir",
-    "export.version": "export_version",
-}
+_OPTION_OF = {"data.path": "image_dir", "data.eval_path": "eval_image_dir", **{k: d for d, k in _SHORTCUTS.items()}}
 
 
 def _overrides(args):
-    shortcuts = {
-        "training.epochs": args.epochs,
-        "training.steps_per_epoch": args.steps_per_epoch,
-        "seed": args.seed,
-        "report.dir": args.report_dir,
-        "export.base_dir": args.export_dir,
-        "export.version": args.export_version,
-        "export.enabled": False if args.no_export else None,
-    }
+    shortcuts = {key: getattr(args, dest) for dest, key in _SHORTCUTS.items()}
+    shortcuts["export.enabled"] = False if args.no_export else None
     shortcuts = {key: value for key, value in shortcuts.items() if value is not None}
     _check_agreement(args.overrides, shortcuts)
     return _folder_job(args) + list(args.overrides) + list(shortcuts.items())

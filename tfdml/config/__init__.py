@@ -32,7 +32,6 @@ from tfdml.config.loading import (
     parse_override,
 )
 from tfdml.config.schema import (
-    LOSS_PARAM_RANGES,
     MAX_FLOAT,
     MAX_INT,
     ConfigError,
@@ -67,7 +66,6 @@ __all__ = [
     "ALA_LOSSES",
     "DEFAULT_JOB",
     "LOSSES",
-    "LOSS_PARAM_RANGES",
     "MAX_FLOAT",
     "MAX_INT",
     "MATCH_MODES",

@@ -42,14 +42,14 @@ def _names(items):
 
 def _check_keys(mapping, known, key, nested=None):
     """A `ConfigError` for the first name of `mapping` not in `known`, with the nearest key: one of `nested`
-    (`{known name: the names it holds}`) where the name is one level too high (`loss.margin` for
-    `loss.params.margin`), else a close spelling here."""
+    (a function of no argument giving `{known name: the names it holds}`, called only for an unknown name) where
+    the name is one level too high (`loss.margin` for `loss.params.margin`), else a close spelling here."""
     for name in mapping:
         if name not in known:
             where = f"{key}.{name}" if key else str(name)
             deeper = [
                 f"{key}.{parent}.{name}" if key else f"{parent}.{name}"
-                for parent, names in (nested or {}).items()
+                for parent, names in (nested() if nested else {}).items()
                 if name in names
             ]
             close = deeper[:1] or difflib.get_close_matches(str(name), list(known), n=1)
@@ -59,7 +59,7 @@ def _check_keys(mapping, known, key, nested=None):
 
 def _nested_names(cls):
     """`{field: the keys it holds}` of the fields of the dataclass `cls` that are sections, or loss arguments
-    (`params`: the argument names `LOSS_PARAM_RANGES` knows; the loss class checks them later)."""
+    (`params`: the argument names some loss declares; the loss class checks them later)."""
     hints = typing.get_type_hints(cls)
     nested = {}
     for field in dataclasses.fields(cls):
@@ -68,8 +68,17 @@ def _nested_names(cls):
         if section is not None:
             nested[field.name] = {f.name for f in dataclasses.fields(section)}
         elif field.name.endswith("params"):
-            nested[field.name] = set(LOSS_PARAM_RANGES)
+            nested[field.name] = _loss_argument_names()
     return nested
+
+
+def _loss_argument_names():
+    """Every argument name a tfdml loss declares (`ARGUMENTS`); imported only to suggest a key, as TensorFlow
+    comes with the losses."""
+    from tfdml import losses
+    from tfdml.loss_names import LOSSES
+
+    return {argument.name for name in LOSSES.values() for argument in getattr(losses, name).ARGUMENTS}
 
 
 def _type_name(tp):
@@ -120,7 +129,7 @@ def _convert(value, tp, key):
     return ok
 
 
-def _bounds(meta, integer):
+def number_bounds(meta, integer):
     """`(low, low included, high)` of a number field (high: its maximum, else `MAX_INT` / `MAX_FLOAT`)."""
     high = meta.get("maximum")
     high = (MAX_INT if integer else MAX_FLOAT) if high is None else high
@@ -131,13 +140,13 @@ def _bounds(meta, integer):
 
 def range_text(meta, integer):
     """`[1, 4096]`, `(0, 1]`: the range of a number field, as the messages state it."""
-    low, included, high = _bounds(meta, integer)
+    low, included, high = number_bounds(meta, integer)
     text = lambda x: str(x) if isinstance(x, int) else f"{x:g}"  # noqa: E731
     return f"{'[' if included else '('}{'-inf' if low is None else text(low)}, {text(high)}]"
 
 
 def _check_number(item, meta, key):
-    low, included, high = _bounds(meta, isinstance(item, int))
+    low, included, high = number_bounds(meta, isinstance(item, int))
     inside = math.isfinite(item) and item <= high
     if low is not None:
         inside = inside and (item >= low if included else item > low)
@@ -165,7 +174,7 @@ def _build(cls, mapping, key=""):
     if not isinstance(mapping, dict):
         raise ConfigError(f"{key or 'the configuration'}: expected a mapping, got {mapping!r}")
     known = {f.name: f for f in dataclasses.fields(cls)}
-    _check_keys(mapping, known, key, _nested_names(cls))
+    _check_keys(mapping, known, key, lambda: _nested_names(cls))
     hints = typing.get_type_hints(cls)
     values = {}
     for name, value in mapping.items():
@@ -229,8 +238,11 @@ class _Section:
 
 
 def _check_arguments(function, params, key, skip=()):
-    """`params` against the named arguments of `function`: unknown names and values of the wrong kind
-    (a number where the default is a number, true/false where it is a bool) are `ConfigError`s."""
+    """`params` against the named arguments of `function`, a loss class: unknown names and values of the wrong
+    kind (a number where the default is a number, true/false where it is a bool) are `ConfigError`s, and a
+    number outside the range the class declares for it (`tfdml.losses.arguments`: its `ARGUMENTS`; a class or
+    function without a declaration: the default range of every number)."""
+    declaration = {a.name: a for a in getattr(function, "ARGUMENTS", ())}
     signature = inspect.signature(function)
     known = {
         name: p
@@ -238,44 +250,14 @@ def _check_arguments(function, params, key, skip=()):
         if name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
     _check_keys(params, known, key)
-    # A loss's own declaration (`tfdml.losses.arguments`) first, then the ranges by name.
-    ranges = {**LOSS_PARAM_RANGES, **{a.name: a.range() for a in getattr(function, "ARGUMENTS", ())}}
     for name, value in params.items():
         default = known[name].default
+        ranges = declaration[name].range() if name in declaration else {}
         if isinstance(default, bool):
             _convert(value, bool, f"{key}.{name}")
         elif isinstance(default, (int, float)) and value is not None:
             number = _convert(value, int if isinstance(default, int) else float, f"{key}.{name}")
-            _check_number(number, ranges.get(name, {}), f"{key}.{name}")
-
-
-# Ranges of the losses' numeric arguments, by name (the same meaning in every loss that has it), for the losses
-# that do not declare their arguments (`tfdml.losses.arguments`: a declared loss's own ranges come first); other
-# numeric arguments get the default range of `_check_number` (finite, within MAX_INT / MAX_FLOAT).
-LOSS_PARAM_RANGES = {
-    "margin": {"minimum": 0.0, "maximum": 180.0},  # a distance or similarity margin; ArcFace's in degrees
-    "pos_margin": {"minimum": 0.0, "maximum": 4.0},  # distances between unit vectors are at most 2
-    "neg_margin": {"minimum": 0.0, "maximum": 4.0},
-    "cutoff": {"minimum": 0.0, "maximum": 4.0},
-    "nonzero_loss_cutoff": {"minimum": 0.0, "maximum": 4.0},
-    "base": {"minimum": -1.0, "maximum": 1.0},  # a cosine similarity
-    "m": {"minimum": 0.0, "maximum": 1.0},
-    "lam": {"minimum": 0.0, "maximum": 1.0},
-    "mining_epsilon": {"minimum": 0.0, "maximum": 2.0},
-    "alpha": {"minimum": 0.0, "maximum": 1e4},
-    "beta": {"minimum": 0.0, "maximum": 1e4},
-    "gamma": {"above": 0.0, "maximum": 1e4},
-    "scale": {"above": 0.0, "maximum": 1e4},
-    "softmax_scale": {"above": 0.0, "maximum": 1e4},
-    "temperature": {"above": 0.0, "maximum": 1e4},
-    "tn": {"above": 0.0, "maximum": 1e4},
-    "tp": {"minimum": 0.0, "maximum": 1e4},
-    "nu": {"minimum": 0.0, "maximum": 1e4},
-    "ce_weight": {"minimum": 0.0, "maximum": 1e4},
-    "beta_learning_rate": {"minimum": 0.0, "maximum": 100.0},
-    "num_anchors": {"minimum": 0, "maximum": 100_000},
-    "num_iterations": {"minimum": 1, "maximum": 1_000},
-}
+            _check_number(number, ranges, f"{key}.{name}")
 
 
 def output_dir_problem(path, writable=False):

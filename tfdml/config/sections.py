@@ -332,7 +332,7 @@ class ALAConfig(_Section):
     # the assessor needs it. null: from the training data
     val_path: str | None = None
     # the loss that scores the look-ahead on the validation subsets (ALAModel's validation_loss; null: the base
-    # loss); warm-started, one whose negative pairs are active there (benchmarks/label_noise)
+    # loss); warm-started, one whose negative pairs are active there (the label-noise benchmark's finding)
     validation_loss: str | None = _field(None, choices=ALA_LOSSES)
     validation_loss_params: dict[str, Any] = _field(factory=dict)  # validation_loss's arguments, as loss.params
 

@@ -174,7 +174,7 @@ def _slot_schedule(num_classes, group, seed, epochs):
     return epochs_ds.flat_map(dataset_function(epoch_slots))
 
 
-def _sample_without_replacement(counts, k_max, seed):
+def sample_without_replacement(counts, k_max, seed):
     """Per row `j`, `min(k_max, counts[j])` distinct offsets in `[0, counts[j])` (Floyd's algorithm,
     vectorised over rows; cost independent of the class sizes), tiled to `k_max` columns when a class
     has fewer items (sampling with replacement, every item used equally often)."""
@@ -239,7 +239,7 @@ class _BatchSampler:
     def items(self, class_positions, slot_ids):
         """Flat `[total]` item indices of a batch, class-major."""
         counts = tf.gather(self.counts, class_positions)
-        offsets = _sample_without_replacement(counts, self.k_max, _fold(self.sample_seed, slot_ids[0]))
+        offsets = sample_without_replacement(counts, self.k_max, _fold(self.sample_seed, slot_ids[0]))
         flat = tf.gather_nd(offsets, tf.stack([self.slot_of, self.column_of], axis=1))
         return tf.gather(self.order, tf.gather(tf.gather(self.starts, class_positions), self.slot_of) + flat)
 

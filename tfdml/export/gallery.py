@@ -169,7 +169,7 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
     return save_index(version_dir, embedded, embedder.name, embedder.version, mode, settings, distance)
 
 
-def _index_summary(index):
+def index_summary(index):
     """The metadata's `index` entry; the approximate settings and the measured recall only where they exist
     (a field that is not known is left out)."""
     summary = {

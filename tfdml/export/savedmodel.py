@@ -13,7 +13,7 @@ import tempfile
 import tensorflow as tf
 
 from tfdml.export.client import embed_uint8
-from tfdml.export.gallery import _index_summary, embed_gallery, save_index
+from tfdml.export.gallery import embed_gallery, index_summary, save_index
 from tfdml.export.layout import EMBEDDING_OUTPUT, METADATA_FILE, SEARCH_SIGNATURE, _write_json
 from tfdml.export.metadata import version_metadata
 from tfdml.export.options import split_options
@@ -206,4 +206,4 @@ def _save_index(written, embedded, metadata, index_mode, index_settings):
     """Saves the gallery's index in the `written` version, for the name and version of its `metadata`, and
     records its summary there."""
     index = save_index(written, embedded, metadata["name"], metadata["version"], index_mode, index_settings or {})
-    metadata["index"] = _index_summary(index)
+    metadata["index"] = index_summary(index)

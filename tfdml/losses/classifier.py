@@ -19,6 +19,7 @@ import math
 import keras
 from keras import ops
 
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.portable import mean
 from tfdml.losses.proxies import ProxyLoss
 from tfdml.ops import as_scalar, pairwise_cosine_similarity, safe_sqrt, validate_inputs
@@ -57,90 +58,90 @@ def _arcface_loss(labels, embeddings, proxies, margin, scale):
     return _cross_entropy(labels, as_scalar(scale, dtype) * logits)
 
 
-def normalized_softmax_loss(labels, embeddings, proxies, temperature=0.05):
+@defaults_from("NormalizedSoftmaxLoss")
+def normalized_softmax_loss(labels, embeddings, proxies, temperature=DECLARED):
     """NormSoftmax: cross-entropy of the cosine similarities to the `[C, D]` class weights over `temperature`."""
     labels, embeddings = validate_inputs(labels, embeddings)
     return _normalized_softmax_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), temperature)
 
 
-def cosface_loss(labels, embeddings, proxies, margin=0.35, scale=64.0):
+@defaults_from("CosFaceLoss")
+def cosface_loss(labels, embeddings, proxies, margin=DECLARED, scale=DECLARED):
     """CosFace (large margin cosine loss): `CE(scale (cos - margin [c == y]), y)`."""
     labels, embeddings = validate_inputs(labels, embeddings)
     return _cosface_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), margin, scale)
 
 
-def arcface_loss(labels, embeddings, proxies, margin=28.6, scale=64.0):
-    """ArcFace (additive angular margin), `margin` in degrees (28.6 = 0.5 rad, PML's default); see the module
+@defaults_from("ArcFaceLoss")
+def arcface_loss(labels, embeddings, proxies, margin=DECLARED, scale=DECLARED):
+    """ArcFace (additive angular margin), `margin` in degrees (by default 28.6 = 0.5 rad, PML's); see the module
     docstring."""
     labels, embeddings = validate_inputs(labels, embeddings)
     return _arcface_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), math.radians(margin), scale)
 
 
+def _scale():
+    return Argument("scale", 64.0, "logit scale", above=0.0, maximum=1e4)
+
+
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class NormalizedSoftmaxLoss(ProxyLoss):
     """NormSoftmax (Zhai & Wu 2019), as PML's `NormalizedSoftmaxLoss(num_classes, embedding_size, temperature)`:
     `l_i = CE(cos(f_i, w_c) / temperature, y_i)`, `L = mean_i l_i`. Class weights start as PML's, `N(0, 1)`.
 
-    Args:
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `tfdml.losses.ProxyLoss`.
-        temperature: softmax temperature (0.05).
+        temperature: softmax temperature.
     """
 
     loss_fn = staticmethod(_normalized_softmax_loss)
 
-    def __init__(self, num_classes, embedding_dim, temperature=0.05, name="normalized_softmax_loss", **kwargs):
-        super().__init__(num_classes, embedding_dim, name=name, **kwargs)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
-        self.temperature = float(temperature)
-
-    def hyper_parameters(self):
-        return {"temperature": self.temperature}
-
-
-class _MarginSoftmaxLoss(ProxyLoss):
-    def __init__(self, num_classes, embedding_dim, margin, scale, name, **kwargs):
-        super().__init__(num_classes, embedding_dim, name=name, **kwargs)
-        if not scale > 0:
-            raise ValueError(f"scale must be > 0, got {scale}.")
-        self.margin = float(margin)
-        self.scale = float(scale)
-
-    def hyper_parameters(self):
-        return {"margin": self.margin, "scale": self.scale}
+    DEFAULT_NAME = "normalized_softmax_loss"
+    ARGUMENTS = (*ProxyLoss.ARGUMENTS, Argument("temperature", 0.05, "softmax temperature", above=0.0, maximum=1e4))
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class CosFaceLoss(_MarginSoftmaxLoss):
+@declared
+class CosFaceLoss(ProxyLoss):
     """CosFace (Wang et al. 2018), as PML's `CosFaceLoss(num_classes, embedding_size, margin, scale)`:
     `l_i = CE(scale (cos(f_i, w_c) - margin [c == y_i]), y_i)`. Class weights start as PML's, `N(0, 1)`.
 
-    Args:
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `tfdml.losses.ProxyLoss`.
-        margin: additive cosine margin (0.35).
-        scale: logit scale (64).
+        margin: additive cosine margin.
+        scale: logit scale.
     """
 
     loss_fn = staticmethod(_cosface_loss)
 
-    def __init__(self, num_classes, embedding_dim, margin=0.35, scale=64.0, name="cosface_loss", **kwargs):
-        super().__init__(num_classes, embedding_dim, margin, scale, name=name, **kwargs)
+    DEFAULT_NAME = "cosface_loss"
+    ARGUMENTS = (
+        *ProxyLoss.ARGUMENTS,
+        Argument("margin", 0.35, "additive cosine margin", minimum=0.0, maximum=180.0),
+        _scale(),
+    )
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
-class ArcFaceLoss(_MarginSoftmaxLoss):
+@declared
+class ArcFaceLoss(ProxyLoss):
     """ArcFace (Deng et al. 2019), as PML's `ArcFaceLoss(num_classes, embedding_size, margin, scale)`: the target
     logit is `cos(theta + m)` (`cos(theta) - m sin(m)` beyond `theta = pi - m`), scaled by `scale`, then
     cross-entropy. Class weights start as PML's, `N(0, 1)`.
 
-    Args:
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `tfdml.losses.ProxyLoss`.
-        margin: additive angular margin in degrees (28.6, i.e. 0.5 rad as in the paper).
-        scale: logit scale (64).
+        margin: additive angular margin in degrees (by default 0.5 rad, as in the paper).
+        scale: logit scale.
     """
 
-    def __init__(self, num_classes, embedding_dim, margin=28.6, scale=64.0, name="arcface_loss", **kwargs):
-        super().__init__(num_classes, embedding_dim, margin, scale, name=name, **kwargs)
+    DEFAULT_NAME = "arcface_loss"
+    ARGUMENTS = (
+        *ProxyLoss.ARGUMENTS,
+        Argument("margin", 28.6, "additive angular margin, in degrees", minimum=0.0, maximum=180.0),
+        _scale(),
+    )
 
     @staticmethod
     def loss_fn(labels, embeddings, proxies, margin, scale):

@@ -3,7 +3,7 @@ distance): NON-squared hinges on the distance, a positive margin, and means over
 
 This is not the formula of Hadsell, Chopra and LeCun 2006, which uses squared terms,
 `1/2 d^2` for a positive pair and `1/2 [m - d]+^2` for a negative pair, summed over all pairs. The
-non-squared form with `pos_margin` is the one of pytorch-metric-learning and of the benchmarks built on it
+non-squared form with `pos_margin` is the one of pytorch-metric-learning and of the comparisons built on it
 (Musgrave et al. 2020, "A Metric Learning Reality Check"). Over all ordered pairs
 `(i, j)`, `i != j`, of the batch:
 
@@ -19,7 +19,7 @@ import keras
 from keras import ops
 
 from tfdml.loss_names import TUPLE_KINDS
-from tfdml.losses.arguments import Argument, declared
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
@@ -33,7 +33,7 @@ from tfdml.ops import (
 )
 
 
-def contrastive_terms(labels, embeddings, pos_margin=0.0, neg_margin=1.0, references=None, distance="euclidean"):
+def contrastive_terms(labels, embeddings, pos_margin, neg_margin, references=None, distance="euclidean"):
     """The contrastive loss's terms, written once: dense `[B, G]` pair terms, `[d - pos_margin]+` for a
     positive pair (group 0) and `[neg_margin - d]+` for a negative pair (group 1), each group a mean over its
     non-zero terms. Within a batch the unordered pairs `i < j` (the mean over ordered pairs counts each pair
@@ -52,7 +52,7 @@ def contrastive_terms(labels, embeddings, pos_margin=0.0, neg_margin=1.0, refere
     return TupleTerms(values, None, "pair", "mean_active", groups=groups, num_groups=2, valid=valid)
 
 
-def contrastive_fast_path(labels, embeddings, pos_margin=0.0, neg_margin=1.0, references=None, distance="euclidean"):
+def contrastive_fast_path(labels, embeddings, pos_margin, neg_margin, references=None, distance="euclidean"):
     """`reduce_terms(contrastive_terms(...))` without the terms' bookkeeping (groups, divisors, weights): the
     two means of the active hinges over the ordered pairs, each unordered pair counted twice in the sum and
     in the count (the same means)."""
@@ -64,8 +64,11 @@ def contrastive_fast_path(labels, embeddings, pos_margin=0.0, neg_margin=1.0, re
     return mean_of_positive(pos_terms) + mean_of_positive(neg_terms)
 
 
-def contrastive_loss(labels, embeddings, pos_margin=0.0, neg_margin=1.0, distance="euclidean"):
+@defaults_from("ContrastiveLoss")
+def contrastive_loss(labels, embeddings, pos_margin=DECLARED, neg_margin=DECLARED, distance="euclidean"):
     """Contrastive loss of a batch: mean active `[d - pos_margin]+` + mean active `[neg_margin - d]+`.
+
+    The margins' defaults are those of `ContrastiveLoss`'s declaration (`ContrastiveLoss.ARGUMENTS`).
 
     Args:
         labels: integer class ids `[B]`.

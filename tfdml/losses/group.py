@@ -14,7 +14,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tfdml.losses.arguments import REQUIRED, Argument, declared
+from tfdml.losses.arguments import DECLARED, REQUIRED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.label_checks import check_label_range
 from tfdml.losses.portable import mean
@@ -38,7 +38,8 @@ def anchor_mask(labels, num_anchors):
     return rank < num_anchors
 
 
-def replicator_dynamics(similarity, log_probabilities, num_iterations=1):
+@defaults_from("GroupLoss")
+def replicator_dynamics(similarity, log_probabilities, num_iterations=DECLARED):
     """`num_iterations` steps of `X <- X * (W X)`, rows renormalised, computed on log-probabilities.
 
     Working in log space keeps the update exact when a row's mass moves to classes where it had (numerically)
@@ -95,13 +96,23 @@ def _group_loss(labels, embeddings, logits, temperature, num_iterations, num_anc
     return propagation + ce_weight * cross_entropy
 
 
+@defaults_from("GroupLoss")
 def group_loss(
-    labels, embeddings, logits, temperature, num_iterations=1, num_anchors=2, ce_weight=1.0, zero_diagonal=False
+    labels,
+    embeddings,
+    logits,
+    temperature=DECLARED,
+    num_iterations=DECLARED,
+    num_anchors=DECLARED,
+    ce_weight=DECLARED,
+    zero_diagonal=DECLARED,
 ):
     """Group Loss of `labels [B]` int, `embeddings [B, D]` and classifier `logits [B, m]`.
 
     Inputs are validated as by every tfdml loss (integer labels, rank-2 float embeddings and logits with the
     batch size of the labels, no NaN/Inf); labels must lie in `[0, m)`.
+
+    The defaults are those of `GroupLoss`'s declaration (`GroupLoss.ARGUMENTS`).
 
     Args:
         temperature: softmax temperature of the prior `X(0) = softmax(logits / T)` (official: 24 CUB,

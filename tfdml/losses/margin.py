@@ -30,7 +30,7 @@ import numpy as np
 from keras import backend, ops
 
 from tfdml.loss_names import TUPLE_KINDS
-from tfdml.losses.arguments import Argument, declared
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
@@ -93,7 +93,8 @@ def _regulariser(beta, beta_sum, num_triplets, active, nu, dtype):
     return nu * safe_divide(beta_sum, active)
 
 
-def distance_weighted_log_weights(distances, negatives, dim, cutoff=0.5, nonzero_loss_cutoff=1.4):
+@defaults_from("MarginLoss")
+def distance_weighted_log_weights(distances, negatives, dim, cutoff=DECLARED, nonzero_loss_cutoff=DECLARED):
     """Log sampling weights `-log q(d)` over each row's negatives (`-inf` where a negative is not eligible).
 
     `log w(d) = (2 - n) log d - ((n - 3) / 2) log(1 - d^2 / 4)`: the inverse of the density of distances
@@ -129,7 +130,8 @@ def distance_weighted_log_weights(distances, negatives, dim, cutoff=0.5, nonzero
     return ops.where(support, logits, ops.full_like(logits, -np.inf))
 
 
-def distance_weighted_probabilities(labels, embeddings, cutoff=0.5, nonzero_loss_cutoff=1.4):
+@defaults_from("MarginLoss")
+def distance_weighted_probabilities(labels, embeddings, cutoff=DECLARED, nonzero_loss_cutoff=DECLARED):
     """`[B, B]` probability that the distance-weighted sampler draws negative `j` for anchor `i`.
 
     Row `i` is the softmax of `distance_weighted_log_weights` (what the sampler draws from): proportional to
@@ -162,8 +164,9 @@ def _tensorflow_draws(pair_logits, seed):
     return tf.random.stateless_categorical(pair_logits, 1, seed=[int(seed), 0], dtype=tf.int32)
 
 
+@defaults_from("MarginLoss")
 def sample_distance_weighted_negatives(
-    labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None, references=None
+    labels, distances, dim, cutoff=DECLARED, nonzero_loss_cutoff=DECLARED, seed=DECLARED, references=None
 ):
     """Static-shape sampler (every backend but TensorFlow's): `(drawn, keep)`, `[B, G]` int32 and bool.
 
@@ -180,8 +183,9 @@ def sample_distance_weighted_negatives(
     return drawn, keep
 
 
+@defaults_from("MarginLoss")
 def sample_distance_weighted_triplets(
-    labels, distances, dim, cutoff=0.5, nonzero_loss_cutoff=1.4, seed=None, references=None
+    labels, distances, dim, cutoff=DECLARED, nonzero_loss_cutoff=DECLARED, seed=DECLARED, references=None
 ):
     """One distance-weighted negative per ordered anchor-positive pair.
 
@@ -211,7 +215,10 @@ def sample_distance_weighted_triplets(
     return triplets, valid
 
 
-def margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha=0.2, nu=0.0, valid=None, distances=None):
+@defaults_from("MarginLoss")
+def margin_loss_for_triplets(
+    labels, embeddings, triplets, beta, alpha=DECLARED, nu=DECLARED, valid=None, distances=None
+):
     """Margin loss over explicit `[T, 3]` `(anchor, positive, negative)` index triplets.
 
     `valid` (`[T]` bool, optional) drops rows; `distances` (optional) are the precomputed
@@ -356,29 +363,32 @@ def _margin_loss(labels, embeddings, beta, alpha, nu, sampling, cutoff, nonzero_
     return margin_loss_for_triplets(labels, embeddings, triplets, beta, alpha, nu, valid, distances)
 
 
+@defaults_from("MarginLoss")
 def margin_loss(
     labels,
     embeddings,
     beta,
-    alpha=0.2,
-    nu=0.0,
-    sampling="distance_weighted",
-    cutoff=0.5,
-    nonzero_loss_cutoff=1.4,
-    seed=None,
+    alpha=DECLARED,
+    nu=DECLARED,
+    sampling=DECLARED,
+    cutoff=DECLARED,
+    nonzero_loss_cutoff=DECLARED,
+    seed=DECLARED,
 ):
     """Margin loss of Wu et al. 2017 on `labels [B]` int and `embeddings [B, D]`.
+
+    The defaults are those of `MarginLoss`'s declaration (`MarginLoss.ARGUMENTS`).
 
     Args:
         labels: integer class ids `[B]` (validated: integer dtype, rank 1, same batch size).
         embeddings: float `[B, D]`, normally L2-normalised (NaN/Inf are rejected).
         beta: scalar boundary, or a `[num_classes]` vector (one boundary per class, picked by the anchor).
-        alpha: margin around the boundary (0.2).
-        nu: weight of the `nu * beta` regulariser (0); added whenever `nu > 0` (`MarginLoss` adds it only
+        alpha: margin around the boundary.
+        nu: weight of the `nu * beta` regulariser; added whenever `nu > 0` (`MarginLoss` adds it only
             for a learned beta).
         sampling: `"distance_weighted"` (one negative per anchor-positive pair, drawn with probability
             ~ `1 / q(d)`, see `distance_weighted_probabilities`) or `"all"`.
-        cutoff, nonzero_loss_cutoff: distance-weighted sampler bounds (0.5, 1.4).
+        cutoff, nonzero_loss_cutoff: distance-weighted sampler bounds.
         seed: integer for a reproducible (stateless) draw; `None` draws fresh negatives every call.
 
     Returns:

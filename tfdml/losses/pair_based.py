@@ -21,6 +21,7 @@ sum over the negatives of both ends is a per-row logsumexp combined pairwise.
 import keras
 from keras import ops
 
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.portable import lowest, mean
 from tfdml.ops import (
@@ -78,15 +79,18 @@ def _multi_similarity_loss(labels, embeddings, alpha, beta, base, mining_epsilon
     return mean(pos_term + neg_term)
 
 
-def multi_similarity_loss(labels, embeddings, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1):
+@defaults_from("MultiSimilarityLoss")
+def multi_similarity_loss(labels, embeddings, alpha=DECLARED, beta=DECLARED, base=DECLARED, mining_epsilon=DECLARED):
     """Multi-Similarity loss (Wang et al. 2019) on cosine similarities; see the module docstring.
+
+    The defaults are those of `MultiSimilarityLoss`'s declaration (`MultiSimilarityLoss.ARGUMENTS`).
 
     Args:
         labels: integer class ids `[B]`.
         embeddings: float `[B, D]` (L2-normalised inside, as PML's `CosineSimilarity`).
-        alpha, beta: scales of the positive and negative terms (2, 50).
-        base: similarity margin `lambda` (0.5).
-        mining_epsilon: the paper's pair mining with this epsilon (0.1, PML's `MultiSimilarityMiner`);
+        alpha, beta: scales of the positive and negative terms.
+        base: similarity margin `lambda`.
+        mining_epsilon: the paper's pair mining with this epsilon (PML's `MultiSimilarityMiner`);
             `None` uses every pair (PML's `MultiSimilarityLoss` without a miner).
 
     Returns:
@@ -113,12 +117,15 @@ def _circle_loss(labels, embeddings, m, gamma, references=None):
     return mean_of_positive(ops.where(complete, per_anchor, 0.0))
 
 
-def circle_loss(labels, embeddings, m=0.4, gamma=80.0):
+@defaults_from("CircleLoss")
+def circle_loss(labels, embeddings, m=DECLARED, gamma=DECLARED):
     """Circle loss (Sun et al. 2020) with pair labels on cosine similarities; see the module docstring.
 
+    The defaults are those of `CircleLoss`'s declaration (`CircleLoss.ARGUMENTS`).
+
     Args:
-        m: relaxation margin (0.4; the paper's fine-grained retrieval setting, PML's default).
-        gamma: scale (80).
+        m: relaxation margin (by default the paper's fine-grained retrieval setting, PML's default).
+        gamma: scale.
 
     Returns:
         Scalar loss: the mean over the anchors with a positive and a negative and a non-zero loss.
@@ -155,13 +162,16 @@ def _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin):
     return has_negative * safe_divide(ops.sum(per_pair * positives_f), num_pairs)
 
 
-def lifted_structure_loss(labels, embeddings, neg_margin=1.0, pos_margin=0.0):
+@defaults_from("LiftedStructureLoss")
+def lifted_structure_loss(labels, embeddings, neg_margin=DECLARED, pos_margin=DECLARED):
     """Lifted Structure loss (Oh Song et al. 2016) on Euclidean distances of L2-normalised embeddings
     (PML's default `LpDistance`, which normalises); see the module docstring.
 
+    The defaults are those of `LiftedStructureLoss`'s declaration (`LiftedStructureLoss.ARGUMENTS`).
+
     Args:
-        neg_margin: `alpha` of the paper, the margin of the negative terms (1).
-        pos_margin: subtracted from the positive distance (0).
+        neg_margin: `alpha` of the paper, the margin of the negative terms.
+        pos_margin: subtracted from the positive distance.
 
     Returns:
         Scalar loss: the mean of `[J_ij]+^2 / 2` over the (ordered) positive pairs, which equals the paper's
@@ -172,6 +182,7 @@ def lifted_structure_loss(labels, embeddings, neg_margin=1.0, pos_margin=0.0):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class MultiSimilarityLoss(MetricLoss):
     """Multi-Similarity loss (Wang et al. 2019) with the paper's pair mining, as PML's
     `MultiSimilarityLoss(alpha, beta, base)` fed by `MultiSimilarityMiner(epsilon=mining_epsilon)`.
@@ -179,27 +190,24 @@ class MultiSimilarityLoss(MetricLoss):
     `l_i = 1/alpha log(1 + sum_{P_i} exp(-alpha (S_ij - base))) + 1/beta log(1 + sum_{N_i} exp(beta (S_ij - base)))`
     over the mined pairs, `L = mean_i l_i` (cosine similarities `S`).
 
-    Args:
-        alpha: positive scale (2).
-        beta: negative scale (50).
-        base: similarity margin (0.5).
-        mining_epsilon: epsilon of the pair mining (0.1); `None` for every pair (no miner).
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
+        alpha: positive scale.
+        beta: negative scale.
+        base: similarity margin.
+        mining_epsilon: epsilon of the pair mining; `None` for every pair (no miner).
         name: loss name.
 
     Example:
         >>> model.compile(optimizer="adam", loss=MultiSimilarityLoss())
     """
 
-    def __init__(self, alpha=2.0, beta=50.0, base=0.5, mining_epsilon=0.1, name="multi_similarity_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        if alpha <= 0 or beta <= 0:
-            raise ValueError(f"alpha and beta must be > 0, got {alpha} and {beta}.")
-        if mining_epsilon is not None and mining_epsilon < 0:
-            raise ValueError(f"mining_epsilon must be >= 0 or None, got {mining_epsilon}.")
-        self.alpha = float(alpha)
-        self.beta = float(beta)
-        self.base = float(base)
-        self.mining_epsilon = None if mining_epsilon is None else float(mining_epsilon)
+    DEFAULT_NAME = "multi_similarity_loss"
+    ARGUMENTS = (
+        Argument("alpha", 2.0, "scale of the positive term", above=0.0, maximum=1e4),
+        Argument("beta", 50.0, "scale of the negative term", above=0.0, maximum=1e4),
+        Argument("base", 0.5, "similarity margin lambda (a cosine similarity)", minimum=-1.0, maximum=1.0),
+        Argument("mining_epsilon", 0.1, "epsilon of the pair mining (None: every pair)", minimum=0.0, maximum=2.0),
+    )
 
     supports_references = True
 
@@ -208,13 +216,9 @@ class MultiSimilarityLoss(MetricLoss):
             labels, embeddings, self.alpha, self.beta, self.base, self.mining_epsilon, references
         )
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(alpha=self.alpha, beta=self.beta, base=self.base, mining_epsilon=self.mining_epsilon)
-        return config
-
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class CircleLoss(MetricLoss):
     """Circle loss (Sun et al. 2020) with pair labels, as PML's `CircleLoss(m, gamma)`.
 
@@ -222,52 +226,44 @@ class CircleLoss(MetricLoss):
     constant weights `a_ij = [1 + m - S_ij]+` (positives), `[S_ij + m]+` (negatives); `L` = mean over the
     anchors that have positives and negatives (cosine similarities `S`).
 
-    Args:
-        m: relaxation margin (0.4).
-        gamma: scale (80).
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
+        m: relaxation margin.
+        gamma: scale.
         name: loss name.
     """
 
-    def __init__(self, m=0.4, gamma=80.0, name="circle_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        if gamma <= 0:
-            raise ValueError(f"gamma must be > 0, got {gamma}.")
-        self.m = float(m)
-        self.gamma = float(gamma)
+    DEFAULT_NAME = "circle_loss"
+    ARGUMENTS = (
+        Argument("m", 0.4, "relaxation margin", minimum=0.0, maximum=1.0),
+        Argument("gamma", 80.0, "scale", above=0.0, maximum=1e4),
+    )
 
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
         return _circle_loss(labels, embeddings, self.m, self.gamma, references)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(m=self.m, gamma=self.gamma)
-        return config
-
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class LiftedStructureLoss(MetricLoss):
     """Lifted Structure loss (Oh Song et al. 2016), as PML's `LiftedStructureLoss(neg_margin, pos_margin)`.
 
     `J_ij = log(sum_{N_i} exp(neg_margin - D_ik) + sum_{N_j} exp(neg_margin - D_jl)) + D_ij - pos_margin`,
     `L = mean over positive pairs of [J_ij]+^2 / 2` (Euclidean distances `D` of L2-normalised embeddings).
 
-    Args:
-        neg_margin: negative margin (1).
-        pos_margin: positive margin (0).
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
+        neg_margin: negative margin.
+        pos_margin: positive margin.
         name: loss name.
     """
 
-    def __init__(self, neg_margin=1.0, pos_margin=0.0, name="lifted_structure_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.neg_margin = float(neg_margin)
-        self.pos_margin = float(pos_margin)
+    DEFAULT_NAME = "lifted_structure_loss"
+    ARGUMENTS = (
+        # distances between unit vectors are at most 2
+        Argument("neg_margin", 1.0, "margin of the negative terms (the paper's alpha)", minimum=0.0, maximum=4.0),
+        Argument("pos_margin", 0.0, "subtracted from the positive distance", minimum=0.0, maximum=4.0),
+    )
 
     def compute(self, labels, embeddings):
         return _lifted_structure_loss(labels, embeddings, self.neg_margin, self.pos_margin)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(neg_margin=self.neg_margin, pos_margin=self.pos_margin)
-        return config

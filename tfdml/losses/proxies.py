@@ -27,6 +27,7 @@ import math
 import keras
 from keras import ops
 
+from tfdml.losses.arguments import DECLARED, REQUIRED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.label_checks import check_label_range
 from tfdml.ops import (
@@ -57,15 +58,18 @@ def _proxy_anchor_loss(labels, embeddings, proxies, margin, alpha):
     return safe_divide(ops.sum(pos_term), classes_present) + ops.sum(neg_term) / num_classes
 
 
-def proxy_anchor_loss(labels, embeddings, proxies, margin=0.1, alpha=32.0):
+@defaults_from("ProxyAnchorLoss")
+def proxy_anchor_loss(labels, embeddings, proxies, margin=DECLARED, alpha=DECLARED):
     """Proxy-Anchor loss (Kim et al. 2020); see the module docstring.
+
+    The defaults are those of `ProxyAnchorLoss`'s declaration (`ProxyAnchorLoss.ARGUMENTS`).
 
     Args:
         labels: integer class ids `[B]` in `[0, num_classes)`.
         embeddings: float `[B, D]` (L2-normalised inside).
         proxies: float `[num_classes, D]` (L2-normalised inside).
-        margin: `delta` (0.1).
-        alpha: scale (32).
+        margin: `delta`.
+        alpha: scale.
 
     Returns:
         Scalar loss (PML's `DivisorReducer`: positive terms over the classes present, negative terms over all).
@@ -83,12 +87,15 @@ def _proxy_nca_loss(labels, embeddings, proxies, softmax_scale):
     return safe_divide(ops.sum(per_sample * kept), ops.sum(kept))
 
 
-def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=1.0):
+@defaults_from("ProxyNCALoss")
+def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=DECLARED):
     """ProxyNCA loss (Movshovitz-Attias et al. 2017) with PML's defaults: squared Euclidean distances of
     L2-normalised embeddings and proxies, softmax over all proxies (the own class included).
 
+    The default is that of `ProxyNCALoss`'s declaration (`ProxyNCALoss.ARGUMENTS`).
+
     Args:
-        softmax_scale: multiplies the negative squared distances before the softmax (1).
+        softmax_scale: multiplies the negative squared distances before the softmax.
 
     Returns:
         Scalar loss: mean over the samples.
@@ -101,10 +108,11 @@ def _copied(spec):
     return copy.deepcopy(spec) if isinstance(spec, dict) else spec
 
 
+@declared
 class ProxyLoss(MetricLoss):
     """Base class of the losses that own trainable proxies (one row per class).
 
-    Args:
+    Args (in `ARGUMENTS`, which every proxy loss's declaration starts with):
         num_classes: number of training classes; labels must lie in `[0, num_classes)`.
         embedding_dim: embedding size `D`; the proxies are `[num_classes, D]`.
         proxy_optimizer: `None` (default): the model's optimizer trains the proxies (scale their learning rate
@@ -114,24 +122,27 @@ class ProxyLoss(MetricLoss):
         proxy_initializer: Keras initializer of the proxies; `None` for PML's initialisation of this loss.
         name: loss name (also the prefix of the variable's name, `<name>_proxies`).
 
-    Subclasses define `loss_fn(labels, embeddings, proxies, **hyper_parameters)`, `hyper_parameters()` and
-    `default_initializer()`.
+    Subclasses are declared (`tfdml.losses.arguments`) with `ARGUMENTS = (*ProxyLoss.ARGUMENTS, ...)` and define
+    `loss_fn(labels, embeddings, proxies, **hyper_parameters)` and `default_initializer()`; the hyper-parameters
+    are their own arguments.
     """
 
-    def __init__(self, num_classes, embedding_dim, proxy_optimizer=None, proxy_initializer=None, name=None, **kwargs):
-        super().__init__(name=name, **kwargs)
-        if int(num_classes) < 1 or int(embedding_dim) < 1:
-            raise ValueError(
-                f"num_classes and embedding_dim must be positive integers, got {num_classes} and {embedding_dim}."
-            )
-        self.num_classes = int(num_classes)
-        self.embedding_dim = int(embedding_dim)
+    DEFAULT_NAME = None
+    ARGUMENTS = (
+        Argument("num_classes", REQUIRED, "training classes (one proxy each)", minimum=1),
+        Argument("embedding_dim", REQUIRED, "embedding size (the proxies' width)", minimum=1),
+        Argument("proxy_optimizer", None, "optimizer of the proxies alone (None: the model's)"),
+        Argument("proxy_initializer", None, "Keras initializer of the proxies (None: PML's)"),
+    )
+
+    def setup(self):
+        self.num_classes = int(self.num_classes)
+        self.embedding_dim = int(self.embedding_dim)
         # Instances from here on: their serialisation is then the same before and after a round trip. Keras'
         # deserialisation edits a config dict in place, hence the copies.
-        self.proxy_optimizer = None if proxy_optimizer is None else keras.optimizers.get(_copied(proxy_optimizer))
-        self.proxy_initializer = (
-            None if proxy_initializer is None else keras.initializers.get(_copied(proxy_initializer))
-        )
+        optimizer, initializer = self.proxy_optimizer, self.proxy_initializer
+        self.proxy_optimizer = None if optimizer is None else keras.optimizers.get(_copied(optimizer))
+        self.proxy_initializer = None if initializer is None else keras.initializers.get(_copied(initializer))
         self._proxies = None
 
     def default_initializer(self):
@@ -161,7 +172,9 @@ class ProxyLoss(MetricLoss):
         return self.proxy_optimizer
 
     def hyper_parameters(self):
-        return {}
+        """The subclass's own arguments (those after `ProxyLoss.ARGUMENTS`), as `loss_fn` takes them."""
+        own = type(self).ARGUMENTS[len(ProxyLoss.ARGUMENTS) :]
+        return {a.name: getattr(self, a.kept_as) for a in own}
 
     def compute(self, labels, embeddings):
         dim = embeddings.shape[-1]
@@ -179,22 +192,17 @@ class ProxyLoss(MetricLoss):
         return type(self).loss_fn(labels, embeddings, proxies, **self.hyper_parameters())
 
     def get_config(self):
-        config = super().get_config()
+        config = self.declared_config()
         optimizer = None if self.proxy_optimizer is None else keras.saving.serialize_keras_object(self.proxy_optimizer)
         initializer = (
             None if self.proxy_initializer is None else keras.saving.serialize_keras_object(self.proxy_initializer)
         )
-        config.update(
-            num_classes=self.num_classes,
-            embedding_dim=self.embedding_dim,
-            proxy_optimizer=optimizer,
-            proxy_initializer=initializer,
-            **self.hyper_parameters(),
-        )
+        config.update(proxy_optimizer=optimizer, proxy_initializer=initializer, **self.hyper_parameters())
         return config
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class ProxyAnchorLoss(ProxyLoss):
     """Proxy-Anchor loss (Kim et al. 2020), as PML's `ProxyAnchorLoss(num_classes, embedding_size, margin, alpha)`.
 
@@ -204,10 +212,10 @@ class ProxyAnchorLoss(ProxyLoss):
     Proxies start as PML's: Kaiming normal with fan-out, `N(0, 2 / num_classes)`. The paper trains them at 100x
     the network's learning rate: see the `tfdml.losses.proxies` module docstring.
 
-    Args:
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `ProxyLoss`.
-        margin: `delta` (0.1).
-        alpha: scale (32).
+        margin: `delta`.
+        alpha: scale.
 
     Example:
         >>> loss = ProxyAnchorLoss(100, 512, proxy_optimizer=keras.optimizers.AdamW(1e-2))
@@ -216,39 +224,31 @@ class ProxyAnchorLoss(ProxyLoss):
 
     loss_fn = staticmethod(_proxy_anchor_loss)
 
-    def __init__(self, num_classes, embedding_dim, margin=0.1, alpha=32.0, name="proxy_anchor_loss", **kwargs):
-        super().__init__(num_classes, embedding_dim, name=name, **kwargs)
-        if alpha <= 0:
-            raise ValueError(f"alpha must be > 0, got {alpha}.")
-        self.margin = float(margin)
-        self.alpha = float(alpha)
+    DEFAULT_NAME = "proxy_anchor_loss"
+    ARGUMENTS = (
+        *ProxyLoss.ARGUMENTS,
+        Argument("margin", 0.1, "delta, the margin of the similarities", minimum=0.0, maximum=180.0),
+        Argument("alpha", 32.0, "scale", above=0.0, maximum=1e4),
+    )
 
     def default_initializer(self):
         # torch.nn.init.kaiming_normal_(mode="fan_out") on PML's [num_classes, D] proxies: fan_out = num_classes.
         return keras.initializers.RandomNormal(mean=0.0, stddev=math.sqrt(2.0 / self.num_classes))
 
-    def hyper_parameters(self):
-        return {"margin": self.margin, "alpha": self.alpha}
-
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class ProxyNCALoss(ProxyLoss):
     """ProxyNCA loss (Movshovitz-Attias et al. 2017), as PML's `ProxyNCALoss(num_classes, embedding_size,
     softmax_scale)`: `l_i = -log softmax_c(-softmax_scale ||f_i - p_c||^2)[y_i]` on L2-normalised embeddings
     and proxies, `L = mean_i l_i`. Proxies start as PML's, `N(0, 1)`.
 
-    Args:
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `ProxyLoss`.
-        softmax_scale: scale of the logits (1).
+        softmax_scale: scale of the logits.
     """
 
     loss_fn = staticmethod(_proxy_nca_loss)
 
-    def __init__(self, num_classes, embedding_dim, softmax_scale=1.0, name="proxy_nca_loss", **kwargs):
-        super().__init__(num_classes, embedding_dim, name=name, **kwargs)
-        if softmax_scale <= 0:
-            raise ValueError(f"softmax_scale must be > 0, got {softmax_scale}.")
-        self.softmax_scale = float(softmax_scale)
-
-    def hyper_parameters(self):
-        return {"softmax_scale": self.softmax_scale}
+    DEFAULT_NAME = "proxy_nca_loss"
+    ARGUMENTS = (*ProxyLoss.ARGUMENTS, Argument("softmax_scale", 1.0, "scale of the logits", above=0.0, maximum=1e4))

@@ -31,7 +31,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tfdml.losses.arguments import Argument, declared
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.portable import lowest
 from tfdml.ops import (
@@ -125,8 +125,17 @@ def _query_weights(log_s_pos, log_s_neg):
     return safe_divide(s, ops.sum(s))
 
 
+@defaults_from("RankedListLoss")
 def ranked_list_weights(
-    labels, distances, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, query_weighting="official", references=None
+    labels,
+    distances,
+    margin=DECLARED,
+    alpha=DECLARED,
+    tn=DECLARED,
+    tp=DECLARED,
+    lam=DECLARED,
+    query_weighting=DECLARED,
+    references=None,
 ):
     """Constant per-pair coefficients `(c_pos, c_neg)` of RLL: the loss is
     `sum_ij c_pos_ij (d_ij - (alpha - m)) + c_neg_ij (alpha - d_ij)` with `c` held constant.
@@ -137,6 +146,9 @@ def ranked_list_weights(
     `S(i) = sum_{P*_i} exp(tp (d - (alpha - m))) + sum_{N*_i} exp(tn (alpha - d))` the query's un-normalised
     weight sum. `q` is a softmax over queries of `log S(i)`, computed from log-sums, so `tn = 50` cannot
     overflow; queries with empty mined sets get `q = 0`.
+
+    The other arguments are `ranked_list_loss`'s, their defaults the declaration of `RankedListLoss`
+    (`RankedListLoss.ARGUMENTS`).
 
     Args:
         labels: int32 `[B]`.
@@ -174,7 +186,7 @@ def ranked_list_weights(
 
 
 def _ranked_list_loss(
-    labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting, references=None
+    labels, embeddings, *, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting, references=None
 ):
     """RLL on validated inputs (int32 labels, float embeddings); see the module docstring."""
     dtype = embeddings.dtype
@@ -186,25 +198,38 @@ def _ranked_list_loss(
         dist = pairwise_distance(embeddings, ops.stop_gradient(embeddings))
     else:
         dist = pairwise_distance(embeddings)
-    c_pos, c_neg, _ = ranked_list_weights(labels, dist, margin, alpha, tn, tp, lam, query_weighting, references)
+    c_pos, c_neg, _ = ranked_list_weights(
+        labels,
+        dist,
+        margin=margin,
+        alpha=alpha,
+        tn=tn,
+        tp=tp,
+        lam=lam,
+        query_weighting=query_weighting,
+        references=references,
+    )
     alpha = as_scalar(_default_alpha(margin, alpha), dtype)
     pos_boundary = alpha - as_scalar(margin, dtype)
     # Weights are constants (official code), so the loss is linear in the distances.
     return ops.sum(c_pos * (dist - pos_boundary) + c_neg * (alpha - dist))
 
 
+@defaults_from("RankedListLoss")
 def ranked_list_loss(
     labels,
     embeddings,
-    margin=0.4,
-    alpha=None,
-    tn=10.0,
-    tp=0.0,
-    lam=0.5,
-    stop_gallery_gradient=True,
-    query_weighting="official",
+    margin=DECLARED,
+    alpha=DECLARED,
+    tn=DECLARED,
+    tp=DECLARED,
+    lam=DECLARED,
+    stop_gallery_gradient=DECLARED,
+    query_weighting=DECLARED,
 ):
     """Ranked List Loss of a batch (see the module docstring for the formula).
+
+    The defaults are those of `RankedListLoss`'s declaration (`RankedListLoss.ARGUMENTS`).
 
     Args:
         labels: integer class ids `[B]`.
@@ -214,9 +239,9 @@ def ranked_list_loss(
         tn: negative temperature (scalar or scalar tensor; large values approach hardest-negative mining).
         tp: positive temperature (0 weighs every mined positive equally).
         lam: balance between the positive (`1 - lam`) and negative (`lam`) terms.
-        stop_gallery_gradient: if True (default, as in the paper) the gallery side of every pair is a
-            constant, so each query receives only the gradient of its own ranked list.
-        query_weighting: `"official"` (default): query `i` weighs `q_i = S(i) / sum_k S(k)`, its share of the
+        stop_gallery_gradient: if True (as in the paper) the gallery side of every pair is a constant, so each
+            query receives only the gradient of its own ranked list.
+        query_weighting: `"official"`: query `i` weighs `q_i = S(i) / sum_k S(k)`, its share of the
             batch's un-normalised pair weights, as the authors' Caffe layer does (hard queries dominate);
             `"uniform"`: `q_i = 1 / B`, eq. 14 of the paper.
 
@@ -226,7 +251,17 @@ def ranked_list_loss(
     """
     _check_query_weighting(query_weighting)
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _ranked_list_loss(labels, embeddings, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting)
+    return _ranked_list_loss(
+        labels,
+        embeddings,
+        margin=margin,
+        alpha=alpha,
+        tn=tn,
+        tp=tp,
+        lam=lam,
+        stop_gallery_gradient=stop_gallery_gradient,
+        query_weighting=query_weighting,
+    )
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -316,18 +351,17 @@ class RankedListLoss(MetricLoss):
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
-        tn = self.temperature(dtype=embeddings.dtype)
         return _ranked_list_loss(
             labels,
             embeddings,
-            self.margin,
-            self.alpha,
-            tn,
-            self.tp,
-            self.lam,
-            self.stop_gallery_gradient,
-            self.query_weighting,
-            references,
+            margin=self.margin,
+            alpha=self.alpha,
+            tn=self.temperature(dtype=embeddings.dtype),
+            tp=self.tp,
+            lam=self.lam,
+            stop_gallery_gradient=self.stop_gallery_gradient,
+            query_weighting=self.query_weighting,
+            references=references,
         )
 
     def get_config(self):

@@ -21,6 +21,7 @@ labels, for any batch; `tests/test_losses_smooth_ap.py` checks it against PML wh
 import keras
 from keras import ops
 
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.portable import mean
 from tfdml.ops import (
@@ -46,13 +47,14 @@ def _smooth_ap_loss(labels, embeddings, temperature):
     return mean(1.0 - ap)
 
 
-def smooth_ap_loss(labels, embeddings, temperature=0.01):
+@defaults_from("SmoothAPLoss")
+def smooth_ap_loss(labels, embeddings, temperature=DECLARED):
     """Smooth-AP loss of a batch, `mean_a (1 - AP_a)` with sigmoid-smoothed ranks (see the module docstring).
 
     Args:
         labels: integer class ids `[B]` (any class sizes and order).
         embeddings: float `[B, D]` (compared by cosine similarity).
-        temperature: sigmoid temperature `t` (0.01, the paper's and PML's default).
+        temperature: sigmoid temperature `t` (by default the paper's and PML's, `SmoothAPLoss.ARGUMENTS`).
 
     Returns:
         Scalar loss in `[0, 1)`.
@@ -62,30 +64,23 @@ def smooth_ap_loss(labels, embeddings, temperature=0.01):
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class SmoothAPLoss(MetricLoss):
     """Smooth-AP (Brown et al. 2020), as pytorch-metric-learning's `SmoothAPLoss(temperature)`.
 
     `L = mean_a (1 - AP_a)`, `AP_a = 1/|P_a| sum_{x in P_a} R_P(a, x) / R(a, x)` with the ranks smoothed by
     `sigmoid((s_ay - s_ax) / t)` over cosine similarities (see `tfdml.losses.smooth_ap`). O(B^3) memory.
 
-    Args:
-        temperature: sigmoid temperature (0.01).
+    Args (default and range in `ARGUMENTS`, also the configuration's `loss.params`):
+        temperature: sigmoid temperature.
         name: loss name.
 
     Example:
         >>> model.compile(optimizer="adam", loss=SmoothAPLoss(temperature=0.01))
     """
 
-    def __init__(self, temperature=0.01, name="smooth_ap_loss", **kwargs):
-        super().__init__(name=name, **kwargs)
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}.")
-        self.temperature = float(temperature)
+    DEFAULT_NAME = "smooth_ap_loss"
+    ARGUMENTS = (Argument("temperature", 0.01, "sigmoid temperature of the smoothed ranks", above=0.0, maximum=1e4),)
 
     def compute(self, labels, embeddings):
         return _smooth_ap_loss(labels, embeddings, self.temperature)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(temperature=self.temperature)
-        return config

@@ -17,7 +17,7 @@ All are O(B^2): the per-pair softmax denominators of NT-Xent are one logsumexp p
 import keras
 from keras import ops
 
-from tfdml.losses.arguments import Argument, declared
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     as_scalar,
@@ -71,8 +71,11 @@ def _n_pairs_loss(labels, embeddings, normalize):
     return safe_divide(ops.sum(per_anchor * anchors), ops.sum(anchors))
 
 
-def n_pairs_loss(labels, embeddings, normalize=True):
+@defaults_from("NPairsLoss")
+def n_pairs_loss(labels, embeddings, normalize=DECLARED):
     """N-pair loss (Sohn 2016) with PML's tuple choice; see the module docstring.
+
+    The default is that of `NPairsLoss`'s declaration (`NPairsLoss.ARGUMENTS`).
 
     Args:
         normalize: True (PML's default `DotProductSimilarity`, which L2-normalises: cosine similarities);
@@ -105,7 +108,8 @@ def _supcon_loss(labels, embeddings, temperature, references=None):
     return complete * mean_of_positive(per_anchor)
 
 
-def supcon_loss(labels, embeddings, temperature=0.1):
+@defaults_from("SupConLoss")
+def supcon_loss(labels, embeddings, temperature=DECLARED):
     """Supervised contrastive loss (Khosla et al. 2020, "L_out") on cosine similarities; see the module docstring.
 
     Returns:
@@ -124,7 +128,8 @@ def _ntxent_loss(labels, embeddings, temperature, references=None):
     return safe_divide(ops.sum(per_pair), ops.sum(ops.cast(positives, logits.dtype)))
 
 
-def ntxent_loss(labels, embeddings, temperature=0.07):
+@defaults_from("NTXentLoss")
+def ntxent_loss(labels, embeddings, temperature=DECLARED):
     """NT-Xent / InfoNCE loss with class labels (every same-class pair is a positive pair) on cosine
     similarities; see the module docstring.
 

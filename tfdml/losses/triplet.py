@@ -19,7 +19,7 @@ import keras
 from keras import backend, ops
 
 from tfdml.loss_names import TUPLE_KINDS
-from tfdml.losses.arguments import Argument, declared
+from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
     TupleTerms,
@@ -128,7 +128,7 @@ def _mined(dist, pos, neg, margin, mining):
     return valid
 
 
-def triplet_terms(labels, embeddings, margin=0.2, mining="all", soft=False, squared=False, references=None):
+def triplet_terms(labels, embeddings, margin, mining, soft, squared, references=None):
     """The triplet loss's terms, written once: dense `[B, B, G]` `(anchor, positive, negative)` terms
     `[m + d_ap - d_an]+` (soft: `log(1 + exp(d_ap - d_an))`) with the mask of the triplets the mining keeps:
 
@@ -165,7 +165,8 @@ def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=
     return triplet_fast_path(dist, pos, neg, margin, mining, soft)
 
 
-def triplet_loss(labels, embeddings, margin=0.2, mining="all", soft=False, squared=False):
+@defaults_from("TripletLoss")
+def triplet_loss(labels, embeddings, margin=DECLARED, mining=DECLARED, soft=DECLARED, squared=DECLARED):
     """Triplet loss of a batch with the given mining.
 
     - `"all"`: every triplet `(a, p, n)`; mean of `[m + d_ap - d_an]+` over the triplets where it is
@@ -173,6 +174,8 @@ def triplet_loss(labels, embeddings, margin=0.2, mining="all", soft=False, squar
     - `"hard"`: batch-hard; per anchor its farthest positive and nearest negative; mean over the anchors
       that have both.
     - `"semi_hard"` (FaceNet): the triplets with `d_ap < d_an < d_ap + m`; mean over them (0 if none).
+
+    The defaults are those of `TripletLoss`'s declaration (`TripletLoss.ARGUMENTS`).
 
     Args:
         labels: integer class ids `[B]`.
@@ -329,14 +332,15 @@ def _semihard_negative_sums(dist, pos, neg, margin):
     return total_of(dist)
 
 
-def _triplet_semihard_loss(labels, embeddings, margin, distance_metric="L2"):
+def _triplet_semihard_loss(labels, embeddings, margin, distance_metric):
     dist = _tfa_distances(embeddings, distance_metric)
     pos = positive_mask(labels)
     total = _semihard_negative_sums(dist, pos, negative_mask(labels), margin)
     return safe_divide(total, ops.sum(ops.cast(pos, dist.dtype)))
 
 
-def triplet_semihard_loss(labels, embeddings, margin=1.0, distance_metric="L2"):
+@defaults_from("TripletSemiHardLoss")
+def triplet_semihard_loss(labels, embeddings, margin=DECLARED, distance_metric=DECLARED):
     """tensorflow-addons' semi-hard triplet loss (its `triplet_semihard_loss`).
 
     For every ordered positive pair `(a, p)` the negative is the nearest one farther than `p`
@@ -356,7 +360,7 @@ def triplet_semihard_loss(labels, embeddings, margin=1.0, distance_metric="L2"):
     return _as_input_dtype(value, embeddings)
 
 
-def _triplet_hard_loss(labels, embeddings, margin, soft, distance_metric="L2"):
+def _triplet_hard_loss(labels, embeddings, margin, soft, distance_metric):
     dist = _tfa_distances(embeddings, distance_metric)
     pos = positive_mask(labels)
     neg = negative_mask(labels)
@@ -366,7 +370,8 @@ def _triplet_hard_loss(labels, embeddings, margin, soft, distance_metric="L2"):
     return _no_positive_pair_gives_zero(ops.mean(_hinge(hardest_pos - hardest_neg, margin, soft)), pos)
 
 
-def triplet_hard_loss(labels, embeddings, margin=1.0, soft=False, distance_metric="L2"):
+@defaults_from("TripletHardLoss")
+def triplet_hard_loss(labels, embeddings, margin=DECLARED, soft=DECLARED, distance_metric=DECLARED):
     """tensorflow-addons' batch-hard triplet loss (its `triplet_hard_loss`).
 
     Mean over all anchors of `[hardest_pos - hardest_neg + margin]+` (soft: `log(1 + exp(hardest_pos -
@@ -385,21 +390,27 @@ def triplet_hard_loss(labels, embeddings, margin=1.0, soft=False, distance_metri
     return _as_input_dtype(_triplet_hard_loss(validated_labels, validated, margin, soft, distance_metric), embeddings)
 
 
+def _distance_metric():
+    return Argument("distance_metric", "L2", '"L2", "squared-L2", "angular" or a callable [B, D] -> [B, B]')
+
+
+@declared
 class _TfaDropIn(MetricLoss):
     """Base of the tensorflow-addons drop-ins: tfa's `distance_metric` and tfa's output dtype."""
 
-    def __init__(self, distance_metric="L2", **kwargs):
-        super().__init__(**kwargs)
-        if isinstance(distance_metric, dict):
-            distance_metric = keras.saving.deserialize_keras_object(distance_metric)
-        _check_distance_metric(distance_metric)
-        self.distance_metric = distance_metric
+    DEFAULT_NAME = None
+    ARGUMENTS = (_distance_metric(),)
+
+    def setup(self):
+        if isinstance(self.distance_metric, dict):
+            self.distance_metric = keras.saving.deserialize_keras_object(self.distance_metric)
+        _check_distance_metric(self.distance_metric)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         return _as_input_dtype(super().__call__(y_true, y_pred, sample_weight), y_pred)
 
     def get_config(self):
-        config = super().get_config()
+        config = self.declared_config()
         metric = self.distance_metric
         config.update(
             distance_metric=metric if isinstance(metric, str) else keras.saving.serialize_keras_object(metric)
@@ -407,7 +418,12 @@ class _TfaDropIn(MetricLoss):
         return config
 
 
+def _tfa_margin():
+    return Argument("margin", 1.0, "the hinge's margin (tfa's default)", minimum=0.0, maximum=180.0)
+
+
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class TripletSemiHardLoss(_TfaDropIn):
     """Drop-in replacement for `tfa.losses.TripletSemiHardLoss` (see `triplet_semihard_loss`).
 
@@ -416,8 +432,8 @@ class TripletSemiHardLoss(_TfaDropIn):
 
     Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
 
-    Args:
-        margin: default 1.0, as in tfa.
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
+        margin: the hinge's margin (tfa's default).
         distance_metric: `"L2"` (default), `"squared-L2"`, `"angular"` or a callable `[B, D] -> [B, B]`, as
             in tfa (a callable must be registered with `keras.saving.register_keras_serializable` to be saved).
         name: loss name.
@@ -426,20 +442,15 @@ class TripletSemiHardLoss(_TfaDropIn):
         >>> model.compile(optimizer="adam", loss=TripletSemiHardLoss())  # was tfa.losses.TripletSemiHardLoss()
     """
 
-    def __init__(self, margin=1.0, distance_metric="L2", name="triplet_semihard_loss", **kwargs):
-        super().__init__(distance_metric=distance_metric, name=name, **kwargs)
-        self.margin = float(margin)
+    DEFAULT_NAME = "triplet_semihard_loss"
+    ARGUMENTS = (_tfa_margin(), _distance_metric())
 
     def compute(self, labels, embeddings):
         return _triplet_semihard_loss(labels, embeddings, self.margin, self.distance_metric)
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(margin=self.margin)
-        return config
-
 
 @keras.saving.register_keras_serializable(package="tfdml")
+@declared
 class TripletHardLoss(_TfaDropIn):
     """Drop-in replacement for `tfa.losses.TripletHardLoss` (see `triplet_hard_loss`).
 
@@ -448,8 +459,8 @@ class TripletHardLoss(_TfaDropIn):
 
     Backends: TensorFlow, JAX and PyTorch (written in `keras.ops`).
 
-    Args:
-        margin: default 1.0, as in tfa.
+    Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
+        margin: the hinge's margin (tfa's default).
         soft: soft margin instead of the hinge.
         distance_metric: `"L2"` (default), `"squared-L2"`, `"angular"` or a callable, as in tfa.
         name: loss name.
@@ -458,15 +469,8 @@ class TripletHardLoss(_TfaDropIn):
         >>> model.compile(optimizer="adam", loss=TripletHardLoss(margin=1.0))
     """
 
-    def __init__(self, margin=1.0, soft=False, distance_metric="L2", name="triplet_hard_loss", **kwargs):
-        super().__init__(distance_metric=distance_metric, name=name, **kwargs)
-        self.margin = float(margin)
-        self.soft = bool(soft)
+    DEFAULT_NAME = "triplet_hard_loss"
+    ARGUMENTS = (_tfa_margin(), Argument("soft", False, "soft margin instead of the hinge"), _distance_metric())
 
     def compute(self, labels, embeddings):
         return _triplet_hard_loss(labels, embeddings, self.margin, self.soft, self.distance_metric)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(margin=self.margin, soft=self.soft)
-        return config

@@ -51,7 +51,9 @@ def ranking_scores(queries, gallery, distance="squared_l2"):
     return tf.matmul(q, g, transpose_b=True)
 
 
-def _chunk_rows(num_gallery, k, memory_budget):
+def search_chunk_rows(num_gallery, k, memory_budget):
+    """Query rows per chunk of an exact search: as many as keep a chunk's scores and top-k within
+    `memory_budget` bytes (at least one, at most 65,536)."""
     per_row = 4 * (num_gallery + 2 * k)
     return int(max(1, min(65536, memory_budget // max(per_row, 1))))
 
@@ -84,7 +86,7 @@ def _blocked_search_chunk(queries, gallery, k, block):
     return values, columns, values[:, -1] <= block_max[:, -1]
 
 
-def _block_size(num_gallery, width):
+def search_block_size(num_gallery, width):
     """Column block for `_blocked_search_chunk`: candidates at most 1/8 of the gallery, else 0 (plain)."""
     block = min(64, num_gallery // (8 * (width + 1)))
     return block if block >= 16 else 0
@@ -150,10 +152,10 @@ def exact_search(
     gallery = queries if same_set else np.ascontiguousarray(gallery, dtype=np.float32)
     _check_search_arguments(queries, gallery, k, same_set)
     num_queries = queries.shape[0]
-    chunk = chunk_size or _chunk_rows(gallery.shape[0], k, memory_budget)
+    chunk = chunk_size or search_chunk_rows(gallery.shape[0], k, memory_budget)
     query_ops, gallery_ops = ranking_operands(queries, gallery, distance)
     width = k + 1 if same_set else k  # same set: one more, the query's own row is dropped
-    block = _block_size(gallery.shape[0], width) if block_size is None else block_size
+    block = search_block_size(gallery.shape[0], width) if block_size is None else block_size
     if block:
         query_ops, gallery_ops = _pad_for_blocks(query_ops, gallery_ops, block, distance == "squared_l2")
     gallery_t = tf.constant(gallery_ops)

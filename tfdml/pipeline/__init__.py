@@ -30,8 +30,8 @@ from tfdml import export as export_lib  # noqa: F401  (the module the export sta
 from tfdml.data.sources import class_halves  # noqa: F401
 from tfdml.pipeline.data import (
     Datasets,
-    _check_unseen_classes,
     augment_setting,
+    check_unseen_classes,
     fit_to_data,
     load_sources,
     make_datasets,
@@ -40,7 +40,6 @@ from tfdml.pipeline.data import (
 from tfdml.pipeline.evaluate import EXPORT_RECORD, Evaluation, evaluate, export
 from tfdml.pipeline.folder import (
     CONFIG_SNAPSHOT,
-    _exchange,
     check_outputs,
     choose_report_dir,
     finished_report,
@@ -67,6 +66,7 @@ __all__ = [
     "build_loss",
     "build_model",
     "check_outputs",
+    "check_unseen_classes",
     "choose_report_dir",
     "evaluate",
     "export",

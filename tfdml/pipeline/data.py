@@ -181,7 +181,7 @@ def make_datasets(config, train_source, eval_source, num_replicas=1):
     return Datasets(train=train, eval=evaluation, pixels=evaluation, train_source=train_source)
 
 
-def _check_unseen_classes(train_source, eval_source):
+def check_unseen_classes(train_source, eval_source):
     """A warning when the evaluation classes are also training classes: the figures are then not retrieval
     of unseen classes. Compared by class name (image folders, embedded data sets), else by class id."""
     train_names, eval_names = train_source.class_names, eval_source.class_names
@@ -205,7 +205,7 @@ def _check_unseen_classes(train_source, eval_source):
         )
 
 
-def _check_evaluation_data(eval_source):
+def check_evaluation_data(eval_source):
 
     single = single_image_classes(eval_source)
     if single:

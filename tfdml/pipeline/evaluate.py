@@ -17,13 +17,13 @@ EXPORT_RECORD = "tfdml_export.json"
 
 def _pixels(dataset):
     images, labels = [], []
-    for batch_images, batch_labels in _batches(dataset):
+    for batch_images, batch_labels in stoppable_batches(dataset):
         images.append(np.asarray(batch_images))
         labels.append(np.asarray(batch_labels).reshape(-1))
     return np.concatenate(images), np.concatenate(labels)
 
 
-def _batches(dataset):
+def stoppable_batches(dataset):
     """The batches of `dataset`, a held stop raised between them (`interrupts.between_steps`)."""
     for batch in dataset:
         interrupts.stop_point()
@@ -32,7 +32,7 @@ def _batches(dataset):
 
 def _keeping_images(dataset, kept):
     """The `(images, labels)` batches of `dataset`, each batch's images appended to `kept` as it goes by."""
-    for images, labels in _batches(dataset):
+    for images, labels in stoppable_batches(dataset):
         kept.append(np.asarray(images))
         yield images, labels
 
@@ -62,7 +62,7 @@ def evaluate(config, embedder, datasets):
         embeddings, labels = retrieval.embed_batches(embedder, _keeping_images(datasets.eval, kept))
         pixels, pixel_labels = np.concatenate(kept), labels
     else:
-        embeddings, labels = retrieval.embed_batches(embedder, _batches(datasets.eval))
+        embeddings, labels = retrieval.embed_batches(embedder, stoppable_batches(datasets.eval))
         pixels, pixel_labels = _pixels(datasets.pixels)
     results = retrieval.evaluate(embeddings, labels, ks=ks, metrics=metrics, exact=config.evaluation.exact)
     pixels = pixels / np.float32(255.0)  # [0, 1] for the grid; the baseline normalises anyway

@@ -12,8 +12,8 @@ from tfdml import interrupts
 from tfdml.callbacks import completed_epochs
 from tfdml.config import Config, default_config
 from tfdml.pipeline.data import (
-    _check_evaluation_data,
-    _check_unseen_classes,
+    check_evaluation_data,
+    check_unseen_classes,
     fit_to_data,
     load_sources,
     make_datasets,
@@ -88,13 +88,13 @@ def run(config=None, verbose=1, restart=False, say=print, fit_classes_per_batch=
 
 def _warn_if_ala_learns_from_noisy_labels(config):
     """DML-ALA on labels the job declares noisy, with its validation subsets drawn from those labels: the
-    assessor then learns from a validation loss on the same wrong labels (benchmarks/label_noise measures
-    what it does)."""
+    assessor then learns from a validation loss on the same wrong labels (the label-noise benchmark of the
+    documentation measures what it does)."""
     if config.ala.enabled and config.ala.val_path is None and config.loss.label_noise is not None:
         logger.warning(
             "ala.enabled with loss.label_noise and no ala.val_path: the validation subsets come from the noisy "
             "training labels, and on them the assessor learned to weigh mislabelled pairs above correct ones and "
-            "trained below the plain loss (benchmarks/label_noise); set ala.val_path to an image folder whose "
+            "trained below the plain loss; set ala.val_path to an image folder whose "
             "labels were checked by hand"
         )
 
@@ -108,8 +108,8 @@ def _job(config, verbose, restart, say, fit_classes_per_batch, started):
             keras.utils.set_random_seed(config.seed)
             train_source, eval_source = load_sources(config.data)
             config = fit_to_data(config, train_source, fit_classes_per_batch, say)
-            _check_evaluation_data(eval_source)
-            _check_unseen_classes(train_source, eval_source)
+            check_evaluation_data(eval_source)
+            check_unseen_classes(train_source, eval_source)
             prepare_report_dir(config, restart, say)
             outcome = run_stages(config, verbose, train_source, eval_source, stage)
         if not outcome.summary.get("chief", True):

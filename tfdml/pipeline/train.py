@@ -105,7 +105,7 @@ class Training:
     epochs_this_run: int  # how many epochs this process trained (the last ones)
 
 
-class _StopBetweenSteps(keras.callbacks.Callback):
+class StopBetweenSteps(keras.callbacks.Callback):
     """Raises a Ctrl-C or SIGTERM held by `interrupts.between_steps()` before the next step or evaluation batch:
     the epoch's callbacks (its checkpoint, TensorBoard, the progress line) have all run by then."""
 
@@ -145,7 +145,7 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
         seconds = time.perf_counter() - started  # this process only: the loop keeps no earlier epoch times
         return Training(history, seconds, seconds, training.epochs - done)
 
-    callbacks = [_StopBetweenSteps()]
+    callbacks = [StopBetweenSteps()]
     if training.eval_every:
         callbacks.append(
             callbacks_lib.RetrievalEvaluation(eval_ds, every_n_epochs=training.eval_every, ks=config.evaluation.ks)

@@ -22,7 +22,7 @@ of these settings and records the recall, its standard error and bound, the sett
 `index.recall` (saved in `tfdml_index.json`). A target not met with every leaf searched, or only no faster than
 exact search, falls back to brute force (`mode` becomes `"exact"`, `index.recall["fallback"]` says why).
 Explicit `leaves_to_search` or `reorder` are kept (the recall is still recorded); `target_recall=None` skips
-the measurement. The search benchmark (`benchmarks/search/`) measures speed and recall against faiss."""
+the measurement. The search benchmark of the documentation measures speed and recall against faiss."""
 
 import json
 import math
@@ -65,11 +65,11 @@ def auto_settings(num_points, dim, distance="dot_product", projection_dims=0):
         "leaves_to_search": leaves_to_search,
         # Up to 100k samples train the tree and the AH codebooks: a tree trained on a small sample needs many
         # more leaves for the same recall, and larger samples did not hold the recall on fresh queries
-        # (benchmarks/search/).
+        # (the search benchmark).
         "training_sample_size": int(min(num_points, 100000)),
         # 4 dimensions per 4-bit block from 256 dimensions: faster queries and builds at the same recall after
         # tuning (the recall target makes up for the coarser codes with leaves and re-ordering); below 256 (also
-        # after a projection) 2 dimensions a block need fewer re-ordered candidates (benchmarks/search/).
+        # after a projection) 2 dimensions a block need fewer re-ordered candidates (the search benchmark).
         "dimensions_per_block": 4 if searched_dim >= 256 else 2,
         "anisotropic_quantization_threshold": 0.2 if distance == "dot_product" else float("nan"),
         # Candidates re-scored exactly: max(reorder, reorder_factor * k) at search time. Codes of

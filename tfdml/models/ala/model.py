@@ -103,7 +103,7 @@ class ALAModel(keras.Model):
             (default: the base loss), a name of `tfdml.ala_options.BASE_LOSSES` (built with
             `validation_loss_params`) or a tfdml loss with per-tuple terms and no trainable variables, for
             example the base loss with a wider negative margin, so that the validation loss also pays for
-            classes coming closer (`benchmarks/label_noise`).
+            classes coming closer (the label-noise benchmark's finding).
         validation_loss_params: arguments of a validation loss given by name.
         embedding_dim: embedding size, when the embedder does not tell it.
         **kwargs: DML-ALA's switches, declared (type, default, range) once in `tfdml.ala_options.ALAOptions`;
@@ -128,7 +128,7 @@ class ALAModel(keras.Model):
                 meta-gradient on the bounded logits (so that `lambda` means the same whatever the losses' and the
                 rates' scale): an output stops growing where the bound's slope at it falls to about `lambda |o|`,
                 so that the spread of the outputs cannot grow without end once the weights reach their bound
-                (`benchmarks/ala_drift`; default 0: none).
+                (the weight-drift benchmark; default 0: none).
             distance_cut: `q` in (0, 1], a cut calibrated on the validation subset, whose labels are verified
                 (`val_source`): the training subset's positive pairs farther apart than the `q`-quantile of the
                 validation subset's positive-pair distances (both at theta) are taken for mislabelled and left out
@@ -147,7 +147,7 @@ class ALAModel(keras.Model):
                 trainable variables of its last layer that has any; `ValueError` if there is none). The body stays
                 at theta in the virtual step, so the look-ahead's products backpropagate through the head alone:
                 an exact meta-gradient of a smaller virtual step, much cheaper per assessor update on a deep
-                embedder (`benchmarks/ala_step`); the real step still trains every variable.
+                embedder (the look-ahead step benchmark); the real step still trains every variable.
             assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
             assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
             state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
