@@ -25,9 +25,9 @@ def _pixels(n, seed=0):
     return np.random.default_rng(seed).uniform(0, 255, (n, SIZE, SIZE, 3)).astype(np.float32)
 
 
-def _lite(**kwargs):  # the freezing and the heads do not depend on the weights: none loaded, faster
+def _lite(weights=None, **kwargs):  # freezing does not depend on the weights: none loaded, faster
     return tfdml.models.Embedder(
-        "efficientnet_lite0", embedding_dim=8, input_shape=(SIZE, SIZE, 3), weights=None, **kwargs
+        "efficientnet_lite0", embedding_dim=8, input_shape=(SIZE, SIZE, 3), weights=weights, **kwargs
     )
 
 
@@ -61,7 +61,8 @@ def test_frozen_backbone_trains_only_the_head_and_round_trips(tmp_path):
 
 def test_heads_on_cached_features_equal_the_embedder_and_train_it():
     images, labels = _pixels(32), np.repeat(np.arange(8), 4)
-    for model in (_lite(freeze_backbone=True), _multilevel()):
+    # ImageNet weights: a random backbone's features of small images are all but zero
+    for model in (_lite("imagenet", freeze_backbone=True), _multilevel()):
         features = tfdml.training.backbone_features(model, images, batch_size=10)
         assert len(features) == len(model.levels) and all(len(f) == 32 for f in features)
         heads = tfdml.training.FeatureHeads(model)
@@ -89,7 +90,7 @@ def _multilevel():
 
 
 def test_heads_on_features_train_the_margin_loss_beta():
-    model = _lite(freeze_backbone=True)
+    model = _lite("imagenet", freeze_backbone=True)
     features = tfdml.training.backbone_features(model, _pixels(16))
     loss = tfdml.losses.MarginLoss()
     beta = float(loss.beta.numpy())
