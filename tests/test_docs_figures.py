@@ -281,20 +281,3 @@ def test_the_export_guides_sample_index_line_is_the_benchmarks_current_row():
         guide = f.read()
     shown = re.search(r"\n      index: (.*?)\n\n", guide, re.S).group(1)
     assert " ".join(shown.split()) == describe_recall(record)
-
-
-def test_the_glyph_method_table_is_its_results_without_rows_that_hold_none():
-    """`benchmarks/glyph_methods/table.md` is what the script writes from `results.jsonl` (measures nothing), and
-    a method not run on the current protocol is named below the table, not shown as a row without figures."""
-    from benchmarks.glyph_methods import benchmark_methods as methods
-
-    records = methods.read_lines(os.path.join(ROOT, "benchmarks", "glyph_methods", "results.jsonl"), methods.CONFIG)
-    rows = methods.summarise(records)
-    done = {row[0] for row in rows}
-    missing = [name for name in methods.METHODS if name not in done]
-    table = methods.markdown_table(rows, methods.CONFIG, missing, methods.paired_differences(records))
-    with open(os.path.join(ROOT, "benchmarks", "glyph_methods", "table.md"), encoding="utf-8") as f:
-        assert f.read() == table
-    assert "not run yet |" not in table and missing and "\nNot run on this protocol yet: " in table
-    shown = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines() if line.startswith("| ")]
-    assert not {methods.METHODS[name][0] for name in missing} & set(shown)

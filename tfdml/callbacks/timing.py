@@ -16,7 +16,7 @@ def _duration(seconds):
 class EpochTimeEstimate(keras.callbacks.Callback):
     """Times `measured_steps` training steps after the first `warmup_steps` (which trace the step function)
     and prints one line: the time a step, an epoch of `steps_per_epoch` steps and the `epochs` left take at
-    that pace, e.g. "about 1.9 s a step: 40 s an epoch of 21 steps, 3 min for 5 epochs".
+    that pace: "about S s a step: E an epoch of N steps, T for M epochs".
 
     Args:
       steps_per_epoch: the steps of an epoch.

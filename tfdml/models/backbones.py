@@ -1,15 +1,12 @@
-"""Backbones for tfdml embedders: EfficientNet-Lite with offline ImageNet weights, `keras.applications` by name,
-any functional Keras model, or the small CNN.
+"""Backbones: EfficientNet-Lite (offline ImageNet weights), `keras.applications`, Keras models, the small CNN.
 
 `get_backbone(name_or_model, input_shape, weights)` returns a functional Keras model without its
 classification top. `default_taps(backbone)` gives the low / mid / high tap layers used by
 `MultiLevelEmbedder`, chosen as the RLL authors' Caffe prototxt taps its GoogLeNet-BN:
 
-- L = `inception_3c`: the grid-reduction block that OPENS stage 4 (output stride 16: 14x14 at 224 px);
-- M = `inception_4e`: the reduction block that opens stage 5 (stride 32: 7x7 at 224 px);
-- H = `inception_5b`: the network's last block (stride 32).
-
-The equivalents are the first, downsampling block of the stride-16 and stride-32 stages and the last block:
+L = `inception_3c` (the block that OPENS the stride-16 stage, 14x14 at 224 px), M = `inception_4e` (opens the
+stride-32 stage, 7x7) and H = `inception_5b` (the last block). The equivalents are the first, downsampling
+block of the stride-16 and stride-32 stages and the last block:
 
 | backbone       | L                  | M                  | H                  | at 224 px       |
 |----------------|--------------------|--------------------|--------------------|-----------------|
@@ -18,17 +15,14 @@ The equivalents are the first, downsampling block of the stride-16 and stride-32
 | efficientnet_lite0 | `block5c_out`  | `block7a_out`      | `top_activation`   | 14x14, 7x7, 7x7 |
 | small_cnn      | `block1_out`       | `block2_out`       | `block3_out`       | (32 px: 16, 8, 4) |
 
-EfficientNet-Lite is tapped at the ends of its stages (`tfdml.models.efficientnet_lite.default_taps`): L at the
-end of stage 5 (the last stride-16 stage; `block5d_out` for lite1 and lite2), M at the end of stage 7 (the
-last block, 320 channels, 352 for lite2), H at the head (1280 channels).
-
-InceptionV3's `mixed3` and `mixed8` are its grid-reduction blocks (35->17, 17->8 at 299 px). A small CNN
+EfficientNet-Lite is tapped at the ends of stages 5 and 7 and its head; InceptionV3's `mixed3` and `mixed8`
+are its grid-reduction blocks (35->17, 17->8 at 299 px). A small CNN
 with more blocks (`widths` of length n > 3) is tapped at its last three, `block{n-2}_out` to `block{n}_out`;
 any other functional backbone by layer name (`taps={"L": ..., "M": ..., "H": ...}`).
 
 `preprocessing_name(backbone)` is the pixel preprocessing the backbone expects (a `tfdml.models.preprocessing`
-spec the embedder's first layer applies to 0-255 RGB pixels): the `keras.applications` function's dotted
-name, "unit" (pixels / 255) for the small CNN, None for custom backbones.
+spec the embedder's first layer applies to 0-255 pixels): the `keras.applications` function's dotted name,
+"symmetric" for EfficientNet-Lite, "unit" (pixels / 255) for the small CNN, None for custom backbones.
 """
 
 import re

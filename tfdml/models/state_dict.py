@@ -1,7 +1,7 @@
 """Reads a PyTorch state dict into NumPy arrays without PyTorch.
 
 The ImageNet weights tfdml converts (`tfdml.models.efficientnet_lite`) ship as `.pth` files; reading them must
-not pull in PyTorch (a 750 MB install) for a TensorFlow user. Two layouts exist:
+not pull in PyTorch, a large install, for a TensorFlow user. Two layouts exist:
 
 - the zip layout (PyTorch >= 1.6): `<root>/data.pkl` (the pickled dict) and one `<root>/data/<key>` file
   of raw bytes per storage;
