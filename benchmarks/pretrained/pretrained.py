@@ -233,7 +233,12 @@ def table(args):
             f"| {data} | {method} | {size or IMAGE_SIZE.get(data, '')} | {len(runs)} | "
             f"{r1.mean():.1f}{_spread(r1)} | {mapr.mean():.1f}{_spread(mapr)} |"
         )
-    with open(os.path.join(HERE, "table.md"), "w") as f:
+    write_markdown("table.md", lines)
+
+
+def write_markdown(name, lines):
+    """Writes a table's `lines` to `name` beside this script and prints them."""
+    with open(os.path.join(HERE, name), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

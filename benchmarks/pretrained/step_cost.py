@@ -131,9 +131,7 @@ def main():
             f"| {row['loss']} | {row['images_per_s']:.1f} | {row['step_vs_softmax_wall']:.2f}x | "
             f"{row['step_vs_softmax_cpu']:.2f}x | {alone} | {share} |"
         )
-    with open(os.path.join(HERE, "step_cost.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    pretrained.write_markdown("step_cost.md", lines)
 
 
 if __name__ == "__main__":

@@ -164,7 +164,9 @@ def _folder_job(args):
             raise ConfigError("--eval-image-dir needs --image-dir (the training images)")
         return []
     name = os.path.basename(os.path.normpath(os.path.abspath(args.image_dir))) or "images"
-    own_backbone = any(item.split("=", 1)[0].strip() == "model.backbone" for item in args.overrides)
+    own_backbone = any(
+        key == "model.backbone" for item in args.overrides for key, _ in _leaves(*_dotted(parse_override(item)))
+    )
     defaults = () if args.config else (*(() if own_backbone else FOLDER_MODEL), *FOLDER_TRAINING)
     return [
         ("data.source", "folder"),
@@ -192,8 +194,7 @@ def _check_agreement(sets, shortcuts):
     """A `ConfigError` when a `--set` gives a key that an option also gives, another value: the option would
     replace it without a word (and a wrong value would never be checked)."""
     for text in sets:
-        keys, value = parse_override(text)
-        for key, given in _leaves(".".join(keys), value):
+        for key, given in _leaves(*_dotted(parse_override(text))):
             if key in shortcuts and given != shortcuts[key]:
                 option = (
                     "--no-export"
@@ -201,6 +202,12 @@ def _check_agreement(sets, shortcuts):
                     else f"--{_OPTION_OF[key].replace('_', '-')} {shortcuts[key]}"
                 )
                 raise ConfigError(f"--set {text.strip()} and {option} disagree: give {key} once")
+
+
+def _dotted(override):
+    """`(dotted key, value)` of a parsed `--set`."""
+    keys, value = override
+    return ".".join(keys), value
 
 
 def _leaves(key, value):

@@ -208,7 +208,7 @@ def _weights_package(module):
     return importlib.import_module(module)  # lite1, lite2: the "pretrained" extra
 
 
-def _torch_layout(name, model):
+def _torch_layout(name):
     """`{keras layer name: (torch prefix, kind)}` for every layer with weights, in the state dict's order."""
     mapping = {"stem_conv": ("_conv_stem", "conv"), "stem_bn": ("_bn0", "bn")}
     index = 0
@@ -238,7 +238,7 @@ def convert_state_dict(name, state):
     the keys when the file has a key no layer takes or lacks one a layer needs.
     """
     reference = efficientnet_lite(name, weights=None, include_top=True)
-    layout = _torch_layout(name, reference)
+    layout = _torch_layout(name)
     state = {key: value for key, value in state.items() if not key.endswith("num_batches_tracked")}
     used, converted = set(), {}
 

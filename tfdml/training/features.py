@@ -1,7 +1,7 @@
 """Training an embedder's heads on cached backbone features: a frozen backbone embeds the data once, and the
 heads train in seconds on a CPU.
 
-With the backbone frozen (`tfdml.models.freeze_backbone`) and no augmentation, every epoch feeds the heads the
+With the backbone frozen (the embedders' `freeze_backbone=True`) and no augmentation, every epoch feeds the heads the
 same backbone outputs, so computing them once is exact: `backbone_features` runs the frozen backbone (in
 inference mode) over the images a single time and keeps, per level, what the level's head reads: the pooled
 vector for the global (H) head, which pools first anyway, and the tapped feature map for the auxiliary (L, M)
@@ -39,35 +39,40 @@ def backbone_features(embedder, images, batch_size=64):
     `images` are raw pixels (uint8 or 0-255 floats, `[N, h, w, c]` at the embedder's input size) or a
     `tf.data.Dataset` of such batches (or of `(images, labels)` batches, whose labels are ignored).
     """
+    batches = images
+    if not isinstance(images, tf.data.Dataset):
+        batches = tf.data.Dataset.from_tensor_slices(images).batch(batch_size)
+    return _features_and_labels(embedder, batches)[0]
+
+
+def dataset_features(embedder, dataset):
+    """`(features, labels)`: `backbone_features` of a `tf.data.Dataset` of `(images, labels)` batches, with the
+    labels in the same order (the images are read once)."""
+    features, labels = _features_and_labels(embedder, dataset)
+    return features, np.concatenate(labels)
+
+
+def _features_and_labels(embedder, batches):
+    """`(features per level, [labels of each batch])` in one pass over `batches` (images, or image-label pairs)."""
     _check_embedder(embedder)
     pooled = [isinstance(head, GlobalEmbeddingHead) for head in embedder.level_heads]
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True)  # a last, smaller batch is not traced again
     def step(batch):
         maps = embedder.feature_extractor(embedder.pixel_preprocessing(batch), training=False)
         maps = list(maps) if isinstance(maps, (list, tuple)) else [maps]
         return [tf.reduce_mean(m, axis=(1, 2)) if pool else m for m, pool in zip(maps, pooled)]
 
-    # the same graph for every batch: a last, smaller batch is not traced again
-    batches = images if isinstance(images, tf.data.Dataset) else tf.data.Dataset.from_tensor_slices(images)
-    if not isinstance(images, tf.data.Dataset):
-        batches = batches.batch(batch_size)
-    parts = [[] for _ in pooled]
+    parts, labels = [[] for _ in pooled], []
     for batch in batches:
         if isinstance(batch, (tuple, list)):
-            batch = batch[0]
+            batch, batch_labels = batch[0], batch[1]
+            labels.append(np.asarray(batch_labels).reshape(-1))
         for i, value in enumerate(step(batch)):
             parts[i].append(value.numpy())
     if not parts[0]:
         raise ValueError("backbone_features got no images")
-    return [np.concatenate(p) for p in parts]
-
-
-def dataset_features(embedder, dataset):
-    """`(features, labels)`: `backbone_features` of a `tf.data.Dataset` of `(images, labels)` batches, with the
-    labels in the same order."""
-    labels = np.concatenate([np.asarray(batch[1]).reshape(-1) for batch in dataset])
-    return backbone_features(embedder, dataset), labels
+    return [np.concatenate(p) for p in parts], labels
 
 
 class FeatureHeads(MetricModel):
