@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from tfdml import pipeline
+from tfdml import pipeline, recipes
 from tfdml.config import LOSSES, ConfigError, load_config
 from tfdml.data.sources import CLASS_SPLIT_DATASETS, LABEL_KEYS
 
@@ -134,6 +134,17 @@ def test_config_runs_tiny(path, tmp_path):
     assert load_config(str(tmp_path / "config.yaml")) == pipeline.resolve_paths(config)
     for name in ("config.yaml", "model.keras", "recall_at_k.png", "training_curves.png", "retrieval_grid.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-5])
+def test_every_paper_configuration_can_name_the_pretrained_backbone_that_installs_offline(path):
+    """`--set model.backbone=efficientnet_lite0` (ImageNet weights installed with tfdml, nothing downloaded) is a
+    valid job for every recipe; the multi-level recipe reads the backbone's L, M and H taps."""
+    config = load_config(path, ["model.backbone=efficientnet_lite0", "model.weights=imagenet"])
+    assert (config.model.backbone, config.model.weights) == ("efficientnet_lite0", "imagenet")
+    if config.name == "rll_lmh_cub":  # one build: each takes seconds
+        model = recipes.make_embedder(config.model.to_dict() | {"weights": None}, (32, 32, 3))
+        assert model.taps == ["block5c_out", "block7a_out", "top_activation"]
 
 
 def test_classifier_head_too_small_for_the_labels(tmp_path):

@@ -115,8 +115,29 @@ def test_balanced_batches_hold_c_classes_of_k():
     assert sorted(seen) == list(range(6))
     with pytest.raises(ValueError, match="only 6 classes"):
         tfdml.training.balanced_batches(labels, 7, 2, steps=1)
-    with pytest.raises(ValueError, match="classifier heads"):
-        tfdml.training.backbone_features(tfdml.models.Embedder("small_cnn", num_classes=3), _pixels(2)[..., :1])
+
+
+def test_heads_on_features_train_group_loss_after_its_cross_entropy_stage():
+    model = _lite("imagenet", freeze_backbone=True, num_classes=4)
+    images, labels = _pixels(16), np.repeat(np.arange(4), 4)
+    features = tfdml.training.backbone_features(model, images)
+    heads = tfdml.training.FeatureHeads(model)
+    # the training layout is the embedder's: concat([embedding, logits]), what Group Loss reads
+    np.testing.assert_allclose(heads(features, training=True).numpy(), model(images, training=True).numpy(), atol=1e-5)
+    heads.compile(optimizer="sgd", loss=tfdml.losses.GroupLoss(4))
+    heads.classification_pretraining = True
+    y_pred = heads(features, training=True)
+    expected = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(labels, y_pred[:, 8:])
+    np.testing.assert_allclose(heads.compute_loss(y=labels, y_pred=y_pred).numpy(), expected.numpy(), rtol=1e-5)
+    classifier = model.classifiers[0].kernel.numpy().copy()
+    history = tfdml.training.fit_heads(
+        model, features, labels, loss=tfdml.losses.GroupLoss(4), optimizer=keras.optimizers.Adam(1e-2), steps=2,
+        pretrain_steps=3, classes_per_batch=4, samples_per_class=4,
+    )  # fmt: skip
+    assert np.isfinite(history.history["loss"]).all()
+    assert not np.allclose(model.classifiers[0].kernel.numpy(), classifier)
+    with pytest.raises(ValueError, match="pretrain_steps=3 trains classifier logits: build the embedder with num_c"):
+        tfdml.training.fit_heads(_lite(), features, labels, loss="margin", optimizer="sgd", steps=1, pretrain_steps=3)
 
 
 def test_epoch_time_estimate_says_the_pace_once():
@@ -170,3 +191,25 @@ def test_image_dir_defaults_train_a_few_steps(tmp_path, capsys):
     config = load_config(str(tmp_path / "r" / "config.yaml"))
     assert config.model.backbone == "efficientnet_lite0" and config.model.weights == "imagenet"
     assert config.training.head_warmup_steps == 300
+
+
+def test_the_pretrained_backbone_trains_under_mixed_precision():
+    """Under `mixed_bfloat16` (what a GPU or a recent CPU runs) the ImageNet weights load into bfloat16 layers,
+    the embedding stays float32 and unit-norm, close to the float32 model's, and a fine-tuning step is finite."""
+    images, labels = _pixels(16, seed=2), np.repeat(np.arange(4), 4)
+    float32 = _lite("imagenet")
+    reference = float32(images).numpy()
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = _lite("imagenet", frozen_stages=5)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.level_heads[0].set_weights(float32.level_heads[0].get_weights())  # the same new head in both
+    assert model.backbone.get_layer("stem_conv").compute_dtype == "bfloat16"
+    embeddings = model(images).numpy()
+    assert embeddings.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
+    assert np.min(np.sum(embeddings * reference, axis=1)) > 0.95  # cosine to the float32 embedding
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="multi_similarity")
+    history = model.fit(images, labels, batch_size=16, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()

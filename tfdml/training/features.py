@@ -24,14 +24,6 @@ from tfdml.models.base import MetricModel
 from tfdml.models.heads import GlobalEmbeddingHead
 
 
-def _check_embedder(embedder):
-    if getattr(embedder, "classifiers", None):
-        raise ValueError(
-            "fit_heads trains embedding heads only; this embedder has classifier heads (num_classes), which "
-            "Group Loss's classification pre-training trains through model.fit."
-        )
-
-
 def backbone_features(embedder, images, batch_size=64):
     """Per level of `embedder`, what its head reads from the (frozen) backbone, for every image: a list of
     arrays aligned with `embedder.levels` (`[N, C]` pooled for the global head, `[N, h, w, C]` for the others).
@@ -54,7 +46,6 @@ def dataset_features(embedder, dataset):
 
 def _features_and_labels(embedder, batches):
     """`(features per level, [labels of each batch])` in one pass over `batches` (images, or image-label pairs)."""
-    _check_embedder(embedder)
     pooled = [isinstance(head, GlobalEmbeddingHead) for head in embedder.level_heads]
 
     @tf.function(reduce_retracing=True)  # a last, smaller batch is not traced again
@@ -77,28 +68,50 @@ def _features_and_labels(embedder, batches):
 
 class FeatureHeads(MetricModel):
     """The embedder's heads and normalisation over cached backbone features: `embedder(images)` equals
-    `FeatureHeads(embedder)(backbone_features(embedder, images))`. Its variables are the heads' own, so
-    training it trains the embedder's heads; the loss is applied to each level as the embedder applies it (and,
-    as a `MetricModel`, it trains the loss's own variables, such as the margin loss's beta)."""
+    `FeatureHeads(embedder)(backbone_features(embedder, images))`. Its variables are the heads' own (and the
+    classifiers' of an embedder built with `num_classes`), so training it trains the embedder's heads; the loss
+    is applied to each level as the embedder applies it (and, as a `MetricModel`, it trains the loss's own
+    variables, such as the margin loss's beta). With classifiers, the training output is
+    `concat([embedding, logits per level])` as the embedder's, the layout Group Loss reads, and
+    `classification_pretraining = True` trains the logits with softmax cross-entropy instead of the loss."""
 
     def __init__(self, embedder, **kwargs):
         super().__init__(**kwargs)
-        _check_embedder(embedder)
         object.__setattr__(self, "embedder", embedder)  # not tracked: the backbone's variables stay out
         self.heads = list(embedder.level_heads)
+        self.classifiers = list(getattr(embedder, "classifiers", None) or [])
         self.normalize = embedder.normalize
+        self.classification_pretraining = False
 
     def call(self, features, training=None):
         raw = [head(f, training=training) for head, f in zip(self.heads, features)]
-        return self.normalize(keras.ops.concatenate(raw, axis=-1) if len(raw) > 1 else raw[0])
+        embedding = self.normalize(keras.ops.concatenate(raw, axis=-1) if len(raw) > 1 else raw[0])
+        if training and self.classifiers:
+            logits = [keras.ops.cast(classifier(u), embedding.dtype) for classifier, u in zip(self.classifiers, raw)]
+            return keras.ops.concatenate([embedding] + logits, axis=-1)
+        return embedding
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         self._tell_losses_whether_training(training)
-        loss = keras.losses.get(self.loss)
         levels = self.embedder.split_levels(y_pred)
+        predictions = [levels[level] for level in self.embedder.levels]
+        width, classes = self.embedder.output_dim, self.embedder.num_classes
+        logits = []
+        if self.classifiers and y_pred.shape[-1] > width:  # the training layout: the logits follow
+            logits = [y_pred[:, width + i * classes : width + (i + 1) * classes] for i in range(len(predictions))]
+        if self.classification_pretraining:
+            if not logits:
+                raise ValueError("classification pre-training needs an embedder built with num_classes")
+            cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            values = [cross_entropy(tf.reshape(y, [-1]), lg) for lg in logits]
+        else:
+            loss = keras.losses.get(self.loss)
+            if logits:
+                predictions = [tf.concat([p, lg], axis=-1) for p, lg in zip(predictions, logits)]
+            values = [loss(y, p, sample_weight) for p in predictions]
         total = 0.0
-        for level, weight in zip(self.embedder.levels, self.embedder.level_weights):
-            total = total + weight * tf.cast(loss(y, levels[level], sample_weight), tf.float32)
+        for weight, value in zip(self.embedder.level_weights, values):
+            total = total + weight * tf.cast(value, tf.float32)
         return total
 
 
@@ -132,6 +145,7 @@ def fit_heads(
     loss,
     optimizer,
     steps,
+    pretrain_steps=0,
     classes_per_batch=8,
     samples_per_class=4,
     seed=0,
@@ -147,12 +161,18 @@ def fit_heads(
       labels: `[N]` integer class of each item.
       loss: a tfdml loss (or its registered name), applied to every level's embedding as in `compile`.
       optimizer: a Keras optimizer (its learning rate is the heads').
-      steps: training steps; seed: the batches' draw.
+      steps: training steps with `loss`; seed: the batches' draw.
+      pretrain_steps: softmax cross-entropy steps on the classifier logits first (an embedder built with
+        `num_classes`; Group Loss's classification pre-training), with the same optimizer and its state.
     """
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     if any(len(f) != len(labels) for f in features):
         raise ValueError(f"features hold {[len(f) for f in features]} items for {len(labels)} labels")
-    index = balanced_batches(labels, classes_per_batch, samples_per_class, steps, seed)
+    if pretrain_steps and not getattr(embedder, "classifiers", None):
+        raise ValueError(
+            f"pretrain_steps={pretrain_steps} trains classifier logits: build the embedder with num_classes"
+        )
+    index = balanced_batches(labels, classes_per_batch, samples_per_class, pretrain_steps + steps, seed)
     tensors = [tf.constant(f) for f in features]
     label_tensor = tf.constant(labels)
     dataset = tf.data.Dataset.from_tensor_slices(index).map(
@@ -160,4 +180,11 @@ def fit_heads(
     )
     model = FeatureHeads(embedder)
     model.compile(optimizer=optimizer, loss=loss)
-    return model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=verbose, callbacks=callbacks, shuffle=False)
+    if pretrain_steps:
+        model.classification_pretraining = True
+        first = dataset.take(pretrain_steps)
+        model.fit(first, epochs=1, steps_per_epoch=pretrain_steps, verbose=verbose, shuffle=False)
+        model.classification_pretraining = False
+        model.make_train_function(force=True)  # the traced step holds the cross-entropy: trace it again
+    rest = dataset.skip(pretrain_steps)
+    return model.fit(rest, epochs=1, steps_per_epoch=steps, verbose=verbose, callbacks=callbacks, shuffle=False)
