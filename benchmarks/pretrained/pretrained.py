@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdml
+from tfdml.ala_options import episode_sizes
 from tfdml.data.glyphs import glyph_arrays
 from tfdml.data.sources import class_halves
 
@@ -46,6 +47,21 @@ IMAGE_SIZE = {"icons": 160, "glyphs": 64, "fashion": 64}
 # a 128-d embedding, Adam at 1e-3, each loss at its library defaults.
 HEAD_STEPS, HEAD_DIM, HEAD_LR = 300, 128, 1e-3
 HEAD_LOSSES = ("ranked_list", "triplet_semihard", "margin", "multi_similarity", "contrastive", "proxy_anchor")
+# Group Loss's head carries a classifier, trained alone with softmax cross-entropy for this many steps first (the
+# paper's classification pre-training), then Group Loss for HEAD_STEPS at its library defaults.
+GROUP_PRETRAIN_STEPS = 100
+GROUP_METHODS = {"group": None, "group_6x9": (6, 9)}  # the benchmark's batch, or the official CUB one
+# DML-ALA on the clean labels (the paper's claim) against its uniform twin, the base loss itself trained through the
+# same episodes: ALAModel at its defaults on the head, each episode the head's batch plus one validation class per
+# 5 training classes (fashion: 4 x 12 and 1 validation class, it has 5 training classes).
+ALA_METHODS = ("ala_contrastive", "ala_uniform_contrastive", "ala_triplet", "ala_uniform_triplet")
+# Nested embeddings from the pretrained backbone, the nested benchmark's protocol on heads: a 128-d head trained with
+# NestedLoss(multi-similarity) over these prefixes, against heads trained at 8 and 16 dimensions and the plain
+# 128-d head's prefixes; each prefix L2-normalised and evaluated on its own.
+NESTED_DIMS = (8, 16, 32, 64, 128)
+NESTED_SHOWN = (8, 16, 128)
+NESTED_RESULTS = os.path.join(HERE, "nested.jsonl")
+FEATURE_CACHE = os.environ.get("TFDML_FEATURE_CACHE", os.path.join(tempfile.gettempdir(), "tfdml-pretrained"))
 
 
 def machine():
@@ -99,9 +115,9 @@ def scores(embeddings, labels):
     return {"recall@1": round(100 * result["recall@1"], 2), "map@r": round(100 * result["map@r"], 2)}
 
 
-def record(row):
+def record(row, results=RESULTS):
     row = {**row, "machine": machine()}
-    with open(RESULTS, "a") as f:
+    with open(results, "a") as f:
         f.write(json.dumps(row) + "\n")
     print(json.dumps(row), flush=True)
 
@@ -122,8 +138,8 @@ def frozen(args):
             record({**row, "images_per_s": round(len(test_x) / seconds, 1)})
 
 
-def _head_embedder(kind, size):
-    common = dict(embedding_dim=HEAD_DIM, input_shape=(size, size, 3), freeze_backbone=True)
+def _head_embedder(kind, size, num_classes=None, dim=HEAD_DIM):
+    common = dict(embedding_dim=dim, input_shape=(size, size, 3), freeze_backbone=True, num_classes=num_classes)
     if kind == "multilevel":
         return tfdml.models.MultiLevelEmbedder("efficientnet_lite0", **common)
     return tfdml.models.Embedder("efficientnet_lite0", **common)
@@ -134,39 +150,84 @@ def _loss(name, num_classes):
         return tfdml.losses.get("ranked_list")
     if name == "proxy_anchor":  # one proxy per training class id
         return tfdml.losses.ProxyAnchorLoss(num_classes, HEAD_DIM)
+    if name in GROUP_METHODS:
+        return tfdml.losses.GroupLoss(num_classes)
     return tfdml.losses.get(name)
+
+
+_IMAGES = {}
+
+
+def _images(name):
+    """`load(name)` at the data set's head size, read once per process."""
+    if name not in _IMAGES:
+        _IMAGES[name] = load(name, IMAGE_SIZE[name])
+    return _IMAGES[name]
+
+
+def _features(name, kind, embedder):
+    """The frozen backbone's features of the training and test images, computed once per data set and level
+    layout and kept on disk (`TFDML_FEATURE_CACHE`): the same for every seed and loss."""
+    path = os.path.join(FEATURE_CACHE, f"{name}-{kind}-{IMAGE_SIZE[name]}.npz")
+    if os.path.exists(path):
+        with np.load(path) as saved:
+            count = len(saved.files) // 2
+            return [saved[f"train{i}"] for i in range(count)], [saved[f"test{i}"] for i in range(count)]
+    train_x, _, test_x, _ = _images(name)
+    train_f = tfdml.training.backbone_features(embedder, train_x)
+    test_f = tfdml.training.backbone_features(embedder, test_x)
+    os.makedirs(FEATURE_CACHE, exist_ok=True)
+    parts = {f"train{i}": f for i, f in enumerate(train_f)} | {f"test{i}": f for i, f in enumerate(test_f)}
+    np.savez(path + ".tmp.npz", **parts)
+    os.replace(path + ".tmp.npz", path)
+    return train_f, test_f
+
+
+def _fit_ala(method, embedder, train_f, train_y, batch, seed):
+    """DML-ALA (or its uniform twin) on the embedder's H head over cached pooled features, read as 1 x 1 maps."""
+    base_loss = method.rsplit("_", 1)[1]
+    weighting = "uniform" if "_uniform_" in method else "assessor"
+    features = train_f[0][:, None, None, :]
+    source = tfdml.data.array_source(features, train_y)
+    head = keras.Sequential([keras.Input(features.shape[1:]), embedder.level_heads[0], embedder.normalize])
+    model = tfdml.models.ALAModel(head, base_loss=base_loss, weighting=weighting)
+    model.compile(optimizer=keras.optimizers.Adam(HEAD_LR))
+    val_classes = 1 if batch[0] < 8 else None
+    sizes = episode_sizes(*batch, val_classes=val_classes)
+    episodes = tfdml.data.episode_dataset(source, **sizes, seed=seed).take(HEAD_STEPS)
+    model.fit(episodes, epochs=1, verbose=0)
 
 
 def heads(args):
     for name in args.data:
         size = IMAGE_SIZE[name]
-        train_x, train_y, test_x, test_y = load(name, size)
+        train_y, test_y = _labels(name)
         num_classes = int(train_y.max()) + 1
         batch = (5, 12) if len(np.unique(train_y)) < 8 else (8, 4)
-        cache = {}
+        ala_batch = (4, 12) if batch[0] < 8 else batch
         for method in args.losses:
             kind = "multilevel" if method == "rll_lmh" else "single"
             for seed in args.seeds:
                 keras.utils.set_random_seed(seed)
-                embedder = _head_embedder(kind, size)
-                if kind not in cache:  # the frozen backbone's outputs: the same for every seed and loss
-                    cache[kind] = (
-                        tfdml.training.backbone_features(embedder, train_x),
-                        tfdml.training.backbone_features(embedder, test_x),
-                    )
-                train_f, test_f = cache[kind]
+                group = method in GROUP_METHODS
+                embedder = _head_embedder(kind, size, num_classes if group else None)
+                train_f, test_f = _features(name, kind, embedder)
                 started = time.process_time()
-                tfdml.training.fit_heads(
-                    embedder,
-                    train_f,
-                    train_y,
-                    loss=_loss(method, num_classes),
-                    optimizer=keras.optimizers.Adam(HEAD_LR),
-                    steps=HEAD_STEPS,
-                    classes_per_batch=batch[0],
-                    samples_per_class=batch[1],
-                    seed=seed,
-                )
+                if method in ALA_METHODS:
+                    _fit_ala(method, embedder, train_f, train_y, ala_batch, seed)
+                else:
+                    tfdml.training.fit_heads(
+                        embedder,
+                        train_f,
+                        train_y,
+                        loss=_loss(method, num_classes),
+                        optimizer=keras.optimizers.Adam(HEAD_LR),
+                        steps=HEAD_STEPS,
+                        pretrain_steps=GROUP_PRETRAIN_STEPS if group else 0,
+                        classes_per_batch=(GROUP_METHODS.get(method) or batch)[0],
+                        samples_per_class=(GROUP_METHODS.get(method) or batch)[1],
+                        seed=seed,
+                    )
                 cpu = time.process_time() - started
                 embeddings = tfdml.training.FeatureHeads(embedder)(test_f).numpy()
                 record(
@@ -179,6 +240,67 @@ def heads(args):
                         "train_cpu_s": round(cpu, 1),
                     }
                 )
+
+
+def _labels(name):
+    """The training and test labels, kept beside the features (reading them needs the images otherwise)."""
+    path = os.path.join(FEATURE_CACHE, f"{name}-labels-{IMAGE_SIZE[name]}.npz")
+    if os.path.exists(path):
+        with np.load(path) as saved:
+            return saved["train"], saved["test"]
+    _, train_y, _, test_y = _images(name)
+    os.makedirs(FEATURE_CACHE, exist_ok=True)
+    np.savez(path, train=train_y, test=test_y)
+    return train_y, test_y
+
+
+def nested(args):
+    for name in args.data:
+        size = IMAGE_SIZE[name]
+        train_y, test_y = _labels(name)
+        batch = (5, 12) if len(np.unique(train_y)) < 8 else (8, 4)
+        for method, dim in (("nested", HEAD_DIM), ("plain", HEAD_DIM), ("trained at 8", 8), ("trained at 16", 16)):
+            for seed in args.seeds:
+                keras.utils.set_random_seed(seed)
+                embedder = _head_embedder("single", size, dim=dim)
+                train_f, test_f = _features(name, "single", embedder)
+                loss = tfdml.losses.MultiSimilarityLoss()
+                if method == "nested":
+                    loss = tfdml.losses.NestedLoss(loss, dims=NESTED_DIMS)
+                tfdml.training.fit_heads(
+                    embedder, train_f, train_y, loss=loss, optimizer=keras.optimizers.Adam(HEAD_LR), steps=HEAD_STEPS,
+                    classes_per_batch=batch[0], samples_per_class=batch[1], seed=seed,
+                )  # fmt: skip
+                embeddings = tfdml.training.FeatureHeads(embedder)(test_f).numpy()
+                prefixes = [d for d in NESTED_SHOWN if d <= dim]
+                by_prefix = {}
+                for d in prefixes:
+                    prefix = embeddings[:, :d] / np.linalg.norm(embeddings[:, :d], axis=1, keepdims=True)
+                    by_prefix[str(d)] = scores(prefix, test_y)
+                row = {"data": name, "method": method, "seed": seed, "image_size": size, "prefixes": by_prefix}
+                record(row, NESTED_RESULTS)
+
+
+def nested_lines(results):
+    """The nested table: Recall@1 (MAP@R) at each prefix, mean ± sd over seeds."""
+    runs = collections.defaultdict(list)
+    with open(results) as f:
+        for line in f:
+            row = json.loads(line)
+            runs[(row["data"], row["method"])].append(row["prefixes"])
+    header = " | ".join(f"{d}-d Recall@1 (MAP@R)" for d in NESTED_SHOWN)
+    lines = [f"| data | head | runs | {header} |", "|---|---|---|" + "---|" * len(NESTED_SHOWN)]
+    for (data, method), rows in sorted(runs.items()):
+        cells = []
+        for d in NESTED_SHOWN:
+            if str(d) not in rows[0]:
+                cells.append("")
+                continue
+            r1 = np.array([r[str(d)]["recall@1"] for r in rows])
+            mapr = np.array([r[str(d)]["map@r"] for r in rows])
+            cells.append(f"{r1.mean():.1f}{_spread(r1)} ({mapr.mean():.1f})")
+        lines.append(f"| {data} | {method} | {len(rows)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def finetune(args):
@@ -213,9 +335,48 @@ def _spread(values):
     return f" ± {values.std(ddof=1):.1f}" if len(values) > 1 else ""
 
 
+# Paired differences over the same seeds (the same head initialisation and batches): (method, its twin).
+PAIRS = (
+    ("ala_contrastive", "ala_uniform_contrastive"),
+    ("ala_triplet", "ala_uniform_triplet"),
+    ("ala_uniform_contrastive", "contrastive"),
+    ("group_6x9", "group"),
+)
+
+
+def paired_lines(results):
+    """Method minus its twin, per seed, Recall@1 and MAP@R points (mean ± sd over the seeds both ran)."""
+    runs = collections.defaultdict(dict)
+    with open(results) as f:
+        for line in f:
+            row = json.loads(line)
+            if row["method"].startswith("heads: "):
+                runs[(row["data"], row["method"][len("heads: ") :])][row["seed"]] = row
+    lines = ["| data | method | minus | seeds | Recall@1 | MAP@R |", "|---|---|---|---|---|---|"]
+    for data in sorted({data for data, _ in runs}):
+        for method, twin in PAIRS:
+            seeds = sorted(set(runs[(data, method)]) & set(runs[(data, twin)]))
+            if not seeds:
+                continue
+            cells = []
+            for metric in ("recall@1", "map@r"):
+                diff = np.array([runs[(data, method)][s][metric] - runs[(data, twin)][s][metric] for s in seeds])
+                cells.append(f"{diff.mean():+.1f}{_spread(diff)}")
+            lines.append(f"| {data} | {method} | {twin} | {len(seeds)} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
 def table(args):
+    write_markdown("table.md", table_lines(RESULTS))
+    write_markdown("paired.md", paired_lines(RESULTS))
+    if os.path.exists(NESTED_RESULTS):
+        write_markdown("nested.md", nested_lines(NESTED_RESULTS))
+
+
+def table_lines(results):
+    """The markdown table of the `results` file: one row per data set, method and size, mean ± sd over runs."""
     rows = collections.defaultdict(list)
-    with open(RESULTS) as f:
+    with open(results) as f:
         for line in f:
             row = json.loads(line)
             rows[(row["data"], row["method"], row.get("image_size"))].append(row)
@@ -233,7 +394,7 @@ def table(args):
             f"| {data} | {method} | {size or IMAGE_SIZE.get(data, '')} | {len(runs)} | "
             f"{r1.mean():.1f}{_spread(r1)} | {mapr.mean():.1f}{_spread(mapr)} |"
         )
-    write_markdown("table.md", lines)
+    return lines
 
 
 def write_markdown(name, lines):
@@ -245,17 +406,20 @@ def write_markdown(name, lines):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("frozen", "heads", "finetune", "table"), help="which runs")
+    parser.add_argument("what", choices=("frozen", "heads", "nested", "finetune", "table"), help="which runs")
     parser.add_argument("--data", default="icons", type=lambda s: s.split(","), help="icons, glyphs, fashion")
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], help="frozen: image sizes")
     parser.add_argument("--center-crop", action="store_true", help="frozen: the job's evaluation crop (icons)")
     parser.add_argument("--seeds", default=[0, 1, 2, 3, 4], type=lambda s: [int(v) for v in s.split(",")])
     parser.add_argument(
-        "--losses", default=list(HEAD_LOSSES) + ["rll_lmh"], type=lambda s: s.split(","), help="heads: methods"
+        "--losses",
+        default=list(HEAD_LOSSES) + ["rll_lmh"] + list(GROUP_METHODS) + list(ALA_METHODS),
+        type=lambda s: s.split(","),
+        help="heads: methods",
     )
     parser.add_argument("extra", nargs="*", help="finetune: extra `tfdml train` options (after --)")
     args = parser.parse_args()
-    {"frozen": frozen, "heads": heads, "finetune": finetune, "table": table}[args.what](args)
+    {"frozen": frozen, "heads": heads, "nested": nested, "finetune": finetune, "table": table}[args.what](args)
 
 
 if __name__ == "__main__":
