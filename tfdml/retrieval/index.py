@@ -451,10 +451,10 @@ class ScannIndex:
         import scann  # loaded when an index is built or loaded: its custom ops are not needed before
 
         directory = os.fspath(directory)
-        meta_path = os.path.join(directory, _META_FILE)
-        if not os.path.exists(meta_path):
+        metadata_path = os.path.join(directory, _META_FILE)
+        if not os.path.exists(metadata_path):
             raise FileNotFoundError(f"{directory!r} is not a saved ScannIndex (no {_META_FILE}).")
-        with open(meta_path) as f:
+        with open(metadata_path) as f:
             config = json.load(f)
         index = cls.__new__(cls)
         index.distance = config["distance"]
