@@ -165,30 +165,13 @@ def test_softmax_weights_of_centred_outputs_with_temperature_and_floor():
     assert weights.max() / weights.min() < np.exp(2 * 1.5 / 0.5)
 
 
-def test_distance_prior_starts_the_weights_at_the_heuristics_ranking():
-    """With outputs that tell no pair apart, `distance_prior=p` gives the positive pairs the softmax weights of
-    `-p` times their standardised distance (NumPy from the formula): the nearer pair weighs more. The assessor
-    reads the embeddings only, so the distances are computed for the prior alone."""
-    model = ALAModel(
-        _embedder("float64"),
-        base_loss="contrastive",
-        assessor_units=3,
-        dtype="float64",
-        distance_prior=2.0,
-        assessor_input="embeddings",
-        weight_range=float("inf"),
-    )
-    _uniform_assessor(model)
-    x, y = _episode(dtype="float64", train_classes=4)[:2]
-    tuples, weights = (t.numpy() for t in model.tuple_weights(x, y))
-    embeddings = model.embedder(x, training=True).numpy()
-    positive = y[tuples[:, 0]] == y[tuples[:, 1]]
-    d = np.linalg.norm(embeddings[tuples[positive, 0]] - embeddings[tuples[positive, 1]], axis=1)
-    s = (d - d.mean()) / (d.std() + 1e-6)
-    expected = len(d) * np.exp(-2.0 * s) / np.exp(-2.0 * s).sum()
-    np.testing.assert_allclose(weights[positive], expected, rtol=1e-6)
-    np.testing.assert_array_equal(weights[~positive], 1.0)
-    assert weights[positive][np.argmin(d)] == weights[positive].max()
+def test_a_model_saved_with_the_dropped_distance_prior_loads_at_its_default_and_names_it_otherwise():
+    config = ALAModel(_embedder(), base_loss="contrastive").get_config()
+    assert "distance_prior" not in config
+    restored = ALAModel.from_config({**config, "distance_prior": 0.0})  # what a file saved with the switch holds
+    assert restored.get_config() == config
+    with pytest.raises(ValueError, match=r"^this ALAModel was saved with distance_prior=2.0, a DML-ALA switch"):
+        ALAModel.from_config({**config, "distance_prior": 2.0})
 
 
 def test_assessor_outputs_have_no_common_shift():
@@ -333,7 +316,7 @@ def _check_meta_gradient(model, episode, rates, validation_loss=None, extra=None
         ("triplet_all", {"assessed": "positive_pairs"}),
         ("margin_distance_weighted", {"assessed": "positive_pairs", "weights": "sigmoid"}),
         ("contrastive", {"assessed": "positive_pairs", "weights": "sigmoid", "state": "per_step"}),
-        ("contrastive", {"assessed": "positive_pairs", "distance_prior": 1.5, "assessor_input": "embeddings"}),
+        ("contrastive", {"assessed": "positive_pairs", "assessor_input": "embeddings"}),
     ],
 )
 def test_meta_gradient_equals_central_finite_differences(name, kwargs):
@@ -547,7 +530,6 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
         assessor_units=4,
         temperature=0.7,
         lookahead_variables="head",
-        distance_prior=0.5,
         output_penalty=0.2,
         validation_loss="contrastive",
         validation_loss_params={"pos_margin": 0.1, "neg_margin": 1.2},
@@ -563,7 +545,7 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, ALAModel) and isinstance(loaded.base_loss, MarginLoss)
     assert loaded.temperature == 0.7 and loaded.assessor.units == 4 and loaded.lookahead_variables == "head"
-    assert model.get_config()["lookahead_variables"] == "head" and loaded.distance_prior == 0.5
+    assert model.get_config()["lookahead_variables"] == "head"
     assert loaded.output_penalty == 0.2
     assert isinstance(loaded.validation_loss, ContrastiveLoss) and loaded.validation_loss.neg_margin == 1.2
     assert loaded.validation_loss.pos_margin == 0.1
@@ -704,13 +686,8 @@ def test_bad_arguments_and_inputs_raise_clear_errors():
         ({"weight_floor": 1.0}, "weight_floor must be in"),
         ({"variant": "paper", "weight_floor": 0.5}, 'needs weights="softmax"'),
         ({"weight_range": 0.0}, "weight_range must be > 0"),
-        ({"distance_prior": -1.0}, "distance_prior must be >= 0"),
         ({"output_penalty": -0.1}, "output_penalty must be >= 0"),
         ({"weights": "sigmoid", "output_penalty": 0.1}, "output_penalty pulls the softmax logits towards 0; it needs"),
-        (
-            {"weights": "sigmoid", "distance_prior": 1.0},
-            'distance_prior shifts the softmax logits; it needs weights="softmax"',
-        ),
     ):
         with pytest.raises(ValueError, match=message):
             ALAModel(_embedder(), **bad)

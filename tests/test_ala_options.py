@@ -69,7 +69,6 @@ def test_the_configuration_section_is_the_declaration():
         ({"inner_learning_rate": 0.1, "lookahead": "optimizer"}, "inner_learning_rate sets the rate of an SGD"),
         ({"meta_interval": 0}, "meta_interval must be >= 1, got 0."),
         ({"lookahead_variables": "body"}, "lookahead_variables must be one of ['all', 'head'], got 'body'."),
-        ({"distance_prior": -0.5}, "distance_prior must be >= 0, got -0.5."),
         ({"output_penalty": -0.5}, "output_penalty must be >= 0, got -0.5."),
     ],
 )

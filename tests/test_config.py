@@ -20,8 +20,8 @@ CONFIGS = sorted(
 BAD = [
     (
         ["loss.params.margn=0.1"],
-        "unknown configuration key 'loss.params.margn' (did you mean 'margin'?); valid keys here: alpha, lam, "
-        "margin, query_weighting, stop_gallery_gradient, tn, tp",
+        "unknown configuration key 'loss.params.margn' (did you mean 'margin'?); valid keys here: alpha, distance, "
+        "lam, margin, query_weighting, stop_gallery_gradient, tn, tp",
     ),
     (["loss.params.margin=big"], "loss.params.margin: expected a number, got 'big'"),
     (["optimizer.learning_rate=abc"], "optimizer.learning_rate: expected a number, got 'abc'"),

@@ -76,43 +76,66 @@ def _choice(name, value, choices):
 
 @dataclasses.dataclass
 class ALAOptions:
-    """`tfdml.models.ALAModel`'s switches (its docstring says what each does); None takes the variant's choice
-    (`VARIANTS`), or the default declared here. The configuration's `ala.params` section is this class."""
+    """`tfdml.models.ALAModel`'s switches, each described once, by the comment on its field (the configuration
+    reference's `ala.params` shows them); None takes the variant's choice (`VARIANTS`), or the default declared
+    here. The configuration's `ala.params` section is this class."""
 
-    variant: str | None = _option("default", choices=tuple(VARIANTS))  # paper: Algorithm 1 literally
-    weights: str | None = _option(None, choices=WEIGHT_FORMS)  # how the assessor's outputs become weights
+    # "default" (softmax weights, the base loss's reduction, geometry input, Adam 1e-3 assessor; the positive pairs
+    # weighted from one shared assessor state per step, logits bounded at 1) or "paper" (Algorithm 1 literally:
+    # sigmoid weights of every tuple, the recurrence over tuples, sums over tuples, embeddings input, SGD 4e-4
+    # assessor); the other switches override single choices
+    variant: str | None = _option("default", choices=tuple(VARIANTS))
+    # how the assessor's outputs become weights: "softmax" (w = n softmax((z - mean z) / temperature) over the
+    # step's assessed tuples, mixed with uniform weights by weight_floor) or "sigmoid" (the paper's A in (0, 1))
+    weights: str | None = _option(None, choices=WEIGHT_FORMS)
     temperature: float | None = _option(1.0, above=0.0)  # softmax weights' temperature
-    weight_floor: float | None = _option(0.0, minimum=0.0)  # softmax weights mixed with uniform ones
-    # a prior on the softmax logits, -p * the standardised anchor-positive distance, added to the assessor's: the
-    # weights start at the small-loss heuristic's ranking and the meta-gradient moves them from it (0: none)
-    distance_prior: float | None = _option(0.0, minimum=0.0)
-    # pulls the assessor's outputs towards 0, in units of the meta-gradient on the bounded logits: an output stops
-    # growing where the bound's slope falls to about this times its size (0: none, the outputs' spread can grow)
+    # f in w = f + (1 - f) w_softmax: every assessed tuple keeps at least f of a uniform weight (0: a tuple can be
+    # silenced)
+    weight_floor: float | None = _option(0.0, minimum=0.0)
+    # lambda, pulls the assessor's outputs o towards 0 with
+    # lambda s / 2 sum o^2 added to its meta-objective, s the root mean square of the meta-gradient on the bounded
+    # logits (so that lambda means the same whatever the losses' and the rates' scale): an output stops growing
+    # where the bound's slope at it falls to about lambda |o|, so the outputs' spread cannot grow without end once
+    # the weights reach their bound (the weight-drift benchmark; 0: none)
     output_penalty: float | None = _option(0.0, minimum=0.0)
-    # the training subset's positive pairs farther apart than this quantile of the validation subset's positive-pair
-    # distances are left out (verified validation labels: a cut calibrated on true pairs); null: none
+    # q in (0, 1], a cut calibrated on the validation subset, whose labels are verified (val_source): the training
+    # subset's positive pairs farther apart than the q-quantile of the validation subset's positive-pair distances
+    # (both at theta) are taken for mislabelled and left out of the base loss, as SmallLossWeighting leaves out its
+    # farthest pairs, before the assessor weighs the rest; on clean labels about 1 - q of them are. Logged as
+    # cut_fraction (null: no cut; tuple_weights, which has no validation subset, lists the tuples before it)
     distance_cut: float | None = _option(None, above=0.0, maximum=1.0)
-    # bound r on the logits, r tanh(z / r); null: the variant's (1 for the default variant's softmax weights, none
-    # for the paper's); .inf: none
+    # bound r on the logits, r tanh(z / r): no weight exceeds another by more than exp(2 r / temperature) (null: the
+    # variant's, 1 for the default variant's softmax weights, none for the paper's; .inf: none)
     weight_range: float | None = _option(None, above=0.0)
-    reduction: str | None = _option(None, choices=REDUCTIONS)  # how the weighted terms are reduced
-    lookahead: str | None = _option(None, choices=LOOKAHEADS)  # virtual step: SGD or the optimizer's
-    # which variables the virtual step moves: all (the paper's) or the embedder's head only (cheaper)
+    # how the weighted terms are reduced: "loss" (the base loss's own reduction) or "sum" (the paper's sums)
+    reduction: str | None = _option(None, choices=REDUCTIONS)
+    # the virtual step: "sgd" (the paper's, at the real step's per-variable rates) or "optimizer" (the compiled
+    # optimizer's step with its state held constant)
+    lookahead: str | None = _option(None, choices=LOOKAHEADS)
+    # which variables the virtual step moves: "all" (the paper's: every variable of the embedder) or "head" (a tfdml
+    # embedder's head_variables, else the trainable variables of its last layer that has any): the body stays at
+    # theta, an exact meta-gradient of a smaller virtual step, much cheaper per assessor update on a deep embedder
+    # (the look-ahead step benchmark); the real step still trains every variable
     lookahead_variables: str | None = _option("all", choices=LOOKAHEAD_VARIABLES)
-    # what the assessor reads of a tuple: its embeddings (the paper), its distances and loss, or both
+    # what the assessor reads of a tuple: "embeddings" (the paper), "geometry" (its distances and loss) or
+    # "embeddings+geometry"
     assessor_input: str | None = _option(None, choices=ASSESSOR_INPUTS)
-    assessor_units: int | None = _option(64, minimum=1)  # LSTM units of the assessor
-    assessor_layers: int | None = _option(2, minimum=1)  # LSTM layers of the assessor
-    # per_tuple: the LSTM reads the tuples as one sequence (eq 8); per_step: one shared state per step;
-    # null: the variant's (per_step by default, per_tuple for the paper variant)
+    assessor_units: int | None = _option(64, minimum=1)  # LSTM units of the assessor (the paper's 64)
+    assessor_layers: int | None = _option(2, minimum=1)  # LSTM layers of the assessor (the paper's 2)
+    # "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next step; the
+    # paper variant's) or "per_step" (all tuples from one shared state; cheaper; the default variant's)
     state: str | None = _option(None, choices=STATE_MODES)
-    inner_learning_rate: float | None = _option(None, above=0.0)  # one rate for the virtual step (eq 10)
-    assessor_learning_rate: float | None = _option(None, above=0.0)  # the assessor's own optimizer
-    assessor_steps: int | None = _option(3, minimum=0)  # K assessor updates per episode (0: weights only)
-    meta_interval: int | None = _option(1, minimum=1)  # assessor updated every N steps
-    weighting: str | None = _option("assessor", choices=WEIGHTINGS)  # uniform: the base loss itself
-    # which tuples the assessor weighs: all (the paper) or positive_pairs (a pair loss's positive pairs, a triplet
-    # loss's anchor-positive pairs); null: the variant's (positive_pairs by default, all for the paper variant)
+    # one rate for every variable in an SGD virtual step (eq 10; implies lookahead "sgd")
+    inner_learning_rate: float | None = _option(None, above=0.0)
+    assessor_learning_rate: float | None = _option(None, above=0.0)  # the assessor optimizer's rate (b of eq 12)
+    # K, assessor updates per episode (the paper's 3; 0: the tuples are only weighted)
+    assessor_steps: int | None = _option(3, minimum=0)
+    meta_interval: int | None = _option(1, minimum=1)  # the assessor updated every N-th step only
+    # "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline)
+    weighting: str | None = _option("assessor", choices=WEIGHTINGS)
+    # which tuples the assessor weighs: "all" (every tuple whose weight can change the loss; the paper variant's)
+    # or "positive_pairs" (a pair loss's positive pairs, the negative pairs keep weight 1; a triplet loss's
+    # anchor-positive pairs, one weight shared by the pair's triplets); null: the variant's
     assessed: str | None = _option(None, choices=ASSESSED)
 
     def arguments(self):
@@ -164,11 +187,6 @@ def _checked_numbers(chosen, given):
         raise ValueError(f"weight_floor must be in [0, 1), got {chosen['weight_floor']}.")
     if chosen["weights"] == "sigmoid" and weight_floor:
         raise ValueError('weight_floor mixes softmax weights with uniform ones; it needs weights="softmax".')
-    distance_prior = float(chosen["distance_prior"])
-    if not distance_prior >= 0:
-        raise ValueError(f"distance_prior must be >= 0, got {chosen['distance_prior']}.")
-    if distance_prior and chosen["weights"] != "softmax":
-        raise ValueError('distance_prior shifts the softmax logits; it needs weights="softmax".')
     output_penalty = float(chosen["output_penalty"])
     if not output_penalty >= 0:
         raise ValueError(f"output_penalty must be >= 0, got {chosen['output_penalty']}.")
@@ -201,7 +219,6 @@ def _checked_numbers(chosen, given):
         **counts,
         "temperature": temperature,
         "weight_floor": weight_floor,
-        "distance_prior": distance_prior,
         "output_penalty": output_penalty,
         "distance_cut": None if cut is None else float(cut),
         "weight_range": weight_range,

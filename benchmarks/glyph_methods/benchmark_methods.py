@@ -568,9 +568,8 @@ def is_ala(name):
 
 
 # DML-ALA options added after the committed ALA lines were run, each with a default that is what those runs did
-# (no output penalty, no distance prior, no distance cut, the virtual step on every variable): a line without
-# the key ran it.
-ADDED_WITH_THE_EARLIER_BEHAVIOUR = ("output_penalty", "distance_prior", "distance_cut", "lookahead_variables")
+# (no output penalty, no distance cut, the virtual step on every variable): a line without the key ran it.
+ADDED_WITH_THE_EARLIER_BEHAVIOUR = ("output_penalty", "distance_cut", "lookahead_variables")
 
 
 def counts(record, config):

@@ -10,21 +10,35 @@ import math
 import numpy as np
 
 
-def distance(a, b, squared=False):
-    sq = float(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
-    return sq if squared else math.sqrt(sq)
+def distance(a, b, squared=False, metric="euclidean"):
+    """`metric`: "euclidean" (squared if `squared`), "squared_euclidean" or "cosine" (1 - cos; 1 for a zero row)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if metric == "cosine":
+        norms = math.sqrt(float(a @ a)) * math.sqrt(float(b @ b))
+        return 1.0 - (float(a @ b) / norms if norms > 0 else 0.0)
+    sq = float(np.sum((a - b) ** 2))
+    return sq if squared or metric == "squared_euclidean" else math.sqrt(sq)
 
 
-def distance_matrix(queries, gallery=None, squared=False):
+def distance_matrix(queries, gallery=None, squared=False, metric="euclidean"):
     gallery = queries if gallery is None else gallery
-    return np.array([[distance(q, g, squared) for g in gallery] for q in queries])
+    return np.array([[distance(q, g, squared, metric) for g in gallery] for q in queries])
 
 
 # ----------------------------------------------------------------------------------------- Ranked List Loss
 
 
 def ranked_list_loss(
-    labels, embeddings, margin=0.4, alpha=None, tn=10.0, tp=0.0, lam=0.5, gallery=None, weights_from=None
+    labels,
+    embeddings,
+    margin=0.4,
+    alpha=None,
+    tn=10.0,
+    tp=0.0,
+    lam=0.5,
+    gallery=None,
+    weights_from=None,
+    metric="euclidean",
 ):
     """RLL, mean over all queries.
 
@@ -43,8 +57,8 @@ def ranked_list_loss(
         for j in range(len(labels)):
             if j == i:
                 continue
-            d = distance(embeddings[i], gallery[j])
-            d_w = distance(weights_from[i], weights_from[j])
+            d = distance(embeddings[i], gallery[j], metric=metric)
+            d_w = distance(weights_from[i], weights_from[j], metric=metric)
             if labels[j] == labels[i] and d_w > boundary:
                 pos_terms.append(d - boundary)
                 pos_logits.append(tp * (d_w - boundary))
@@ -89,9 +103,9 @@ def _triplets(labels):
                     yield a, p, q
 
 
-def triplet_all(labels, embeddings, margin=0.2, soft=False, squared=False):
+def triplet_all(labels, embeddings, margin=0.2, soft=False, squared=False, metric="euclidean"):
     """Mean over the triplets with a positive loss (every triplet when soft); 0 if none."""
-    d = distance_matrix(embeddings, squared=squared)
+    d = distance_matrix(embeddings, squared=squared, metric=metric)
     values = []
     for a, p, n in _triplets(list(labels)):
         v = _softplus(d[a, p] - d[a, n]) if soft else max(margin + d[a, p] - d[a, n], 0.0)
@@ -100,9 +114,9 @@ def triplet_all(labels, embeddings, margin=0.2, soft=False, squared=False):
     return sum(values) / len(values) if values else 0.0
 
 
-def triplet_semi_hard(labels, embeddings, margin=0.2, soft=False, squared=False):
+def triplet_semi_hard(labels, embeddings, margin=0.2, soft=False, squared=False, metric="euclidean"):
     """FaceNet semi-hard: the triplets with d_ap < d_an < d_ap + margin, mean over them; 0 if none."""
-    d = distance_matrix(embeddings, squared=squared)
+    d = distance_matrix(embeddings, squared=squared, metric=metric)
     values = []
     for a, p, n in _triplets(list(labels)):
         if d[a, p] < d[a, n] < d[a, p] + margin:
@@ -110,10 +124,10 @@ def triplet_semi_hard(labels, embeddings, margin=0.2, soft=False, squared=False)
     return sum(values) / len(values) if values else 0.0
 
 
-def triplet_batch_hard(labels, embeddings, margin=0.2, soft=False, squared=False):
+def triplet_batch_hard(labels, embeddings, margin=0.2, soft=False, squared=False, metric="euclidean"):
     """Per anchor farthest positive and nearest negative; mean over anchors having both; 0 if none."""
     labels = list(labels)
-    d = distance_matrix(embeddings, squared=squared)
+    d = distance_matrix(embeddings, squared=squared, metric=metric)
     values = []
     for a in range(len(labels)):
         pos = [d[a, j] for j in range(len(labels)) if j != a and labels[j] == labels[a]]
@@ -163,10 +177,32 @@ def tfa_triplet_hard(labels, embeddings, margin=1.0, soft=False):
     return sum(values) / n
 
 
+# ----------------------------------------------------------------------------------------- lifted structure
+
+
+def lifted_structure(labels, embeddings, neg_margin=1.0, pos_margin=0.0, metric="euclidean"):
+    """Oh Song et al.: per positive pair J_ij = log(sum over i's and j's negatives of exp(neg_margin - D))
+    + D_ij - pos_margin; mean over ordered positive pairs of [J_ij]+^2 / 2, D on the L2-normalised rows; 0
+    without a positive or a negative pair."""
+    labels = list(labels)
+    x = np.asarray(embeddings, np.float64)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-6)
+    d = distance_matrix(x, metric=metric)
+    n = len(labels)
+    pairs = [(i, j) for i in range(n) for j in range(n) if i != j and labels[i] == labels[j]]
+    if not pairs or all(labels[i] == labels[j] for i in range(n) for j in range(n)):
+        return 0.0
+    values = []
+    for i, j in pairs:
+        negatives = [math.exp(neg_margin - d[a, k]) for a in (i, j) for k in range(n) if labels[k] != labels[a]]
+        values.append(max(math.log(sum(negatives)) + d[i, j] - pos_margin, 0.0) ** 2 / 2.0)
+    return sum(values) / len(values)
+
+
 # ----------------------------------------------------------------------------------------- contrastive
 
 
-def contrastive(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
+def contrastive(labels, embeddings, pos_margin=0.0, neg_margin=1.0, metric="euclidean"):
     """Mean of the non-zero [d - pos_margin]+ over positive pairs + mean of the non-zero
     [neg_margin - d]+ over negative pairs (pytorch-metric-learning's AvgNonZeroReducer)."""
     labels = list(labels)
@@ -175,7 +211,7 @@ def contrastive(labels, embeddings, pos_margin=0.0, neg_margin=1.0):
         for j in range(len(labels)):
             if i == j:
                 continue
-            d = distance(embeddings[i], embeddings[j])
+            d = distance(embeddings[i], embeddings[j], metric=metric)
             if labels[i] == labels[j]:
                 v = max(d - pos_margin, 0.0)
                 if v > 0:

@@ -93,9 +93,10 @@ def _add_metric_and_output_options(parser):
     )
     options.add_argument(
         "--distance",
-        choices=["squared_l2", "dot_product"],
-        default="squared_l2",
-        help="ranking distance (equivalent for L2-normalised embeddings; default squared_l2, as the job).",
+        choices=["squared_euclidean", "squared_l2", "dot_product"],
+        default="squared_euclidean",
+        help="ranking distance (equivalent for L2-normalised embeddings; squared_l2 is ScaNN's name of "
+        "squared_euclidean, the default, as the job).",
     )
     options.add_argument("--seed", type=int, default=0, help="k-means seed for NMI and F1 (default 0).")
     add_expansion_options(parser)

@@ -240,8 +240,8 @@ class _Section:
 def _check_arguments(function, params, key, skip=()):
     """`params` against the named arguments of `function`, a loss class: unknown names and values of the wrong
     kind (a number where the default is a number, true/false where it is a bool) are `ConfigError`s, and a
-    number outside the range the class declares for it (`tfdml.losses.arguments`: its `ARGUMENTS`; a class or
-    function without a declaration: the default range of every number)."""
+    number outside the range the class declares for it or a string outside its choices (`tfdml.losses.arguments`:
+    its `ARGUMENTS`; a class or function without a declaration: the default range of every number)."""
     declaration = {a.name: a for a in getattr(function, "ARGUMENTS", ())}
     signature = inspect.signature(function)
     known = {
@@ -253,6 +253,9 @@ def _check_arguments(function, params, key, skip=()):
     for name, value in params.items():
         default = known[name].default
         ranges = declaration[name].range() if name in declaration else {}
+        choices = declaration[name].choices if name in declaration else None
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{key}.{name}: must be one of {', '.join(map(str, choices))}, got {value!r}")
         if isinstance(default, bool):
             _convert(value, bool, f"{key}.{name}")
         elif isinstance(default, (int, float)) and value is not None:

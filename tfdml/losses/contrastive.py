@@ -22,6 +22,7 @@ from tfdml.loss_names import TUPLE_KINDS
 from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
+    DISTANCES,
     TupleTerms,
     as_scalar,
     distance_matrix,
@@ -65,17 +66,17 @@ def contrastive_fast_path(labels, embeddings, pos_margin, neg_margin, references
 
 
 @defaults_from("ContrastiveLoss")
-def contrastive_loss(labels, embeddings, pos_margin=DECLARED, neg_margin=DECLARED, distance="euclidean"):
+def contrastive_loss(labels, embeddings, pos_margin=DECLARED, neg_margin=DECLARED, distance=DECLARED):
     """Contrastive loss of a batch: mean active `[d - pos_margin]+` + mean active `[neg_margin - d]+`.
 
-    The margins' defaults are those of `ContrastiveLoss`'s declaration (`ContrastiveLoss.ARGUMENTS`).
+    The defaults are those of `ContrastiveLoss`'s declaration (`ContrastiveLoss.ARGUMENTS`).
 
     Args:
         labels: integer class ids `[B]`.
         embeddings: float `[B, D]`.
         pos_margin: positive pairs are pulled until their distance is at most this.
         neg_margin: negative pairs are pushed until their distance is at least this.
-        distance: `"euclidean"` (default), `"squared_euclidean"`, `"cosine"` or a callable
+        distance: `"euclidean"` (the declared default), `"squared_euclidean"`, `"cosine"` or a callable
             `(embeddings, gallery) -> [B, G]` distances (`tfdml.ops.distance_matrix`).
 
     Returns:
@@ -99,6 +100,7 @@ class ContrastiveLoss(MetricLoss):
     Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         pos_margin: distance below which positive pairs cost nothing.
         neg_margin: distance above which negative pairs cost nothing.
+        distance: `"euclidean"`, `"squared_euclidean"` or `"cosine"` (`tfdml.ops.DISTANCES`).
         name: loss name.
 
     Example:
@@ -111,6 +113,7 @@ class ContrastiveLoss(MetricLoss):
         # distances between unit vectors are at most 2
         Argument("pos_margin", 0.0, "pull positive pairs to at most this distance", minimum=0.0, maximum=4.0),
         Argument("neg_margin", 1.0, "push negative pairs to at least this distance", minimum=0.0, maximum=4.0),
+        Argument("distance", "euclidean", "the pairs' distance (tfdml.ops.DISTANCES)", choices=tuple(DISTANCES)),
     )
 
     # `terms` lists pairs (`tfdml.ops.TupleTerms.kind`).
@@ -118,11 +121,15 @@ class ContrastiveLoss(MetricLoss):
     supports_references = True
 
     def compute(self, labels, embeddings, references=None):
-        return contrastive_fast_path(labels, embeddings, self.pos_margin, self.neg_margin, references)
+        return contrastive_fast_path(
+            labels, embeddings, self.pos_margin, self.neg_margin, references, distance=self.distance
+        )
 
     def dense_terms(self, labels, embeddings, references=None):
         """The dense pair terms (`contrastive_terms`)."""
-        return contrastive_terms(labels, embeddings, self.pos_margin, self.neg_margin, references)
+        return contrastive_terms(
+            labels, embeddings, self.pos_margin, self.neg_margin, references, distance=self.distance
+        )
 
     def terms(self, labels, embeddings):
         """The unreduced pair terms, listed; `tfdml.ops.reduce_terms` gives `compute`'s value."""

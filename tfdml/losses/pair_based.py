@@ -25,7 +25,10 @@ from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.portable import lowest, mean
 from tfdml.ops import (
+    DISTANCES,
     as_scalar,
+    distance_matrix,
+    distance_name,
     l2_normalize,
     masked_logsumexp,
     masked_max,
@@ -34,7 +37,6 @@ from tfdml.ops import (
     negative_mask,
     pair_masks,
     pairwise_cosine_similarity,
-    pairwise_distance,
     positive_mask,
     reference_embeddings,
     safe_divide,
@@ -149,8 +151,8 @@ def _pairwise_logaddexp_of_row_sums(values, mask):
     return ops.where(either, combined, 0.0)
 
 
-def _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin):
-    dist = pairwise_distance(l2_normalize(embeddings))
+def _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin, distance="euclidean"):
+    dist = distance_matrix(distance, l2_normalize(embeddings))
     dtype = dist.dtype
     positives, negatives = positive_mask(labels), negative_mask(labels)
     neg_part = _pairwise_logaddexp_of_row_sums(as_scalar(neg_margin, dtype) - dist, negatives)
@@ -163,22 +165,24 @@ def _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin):
 
 
 @defaults_from("LiftedStructureLoss")
-def lifted_structure_loss(labels, embeddings, neg_margin=DECLARED, pos_margin=DECLARED):
-    """Lifted Structure loss (Oh Song et al. 2016) on Euclidean distances of L2-normalised embeddings
-    (PML's default `LpDistance`, which normalises); see the module docstring.
+def lifted_structure_loss(labels, embeddings, neg_margin=DECLARED, pos_margin=DECLARED, distance=DECLARED):
+    """Lifted Structure loss (Oh Song et al. 2016) on distances of L2-normalised embeddings, Euclidean by
+    default (PML's default `LpDistance`, which normalises); see the module docstring.
 
     The defaults are those of `LiftedStructureLoss`'s declaration (`LiftedStructureLoss.ARGUMENTS`).
 
     Args:
         neg_margin: `alpha` of the paper, the margin of the negative terms.
         pos_margin: subtracted from the positive distance.
+        distance: `"euclidean"`, `"squared_euclidean"` or `"cosine"` (`tfdml.ops.DISTANCES`), of the
+            L2-normalised embeddings.
 
     Returns:
         Scalar loss: the mean of `[J_ij]+^2 / 2` over the (ordered) positive pairs, which equals the paper's
         `1 / (2|P|) sum_{(i,j) in P} [J_ij]+^2` over unordered pairs.
     """
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin)
+    return _lifted_structure_loss(labels, embeddings, neg_margin, pos_margin, distance_name(distance))
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -255,6 +259,7 @@ class LiftedStructureLoss(MetricLoss):
     Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         neg_margin: negative margin.
         pos_margin: positive margin.
+        distance: `"euclidean"` (default), `"squared_euclidean"` or `"cosine"` of the normalised embeddings.
         name: loss name.
     """
 
@@ -263,7 +268,8 @@ class LiftedStructureLoss(MetricLoss):
         # distances between unit vectors are at most 2
         Argument("neg_margin", 1.0, "margin of the negative terms (the paper's alpha)", minimum=0.0, maximum=4.0),
         Argument("pos_margin", 0.0, "subtracted from the positive distance", minimum=0.0, maximum=4.0),
+        Argument("distance", "euclidean", "the pairs' distance (tfdml.ops.DISTANCES)", choices=tuple(DISTANCES)),
     )
 
     def compute(self, labels, embeddings):
-        return _lifted_structure_loss(labels, embeddings, self.neg_margin, self.pos_margin)
+        return _lifted_structure_loss(labels, embeddings, self.neg_margin, self.pos_margin, self.distance)

@@ -35,10 +35,12 @@ from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.portable import lowest
 from tfdml.ops import (
+    DISTANCES,
     as_scalar,
+    distance_matrix,
+    distance_name,
     masked_max,
     pair_masks,
-    pairwise_distance,
     reference_embeddings,
     safe_divide,
     validate_inputs,
@@ -186,18 +188,29 @@ def ranked_list_weights(
 
 
 def _ranked_list_loss(
-    labels, embeddings, *, margin, alpha, tn, tp, lam, stop_gallery_gradient, query_weighting, references=None
+    labels,
+    embeddings,
+    *,
+    margin,
+    alpha,
+    tn,
+    tp,
+    lam,
+    stop_gallery_gradient,
+    query_weighting,
+    references=None,
+    distance="euclidean",
 ):
     """RLL on validated inputs (int32 labels, float embeddings); see the module docstring."""
     dtype = embeddings.dtype
     if references is not None:
         # Each query's ranked list is the reference set (constants, whatever stop_gallery_gradient says).
-        dist = pairwise_distance(embeddings, ops.stop_gradient(reference_embeddings(references)))
+        dist = distance_matrix(distance, embeddings, ops.stop_gradient(reference_embeddings(references)))
     elif stop_gallery_gradient:
         # Sec. 3.2: "in the ranked list of x_i we regard the features of other examples as constants".
-        dist = pairwise_distance(embeddings, ops.stop_gradient(embeddings))
+        dist = distance_matrix(distance, embeddings, ops.stop_gradient(embeddings))
     else:
-        dist = pairwise_distance(embeddings)
+        dist = distance_matrix(distance, embeddings)
     c_pos, c_neg, _ = ranked_list_weights(
         labels,
         dist,
@@ -226,6 +239,7 @@ def ranked_list_loss(
     lam=DECLARED,
     stop_gallery_gradient=DECLARED,
     query_weighting=DECLARED,
+    distance=DECLARED,
 ):
     """Ranked List Loss of a batch (see the module docstring for the formula).
 
@@ -244,6 +258,8 @@ def ranked_list_loss(
         query_weighting: `"official"`: query `i` weighs `q_i = S(i) / sum_k S(k)`, its share of the
             batch's un-normalised pair weights, as the authors' Caffe layer does (hard queries dominate);
             `"uniform"`: `q_i = 1 / B`, eq. 14 of the paper.
+        distance: `"euclidean"` (the paper's), `"squared_euclidean"` or `"cosine"` (`tfdml.ops.DISTANCES`);
+            `margin` and `alpha` are on its scale.
 
     Returns:
         Scalar loss `sum_i q_i L(i)` in the embeddings' compute dtype (with `q` held constant, so that its
@@ -261,6 +277,7 @@ def ranked_list_loss(
         lam=lam,
         stop_gallery_gradient=stop_gallery_gradient,
         query_weighting=query_weighting,
+        distance=distance_name(distance),
     )
 
 
@@ -286,6 +303,7 @@ class RankedListLoss(MetricLoss):
     Args (defaults, ranges and choices in `ARGUMENTS`, also the configuration's `loss.params`):
         margin, alpha, tn, tp, lam, stop_gallery_gradient: as in `ranked_list_loss`.
         query_weighting: `"official"` (default) or `"uniform"`, as in `ranked_list_loss`.
+        distance: `"euclidean"` (default), `"squared_euclidean"` or `"cosine"`, as in `ranked_list_loss`.
         name: loss name.
 
     Example:
@@ -303,6 +321,7 @@ class RankedListLoss(MetricLoss):
         Argument("lam", 0.5, "weight of the negative term (1 - lam: the positive)", minimum=0.0, maximum=1.0),
         Argument("stop_gallery_gradient", True, "the gallery side of every pair is a constant"),
         Argument("query_weighting", "official", "weights of the queries", choices=QUERY_WEIGHTINGS),
+        Argument("distance", "euclidean", "the pairs' distance (tfdml.ops.DISTANCES)", choices=tuple(DISTANCES)),
     )
 
     def setup(self):
@@ -362,6 +381,7 @@ class RankedListLoss(MetricLoss):
             stop_gallery_gradient=self.stop_gallery_gradient,
             query_weighting=self.query_weighting,
             references=references,
+            distance=self.distance,
         )
 
     def get_config(self):

@@ -22,8 +22,11 @@ from tfdml.loss_names import TUPLE_KINDS
 from tfdml.losses.arguments import DECLARED, Argument, declared, defaults_from
 from tfdml.losses.base import MetricLoss
 from tfdml.ops import (
+    DISTANCES,
     TupleTerms,
     as_scalar,
+    distance_matrix,
+    distance_name,
     masked_max,
     masked_mean,
     masked_min,
@@ -128,7 +131,14 @@ def _mined(dist, pos, neg, margin, mining):
     return valid
 
 
-def triplet_terms(labels, embeddings, margin, mining, soft, squared, references=None):
+def _triplet_distances(embeddings, references, squared, distance):
+    """`[B, G]` distances: `distance` (a `tfdml.ops.DISTANCES` name), squared Euclidean if `squared`."""
+    if squared and distance != "euclidean":
+        raise ValueError(f"squared applies to the euclidean distance only, got distance={distance!r}.")
+    return distance_matrix("squared_euclidean" if squared else distance, embeddings, reference_embeddings(references))
+
+
+def triplet_terms(labels, embeddings, margin, mining, soft, squared, references=None, distance="euclidean"):
     """The triplet loss's terms, written once: dense `[B, B, G]` `(anchor, positive, negative)` terms
     `[m + d_ap - d_an]+` (soft: `log(1 + exp(d_ap - d_an))`) with the mask of the triplets the mining keeps:
 
@@ -140,7 +150,7 @@ def triplet_terms(labels, embeddings, margin, mining, soft, squared, references=
 
     `reduce_terms` of them is `triplet_loss` (`triplet_fast_path` computes it without the `[B, B, G]` tensor).
     """
-    dist = pairwise_distance(embeddings, reference_embeddings(references), squared=squared)
+    dist = _triplet_distances(embeddings, references, squared, distance)
     pos, neg = pair_masks(labels, references)
     valid = _mined(dist, pos, neg, margin, mining)
     values = ops.where(valid, _hinge(dist[:, :, None] - dist[:, None, :], margin, soft), 0.0)
@@ -159,14 +169,16 @@ def triplet_fast_path(dist, pos, neg, margin, mining, soft):
     return safe_divide(sums[0], sums[1])
 
 
-def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=None):
-    dist = pairwise_distance(embeddings, reference_embeddings(references), squared=squared)
+def _triplet_loss(labels, embeddings, margin, mining, soft, squared, references=None, distance="euclidean"):
+    dist = _triplet_distances(embeddings, references, squared, distance)
     pos, neg = pair_masks(labels, references)
     return triplet_fast_path(dist, pos, neg, margin, mining, soft)
 
 
 @defaults_from("TripletLoss")
-def triplet_loss(labels, embeddings, margin=DECLARED, mining=DECLARED, soft=DECLARED, squared=DECLARED):
+def triplet_loss(
+    labels, embeddings, margin=DECLARED, mining=DECLARED, soft=DECLARED, squared=DECLARED, distance=DECLARED
+):
     """Triplet loss of a batch with the given mining.
 
     - `"all"`: every triplet `(a, p, n)`; mean of `[m + d_ap - d_an]+` over the triplets where it is
@@ -184,14 +196,16 @@ def triplet_loss(labels, embeddings, margin=DECLARED, mining=DECLARED, soft=DECL
         mining: `"all"`, `"hard"` or `"semi_hard"`.
         soft: use the soft margin `log(1 + exp(d_ap - d_an))` instead of the hinge (the margin then only
             delimits semi-hard triplets; with `"all"` the mean runs over every triplet).
-        squared: use squared Euclidean distances.
+        squared: use squared Euclidean distances (the same as `distance="squared_euclidean"`).
+        distance: `"euclidean"`, `"squared_euclidean"` or `"cosine"` (`tfdml.ops.DISTANCES`).
 
     Returns:
         Scalar loss.
     """
     _check_mining(mining)
+    distance_name(distance)
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _triplet_loss(labels, embeddings, margin, mining, soft, squared)
+    return _triplet_loss(labels, embeddings, margin, mining, soft, squared, distance=distance)
 
 
 @keras.saving.register_keras_serializable(package="tfdml")
@@ -207,7 +221,8 @@ class TripletLoss(MetricLoss):
         margin: `m`.
         mining: `"all"`, `"hard"` or `"semi_hard"`.
         soft: soft margin `log(1 + exp(d_ap - d_an))`.
-        squared: squared Euclidean distances.
+        squared: squared Euclidean distances (the same as `distance="squared_euclidean"`).
+        distance: `"euclidean"`, `"squared_euclidean"` or `"cosine"` (`tfdml.ops.DISTANCES`).
         name: loss name.
 
     Example:
@@ -221,18 +236,28 @@ class TripletLoss(MetricLoss):
         Argument("mining", "all", "which triplets count", choices=MINING_STRATEGIES),
         Argument("soft", False, "soft margin log(1 + exp(d_ap - d_an)) instead of the hinge"),
         Argument("squared", False, "squared Euclidean distances"),
+        Argument("distance", "euclidean", "the triplets' distance (tfdml.ops.DISTANCES)", choices=tuple(DISTANCES)),
     )
 
     # `terms` lists triplets (`tfdml.ops.TupleTerms.kind`).
     tuple_kind = TUPLE_KINDS["triplet"]
     supports_references = True
 
+    def setup(self):
+        if self.squared and self.distance != "euclidean":
+            raise ValueError(
+                f"TripletLoss: squared applies to the euclidean distance only, got distance={self.distance!r}."
+            )
+
+    def _options(self):
+        return self.margin, self.mining, self.soft, self.squared
+
     def compute(self, labels, embeddings, references=None):
-        return _triplet_loss(labels, embeddings, self.margin, self.mining, self.soft, self.squared, references)
+        return _triplet_loss(labels, embeddings, *self._options(), references, distance=self.distance)
 
     def dense_terms(self, labels, embeddings, references=None):
         """The dense triplet terms (`triplet_terms`); `tfdml.ops.reduce_terms` gives `compute`'s value."""
-        return triplet_terms(labels, embeddings, self.margin, self.mining, self.soft, self.squared, references)
+        return triplet_terms(labels, embeddings, *self._options(), references, distance=self.distance)
 
     def terms(self, labels, embeddings):
         """The unreduced triplet terms, listed (`TupleTerms.listed`)."""
@@ -241,27 +266,36 @@ class TripletLoss(MetricLoss):
 
 # ------------------------------------------------------------------------------ tensorflow-addons drop-ins
 
+# tensorflow-addons' spellings, accepted beside tfdml's names as aliases of them (`tfdml.ops.DISTANCE_ALIASES`).
 TFA_DISTANCE_METRICS = ("L2", "squared-L2", "angular")
 
 
-def _check_distance_metric(distance_metric):
-    if not (callable(distance_metric) or distance_metric in TFA_DISTANCE_METRICS):
+def _tfa_distance_name(distance_metric):
+    """The vocabulary's name of a drop-in's `distance_metric` (a tfa spelling or a `tfdml.ops.DISTANCES` name)."""
+    try:
+        return distance_name(distance_metric, aliases=TFA_DISTANCE_METRICS)
+    except ValueError:
+        valid = ", ".join(repr(name) for name in (*DISTANCES, *TFA_DISTANCE_METRICS))
         raise ValueError(
-            f"distance_metric must be one of {TFA_DISTANCE_METRICS} or a callable returning a "
-            f"[B, B] distance matrix, got {distance_metric!r}."
-        )
+            f"distance_metric must be one of {valid} or a callable returning a [B, B] distance matrix, "
+            f"got {distance_metric!r}."
+        ) from None
+
+
+def _check_distance_metric(distance_metric):
+    if not callable(distance_metric):
+        _tfa_distance_name(distance_metric)
 
 
 def _tfa_distances(embeddings, distance_metric):
-    """tensorflow-addons' `pdist_matrix`: Euclidean ("L2"), squared Euclidean, `1 - cos` ("angular"), or
-    `distance_metric(embeddings)` for a callable (any `[B, B]` matrix; smaller means closer)."""
-    if distance_metric == "L2":
-        return pairwise_distance(embeddings)
-    if distance_metric == "squared-L2":
-        return pairwise_distance(embeddings, squared=True)
-    if distance_metric == "angular":
+    """tensorflow-addons' `pdist_matrix`: Euclidean ("L2"), squared Euclidean, `1 - cos` ("angular", clipped at
+    0 as tfa), or `distance_metric(embeddings)` for a callable (any `[B, B]` matrix; smaller means closer)."""
+    if callable(distance_metric):
+        return ops.cast(distance_metric(embeddings), embeddings.dtype)
+    name = _tfa_distance_name(distance_metric)
+    if name == "cosine":
         return pairwise_angular_distance(embeddings)
-    return ops.cast(distance_metric(embeddings), embeddings.dtype)
+    return pairwise_distance(embeddings, squared=name == "squared_euclidean")
 
 
 def _as_input_dtype(value, y_pred):
@@ -349,7 +383,8 @@ def triplet_semihard_loss(labels, embeddings, margin=DECLARED, distance_metric=D
 
     Args:
         distance_metric: as tfa: `"L2"` (Euclidean, default), `"squared-L2"`, `"angular"` (`1 - cos`, clipped
-            at 0) or a callable mapping the `[B, D]` embeddings to a `[B, B]` distance matrix.
+            at 0) or a callable mapping the `[B, D]` embeddings to a `[B, B]` distance matrix; tfdml's names
+            of the same distances (`"euclidean"`, `"squared_euclidean"`, `"cosine"`) are accepted too.
 
     Returns:
         Scalar in the input dtype (float16/bfloat16 inputs are computed in float32, as tfa).
@@ -391,7 +426,11 @@ def triplet_hard_loss(labels, embeddings, margin=DECLARED, soft=DECLARED, distan
 
 
 def _distance_metric():
-    return Argument("distance_metric", "L2", '"L2", "squared-L2", "angular" or a callable [B, D] -> [B, B]')
+    return Argument(
+        "distance_metric",
+        "L2",
+        '"L2", "squared-L2", "angular" (or "euclidean", "squared_euclidean", "cosine") or a callable [B, D] -> [B, B]',
+    )
 
 
 @declared
@@ -435,7 +474,8 @@ class TripletSemiHardLoss(_TfaDropIn):
     Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         margin: the hinge's margin (tfa's default).
         distance_metric: `"L2"` (default), `"squared-L2"`, `"angular"` or a callable `[B, D] -> [B, B]`, as
-            in tfa (a callable must be registered with `keras.saving.register_keras_serializable` to be saved).
+            in tfa (a callable must be registered with `keras.saving.register_keras_serializable` to be saved);
+            or tfdml's names of the same distances, `"euclidean"`, `"squared_euclidean"`, `"cosine"`.
         name: loss name.
 
     Example:

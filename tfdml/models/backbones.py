@@ -97,7 +97,7 @@ def small_cnn(input_shape=SMALL_CNN_INPUT_SHAPE, widths=(8, 16, 32), name=SMALL_
 
     Each block is Conv3x3 (no bias) -> BatchNorm -> ReLU -> MaxPool 2x2; block `i`'s output layer is named
     `block{i}_out`, so every block is a tap for `MultiLevelEmbedder`. Meant for tests, the embedded digits
-    job and CPU smoke runs, not for benchmarks.
+    job and CPU smoke runs, not for measuring a method.
     """
     inputs = keras.Input(shape=tuple(input_shape), name="images")
     x = inputs

@@ -9,8 +9,10 @@ on first use only.
 import importlib
 
 from tfdml.ops.distances import (
+    DISTANCE_ALIASES,
     DISTANCES,
     distance_matrix,
+    distance_name,
     l2_normalize,
     pairwise_angular_distance,
     pairwise_cosine_similarity,
@@ -61,6 +63,8 @@ __all__ = [
     "pair_masks",
     "reference_embeddings",
     "DISTANCES",
+    "DISTANCE_ALIASES",
+    "distance_name",
     "distance_matrix",
     "pairwise_distance",
     "pairwise_angular_distance",

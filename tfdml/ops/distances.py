@@ -6,7 +6,10 @@ return a `[B, G]` matrix. The Euclidean distance is differentiable everywhere, i
 gradient and NaNs downstream.
 
 `DISTANCES` names the distances a loss may be given (its `distance` argument, pytorch-metric-learning's
-injectable `distance`): `distance_matrix(name, embeddings, gallery)` computes one by name.
+injectable `distance`): `distance_matrix(name, embeddings, gallery)` computes one by name. These names, with
+`"dot_product"` for a ranking by inner product (`tfdml.ops.neighbours`), are tfdml's one vocabulary of
+distances; `distance_name` maps the spellings of tensorflow-addons (`"L2"`, `"squared-L2"`, `"angular"`) and
+of ScaNN and faiss (`"squared_l2"`) onto it where those are accepted.
 """
 
 from keras import ops
@@ -149,6 +152,25 @@ DISTANCES = {
     "squared_euclidean": lambda embeddings, gallery=None: pairwise_squared_distance(embeddings, gallery),
     "cosine": lambda embeddings, gallery=None: 1.0 - pairwise_cosine_similarity(embeddings, gallery),
 }
+
+
+# Other libraries' names of the same distances (tensorflow-addons' `distance_metric`, ScaNN's and faiss').
+DISTANCE_ALIASES = {
+    "L2": "euclidean",
+    "squared-L2": "squared_euclidean",
+    "squared_l2": "squared_euclidean",
+    "angular": "cosine",
+}
+
+
+def distance_name(distance, choices=tuple(DISTANCES), aliases=()):
+    """`distance` in the vocabulary (one of `choices`), an alias listed in `aliases` mapped onto it; a
+    `ValueError` that lists the valid names otherwise."""
+    name = DISTANCE_ALIASES[distance] if distance in aliases else distance
+    if not isinstance(name, str) or name not in choices:
+        valid = ", ".join(repr(choice) for choice in (*choices, *aliases))
+        raise ValueError(f"distance must be one of {valid}, got {distance!r}.")
+    return name
 
 
 def distance_matrix(distance, embeddings, gallery=None):

@@ -3,7 +3,8 @@
 Ranking uses a *score* where larger means nearer, computed with one matmul per chunk:
 
 - `"dot_product"`: `s_ij = q_i . g_j`;
-- `"squared_l2"`:  `s_ij = q_i . g_j - ||g_j||^2 / 2`, so that `||q_i - g_j||^2 = ||q_i||^2 - 2 s_ij`. The
+- `"squared_euclidean"` (ScaNN's and faiss' `"squared_l2"`, accepted as an alias):
+  `s_ij = q_i . g_j - ||g_j||^2 / 2`, so that `||q_i - g_j||^2 = ||q_i||^2 - 2 s_ij`. The
   per-query constant `||q_i||^2` does not change the ranking; `||g_j||^2` rides along as an extra matmul
   column (`ranking_operands`), so each block costs one matmul and one top-k, with no elementwise pass.
 
@@ -18,34 +19,35 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-DISTANCES = ("dot_product", "squared_l2")
+from tfdml.ops.distances import distance_name
+
+# The rankings' names in tfdml's vocabulary of distances (`tfdml.ops.distances`); "squared_l2" is an alias.
+DISTANCES = ("dot_product", "squared_euclidean")
 
 # Score matrices are processed in blocks of at most this many bytes ([chunk, gallery] float32 scores).
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 
 
 def validate_distance(distance):
-    """Returns `distance` if it is one of `DISTANCES`, else raises a `ValueError` naming the choices."""
-    if distance not in DISTANCES:
-        raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}.")
-    return distance
+    """`distance`'s name in `DISTANCES` ("squared_l2" gives "squared_euclidean"), else a `ValueError` naming the
+    choices."""
+    return distance_name(distance, DISTANCES, aliases=("squared_l2",))
 
 
-def ranking_operands(queries, gallery, distance="squared_l2"):
+def ranking_operands(queries, gallery, distance="squared_euclidean"):
     """NumPy `(q', g')` with `q' g'^T` = the ranking scores, so one matmul needs no elementwise pass.
 
-    For `"squared_l2"` a column is appended: `q' = [q, -1/2]`, `g' = [g, ||g||^2]`, giving
+    For `"squared_euclidean"` a column is appended: `q' = [q, -1/2]`, `g' = [g, ||g||^2]`, giving
     `q.g - ||g||^2 / 2` (half the score of the module docstring: the same ranking).
     """
-    validate_distance(distance)
-    if distance == "dot_product":
+    if validate_distance(distance) == "dot_product":
         return queries, gallery
     half = np.full((queries.shape[0], 1), -0.5, queries.dtype)
     norms = np.einsum("ij,ij->i", gallery, gallery)[:, None].astype(gallery.dtype)
     return np.concatenate([queries, half], axis=1), np.concatenate([gallery, norms], axis=1)
 
 
-def ranking_scores(queries, gallery, distance="squared_l2"):
+def ranking_scores(queries, gallery, distance="squared_euclidean"):
     """`[Q, G]` scores, larger = nearer: `q.g` or `q.g - ||g||^2 / 2` (see `ranking_operands`)."""
     q, g = ranking_operands(np.asarray(queries, np.float32), np.asarray(gallery, np.float32), distance)
     return tf.matmul(q, g, transpose_b=True)
@@ -120,7 +122,7 @@ def exact_search(
     queries,
     gallery=None,
     k=10,
-    distance="squared_l2",
+    distance="squared_euclidean",
     chunk_size=None,
     memory_budget=DEFAULT_MEMORY_BUDGET,
     progress=False,
@@ -133,7 +135,7 @@ def exact_search(
       gallery: `[G, D]` float array; `None` means "same set": the gallery is `queries` and each query's own
         row is excluded (other rows at distance 0 are kept).
       k: number of neighbours (at most `G`, or `G - 1` in same-set mode).
-      distance: `"squared_l2"` or `"dot_product"`.
+      distance: `"squared_euclidean"` (or its alias `"squared_l2"`) or `"dot_product"`.
       chunk_size: queries per block; default chosen so one `[chunk, G]` block fits `memory_budget` bytes.
       progress: show a `keras.utils.Progbar`.
       block_size: column block of the blocked top-k (`_blocked_search_chunk`); default automatic (used
@@ -146,7 +148,7 @@ def exact_search(
     Example:
       >>> idx, dist = exact_search(np.eye(3, dtype="float32"), k=1)
     """
-    validate_distance(distance)
+    distance = validate_distance(distance)
     same_set = gallery is None
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     gallery = queries if same_set else np.ascontiguousarray(gallery, dtype=np.float32)
@@ -157,7 +159,7 @@ def exact_search(
     width = k + 1 if same_set else k  # same set: one more, the query's own row is dropped
     block = search_block_size(gallery.shape[0], width) if block_size is None else block_size
     if block:
-        query_ops, gallery_ops = _pad_for_blocks(query_ops, gallery_ops, block, distance == "squared_l2")
+        query_ops, gallery_ops = _pad_for_blocks(query_ops, gallery_ops, block, distance == "squared_euclidean")
     gallery_t = tf.constant(gallery_ops)
     out_idx = np.empty((num_queries, k), np.int64)
     out_val = np.empty((num_queries, k), np.float32)
@@ -170,7 +172,7 @@ def exact_search(
         out_idx[start:stop], out_val[start:stop] = indices, scores
         if bar is not None:
             bar.update(stop)
-    if distance == "squared_l2":
+    if distance == "squared_euclidean":
         out_val = np.maximum(np.einsum("ij,ij->i", queries, queries)[:, None] - 2.0 * out_val, 0.0)
     return out_idx, out_val
 

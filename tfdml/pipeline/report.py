@@ -112,7 +112,7 @@ def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
     queries = (first_of_class + rest)[: report_cfg.grid_queries]
     k = report_cfg.grid_neighbours
     neighbours, distances = exact_search(
-        evaluation.embeddings[queries], evaluation.embeddings, k=k + 1, distance="squared_l2"
+        evaluation.embeddings[queries], evaluation.embeddings, k=k + 1, distance="squared_euclidean"
     )
     kept = [
         [(j, d) for j, d in zip(row, drow) if j != q][:k]

@@ -52,7 +52,7 @@ def evaluate(
     query_labels=None,
     metrics=METRICS,
     exact=True,
-    distance="squared_l2",
+    distance="squared_euclidean",
     chunk_size=None,
     index_kwargs=None,
     seed=0,
@@ -70,8 +70,8 @@ def evaluate(
       query_embeddings, query_labels: query set for query/gallery evaluation (In-shop).
       metrics: any of `"recall"`, `"map@r"`, `"r_precision"`, `"nmi"`, `"f1"`.
       exact: exact search (default) or ScaNN approximate search (`index_kwargs` go to `ScannIndex`).
-      distance: `"squared_l2"` (default, as faiss `IndexFlatL2`) or `"dot_product"`; the same ranking for
-        L2-normalised embeddings.
+      distance: `"squared_euclidean"` (default, as faiss `IndexFlatL2`; its alias `"squared_l2"`) or
+        `"dot_product"`; the same ranking for L2-normalised embeddings.
       chunk_size: queries per exact-search block (default: bounded by 256 MiB of scores).
       seed: k-means seed for NMI / F1.
       query_expansion, database_augmentation, expansion_alpha: alpha-QE and DBA with this many neighbours
@@ -87,7 +87,7 @@ def evaluate(
     Example:
       >>> evaluate(emb, y, ks=(1, 10), query_expansion=2)
     """
-    validate_distance(distance)
+    distance = validate_distance(distance)
     metrics, ks = _check_metrics(metrics, ks)
     gallery, gallery_labels, queries, q_labels = _inputs.checked(embeddings, labels, query_embeddings, query_labels)
     same_set = query_embeddings is None

@@ -133,7 +133,8 @@ class ScannIndex:
       labels: optional `[N]` class labels, saved with the index (used by `tfdml search` to mark same-class
         neighbours).
       class_names: optional names of the classes, `class_names[label]` (printed by `tfdml search`).
-      distance: `"dot_product"` (use for L2-normalised embeddings) or `"squared_l2"`.
+      distance: `"dot_product"` (use for L2-normalised embeddings) or `"squared_euclidean"`; the index keeps
+        ScaNN's name of it, `"squared_l2"` (also accepted), in `distance` and in its saved metadata.
       mode: `"exact"` (brute force), `"approximate"` (tree + AH + reorder), or `"auto"` (exact below
         20,000 points).
       num_neighbors: default `k` of `search`, and the `k` of the recall target.
@@ -166,7 +167,7 @@ class ScannIndex:
         recall_queries=None,
         **settings,
     ):
-        validate_distance(distance)
+        distance = "squared_l2" if validate_distance(distance) == "squared_euclidean" else distance  # ScaNN's
         if target_recall is not None and not 0.0 < float(target_recall) <= 1.0:
             raise ValueError(f"target_recall must be in (0, 1] or None, got {target_recall}.")
         if mode not in MODES:
@@ -451,10 +452,10 @@ class ScannIndex:
         import scann  # loaded when an index is built or loaded: its custom ops are not needed before
 
         directory = os.fspath(directory)
-        meta_path = os.path.join(directory, _META_FILE)
-        if not os.path.exists(meta_path):
+        metadata_path = os.path.join(directory, _META_FILE)
+        if not os.path.exists(metadata_path):
             raise FileNotFoundError(f"{directory!r} is not a saved ScannIndex (no {_META_FILE}).")
-        with open(meta_path) as f:
+        with open(metadata_path) as f:
             config = json.load(f)
         index = cls.__new__(cls)
         index.distance = config["distance"]

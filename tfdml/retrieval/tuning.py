@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 
+from tfdml.ops.neighbours import validate_distance
+
 RECALL_QUERIES = 500
 # The target must hold at this one-sided confidence: the recall measured on RECALL_QUERIES sampled queries has a
 # standard error (~0.005 at recall 0.95), and settings tuned to the sample's mean alone meet the target on other
@@ -188,7 +190,8 @@ def exact_neighbours(queries, embeddings, k, distance, rows=None):
     """Exact top-`k` gallery positions of each query (blocks of 64 queries: `64 x N` scores at a time); with
     `rows`, query `i` is gallery row `rows[i]`, which is left out of its own list."""
     extra = 0 if rows is None else 1
-    norms = np.einsum("ij,ij->i", embeddings, embeddings) if distance == "squared_l2" else None
+    squared_euclidean = validate_distance(distance) == "squared_euclidean"
+    norms = np.einsum("ij,ij->i", embeddings, embeddings) if squared_euclidean else None
     out = np.empty((len(queries), k), np.int64)
     for start in range(0, len(queries), 64):
         scores = queries[start : start + 64] @ embeddings.T

@@ -60,7 +60,7 @@ def worst_queries(
     count=8,
     neighbours=5,
     by="rank",
-    distance="squared_l2",
+    distance="squared_euclidean",
 ):
     """The `count` worst queries of an embedding (see the module docstring for the orders).
 
@@ -71,7 +71,7 @@ def worst_queries(
       count: how many queries to return (fewer when fewer can be ranked).
       neighbours: top neighbours kept per query.
       by: `"rank"` (rank of the nearest correct item, default) or `"ap"` (average precision).
-      distance: `"squared_l2"` or `"dot_product"`, as in `tfdml.retrieval.evaluate`.
+      distance: `"squared_euclidean"` (or `"squared_l2"`) or `"dot_product"`, as in `tfdml.retrieval.evaluate`.
 
     Returns:
       a `WorstQueries`.
@@ -83,7 +83,7 @@ def worst_queries(
       [(0, 3), (2, 3)]
     """
     gallery, gallery_labels, queries, q_labels = _inputs.checked(embeddings, labels, query_embeddings, query_labels)
-    _check_request(distance, by, count, neighbours)
+    distance = _check_request(distance, by, count, neighbours)
     same_set = query_embeddings is None
     rows, found, values, precision, correct, rank = _rankings(
         queries, gallery, q_labels, gallery_labels, same_set, neighbours, distance
@@ -127,21 +127,23 @@ def _rankings(queries, gallery, q_labels, gallery_labels, same_set, neighbours, 
 
 
 def _check_request(distance, by, count, neighbours):
-    validate_distance(distance)
+    """`distance`'s name in the vocabulary, once the request is checked."""
+    distance = validate_distance(distance)
     if by not in ORDERS:
         raise ValueError(f"by must be one of {ORDERS}, got {by!r}.")
     if int(count) < 1 or int(neighbours) < 1:
         raise ValueError(f"count and neighbours must be positive, got {count} and {neighbours}.")
+    return distance
 
 
 def _shown_scores(unit_norm, distance):
     """`(name, value -> shown score)`: the cosine for unit-norm embeddings (as the served index reports it),
     else the distance's own value."""
-    if unit_norm and distance == "squared_l2":
+    if unit_norm and distance == "squared_euclidean":
         return "cosine", lambda d: 1.0 - d / 2.0
     if unit_norm:
         return "cosine", lambda s: s
-    return ("squared L2 distance" if distance == "squared_l2" else "dot product"), lambda v: v
+    return ("squared L2 distance" if distance == "squared_euclidean" else "dot product"), lambda v: v
 
 
 def _value(query, item, distance):

@@ -52,8 +52,8 @@ class EpisodeDerivatives:
         self._lookahead = self._geometry = None
         # The assessor's input features are constants of the episode: computed once for its K + 1 assessments
         # (here, outside the conditional meta-update of meta_interval > 1, whose branch could not share them).
-        # Read by the assessor (its geometry input) or by the distance prior on its logits.
-        self._needs_features = model.assessor_input != "embeddings" or bool(model.distance_prior)
+        # Read by the assessor's geometry input.
+        self._needs_features = model.assessor_input != "embeddings"
         self._features = self.features() if model.weighting == "assessor" and self._needs_features else None
 
     def cut_pairs(self):
@@ -84,8 +84,6 @@ class EpisodeDerivatives:
             embeddings, self.units, None if model.assessor_input == "embeddings" else features
         )
         logits = tf.cast(raw, self.values.dtype)
-        if model.distance_prior:  # the heuristic's ranking as the starting logits: the nearer pair weighs more
-            logits = logits - model.distance_prior * tf.cast(features[:, 0], logits.dtype)
         bounded = model.bounded_logits(logits)
         return self.weights_of_units(model.weights_from_logits(bounded)), raw, new_state, bounded
 
@@ -213,7 +211,7 @@ class EpisodeDerivatives:
         return phi_grads, meta_loss
 
     def penalty_scale(self, tape, surrogate, bounded):
-        """`s` of `output_penalty` (`ALAModel`'s docstring), a constant: the root mean square of the
+        """`s` of `output_penalty` (`tfdml.ala_options.ALAOptions`), a constant: the root mean square of the
         meta-gradient on the bounded logits, which puts the penalty in the meta-gradient's units."""
         push = tape.gradient(surrogate, bounded, unconnected_gradients=ZERO)
         return tf.stop_gradient(tf.sqrt(tf.reduce_mean(tf.square(push))))

@@ -106,62 +106,10 @@ class ALAModel(keras.Model):
             classes coming closer (the label-noise benchmark's finding).
         validation_loss_params: arguments of a validation loss given by name.
         embedding_dim: embedding size, when the embedder does not tell it.
-        **kwargs: DML-ALA's switches, declared (type, default, range) once in `tfdml.ala_options.ALAOptions`;
-            the other keywords go to `keras.Model`. None takes the variant's choice:
-
-            variant: "default" (softmax weights, the base loss's reduction, geometry input, Adam 1e-3 assessor; the
-                positive pairs weighted from one shared assessor state per step, logits bounded at 1) or "paper"
-                (Algorithm 1 literally: sigmoid weights of every tuple, the recurrence over tuples, sums over tuples,
-                embeddings input, SGD 4e-4 assessor). The switches below override single choices; None takes the
-                variant's.
-            weights: "softmax" (`w = n softmax((z - mean z) / temperature)` over the step's assessed tuples, mixed
-                with uniform weights by `weight_floor`) or "sigmoid" (the paper's `A` in (0, 1)).
-            temperature: softmax temperature (default 1).
-            weight_floor: `w = f + (1 - f) w_softmax`: every assessed tuple keeps at least `f` of a uniform weight
-                (default 0: a tuple can be silenced).
-            distance_prior: `p`, a prior on the softmax logits: `z = assessor output - p * s`, with `s` the assessed
-                unit's anchor-positive distance standardised over the step's units (the assessor's first
-                geometry feature), before the bound: the weights start at the small-loss heuristic's ranking
-                (the nearer pair weighs more) and the meta-gradient moves them from it (default 0: none).
-            output_penalty: `lambda`, pulls the assessor's outputs `o` towards 0 (towards the distance prior's
-                logits) with `lambda s / 2 sum o^2` added to its meta-objective, `s` the root mean square of the
-                meta-gradient on the bounded logits (so that `lambda` means the same whatever the losses' and the
-                rates' scale): an output stops growing where the bound's slope at it falls to about `lambda |o|`,
-                so that the spread of the outputs cannot grow without end once the weights reach their bound
-                (the weight-drift benchmark; default 0: none).
-            distance_cut: `q` in (0, 1], a cut calibrated on the validation subset, whose labels are verified
-                (`val_source`): the training subset's positive pairs farther apart than the `q`-quantile of the
-                validation subset's positive-pair distances (both at theta) are taken for mislabelled and left out
-                of the base loss, as `SmallLossWeighting` leaves out its farthest pairs, before the assessor
-                weighs the rest; on clean labels about `1 - q` of them are, under label noise the mislabelled
-                ones beyond the true pairs' spread too. Logged as `cut_fraction` (default None: no cut;
-                `tuple_weights`, which has no validation subset, lists the tuples before it).
-            weight_range: bound `r` on the logits, `r tanh(z / r)`: no weight exceeds another by more than
-                `exp(2 r / temperature)` (default: 1 for the default variant's softmax weights, else unbounded;
-                `float("inf")`: unbounded).
-            reduction: "loss" (the base loss's own reduction of the weighted terms) or "sum" (the paper's sums).
-            lookahead: "sgd" (the paper's virtual step at the real step's per-variable rates) or "optimizer" (the
-                compiled optimizer's step with its state held constant).
-            lookahead_variables: "all" (the paper's: the virtual step moves every variable of the embedder) or
-                "head" (it moves the embedder's head only: a tfdml embedder's `head_variables`, else the
-                trainable variables of its last layer that has any; `ValueError` if there is none). The body stays
-                at theta in the virtual step, so the look-ahead's products backpropagate through the head alone:
-                an exact meta-gradient of a smaller virtual step, much cheaper per assessor update on a deep
-                embedder (the look-ahead step benchmark); the real step still trains every variable.
-            assessor_input: "geometry", "embeddings" (paper) or "embeddings+geometry".
-            assessor_units, assessor_layers: LSTM assessor size (paper: 64 units, 2 layers).
-            state: "per_tuple" (eq 8: one recurrence over the step's tuples, its final state carried to the next
-                step; the paper variant's) or "per_step" (all tuples from one shared state; cheaper; the default
-                variant's).
-            inner_learning_rate: one rate for every variable in an SGD virtual step (implies `lookahead="sgd"`).
-            assessor_learning_rate: the assessor optimizer's rate (`b` of eq 12).
-            assessor_steps: `K`, assessor updates per episode (paper: 3); 0 only weights the tuples.
-            meta_interval: update the assessor every `meta_interval`-th step only (default 1).
-            weighting: "assessor" (DML-ALA) or "uniform" (every weight 1: the base loss itself, the baseline).
-            assessed: "all" (every tuple whose weight can change the loss; the paper variant's) or "positive_pairs" (the
-                default variant's: a pair loss's positive pairs only, the negative pairs keep weight 1; a triplet loss's
-                anchor-positive pairs, one weight shared by the pair's triplets: under label noise the mislabelled
-                tuples are the positive pairs, and weighting the negatives only adds noise).
+        **kwargs: DML-ALA's switches (`variant`, `weights`, `temperature`, ..., `assessed`), each declared (type,
+            default, range) and described once, in `tfdml.ala_options.ALAOptions` (the configuration reference's
+            `ala.params` lists them with their descriptions); None takes the variant's choice. The other keywords
+            go to `keras.Model`.
 
     Example:
         >>> model = ALAModel(tfdml.models.Embedder("small_cnn", embedding_dim=64), base_loss="contrastive")
@@ -195,7 +143,7 @@ class ALAModel(keras.Model):
             chosen.weight_floor,
             chosen.weight_range,
         )
-        self.distance_prior, self.output_penalty = chosen.distance_prior, chosen.output_penalty
+        self.output_penalty = chosen.output_penalty
         self.distance_cut = chosen.distance_cut
         self.lookahead, self.inner_learning_rate = chosen.lookahead, chosen.inner_learning_rate
         self.lookahead_variables = chosen.lookahead_variables
@@ -401,6 +349,13 @@ class ALAModel(keras.Model):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        # A model saved with the distance prior at its default (0: none) is this model; one that used the prior is not.
+        prior = config.pop("distance_prior", 0.0)
+        if prior:
+            raise ValueError(
+                f"this ALAModel was saved with distance_prior={prior}, a DML-ALA switch this version of tfdml no "
+                "longer has (it was measured of no use: the label-noise benchmark)."
+            )
         config["embedder"] = keras.saving.deserialize_keras_object(config["embedder"])
         config["base_loss"] = keras.saving.deserialize_keras_object(config["base_loss"])
         if config.get("validation_loss") is not None:
