@@ -66,6 +66,20 @@ def test_no_page_reads_past_5000_words(site):
     assert not long, long
 
 
+def test_no_page_tags_rows_with_a_machine_letter(site):
+    """Machine tags such as "[A]" / "[B]" belong to the per-cell tables in the results folders, never on a page:
+    a page's table reads one machine and says which in words. Code (shapes such as `[B]`) is left out."""
+    tagged = {}
+    for path in site.rglob("*.html"):
+        article = re.search(r"<article.*?</article>", path.read_text(encoding="utf-8"), re.S)
+        if article:
+            text = re.sub(r"<[^>]+>", " ", re.sub(r"<code.*?</code>", "", article.group(0), flags=re.S))
+            found = re.findall(r"(?<=\s)\[[A-Z]\](?=[\s|,.;)]|$)", text)
+            if found:
+                tagged[str(path.relative_to(site))] = found
+    assert not tagged, tagged
+
+
 def _runtime_public_names(module):
     """`{name: object}` a user reaches as `module.name`: `__all__`, or the classes and functions without a
     leading `_` that tfdml defines (imported names included)."""
