@@ -33,7 +33,7 @@ _STYLE = """
 body { font-family: "DejaVu Sans", "Noto Sans", sans-serif; margin: 1.5em; color: #222; }
 .query { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 8px; margin: 0 0 14px;
   padding-bottom: 10px; border-bottom: 1px solid #ddd; }
-.item { flex: 1 1 120px; max-width: 220px; min-width: min-content; font-size: 12px; text-align: center;
+.item { flex: 1 1 0; max-width: 220px; min-width: min-content; font-size: 12px; text-align: center;
   word-break: normal; overflow-wrap: normal; hyphens: none; }
 .item img { width: 100%; height: auto; aspect-ratio: 1; image-rendering: pixelated; border: 4px solid #999;
   box-sizing: border-box; display: block; margin: 0 auto 2px; background: #fff; object-fit: contain; }
