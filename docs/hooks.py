@@ -77,6 +77,23 @@ def api_pages():
     return pages
 
 
+# The site search ranks a page by its words, a title 1000 times a word of the text, so a module named
+# `tfdml.losses.triplet` would answer "triplet" ahead of the losses guide. The API pages weigh less than the
+# guides (`API_SEARCH_BOOST`), and the pages of the losses' shared building blocks (distances, masks, mining:
+# `SEARCH_EXCLUDED`) are left out; every name is still found, after the guides.
+API_SEARCH_BOOST = 0.01  # a title match there (x1000) then counts less than a word of a guide (x10)
+SEARCH_EXCLUDED = ("ops",)
+
+
+def search_front_matter(path):
+    """The front matter of a generated API page: out of the search for a package of `SEARCH_EXCLUDED`, else
+    weighed at `API_SEARCH_BOOST`."""
+    package = api_pages().get(path, "").split(".")[1:2]
+    if package and package[0] in SEARCH_EXCLUDED:
+        return "---\nsearch:\n  exclude: true\n---\n"
+    return f"---\nsearch:\n  boost: {API_SEARCH_BOOST}\n---\n"
+
+
 def check_one_source_per_url(files):
     """Two source files that MkDocs maps to one URL (`a.md` and `a/index.md`) make one page silently replace
     the other; the build stops and names them instead."""
@@ -196,7 +213,9 @@ def _help_text(action, formatter):
     if params.get("choices") is not None:
         params["choices"] = ", ".join(str(choice) for choice in params["choices"])
     text = text % params if "%(" in text else text
-    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
+    text = html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
+    # an option named in the help is code, kept whole in its cell ("--expansion-alpha", not "-" "-expansion-alpha")
+    return re.sub(r"(?<![\w`-])(--[a-z][\w-]*)", r"`\1`", text)
 
 
 def cli_page():
@@ -427,7 +446,8 @@ def on_files(files, config):
     package = griffe_package()
     generated = {f"{API_DIR}/index.md": None, **api_pages(), "reference/cli.md": None}
     for path in generated:
-        files.append(File.generated(config, path, content=api_page(path, package) if "api" in path else cli_page()))
+        content = search_front_matter(path) + api_page(path, package) if "api" in path else cli_page()
+        files.append(File.generated(config, path, content=content))
     files.append(File.generated(config, "reference/configuration.md", content=configuration_page(package)))
     for folder, _, names in os.walk(os.path.join(ROOT, "benchmarks")):
         for name in sorted(names):
@@ -538,11 +558,13 @@ _INLINE_CODE = re.compile(r"<code>([^<\n]{24,})</code>")
 
 
 def break_points(content):
-    """Long inline code (`ala.episode.val_fraction`, `tfdml.retrieval.index`) may break after a dot or an
-    underscore (`<wbr>`), so that a narrow table cell wraps it there instead of mid-word or overflowing."""
+    """Long inline code (`ala.episode.val_fraction`, `tfdml.retrieval.index`) may break after a dot, an underscore
+    or a slash (`<wbr>`) and nowhere else: each piece between those points is a `<span class="nw">`, which the
+    stylesheet keeps on one line, so that a narrow table cell wraps it there instead of mid-word or overflowing."""
 
     def add(match):
-        return "<code>" + re.sub(r"(?<=[._/])(?=\w)", "<wbr>", match.group(1)) + "</code>"
+        pieces = re.split(r"(?<=[._/])(?=\w)", match.group(1))
+        return "<code>" + "<wbr>".join(f'<span class="nw">{piece}</span>' for piece in pieces) + "</code>"
 
     return _INLINE_CODE.sub(add, content)
 

@@ -408,10 +408,21 @@ def test_evaluate_and_export_an_image_folder_with_corrupt_files(tmp_path, capsys
     assert load_metadata(tmp_path / "models" / "f", version=2)["index"]["size"] == 30
     assert "search" not in load_metadata(tmp_path / "models" / "f", version=2)
     assert "skipped 2 of 32 images" in capsys.readouterr().err
-    args = parse(evaluate_cli, ["evaluate", "--model", str(tmp_path / "models" / "f"), "--metrics", "recall"])
+    worst = tmp_path / "worst"
+    args = parse(
+        evaluate_cli,
+        ["evaluate", "--model", str(tmp_path / "models" / "f"), "--metrics", "recall", "--worst-queries", str(worst)],
+    )
     assert args.func(args) == 0  # the job's evaluation folder, recorded in the metadata
     captured = capsys.readouterr()
     assert "skipped 2 of 32 images" in captured.err and "30 images, 5 classes" in captured.out
+    # the worst queries' page leads to each query's file, relative to the folder, under its own class
+    page = (worst / "worst_queries.html").read_text(encoding="utf-8")
+    queries = re.findall(r'class="item the-query">.*?<bdi>(.*?)</bdi>.*?class="file" dir="ltr">(.*?)</span>', page)
+    assert len(queries) == 12 and "zz_" not in page
+    for name, file in queries:
+        file = file.replace("<wbr>", "")
+        assert name.replace("<wbr>", "") == file.split("/")[0] and (folder / file).is_file(), (name, file)
 
 
 def test_exported_index_names_only_the_classes_of_its_gallery(tmp_path):

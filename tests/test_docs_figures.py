@@ -281,3 +281,33 @@ def test_the_export_guides_sample_index_line_is_the_benchmarks_current_row():
         guide = f.read()
     shown = re.search(r"\n      index: (.*?)\n\n", guide, re.S).group(1)
     assert " ".join(shown.split()) == describe_recall(record)
+
+
+# A multiple of DML-ALA's cost ("5.5x a plain run", "9.5 plain steps"), and a sentence that no GPU was used.
+ALA_COST = re.compile(
+    r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:x|times)\b[^.\n]{0,30}?\bplain (step|run)|\b\d+(?:\.\d+)? plain (steps)"
+)
+NO_GPU = re.compile(
+    r"[Nn]othing (?:has been|was|is) run on a GPU|[Nn]o GPU was available|[Ee]very figure comes from CPUs"
+)
+# The homes of DML-ALA's cost: one step against one plain step, and whole label-noise runs against plain runs.
+ALA_COST_HOMES = {"benchmarks/ala_step/README.md": {"step", "steps"}, "benchmarks/label_noise/README.md": {"run"}}
+
+
+@pytest.mark.parametrize("page", pages() + benchmark_pages())
+def test_dml_alas_cost_and_the_gpu_claim_are_each_stated_one_way(page):
+    """DML-ALA's cost as a multiple lives on its two benchmark pages, each of one kind (a step against a plain
+    step; a whole run against a plain run), so that "9.5 plain steps" and "5.5x a plain run" are not one quantity
+    stated two ways; no page says no GPU was used while the GPU benchmark ran on one."""
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        text = " ".join(prose(f.read()).split())  # a claim may run over a line break
+    kinds = {next(k for k in match.groups() if k) for match in ALA_COST.finditer(text)}
+    assert kinds <= ALA_COST_HOMES.get(page, set()), f"{page} states DML-ALA's cost as a multiple of a plain {kinds}"
+    assert not NO_GPU.search(text), f"{page}: {NO_GPU.search(text).group(0)} (the GPU benchmark ran on one)"
+
+
+def test_the_one_way_checks_catch_a_second_statement():
+    assert {m.group(1) or m.group(2) for m in ALA_COST.finditer("a step costs about 5 times a plain step")} == {"step"}
+    assert [m.group(2) for m in ALA_COST.finditer("it costs 9.5 plain steps")] == ["steps"]
+    assert not ALA_COST.search("a step costs several times a plain step")  # no figure: a description
+    assert NO_GPU.search("Nothing has been run on a GPU: every figure comes from CPUs")

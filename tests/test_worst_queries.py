@@ -4,6 +4,7 @@ escaped; `tfdml evaluate --worst-queries`; the report's summary links the page."
 
 import html.parser
 import os
+import re
 
 import numpy as np
 import pytest
@@ -201,3 +202,117 @@ def test_query_gallery_page_shows_the_query_images(tmp_path, capsys):
     assert all((out / src).is_file() for src in page.images)
     worst = worst_queries(x[8:], y[8:], x[:8], y[:8], count=12)
     assert _shown_names(worst, NAMES) <= set(NAMES) and all(n in "".join(page.text) for n in _shown_names(worst, NAMES))
+
+
+def test_an_image_folders_page_names_the_files_of_the_query_and_of_its_wrong_neighbours(tmp_path):
+    x, y = _data()
+    images = np.zeros((len(y), 8, 8), np.uint8)
+    paths = [f"/data/photos/class {label}/IMG_{i:04d}.jpg" for i, label in enumerate(y)]
+    files = report_pages.item_files(paths)
+    assert files[0] == "class 0/IMG_0000.jpg"  # relative to the image folder
+    worst = worst_queries(x, y, count=4, neighbours=3)
+    written = report_pages.write_worst_queries_page(tmp_path, worst, images, files=files, grid=False)
+    page, source = _read_page(written["page"])
+    text = "".join(page.text)
+    for query in worst.queries:
+        assert files[query.query] in text and f"query {query.query}<" not in source
+        for j, label in zip(query.neighbours, query.neighbour_labels):
+            assert (files[j] in text) == (label != query.label or j == query.first_correct), (j, label)
+    assert "/data/photos" not in source and "/<wbr>IMG_" in source  # a break at the slash, not in a name
+
+
+def test_the_report_names_files_only_when_the_evaluation_met_the_folders_items_in_order():
+    from tfdml.pipeline.report import evaluated_files
+
+    class Folder:
+        paths = ["/x/a/1.png", "/x/a/2.png", "/x/b/3.png"]
+        labels = np.array([0, 0, 1])
+
+    class Met:
+        labels = np.array([0, 0, 1])
+
+    class Shuffled:
+        labels = np.array([0, 1, 0])
+
+    assert evaluated_files(Folder, Met) == ["a/1.png", "a/2.png", "b/3.png"]
+    assert evaluated_files(Folder, Shuffled) is None
+    assert evaluated_files(object(), Met) is None  # an embedded data set has no files
+
+
+def test_the_page_keeps_names_whole_and_uses_the_width():
+    """No rule lets a class name break inside a word; the items grow with the window instead of a fixed width."""
+    item = re.search(r"\.item \{(.*?)\}", report_pages._STYLE, re.S).group(1)
+    assert "anywhere" not in item and "overflow-wrap: normal" in item and "word-break: normal" in item
+    assert re.search(r"flex: 1 1 0", item) and not re.search(r"(?<![-\w])width: \d+px", item)  # the row shared
+    assert "min-width: min-content" in item  # a cell as wide as its longest word
+    name_rules = re.findall(r"\.item \.name \{(.*?)\}", report_pages._STYLE, re.S)
+    assert all("anywhere" not in rule and "break-all" not in rule for rule in name_rules)
+
+
+def test_a_long_class_name_wraps_between_its_words(tmp_path):
+    x, y = _data(classes=2, per_class=3)
+    names = ["mountain_bikes_with_disc_brakes", "road <bikes>"]
+    worst = worst_queries(x, y, count=len(y), neighbours=2)
+    written = report_pages.write_worst_queries_page(tmp_path, worst, None, class_names=names, grid=False)
+    _, source = _read_page(written["page"])
+    assert "<bdi>mountain_<wbr>bikes_<wbr>with_<wbr>disc_<wbr>brakes</bdi>" in source
+    assert "<bdi>road &lt;bikes&gt;</bdi>" in source
+
+
+@pytest.mark.parametrize("value, shown", [(0.004, "0.0040"), (0.0456, "0.046"), (0.87, "0.87"), (0.0, "0")])
+def test_average_precision_is_printed_with_the_digits_that_tell_it_from_zero(value, shown):
+    assert report_pages.average_precision_text(value) == shown
+    assert value == 0 or abs(float(shown) - value) <= 0.05 * value
+
+
+def test_the_grid_gives_a_class_name_its_own_line_and_keeps_its_case(tmp_path, monkeypatch):
+    """A right-to-left name (Hebrew) never shares a line with its score, which a right-to-left layout would
+    put first; a capital Cyrillic И stays И, labelled with its code point beside the lowercase и."""
+    from tfdml import plots
+
+    drawn = []
+    original = plots._draw_cell
+    monkeypatch.setattr(
+        plots,
+        "_draw_cell",
+        lambda ax, canvas, corner, image, colour, label, families: (
+            drawn.append(label),
+            original(ax, canvas, corner, image, colour, label, families),
+        )[1],
+    )
+    x, y = _data(classes=4, per_class=3)
+    names = ["ל", "И", "и", "ж"]
+    worst = worst_queries(x, y, count=len(y), neighbours=3)  # every query: every class is a query's
+    images = np.zeros((len(y), 8, 8), np.uint8)
+    written = report_pages.write_worst_queries_page(tmp_path, worst, images, class_names=names)
+    assert os.path.isfile(written["grid"])
+    neighbour_labels = [label for label in drawn if label.startswith("#")]
+    assert len(neighbour_labels) >= len(y) * 3
+    for label in neighbour_labels:
+        rank_line, name_line = label.split("\n")
+        assert re.fullmatch(r"#\d+  -?\d\.\d\d", rank_line) and name_line in names, label
+    queries = [label for label in drawn if label.startswith("query")]
+    assert len(queries) == len(worst.queries) == len(y)
+    for query, label in zip(worst.queries, queries):
+        assert label == f"query\nclass {names[query.label]} (U+{ord(names[query.label]):04X})"
+    _, source = _read_page(written["page"])
+    assert 'title="U+0418 CYRILLIC CAPITAL LETTER I"><bdi>И</bdi>' in source
+    assert 'title="U+0438 CYRILLIC SMALL LETTER I"><bdi>и</bdi>' in source
+
+
+def test_the_reports_retrieval_grid_gives_names_their_own_line(monkeypatch):
+    """The report's retrieval_grid.png as the worst queries' grid: the score beside the rank, the class alone."""
+    import types
+
+    from tfdml import plots
+    from tfdml.pipeline import report
+
+    seen = {}
+    monkeypatch.setattr(plots, "plot_retrieval_grid", lambda *args, **kwargs: seen.update(kwargs))
+    x, y = _data(classes=3, per_class=3)
+    evaluation = types.SimpleNamespace(embeddings=x, labels=y, pixels=np.zeros((len(y), 4, 4), np.float32))
+    settings = types.SimpleNamespace(grid_queries=3, grid_neighbours=2)
+    report._retrieval_grid(evaluation, settings, "unused.png", ["ל", "И", "ж"])
+    assert all(name in ("ל", "И", "ж") for row in seen["titles"] for name in row)
+    assert all(re.fullmatch(r"-?\d\.\d\d", score) for row in seen["scores"] for score in row)
+    assert seen["query_titles"] == ["class ל (U+05DC)", "class И (U+0418)", "class ж (U+0436)"]

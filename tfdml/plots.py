@@ -182,7 +182,15 @@ _FRAME_COLOURS = {None: "grey", True: "tab:green", False: "tab:red"}
 
 
 def plot_retrieval_grid(
-    query_images, neighbour_images, same_class_flags, path, titles=None, query_titles=None, note=None, ranks=None
+    query_images,
+    neighbour_images,
+    same_class_flags,
+    path,
+    titles=None,
+    query_titles=None,
+    note=None,
+    ranks=None,
+    scores=None,
 ):
     """One row per query: the query, then its neighbours framed green (same class) or red (other class).
 
@@ -194,6 +202,9 @@ def plot_retrieval_grid(
       query_titles: optional `Q` strings under "query" (e.g. the file name or class).
       note: optional line under the figure's title (e.g. how undrawable class names are shown).
       ranks: optional `[Q, k]` ranks shown as `#rank` (default 1..k: the neighbours are the top k).
+      scores: optional `[Q, k]` strings shown on the rank's line (`#rank  score`), so that a title (a class
+        name, in any script) has a line of its own: a right-to-left name beside a number on one line would
+        read in the wrong order once the line is laid out right to left.
 
     The grid is one picture (each image scaled into its cell, its frame drawn into the pixels) with each
     cell's title above it: one axes however many cells, so that a large grid draws fast. Titles are drawn
@@ -231,7 +242,8 @@ def plot_retrieval_grid(
         row_ranks = range(1, k + 1) if ranks is None else ranks[q]
         for j, image in enumerate(neighbour_images[q]):
             flag = None if same_class_flags is None else bool(same_class_flags[q][j])
-            label = f"#{row_ranks[j]}" + (f"\n{titles[q][j]}" if titles is not None else "")
+            label = f"#{row_ranks[j]}" + (f"  {scores[q][j]}" if scores is not None else "")
+            label += f"\n{titles[q][j]}" if titles is not None else ""
             cells.append((image, _FRAME_COLOURS[flag], label))
         for column, (image, colour, label) in enumerate(cells):
             _draw_cell(

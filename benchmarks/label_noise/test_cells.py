@@ -155,3 +155,54 @@ def test_summary_reads_the_defaults_with_the_verified_set_apart_with_their_cpu_r
     assert cells[4] == f"{versus.mean():+.1f} +- {versus.std(ddof=1) / np.sqrt(5):.1f} ({above}/5 above)"
     assert cells[5] == "+0.5 +- 0.0 (5/5 above)"
     assert cells[6] == f"{50 / np.mean([10.0 + s for s in seeds]):.1f}x"
+
+
+def test_the_verdicts_table_reads_one_machine_and_pairs_each_remedy_with_the_heuristic(tmp_path):
+    from benchmarks.label_noise import summary
+
+    seeds, cut = range(5), {"trusted": [30, 3], "lookahead_variables": "head", "distance_cut": 1.0}
+    lines = []
+    for machine, shift in (({"machine": "an earlier CPU"}, 0.10), ({"machine": "the latest CPU"}, 0.0)):
+        rows = [
+            dict(_line("final", n, "base", {}, s, 0.80 - n), train_cpu_s=10.0) for n in (0.0, 0.2, 0.4) for s in seeds
+        ]
+        rows += [
+            _line("final", n, "heuristic", {"drop_rate": 0.5}, s, 0.85 - n + 0.01 * s)
+            for n in (0.2, 0.4)
+            for s in seeds
+        ]
+        rows += [dict(_line("final", 0.4, "ala", cut, s, 0.50 + shift), train_cpu_s=20.0) for s in seeds]
+        rows += [_line("final", 0.0, "ala", cut, s, 0.81) for s in seeds]
+        lines += [dict(row, **machine) for row in rows]
+    for name in ("results_pretrained.jsonl", "results_600.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    text = summary.verdicts(sources=[("results_pretrained.jsonl", "warm", None)], here=str(tmp_path))
+    assert "the latest CPU" in text and "an earlier CPU" not in text and "[A]" not in text
+    rows = {
+        row.split("|")[3].strip(): [c.strip() for c in row.strip("|").split("|")]
+        for row in text.splitlines()
+        if row.startswith("| warm")
+    }
+    assert set(rows) == {"the heuristic", "DML-ALA on the verified cut's pairs"}  # remedies not run: no row
+    versus = 100 * np.array([0.50 - (0.45 + 0.01 * s) for s in seeds])  # the latest machine's pairs
+    heuristic = 100 * np.array([0.85 - 0.4 + 0.01 * s - 0.40 for s in seeds])
+    assert rows["DML-ALA on the verified cut's pairs"][3:] == [
+        f"{versus.mean():+.1f} +- {versus.std(ddof=1) / np.sqrt(5):.1f} (5/5 above)",
+        "-",
+        "+1.0 +- 0.0 (5/5 above)",
+        "2.0x",
+    ]
+    assert rows["the heuristic"][3] == (
+        f"{heuristic.mean():+.1f} +- {heuristic.std(ddof=1) / np.sqrt(5):.1f} (5/5 above) over the plain loss"
+    )
+
+
+def test_the_committed_verdicts_table_is_what_the_results_give():
+    """The page's one table is written from the results files; a hand edit or a run without the rewrite fails."""
+    import os
+
+    from benchmarks.label_noise import summary
+
+    with open(os.path.join(summary.HERE, "verdicts.md"), encoding="utf-8") as f:
+        assert f.read() == summary.verdicts(), "run python -m benchmarks.label_noise.summary"

@@ -143,6 +143,11 @@ def embed_source(embedder, source, batch_size, view=None):
     images, kept = load_items(source)
     if view is not None:
         view.update(images=images, class_names=getattr(source, "class_names", None))
+        paths = getattr(source, "paths", None)  # an image folder's: the worst queries' page names the files
+        if paths is not None:
+            from tfdml.report_pages import item_files
+
+            view["files"] = item_files([paths[i] for i in kept])
     return embedder.embed(images, batch_size=batch_size), source.labels[kept]
 
 
@@ -233,7 +238,7 @@ def _load_inputs(args, view=None):
     query_view = {}
     query_embeddings, query_labels = embed_source(embedder, queries, args.batch_size, query_view)
     if view is not None:
-        view["query_images"] = query_view.get("images")
+        view["query_images"], view["query_files"] = query_view.get("images"), query_view.get("files")
     return gallery, labels, query_embeddings, query_labels
 
 
@@ -334,6 +339,8 @@ def _write_worst_queries(args, embeddings, labels, query_embeddings, query_label
         query_images,
         None if names is None else [str(name) for name in names],
         title="Worst queries",
+        files=view.get("files"),
+        query_files=view.get("query_files"),
     )
     print(f"worst queries: {written['page']}" + (f" and {written['grid']}" if written["grid"] else ""))
 

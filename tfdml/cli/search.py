@@ -244,11 +244,12 @@ def _write_outputs(args, report, images, pictures, flags, query_titles, value_na
         else:
             from tfdml.plots import plot_retrieval_grid
 
-            titles = [
-                [(f"{n['class']} " if "class" in n else "") + f"{n[value_name]:.2f}" for n in entry["neighbours"]]
-                for entry in report
-            ]
-            plot_retrieval_grid(images, pictures, flags, args.grid, titles=titles, query_titles=query_titles)
+            # the class on a line of its own, the score on the rank's: a right-to-left name keeps its place
+            titles = [[str(n.get("class", "")) for n in entry["neighbours"]] for entry in report]
+            scores = [[f"{n[value_name]:.2f}" for n in entry["neighbours"]] for entry in report]
+            plot_retrieval_grid(
+                images, pictures, flags, args.grid, titles=titles, query_titles=query_titles, scores=scores
+            )
             print(f"retrieval grid written to {args.grid}")
 
 

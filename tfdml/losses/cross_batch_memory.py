@@ -69,9 +69,14 @@ class CrossBatchMemory(MemoryState, _WrappedLoss):
         name: loss name.
 
     Example:
-        >>> loss = CrossBatchMemory(MultiSimilarityLoss(), memory_size=1024, embedding_dim=128, start_step=500)
-        >>> model.compile(optimizer="adam", loss=loss)   # model: a tfdml.models.MetricModel
-        >>> model.fit(class_balanced_dataset(source, 8, 3))
+        >>> inputs = keras.Input((4,))
+        >>> model = tfdml.models.MetricModel(inputs, keras.layers.UnitNormalization()(keras.layers.Dense(8)(inputs)))
+        >>> loss = CrossBatchMemory(MultiSimilarityLoss(), memory_size=24, embedding_dim=8)
+        >>> model.compile(optimizer="adam", loss=loss)
+        >>> x, y = np.random.default_rng(0).random((12, 4)), np.repeat(np.arange(3), 4)
+        >>> history = model.fit(x, y, batch_size=6, verbose=0)  # two training steps, each batch enqueued
+        >>> int(loss.steps), int(loss.memory_count)
+        (2, 12)
     """
 
     _BUFFER_PREFIX = "xbm"

@@ -441,9 +441,13 @@ class MarginLoss(MetricLoss):
         seed: integer for a stateless, reproducible draw (tests); `None` for fresh negatives every step.
 
     Example:
-        >>> model = tfdml.models.MetricModel(inputs, l2_normalised_embeddings)
-        >>> model.compile(optimizer=keras.optimizers.Adam(1e-4), loss=MarginLoss(num_classes=100))
-        >>> model.fit(class_balanced_dataset)   # trains beta with SGD(0.1, momentum 0.9)
+        >>> inputs = keras.Input((4,))
+        >>> model = tfdml.models.MetricModel(inputs, keras.layers.UnitNormalization()(keras.layers.Dense(8)(inputs)))
+        >>> model.compile(optimizer="adam", loss=MarginLoss(num_classes=3))  # one beta per class
+        >>> x, y = np.random.default_rng(0).random((12, 4)), np.repeat(np.arange(3), 4)
+        >>> history = model.fit(x, y, batch_size=6, verbose=0)  # trains beta with SGD(0.1, momentum 0.9)
+        >>> tuple(model.loss.beta.shape)
+        (3,)
     """
 
     DEFAULT_NAME = "margin_loss"

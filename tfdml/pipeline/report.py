@@ -15,8 +15,9 @@ from tfdml.pipeline.folder import publish_report, staging_dir
 from tfdml.retrieval import worst_queries
 
 
-def write_report(folder, config, summary, history, evaluation, class_names=None):
-    """The report in `folder`: config.yaml, the plots and metrics.json (the one place it is written)."""
+def write_report(folder, config, summary, history, evaluation, class_names=None, files=None):
+    """The report in `folder`: config.yaml, the plots and metrics.json (the one place it is written); `files`,
+    the evaluation items' files as the worst queries' page shows them (`evaluated_files`), or None."""
 
     with open(os.path.join(folder, "config.yaml"), "w") as f:
         yaml.safe_dump(config.to_dict(), f, sort_keys=False)
@@ -27,13 +28,13 @@ def write_report(folder, config, summary, history, evaluation, class_names=None)
     if evaluation.calibration is not None:
         plots.plot_match_calibration(evaluation.calibration, os.path.join(folder, "match_calibration.png"))
     _retrieval_grid(evaluation, config.report, os.path.join(folder, "retrieval_grid.png"), class_names)
-    _worst_queries_page(folder, evaluation, config, class_names)
+    _worst_queries_page(folder, evaluation, config, class_names, files)
     with open(os.path.join(folder, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
     write_summary(folder, summary)
 
 
-def _worst_queries_page(folder, evaluation, config, class_names=None):
+def _worst_queries_page(folder, evaluation, config, class_names=None, files=None):
     """worst_queries.html (its images in a folder beside it) and worst_queries.png of the evaluation items."""
     worst = worst_queries(
         evaluation.embeddings,
@@ -44,8 +45,17 @@ def _worst_queries_page(folder, evaluation, config, class_names=None):
     )
     title = f"Worst queries of {config.name} on its evaluation items"
     report_pages.write_worst_queries_page(
-        folder, worst, _evaluated_pixels(evaluation), class_names=class_names, title=title
+        folder, worst, _evaluated_pixels(evaluation), class_names=class_names, title=title, files=files
     )
+
+
+def evaluated_files(source, evaluation):
+    """The evaluation items' files relative to their image folder (`report_pages.item_files`), or None: for a
+    source without files (an embedded data set), or one whose items the evaluation did not meet in order."""
+    paths = getattr(source, "paths", None)
+    if paths is None or not np.array_equal(np.asarray(source.labels), evaluation.labels):
+        return None
+    return report_pages.item_files(paths)
 
 
 def _evaluated_pixels(evaluation):
@@ -134,8 +144,9 @@ def _retrieval_grid(evaluation, report_cfg, path, class_names=None):
         [[images[j] for j in row] for row in neighbours],
         np.array([[labels[j] == labels[q] for j in row] for q, row in zip(queries, neighbours)]),
         path,
-        titles=[[f"{name(labels[j])} {1.0 - d / 2.0:.2f}" for j, d in row] for row in kept],
-        query_titles=[f"class {name(labels[q])}" for q in queries],
+        titles=[[name(labels[j]) for j, _ in row] for row in kept],  # a line of its own: any script reads right
+        scores=[[f"{1.0 - d / 2.0:.2f}" for _, d in row] for row in kept],
+        query_titles=[report_pages.query_title(name(labels[q])) for q in queries],
         note="[n]: a class name no installed font can draw, by its index n in the class list" if by_index else None,
     )
 
@@ -170,7 +181,8 @@ def finish_report(config, outcome, started, stage):
     summary = dict(outcome.summary)
     summary["job_seconds"] = round(time.perf_counter() - started, 2)  # this call, from configuration to report
     summary["wall_seconds"] = round(process_seconds(), 2)  # this process since it started, imports included
-    write_report(staging, config, summary, outcome.history, outcome.evaluation, class_names)
+    files = evaluated_files(outcome.eval_source, outcome.evaluation)
+    write_report(staging, config, summary, outcome.history, outcome.evaluation, class_names, files)
     with interrupts.holding():  # the move and the clearing are not cut in half
         publish_report(staging, report_dir, checkpoints)
         interrupts.complete(f"the report in {report_dir}")

@@ -35,8 +35,8 @@ def _approximate_search(queries, gallery, k, distance, same_set, index_kwargs):
 
 
 def embed_batches(model, batches):
-    """`(embeddings [N, D], labels [N])` of `(images, labels)` batches (e.g. `tfdml.data.eval_dataset`),
-    with `model(images, training=False)`."""
+    """`(embeddings [N, D], labels [N])` of `(images, labels)` batches, embedded by `model(images,
+    training=False)`; `tfdml.data.eval_dataset` gives such batches."""
     embeddings, labels = [], []
     for images, batch_labels in batches:
         embeddings.append(np.asarray(model(images, training=False)))
