@@ -14,6 +14,7 @@ from tfdml.export.layout import (
     MAX_STORED_GALLERY_BYTES,
     _fingerprint,
     resolve_export_dir,
+    seal_version,
 )
 from tfdml.export.prefix import PrefixIndex, load_prefix_or_full_index
 from tfdml.retrieval import ScannIndex
@@ -166,7 +167,9 @@ def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_siz
     """Embeds `gallery` with the SavedModel in `version_dir` and saves the index inside it."""
     embedder = ExportedEmbedder(version_dir)
     embedded = embed_gallery(embedder.embed, embedder.channels, gallery, ids, labels, class_names, batch_size)
-    return save_index(version_dir, embedded, embedder.name, embedder.version, mode, settings, distance)
+    index = save_index(version_dir, embedded, embedder.name, embedder.version, mode, settings, distance)
+    seal_version(version_dir, dict(embedder.metadata))  # the new index's checksums (the others just checked)
+    return index
 
 
 def index_summary(index):
