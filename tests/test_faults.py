@@ -115,6 +115,39 @@ def test_a_full_disk_in_training_keeps_the_epochs_done(uninterrupted, tmp_path, 
     assert results(tmp_path / "r") == uninterrupted
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MiB tmpfs mounted at `tmp_path / "disk"` (root only; unmounted afterwards)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN); the shim tests above cover the same writes")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_real_full_disk_in_training(small_disk, uninterrupted, monkeypatch, capsys):
+    """The report folder on a 3 MiB file system: the checkpoint that does not fit is refused in one line
+    before it is written, and once the file system is grown the same command resumes and finishes."""
+    import subprocess
+
+    monkeypatch.chdir(small_disk)
+    assert cli.main(JOB) == 2
+    line = _one_error_line(capsys.readouterr().err, "train")
+    assert "no space left on the device (" in line and "MiB needed); what was finished is kept" in line, line
+    done = checkpoint_lib.completed_epochs(small_disk / "r" / "checkpoints")
+    assert 1 <= done < 4 and kept_checkpoints_problem(small_disk / "r" / "checkpoints") is None
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+    assert cli.main(JOB) == 0
+    assert f"resuming from epoch {done + 1}/4" in capsys.readouterr().out
+    assert results(small_disk / "r") == uninterrupted
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """Version 1 of model "digits" with the exact index of the digits 5-9 (an embedded data set)."""

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import sys
 
 # The write failures of the storage itself (not of the program): said in one line, the work kept.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -102,7 +101,7 @@ def write_json(path, value, **dump_options):
 
 
 def file_record(path):
-    """`{"size": bytes, "sha256": hex}` of a file, read in 1 MiB pieces."""
+    """`{"size": bytes, "sha256": hex}` of a file, read in pieces (a large file is never held whole)."""
     digest, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
@@ -198,23 +197,16 @@ def storage_error(error, path, needed=None):
 
 @contextlib.contextmanager
 def storage_errors(path, needed=None):
-    """Turns a storage failure of the writes inside the block into a `StorageError` naming `path`.
-
-    The errors that a writer's clean-up reports as "unraisable" meanwhile (h5py closing a file the full disk
-    refused prints a traceback per object) are held back and dropped with the storage failure they repeat."""
-    held, hook = [], sys.unraisablehook
-    sys.unraisablehook = held.append
+    """Turns a storage failure of the writes inside the block into a `StorageError` naming `path`; with
+    `needed` (bytes) known, a disk with less free space is refused before anything is written (h5py, refused
+    in the middle of a file, prints a traceback of each object it cannot close when the process ends)."""
+    free = free_bytes(path) if needed else None
+    if free is not None and free < needed:
+        raise storage_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path, needed)
     try:
         yield
     except Exception as error:
         converted = storage_error(error, path, needed)
-        if converted is None:
-            raise
-        held.clear()
-        if converted is error:
+        if converted is None or converted is error:
             raise
         raise converted from None
-    finally:
-        sys.unraisablehook = hook
-        for unraisable in held:
-            hook(unraisable)

@@ -165,7 +165,7 @@ def save_index(version_dir, embedded, model_name, model_version, mode, settings,
 
 def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, settings, distance="dot_product"):
     """Embeds `gallery` with the SavedModel in `version_dir` and saves the index inside it."""
-    embedder = ExportedEmbedder(version_dir)
+    embedder = ExportedEmbedder(version_dir, check_index=False)  # the index is the part replaced
     embedded = embed_gallery(embedder.embed, embedder.channels, gallery, ids, labels, class_names, batch_size)
     index = save_index(version_dir, embedded, embedder.name, embedder.version, mode, settings, distance)
     seal_version(version_dir, dict(embedder.metadata))  # the new index's checksums (the others just checked)

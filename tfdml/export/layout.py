@@ -43,11 +43,16 @@ def seal_version(version_dir, metadata):
     durable.sync_tree(version_dir)
 
 
-def verify_version(version_dir, metadata):
+def verify_version(version_dir, metadata, index=True):
     """Raises `DamagedFileError` naming the first file of the version that differs from the size and checksum
-    its metadata records (a version exported before the metadata recorded them is not checked)."""
+    its metadata records (a version exported before the metadata recorded them is not checked); `index=False`
+    leaves out the index folder (an index about to be replaced)."""
+    records = metadata.get("files") or {}
+    if not index:
+        folder = INDEX_DIR.replace(os.sep, "/") + "/"
+        records = {name: record for name, record in records.items() if not name.startswith(folder)}
     try:
-        durable.check_files(version_dir, metadata.get("files") or {})
+        durable.check_files(version_dir, records)
     except durable.DamagedFileError as error:
         raise durable.DamagedFileError(
             f"{error}; the exported version {version_dir} is not loaded: export it again"
