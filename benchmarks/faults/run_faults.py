@@ -64,8 +64,11 @@ def _job(folder):
 class Reference:
     """The uninterrupted run's results and bytes, its time in a subprocess, and an export to damage."""
 
-    def __init__(self, work):
+    def __init__(self, work, training=True):
         self.work = work
+        self.export = self._export(work)
+        if not training:  # export draws only
+            return
         with pytest.MonkeyPatch.context() as patch:
             patch.chdir(work)
             shim = DiskShim().install(patch)
@@ -77,7 +80,6 @@ class Reference:
         out = proc.communicate()[0]
         assert proc.returncode == 0, out[-2000:]
         self.process_seconds = time.perf_counter() - started
-        self.export = self._export(work)
 
     @staticmethod
     def _export(work):
@@ -131,6 +133,9 @@ def train_kill(reference, rng, folder):
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGKILL)
     proc.communicate()
+    if proc.returncode == 0:  # it finished before the drawn moment: its own report is the one to compare
+        same = results(os.path.join(reference.work, folder)) == reference.results
+        return None if same else f"finished before the kill at {delay:.2f} s with other results"
     return _rerun_matches(reference, folder, f"killed after {delay:.2f} s")
 
 
@@ -212,13 +217,22 @@ def run(args):
         f"TensorFlow {_tensorflow_version()}",
         "load_average_start": _load(),
     }
-    started = time.perf_counter()
+    draw, first = 0, 0
+    if args.append:  # a further run: the draws go on from the file's count, the counts added to its counts
+        with open(args.out) as f:
+            earlier = json.load(f)
+        counts, failures, first = earlier["counts"], earlier["failures"], earlier["draws"]
+        draw = first
+        record = dict(earlier, runs=earlier.get("runs", [{"mix": earlier["mix"], "minutes": earlier["minutes"]}]))
+        record["runs"].append({"mix": dict(zip(KINDS, args.mix))})
+    started, minutes_before = time.perf_counter(), record.get("minutes", 0.0) if args.append else 0.0
     with tempfile.TemporaryDirectory(prefix="tfdml-faults-") as work:
-        reference = Reference(work)
-        record.update(reference_bytes=reference.bytes, reference_process_seconds=round(reference.process_seconds, 1))
-        draw = 0
-        while draw < args.draws and time.perf_counter() - started < args.minutes * 60:
-            kind = mix[draw % len(mix)]
+        reference = Reference(work, training=any(args.mix[:3]))
+        if getattr(reference, "bytes", None) is not None:
+            seconds = round(reference.process_seconds, 1)
+            record.update(reference_bytes=reference.bytes, reference_process_seconds=seconds)
+        while draw - first < args.draws and time.perf_counter() - started < args.minutes * 60:
+            kind = mix[(draw - first) % len(mix)]
             rng = np.random.default_rng([args.seed, draw])
             began = time.perf_counter()
             failure = globals()[kind](reference, rng, f"draw{draw}")
@@ -229,9 +243,8 @@ def run(args):
                 failures.append({"draw": draw, "kind": kind, "failure": failure})
             shutil.rmtree(os.path.join(work, f"draw{draw}"), ignore_errors=True)
             draw += 1
-            record.update(
-                counts=counts, failures=failures, draws=draw, minutes=round((time.perf_counter() - started) / 60, 1)
-            )
+            minutes = round(minutes_before + (time.perf_counter() - started) / 60, 1)
+            record.update(counts=counts, failures=failures, draws=draw, minutes=minutes)
             record["load_average_end"] = _load()
             with open(args.out, "w") as f:
                 json.dump(record, f, indent=2)
@@ -244,7 +257,7 @@ def table(path):
     lines = ["| kind of draw | draws | failures | seconds a draw |", "|---|---|---|---|"]
     for kind, count in record["counts"].items():
         per = count["seconds"] / count["draws"] if count["draws"] else float("nan")
-        lines.append(f"| `{kind}` | {count['draws']} | {count['failures']} | {per:.1f} |")
+        lines.append(f"| `{kind}` | {count['draws']} | {count['failures']} | {per:.2f} |")
     total = sum(count["draws"] for count in record["counts"].values())
     failed = sum(count["failures"] for count in record["counts"].values())
     lines.append(f"| all | {total} | {failed} | |")
@@ -253,6 +266,12 @@ def table(path):
         f"Seed {record['seed']}, {record['minutes']} minutes on {record['machine']} (load average "
         f"{', '.join(f'{v:.1f}' for v in record['load_average_start'])} at the start).",
     ]
+    if "runs" in record:
+        mixes = "; ".join(
+            f"run {number}: " + ", ".join(f"{share} `{kind}`" for kind, share in run["mix"].items() if share)
+            for number, run in enumerate(record["runs"], 1)
+        )
+        lines.append(f"Draws of each kind per cycle, {mixes}.")
     print("\n".join(lines))
 
 
@@ -265,6 +284,7 @@ def main(argv=None):
         "--mix", type=int, nargs=4, default=[2, 1, 1, 8], metavar="N", help="draws of each kind per cycle"
     )
     parser.add_argument("--out", default="benchmarks/faults/results.json")
+    parser.add_argument("--append", action="store_true", help="add the draws to those of --out (a further run)")
     parser.add_argument("--table", metavar="RESULTS", help="print the table of a results file and exit")
     args = parser.parse_args(argv)
     if args.table:
