@@ -46,7 +46,7 @@ def wait_for(proc, ready, timeout=600):
 
 
 def checkpointed_epoch(checkpoints, epoch):
-    """A `ready` for `wait_for`: BackupAndRestore's state records `epoch` finished epochs (written last, after
+    """A `ready` for `wait_for`: the checkpoint manifest records `epoch` finished epochs (written last, after
     the weights)."""
 
     def ready():

@@ -56,6 +56,7 @@ SLOW_FILES = (
     "test_configs.py",
     "test_ala.py",
     "test_cli_stops.py",
+    "test_faults.py",
     "test_cli_train.py",
     "test_distribute_training.py",
     "test_data_glyphs.py",

@@ -48,7 +48,7 @@ def _start(cwd, *extra):
 
 
 def _interrupt_after_first_epoch(proc, checkpoints):
-    """Sends `proc` a SIGINT (Ctrl-C) as soon as its BackupAndRestore state records a finished first epoch;
+    """Sends `proc` a SIGINT (Ctrl-C) as soon as its checkpoint manifest records a finished first epoch;
     returns that state and the output, or None when the run ended before."""
     if cli_process.wait_for(proc, cli_process.checkpointed_epoch(checkpoints, 1), timeout=300):
         with open(checkpoints / "training_metadata.json") as f:
@@ -342,7 +342,7 @@ def test_interrupted_run_resumes_to_the_same_result(runs):
     """A run stopped with Ctrl-C after epoch 1 says so in one line (exit 130, no traceback), and started again
     ends exactly where the uninterrupted run (same seed, another process) ends: same epoch-2 loss, same
     metrics. This also shows that a seed fixes the whole run."""
-    assert runs["kill_state"] == {"epoch": 1, "batch": 0}, "the run finished before it could be interrupted"
+    assert (runs["kill_state"] or {}).get("epoch") == 1, "the run finished before it could be interrupted"
     assert runs["killed_rc"] == 130, runs["killed_output"][-3000:]
     assert "tfdml train: interrupted after epoch 1/2; run the same command to resume" in runs["killed_output"]
     assert "Traceback" not in runs["killed_output"]
@@ -506,8 +506,9 @@ def test_missing_config_file_fails_clearly(tmp_path, capsys):
 
 
 def _unfinished_run(report_dir):
-    """A report directory holding an unfinished run of the default job, as BackupAndRestore leaves it after one
-    epoch (the decision to resume or refuse comes before anything is built, so no weights are needed)."""
+    """A report directory holding an unfinished run of the default job, as keras.callbacks.BackupAndRestore
+    leaves it after one epoch, resumed unchecked (the decision to resume or refuse comes before anything is
+    built, so no weights are needed)."""
     config = resolve_paths(load_config(overrides=[f"report.dir={report_dir}"]))
     assert pipeline.prepare_report_dir(config, say=lambda text: None) == 0
     (report_dir / "checkpoints" / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')

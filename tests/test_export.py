@@ -409,9 +409,16 @@ def test_each_version_keeps_its_index_and_a_foreign_index_is_refused(tmp_path):
     np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
     assert E.load_index(tmp_path / "m")[1].ids[0] == os.path.abspath(paths_2[0])  # latest: version 2's
 
-    # Version 2's index copied into version 1: refused, naming both versions.
+    # Version 2's index copied into version 1: its files fail version 1's checksums; without them (a version
+    # exported before the metadata recorded them) it is refused, naming both versions.
     shutil.rmtree(os.path.join(v1, E.INDEX_DIR))
     shutil.copytree(os.path.join(v2, E.INDEX_DIR), os.path.join(v1, E.INDEX_DIR))
+    with pytest.raises(ValueError, match=r"tfdml_index/\S+ (differs from its checksum|holds \d+ bytes)"):
+        E.load_index(tmp_path / "m", version=1)
+    metadata = E.load_metadata(v1)
+    del metadata["files"]
+    with open(os.path.join(v1, E.METADATA_FILE), "w") as f:
+        json.dump(metadata, f)
     with pytest.raises(E.IndexMismatchError, match="built with version 2, not 1"):
         E.load_index(tmp_path / "m", version=1)
     # Version 1 re-exported with other weights under the same number: its old index is refused too.

@@ -21,6 +21,7 @@ import posixpath
 import numpy as np
 import tensorflow as tf
 
+from tfdml import durable
 from tfdml.embed_job import FORMATS  # noqa: F401  (the formats the files are written in)
 
 SKIPPED_FILE = "skipped.jsonl"
@@ -45,7 +46,8 @@ def shard_index_dir(output, shard):
 
 def write_shard(path, ids, classes, embeddings, file_format):
     """Writes one shard (rows in the given order) to `path`, through a temporary name renamed at the end so
-    that a retried or interrupted write never leaves half a file under the final name."""
+    that a retried or interrupted write never leaves half a file under the final name (a local one flushed
+    to the disk before it is renamed)."""
     tmp = path + ".tmp"
     embeddings = np.asarray(embeddings, np.float32)
     if file_format == "tfrecord":
@@ -72,7 +74,10 @@ def write_shard(path, ids, classes, embeddings, file_format):
         pq.write_table(table, buffer)
         with tf.io.gfile.GFile(tmp, "wb") as f:
             f.write(buffer.getvalue())
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    if "://" in path:
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    else:  # a local file reaches the disk before its name does (a power cut leaves no empty shard)
+        durable.publish(tmp, path)
     return path
 
 

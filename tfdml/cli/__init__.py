@@ -7,7 +7,9 @@ The command modules import TensorFlow (4-6 s) only inside `run`, after the argum
 and the paths are checked: a usage error (exit status 2) answers at once. Ctrl-C exits with status 130
 and one line; SIGTERM (a scheduler, `docker stop`) is handled the same way and exits with status 143. A stop
 that arrives once the command's result is complete is noted and the command ends normally. A folder that
-another command is writing (`tfdml.locks`) is refused with status 2, naming that process.
+another command is writing (`tfdml.locks`) is refused with status 2, naming that process. A write that the
+storage refuses (no space left, an I/O error, a read-only file system) ends in one line naming the path,
+with status 2; what was finished is kept (`tfdml.durable`).
 """
 
 import argparse
@@ -17,6 +19,7 @@ import signal
 import sys
 
 from tfdml import interrupts
+from tfdml.durable import storage_error
 from tfdml.locks import LockedError
 
 _COMMANDS = ("train", "evaluate", "export", "search", "embed")
@@ -93,6 +96,15 @@ def add_expansion_options(parser):
     )
 
 
+_STORAGE_ADVICE = {
+    "train": "free space (or fix the storage) and run the same command to resume",
+    "export": "free space (or fix the storage) and export again (no half-written version is left)",
+    "embed": "free space (or fix the storage) and run the same command to resume",
+    "evaluate": "free space (or fix the storage) and run the same command again",
+    "search": "free space (or fix the storage) and run the same command again",
+}
+
+
 def usage_error(command, message):
     """One `tfdml COMMAND: error: ...` line on stderr; returns the usage-error status 2."""
     print(f"tfdml {command}: error: {message}", file=sys.stderr)
@@ -146,6 +158,11 @@ def main(argv=None):
         return 128 + (interrupts.received() or signal.SIGINT)
     except LockedError as error:
         return usage_error(args.command, error)
+    except OSError as error:  # a full disk, an I/O error, a read-only file system: one line, the work kept
+        refused = storage_error(error, error.filename or "a file")
+        if refused is None:
+            raise
+        return usage_error(args.command, f"{refused}; what was finished is kept: {_STORAGE_ADVICE[args.command]}")
     finally:
         interrupts.uninstall()
     done = interrupts.late_stop()

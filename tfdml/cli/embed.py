@@ -109,6 +109,7 @@ def _run(args):
     from tfdml import interrupts
     from tfdml.beam import evaluate_output, run_embed
     from tfdml.beam.embed import input_problem, output_problem
+    from tfdml.durable import storage_error
     from tfdml.locks import FolderLock
 
     beam_options = [f"--runner={args.runner}", *args.extra]
@@ -126,7 +127,12 @@ def _run(args):
                 job, beam_options, say=lambda text: print(f"tfdml embed: warning: {text}", file=sys.stderr)
             )
         except (ValueError, OSError) as error:
-            return usage_error("embed", error)
+            return usage_error("embed", storage_error(error, args.output) or error)
+        except Exception as error:  # a runner wraps a worker's error: a refused write is still said in one line
+            refused = storage_error(error, args.output)
+            if refused is None:
+                raise
+            return usage_error("embed", refused)
         interrupts.complete(f"the embeddings in {args.output}")
         print(
             f"embedded {manifest['embedded']} images into {len(manifest['shards'])} shards in {args.output} "

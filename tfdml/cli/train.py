@@ -286,7 +286,7 @@ def run(args):
         return _config_error(error, args)
     except pipeline.JobError as error:
         print(f"tfdml train: error: {error}", file=sys.stderr)
-        return 1
+        return 2 if error.storage else 1
     if not summary.get("chief", True):
         print(f"worker done in {summary['train_seconds']:.1f} s (the chief evaluates, exports and reports)")
         return 0

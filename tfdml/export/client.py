@@ -12,6 +12,7 @@ from tfdml.export.layout import (
     SERVING_SIGNATURE,
     load_metadata,
     resolve_export_dir,
+    verify_version,
 )
 
 
@@ -19,13 +20,18 @@ class ExportedEmbedder:
     """Runs an exported SavedModel (no tfdml model code needed): `embed(uint8_images) -> [N, D]`.
 
     Args:
-      path: version directory or `<base>/<name>` (latest version).
+      path: version directory or `<base>/<name>` (latest version). Its files are checked against the sizes
+        and checksums its metadata records first: a damaged file raises `tfdml.durable.DamagedFileError`
+        (a `ValueError`) naming it.
+      check_index: also check the files of the version's gallery index (False: only the SavedModel's, for an
+        index about to be replaced).
       output: which named output to return (`"embedding"` by default, or a level).
     """
 
-    def __init__(self, path, version=None, output=EMBEDDING_OUTPUT):
+    def __init__(self, path, version=None, output=EMBEDDING_OUTPUT, check_index=True):
         self.path = resolve_export_dir(path, version)
         self.metadata = load_metadata(self.path)
+        verify_version(self.path, self.metadata, check_index)  # a damaged file is named before TensorFlow reads it
         self.version = int(self.metadata["version"])
         self.name = self.metadata["name"]
         self.output = output

@@ -14,6 +14,7 @@ from tfdml.export.layout import (
     MAX_STORED_GALLERY_BYTES,
     _fingerprint,
     resolve_export_dir,
+    seal_version,
 )
 from tfdml.export.prefix import PrefixIndex, load_prefix_or_full_index
 from tfdml.retrieval import ScannIndex
@@ -164,9 +165,11 @@ def save_index(version_dir, embedded, model_name, model_version, mode, settings,
 
 def _build_index(version_dir, gallery, ids, labels, class_names, mode, batch_size, settings, distance="dot_product"):
     """Embeds `gallery` with the SavedModel in `version_dir` and saves the index inside it."""
-    embedder = ExportedEmbedder(version_dir)
+    embedder = ExportedEmbedder(version_dir, check_index=False)  # the index is the part replaced
     embedded = embed_gallery(embedder.embed, embedder.channels, gallery, ids, labels, class_names, batch_size)
-    return save_index(version_dir, embedded, embedder.name, embedder.version, mode, settings, distance)
+    index = save_index(version_dir, embedded, embedder.name, embedder.version, mode, settings, distance)
+    seal_version(version_dir, dict(embedder.metadata))  # the new index's checksums (the others just checked)
+    return index
 
 
 def index_summary(index):

@@ -6,6 +6,8 @@ import os
 
 import tensorflow as tf
 
+from tfdml import durable
+
 METADATA_FILE = "tfdml_metadata.json"
 SERVING_SIGNATURE = "serving_default"
 PREPROCESSED_SIGNATURE = "embed_preprocessed"
@@ -30,8 +32,31 @@ def _fingerprint(version_dir):
 
 
 def _write_json(path, value):
-    with open(path, "w") as f:
-        json.dump(value, f, indent=2)
+    durable.write_json(path, value, indent=2)
+
+
+def seal_version(version_dir, metadata):
+    """Records the size and sha256 of every file of the version in its `metadata` (`files`), writes it, and
+    flushes the whole version to the disk (`verify_version` checks the files against it on loading)."""
+    metadata["files"] = durable.folder_records(version_dir, leave_out=(METADATA_FILE,))
+    _write_json(os.path.join(version_dir, METADATA_FILE), metadata)
+    durable.sync_tree(version_dir)
+
+
+def verify_version(version_dir, metadata, index=True):
+    """Raises `DamagedFileError` naming the first file of the version that differs from the size and checksum
+    its metadata records (a version exported before the metadata recorded them is not checked); `index=False`
+    leaves out the index folder (an index about to be replaced)."""
+    records = metadata.get("files") or {}
+    if not index:
+        folder = INDEX_DIR.replace(os.sep, "/") + "/"
+        records = {name: record for name, record in records.items() if not name.startswith(folder)}
+    try:
+        durable.check_files(version_dir, records)
+    except durable.DamagedFileError as error:
+        raise durable.DamagedFileError(
+            f"{error}; the exported version {version_dir} is not loaded: export it again"
+        ) from None
 
 
 def resolve_export_dir(path, version=None):

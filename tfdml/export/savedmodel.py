@@ -12,9 +12,10 @@ import tempfile
 
 import tensorflow as tf
 
+from tfdml import durable
 from tfdml.export.client import embed_uint8
 from tfdml.export.gallery import embed_gallery, index_summary, save_index
-from tfdml.export.layout import EMBEDDING_OUTPUT, METADATA_FILE, SEARCH_SIGNATURE, _write_json
+from tfdml.export.layout import EMBEDDING_OUTPUT, METADATA_FILE, SEARCH_SIGNATURE, _write_json, seal_version
 from tfdml.export.metadata import version_metadata
 from tfdml.export.options import split_options
 from tfdml.export.prefix import signature_prefix_record
@@ -161,26 +162,31 @@ def _add_search_signature(archive, serve, embedded, options, index_settings):
 
 
 def _write_version(archive, metadata, model_dir, target, embedded, index_mode, index_settings, chosen=False):
-    """Writes the SavedModel, its metadata and index in a temporary folder, then renames it into place, so
-    that a version never exists half-written or without the index it was exported with. A `chosen`
+    """Writes the SavedModel, its metadata and index in a temporary folder, flushes them to the disk (their
+    checksums in the metadata), then renames it into place, so that a version never exists half-written or
+    without the index it was exported with, even after a power cut. A `chosen`
     version (the next free one) that another export took meanwhile moves on to the next free one."""
     os.makedirs(model_dir, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
+    staging = None
     try:
-        written = os.path.join(staging, "model")
-        archive.write_out(written, verbose=False)
-        _write_json(os.path.join(written, METADATA_FILE), metadata)
-        if embedded is not None:
-            _save_index(written, embedded, metadata, index_mode, index_settings)
+        with durable.storage_errors(target):
+            staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
+            written = os.path.join(staging, "model")
+            archive.write_out(written, verbose=False)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
-        if chosen:
-            target = _rename_to_free_version(written, target, metadata, embedded, index_mode, index_settings)
-        else:
-            if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
-                os.rename(target, os.path.join(staging, "previous"))
-            os.rename(written, target)
+            if embedded is not None:
+                _save_index(written, embedded, metadata, index_mode, index_settings)
+            seal_version(written, metadata)
+            if chosen:
+                target = _rename_to_free_version(written, target, metadata, embedded, index_mode, index_settings)
+            else:
+                if os.path.exists(target):  # overwrite=True: swap the old version out of the way first
+                    os.rename(target, os.path.join(staging, "previous"))
+                os.rename(written, target)
+            durable.sync_folder(model_dir)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
@@ -199,7 +205,7 @@ def _rename_to_free_version(written, target, metadata, embedded, index_mode, ind
         target = os.path.join(model_dir, str(metadata["version"]))
         if embedded is not None:
             _save_index(written, embedded, metadata, index_mode, index_settings)
-        _write_json(os.path.join(written, METADATA_FILE), metadata)
+        seal_version(written, metadata)
 
 
 def _save_index(written, embedded, metadata, index_mode, index_settings):

@@ -8,8 +8,8 @@ import os
 import numpy as np
 
 from tfdml import data as data_lib
+from tfdml import durable, interrupts, retrieval
 from tfdml import export as export_lib
-from tfdml import interrupts, retrieval
 
 # In the checkpoint folder: the export written before a stop (not written twice).
 EXPORT_RECORD = "tfdml_export.json"
@@ -130,6 +130,6 @@ def export_once(config, embedder, evaluation, eval_source):
         added = export(config, embedder, evaluation, eval_source)
     except (OSError, ValueError) as error:
         return {}, error
-    with open(record, "w") as f:
-        json.dump(added, f)
+    with durable.storage_errors(record):
+        durable.write_json(record, added)
     return added, None

@@ -13,7 +13,8 @@ import tempfile
 
 import yaml
 
-from tfdml.callbacks import completed_epochs
+from tfdml import durable
+from tfdml.callbacks import completed_epochs, restore_point
 from tfdml.config import ConfigError, default_report_dir, differences, output_dir_problem
 from tfdml.locks import FolderLock
 
@@ -104,7 +105,7 @@ def prepare_report_dir(config, restart=False, say=print):
     already done."""
 
     checkpoints = config.training.checkpoint_dir
-    done = completed_epochs(checkpoints)
+    done = completed_epochs(checkpoints) if restart else restore_point(checkpoints, say)
     if done and restart:
         shutil.rmtree(checkpoints)
         say(
@@ -138,8 +139,9 @@ def prepare_report_dir(config, restart=False, say=print):
             )
     else:
         os.makedirs(checkpoints, exist_ok=True)
-        with open(os.path.join(checkpoints, CONFIG_SNAPSHOT), "w") as f:
-            yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+        path = os.path.join(checkpoints, CONFIG_SNAPSHOT)
+        with durable.storage_errors(path):
+            durable.write_text(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
     return done
 
 
@@ -189,7 +191,9 @@ def _exchange(a, b):
 def publish_report(staging, report_dir, checkpoint_dir):
     """Moves the complete report in `staging` into `report_dir` in one step, then clears the run's
     checkpoints (and what `report_dir` held before): a stop at any point leaves either the unfinished run,
-    which a rerun takes to its report, or the complete report."""
+    which a rerun takes to its report, or the complete report. The report's files reach the disk before
+    the folder is swapped in (a power cut cannot leave a report of empty files)."""
+    durable.sync_tree(staging)
     if not os.path.exists(report_dir):
         os.rename(staging, report_dir)
     elif not _exchange(staging, report_dir):
@@ -197,6 +201,7 @@ def publish_report(staging, report_dir, checkpoint_dir):
         os.rename(report_dir, previous)
         os.rename(staging, report_dir)
         os.rename(previous, staging)
+    durable.sync_folder(os.path.dirname(os.path.abspath(report_dir)))
     shutil.rmtree(staging, ignore_errors=True)  # the old folder, with the checkpoints inside by default
     if os.path.exists(checkpoint_dir):
         shutil.rmtree(checkpoint_dir, ignore_errors=True)

@@ -8,7 +8,7 @@ import time
 import keras
 import numpy as np
 
-from tfdml import interrupts
+from tfdml import durable, interrupts
 from tfdml.callbacks import completed_epochs
 from tfdml.config import Config, default_config
 from tfdml.pipeline.data import (
@@ -28,7 +28,16 @@ logger = logging.getLogger(__name__)
 
 
 class JobError(RuntimeError):
-    """A failure after training (e.g. the export cannot be written); the message says what was kept."""
+    """A failure after training (e.g. the export cannot be written); the message says what was kept.
+    `storage`: the storage refused a write (full, read-only, failing), not the job."""
+
+    storage = False
+
+    @classmethod
+    def of(cls, cause, message):
+        error = cls(message)
+        error.storage = isinstance(cause, durable.StorageError)
+        return error
 
 
 class Interrupted(KeyboardInterrupt):
@@ -111,16 +120,17 @@ def _job(config, verbose, restart, say, fit_classes_per_batch, started):
             check_evaluation_data(eval_source)
             check_unseen_classes(train_source, eval_source)
             prepare_report_dir(config, restart, say)
-            outcome = run_stages(config, verbose, train_source, eval_source, stage)
+            outcome = run_stages(config, verbose, train_source, eval_source, stage, say)
         if not outcome.summary.get("chief", True):
             return outcome.summary
         summary = finish_report(config, outcome, started, stage)
     except KeyboardInterrupt:
         raise _interrupted(stage[0], config) from None
     if outcome.export_error is not None:
-        raise JobError(
+        raise JobError.of(
+            outcome.export_error,
             f"the export to {os.path.join(config.export.base_dir, config.export.name)} failed "
-            f"({outcome.export_error}); the report is complete in {config.report.dir}"
+            f"({outcome.export_error}); the report is complete in {config.report.dir}",
         )
     return summary
 
@@ -137,7 +147,7 @@ class Outcome:
     export_error: object = None  # the export failed (the report is written anyway)
 
 
-def run_stages(config, verbose, train_source, eval_source, stage):
+def run_stages(config, verbose, train_source, eval_source, stage, say=print):
     steps = steps_per_epoch(config, train_source)
     input_shape = (config.data.image_size, config.data.image_size, getattr(train_source, "channels", 3))
     check_weights(config, train_source)
@@ -148,7 +158,7 @@ def run_stages(config, verbose, train_source, eval_source, stage):
     datasets = make_datasets(config, train_source, eval_source, strategy.num_replicas_in_sync)
     interrupts.stop_point()
     stage[0] = "training"
-    trained = train_or_restore(config, model, embedder, datasets, strategy, steps, verbose)
+    trained = train_or_restore(config, model, embedder, datasets, strategy, steps, verbose, say)
     stage[0] = "after training"
     summary = {
         "name": config.name,

@@ -160,7 +160,7 @@ def train(config, model, datasets, strategy, steps, eval_ds, verbose=1):
     epoch_log = callbacks_lib.EpochLog(checkpoints)
     callbacks += [
         epoch_log,
-        keras.callbacks.BackupAndRestore(checkpoints, delete_checkpoint=False),  # cleared with the report
+        callbacks_lib.CheckpointSequence(checkpoints),  # cleared with the report
         keras.callbacks.TensorBoard(os.path.join(config.report.dir, "tensorboard")),
     ]
     train_ds = callbacks_lib.resume_stream(datasets.train, checkpoints, steps)
@@ -202,12 +202,15 @@ def warm_up_heads(config, embedder, train_source):
     )
 
 
-def train_or_restore(config, model, embedder, datasets, strategy, steps, verbose):
-    """Trains, or takes the weights of a run that was stopped after training; the trained weights are kept
-    in the checkpoints until the report is in place."""
+def train_or_restore(config, model, embedder, datasets, strategy, steps, verbose, say=print):
+    """Trains, or takes the weights of a run that was stopped after training (when they pass their checksum);
+    the trained weights are kept in the checkpoints until the report is in place."""
     checkpoints = config.training.checkpoint_dir
-    weights = os.path.join(checkpoints, TRAINED_WEIGHTS)
-    if os.path.exists(weights):
+    weights = callbacks_lib.checked_weights(checkpoints, TRAINED_WEIGHTS, say)
+    if weights is not None:
+        optimizer = getattr(embedder, "optimizer", None)
+        if optimizer is not None and not optimizer.built:  # the saved optimizer state has somewhere to go
+            optimizer.build(embedder.trainable_variables)
         embedder.load_weights(weights)
         log = callbacks_lib.EpochLog(checkpoints)
         return Training(log.history(), log.seconds(), 0.0, 0)
@@ -216,7 +219,5 @@ def train_or_restore(config, model, embedder, datasets, strategy, steps, verbose
     trained = train(config, model, datasets, strategy, steps, datasets.eval, verbose)
     if is_chief(strategy) and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         os.makedirs(checkpoints, exist_ok=True)
-        partial = weights + ".partial.weights.h5"
-        embedder.save_weights(partial)
-        os.replace(partial, weights)  # whole or absent
+        callbacks_lib.save_checked_weights(embedder, checkpoints, TRAINED_WEIGHTS)  # whole or absent
     return trained

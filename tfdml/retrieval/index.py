@@ -33,6 +33,7 @@ import tempfile
 
 import numpy as np
 
+from tfdml import durable
 from tfdml.ops.neighbours import validate_distance
 from tfdml.retrieval import tuning
 from tfdml.retrieval.tuning import RECALL_CONFIDENCE, RECALL_QUERIES, describe_recall  # noqa: F401
@@ -487,11 +488,14 @@ class ScannIndex:
 
 
 def replace_directory(new, target):
-    """Moves directory `new` to `target`; an existing `target` is swapped out first and then deleted."""
+    """Moves directory `new` to `target` once its files are on the disk; an existing `target` is swapped out
+    first and then deleted."""
+    durable.sync_tree(new)
     old = None
     if os.path.exists(target):
         old = tempfile.mkdtemp(prefix=".old-", dir=os.path.dirname(target))
         os.rename(target, os.path.join(old, "previous"))
     os.rename(new, target)
+    durable.sync_folder(os.path.dirname(os.path.abspath(target)))
     if old:
         shutil.rmtree(old, ignore_errors=True)
