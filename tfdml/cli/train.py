@@ -294,10 +294,14 @@ def _ray_problem(args):
 
 def _on_ray(args, config, verbose, fit):
     """The job on the Ray cluster of `--ray` (tfdml.ray.train), the chief's summary."""
-    from tfdml.ray import RayTraining, run_job
+    from tfdml import pipeline
+    from tfdml.ray import RayTraining, WorkerLost, run_job
 
     training = RayTraining(address=args.ray, workers=args.workers, cpus=args.worker_cpus)
-    return run_job(config, training, verbose=verbose, fit_classes_per_batch=fit, overwrite=args.overwrite)
+    try:
+        return run_job(config, training, verbose=verbose, fit_classes_per_batch=fit, overwrite=args.overwrite)
+    except WorkerLost as error:  # one line: what failed and how to resume
+        raise pipeline.JobError(str(error)) from None
 
 
 def run(args):
@@ -339,7 +343,7 @@ def run(args):
                 )
     except ConfigError as error:  # found by the job: e.g. a batch the data cannot fill
         return _config_error(error, args)
-    except (pipeline.JobError, RuntimeError) as error:  # RuntimeError: tfdml.ray.WorkerLost, said in one line
+    except pipeline.JobError as error:
         print(f"tfdml train: error: {error}", file=sys.stderr)
         return 1
     if not summary.get("chief", True):
