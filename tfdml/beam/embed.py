@@ -12,12 +12,11 @@ The steps (each runs on as many workers as the runner gives it):
    which resizes, crops and preprocesses in its graph: the embeddings are the served ones, by construction.
    A batch of images of different sizes is run one size at a time (the signature takes one size per call);
 4. shard: items go to shard `crc32(id) % num_shards`; each shard is written (rows sorted by id, TFRecord or
-   Parquet, `tfdml.catalogue.files`) and indexed (`ScannIndex`, whose recall against exact search is measured as
-   on one machine), one shard per worker at a time: a worker's memory holds one shard.
+   Parquet) and indexed (`ScannIndex`, recall against exact search measured as on one machine), one shard
+   per worker at a time: a worker's memory holds one shard.
 
 `embed_pipeline` returns the pipeline (not run) for a Python caller to extend or run; `run_embed` runs it
-with the output-folder rules of `tfdml embed` (refuse an existing folder unless `overwrite`, write a local
-folder in a staging folder renamed into place at the end) and writes `manifest.json`.
+with the output-folder rules of `tfdml embed` (`tfdml.catalogue.steps.run_into_output`) and its manifest.
 
 Example (an export and a folder of your own; `tests/test_beam.py` runs the same calls on generated images):
 

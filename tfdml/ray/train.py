@@ -17,16 +17,14 @@ uninterrupted run.
 import dataclasses
 import json
 import os
+import shutil
+import tempfile
 
-import ray.train
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 
 from tfdml import pipeline
 from tfdml.ray.cluster import connect
-
-# Ray Train's own run records (not tfdml's checkpoints) go here, beside the checkpoints, on shared storage.
-RAY_STORAGE = "ray_train"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +60,15 @@ def cluster_config(config, overwrite=False, say=print):
 
 
 def _worker(loop):
-    """One Ray Train worker: the job; every worker reports once (a barrier), the chief with its summary."""
+    """One Ray Train worker: the job; the chief writes its summary where the driver reads it."""
     summary = pipeline.run(
         loop["config"], verbose=loop["verbose"], fit_classes_per_batch=loop["fit"], overwrite=loop["overwrite"]
     )
-    ray.train.report({"summary": json.dumps(summary, default=str)})
+    if summary.get("chief", True):
+        partial = loop["summary"] + ".partial"
+        with open(partial, "w") as f:
+            json.dump(summary, f, default=str)
+        os.replace(partial, loop["summary"])
 
 
 def run_job(config, training=None, verbose=2, fit_classes_per_batch=False, overwrite=False, say=print):
@@ -74,26 +76,32 @@ def run_job(config, training=None, verbose=2, fit_classes_per_batch=False, overw
     chief's summary (what `tfdml.pipeline.run` returns). `WorkerLost` when a worker dies."""
     training = training or RayTraining()
     config = cluster_config(config, overwrite, say)
+    # The chief's summary comes back as a file beside the report folder (storage the driver and chief share).
+    exchange = tempfile.mkdtemp(prefix=".ray-summary-", dir=os.path.dirname(config.report.dir))
+    summary_file = os.path.join(exchange, "summary.json")
     loop = {"config": config, "verbose": verbose, "fit": fit_classes_per_batch, "overwrite": overwrite}
     trainer = TensorflowTrainer(
         _worker,
-        train_loop_config=loop,
+        train_loop_config={**loop, "summary": summary_file},
         scaling_config=ScalingConfig(num_workers=int(training.workers), resources_per_worker={"CPU": training.cpus}),
         run_config=RunConfig(
             name=os.path.basename(config.report.dir),
-            storage_path=os.path.join(config.training.checkpoint_dir, RAY_STORAGE),
             failure_config=FailureConfig(max_failures=0),  # a rerun resumes from tfdml's own checkpoints
         ),
     )
-    with connect(training.address, logs=bool(verbose)):
-        try:
-            result = trainer.fit()
-        except Exception as error:  # Ray Train's failure types differ between its versions
-            raise WorkerLost(
-                f"a Ray Train worker failed ({type(error).__name__}: {_first_line(error)}); run the same command "
-                f"again to resume from the last checkpoint in {config.training.checkpoint_dir}"
-            ) from error
-    return json.loads(result.metrics["summary"])
+    try:
+        with connect(training.address, logs=bool(verbose)):
+            try:
+                trainer.fit()
+            except Exception as error:  # Ray Train's failure types differ between its versions
+                raise WorkerLost(
+                    f"a Ray Train worker failed ({type(error).__name__}: {_first_line(error)}); run the same "
+                    f"command again to resume from the last checkpoint in {config.training.checkpoint_dir}"
+                ) from error
+        with open(summary_file) as f:
+            return json.load(f)
+    finally:
+        shutil.rmtree(exchange, ignore_errors=True)
 
 
 def _first_line(error):
