@@ -40,6 +40,7 @@ _SUBMODULES = (
     "beam",  # needs the beam extra: without Apache Beam its ImportError says how to install it
     "ray",  # needs the ray extra: without Ray its ImportError says how to install it
     "catalogue",
+    "embed_job",
 )
 
 # Importing these registers every class tfdml saves with `keras.saving.register_keras_serializable` (models,
