@@ -2,7 +2,8 @@
 comments left out), so that CI runs what a newcomer types.
 
     python3 .ci/readme_commands.py setup        # the install line and the test command
-    python3 .ci/readme_commands.py setup-beam   # the optional extra and its tests
+    python3 .ci/readme_commands.py setup-beam   # the optional Beam extra and its tests
+    python3 .ci/readme_commands.py setup-ray    # the optional Ray extra and its tests
 """
 
 import os

@@ -18,6 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_submodules_load_on_attribute_access(name):
     if name == "beam":  # the optional dependency (tests/test_beam_optional.py covers its absence)
         pytest.importorskip("apache_beam", reason='tfdml.beam needs the beam extra: pip install -e ".[beam]"')
+    if name == "ray":  # the optional dependency (tests/test_ray_optional.py covers its absence)
+        pytest.importorskip("ray", reason='tfdml.ray needs the ray extra: pip install -e ".[ray]"')
     module = getattr(tfdml, name)
     assert module.__name__ == f"tfdml.{name}"
 

@@ -22,6 +22,8 @@ def documented_names():
             names.update(NAME.findall(f.read()))
     if importlib.util.find_spec("apache_beam") is None:  # tfdml.beam needs the beam extra
         names = {name for name in names if not name.startswith("tfdml.beam")}
+    if importlib.util.find_spec("ray") is None:  # tfdml.ray needs the ray extra
+        names = {name for name in names if not name.startswith("tfdml.ray")}
     return sorted(names)
 
 

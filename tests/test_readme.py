@@ -108,22 +108,26 @@ def test_the_suite_collects_without_the_optional_extras():
 
 
 def test_ci_runs_the_readme_commands_as_written():
-    """`.ci/run` reads its install and test commands from the README's `setup` and `setup-beam` snippets (the
-    ones the getting-started page includes), so what a newcomer types is what CI proves."""
+    """`.ci/run` reads its install and test commands from the README's `setup`, `setup-beam` and `setup-ray`
+    snippets (the ones the getting-started page includes), so what a newcomer types is what CI proves."""
     sys.path.insert(0, os.path.join(os.path.dirname(README), ".ci"))
     import readme_commands
 
     setup, beam = readme_commands.commands("setup"), readme_commands.commands("setup-beam")
     assert 'pip install -e ".[test,docs]"' in setup and any(c.startswith("python -m pytest") for c in setup)
     assert 'pip install -e ".[beam]"' in beam and any(c.startswith("python -m pytest") for c in beam)
+    ray = readme_commands.commands("setup-ray")
+    assert 'pip install -e ".[ray]"' in ray and any(c.startswith("python -m pytest") for c in ray)
     with open(os.path.join(os.path.dirname(README), ".ci", "run")) as f:
         ci = f.read()
     code = "\n".join(line for line in ci.splitlines() if not line.lstrip().startswith("#"))
     assert "readme_commands.py setup)" in code and "readme_commands.py setup-beam)" in code
+    assert "readme_commands.py setup-ray)" in code and '"${ray[@]}"' in code
     assert "pip install -e" not in code and "pytest -q" not in code, ".ci/run installs or tests on its own"
     assert "-eq 5" in code, "pytest's exit code 5 (no tests collected) must fail CI"
     with open(os.path.join(os.path.dirname(README), "docs", "getting-started.md")) as f:
-        assert '--8<-- "README.md:setup"' in f.read()
+        page = f.read()
+    assert '--8<-- "README.md:setup"' in page and '--8<-- "README.md:setup-ray"' in page
 
 
 def _figure_table(lines):

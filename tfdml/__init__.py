@@ -38,6 +38,9 @@ _SUBMODULES = (
     "locks",
     "interrupts",
     "beam",  # needs the beam extra: without Apache Beam its ImportError says how to install it
+    "ray",  # needs the ray extra: without Ray its ImportError says how to install it
+    "catalogue",
+    "embed_job",
 )
 
 

@@ -1,6 +1,7 @@
-"""What `tfdml embed` does, declared once without Beam or TensorFlow: `EmbedJob`'s fields are the job of
-`tfdml.beam.run_embed`, and the command's options are made from them (`tfdml.cli.embed`), each with its flag,
-group and help beside its type and default."""
+"""What `tfdml embed` does, declared once without Beam, Ray or TensorFlow: `EmbedJob`'s fields are the job of
+`tfdml.beam.run_embed` and `tfdml.ray.run_embed`, and the command's options are made from them
+(`tfdml.cli.embed`), each with its flag, group and help beside its type and default; `RayCluster` is where and
+how wide the Ray driver runs."""
 
 import dataclasses
 import os
@@ -12,6 +13,8 @@ from tfdml.retrieval_options import TARGET_RECALL
 # How to install the beam extra, as the README writes it: in the top folder of tfdml's source (a clone or an
 # unpacked source archive).
 BEAM_INSTALL = 'pip install -e ".[beam]"'
+RAY_INSTALL = 'pip install -e ".[ray]"'
+ENGINES = ("beam", "ray")
 FORMATS = ("tfrecord", "parquet")
 INDEX_MODES = (*_SCANN_MODES, "none")
 INPUTS = ("image_dir", "images", "tfrecords")
@@ -108,6 +111,42 @@ class EmbedJob:
     def pattern(self):
         """The file glob of the input: `image_dir/*/*` for a folder tree."""
         if self.image_dir:
-            join = posixpath.join if "://" in self.image_dir else os.path.join  # as tfdml.beam.files.join
+            join = posixpath.join if "://" in self.image_dir else os.path.join  # as tfdml.catalogue.files.join
             return join(self.image_dir, "*", "*")
         return self.images or self.tfrecords
+
+
+@dataclasses.dataclass(frozen=True)
+class RayCluster:
+    """Where and how wide `tfdml.ray` runs, checked once when made (`ValueError` naming the field).
+
+    `cpus` is what each actor or task asks of Ray: a fraction, because on a node with one CPU a task that asks a
+    whole CPU waits, with no error, behind the actors holding part of it.
+
+    Example:
+        >>> RayCluster(address="127.0.0.1:6379", actors=2).cpus
+        0.5
+    """
+
+    address: str = None  # a running cluster's head ("HOST:PORT" or "auto"); None starts a local one-node Ray
+    actors: int = 2  # model replicas embedding in parallel (each loads the SavedModel once)
+    cpus: float = 0.5  # CPUs each actor and task asks of Ray
+
+    def __post_init__(self):
+        if self.address is not None and not str(self.address).strip():
+            raise ValueError("address must name the cluster's head (HOST:PORT or auto), got an empty string.")
+        if int(self.actors) < 1:
+            raise ValueError(f"actors must be a positive integer, got {self.actors}.")
+        if not 0.0 < float(self.cpus) <= 64:
+            raise ValueError(f"cpus must be in (0, 64], got {self.cpus}.")
+
+    @property
+    def on_loopback(self):
+        return on_loopback(self.address)
+
+
+def on_loopback(address):
+    """Whether a Ray address `HOST:PORT` is this machine's loopback interface (nodes started on one machine),
+    where Ray needs `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` before it is imported."""
+    host = str(address or "").rpartition(":")[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")

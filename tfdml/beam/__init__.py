@@ -3,8 +3,9 @@
 
 Modules: `embed` (the `tfdml embed` pipeline: images -> the export's serving signature with Beam's
 `RunInference` -> sharded embedding files and one `ScannIndex` per shard), `evaluation` (Recall@K, MAP@R and
-R-precision over the shards, streaming over query shards), `files` (the output folder's files, written and
-read back). Searching the shards together is `tfdml.retrieval.sharded.ShardedIndex`, which needs no Beam.
+R-precision over the shards, streaming over query shards). The steps themselves and the output folder's files
+are `tfdml.catalogue` (shared with the Ray driver, `tfdml.ray`). Searching the shards together is
+`tfdml.retrieval.sharded.ShardedIndex`, which needs no Beam.
 
 Apache Beam is an optional dependency: it is imported by this package only, and importing the package
 without it raises an `ImportError` that says how to install it.
@@ -23,7 +24,7 @@ except ImportError as error:  # exercised in a subprocess by tests/test_beam_opt
 
 from tfdml.beam.embed import EmbedJob, embed_pipeline, run_embed
 from tfdml.beam.evaluation import evaluate_output, evaluation_pipeline
-from tfdml.beam.files import read_shard, shard_records
+from tfdml.catalogue.files import read_shard, shard_records
 
 __all__ = [
     "EmbedJob",

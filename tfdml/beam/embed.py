@@ -1,5 +1,6 @@
 """`tfdml embed` as an Apache Beam pipeline: images -> the export's serving signature (Beam's `RunInference`
-with its TensorFlow model handler) -> sharded embedding files, one `ScannIndex` per shard.
+with its TensorFlow model handler) -> sharded embedding files, one `ScannIndex` per shard. Each step is one of
+`tfdml.catalogue.steps` (shared with the Ray driver, `tfdml.ray`) inside a Beam transform.
 
 The steps (each runs on as many workers as the runner gives it):
 
@@ -11,12 +12,11 @@ The steps (each runs on as many workers as the runner gives it):
    which resizes, crops and preprocesses in its graph: the embeddings are the served ones, by construction.
    A batch of images of different sizes is run one size at a time (the signature takes one size per call);
 4. shard: items go to shard `crc32(id) % num_shards`; each shard is written (rows sorted by id, TFRecord or
-   Parquet, `tfdml.beam.files`) and indexed (`ScannIndex`, whose recall against exact search is measured as
-   on one machine), one shard per worker at a time: a worker's memory holds one shard.
+   Parquet) and indexed (`ScannIndex`, recall against exact search measured as on one machine), one shard
+   per worker at a time: a worker's memory holds one shard.
 
 `embed_pipeline` returns the pipeline (not run) for a Python caller to extend or run; `run_embed` runs it
-with the output-folder rules of `tfdml embed` (refuse an existing folder unless `overwrite`, write a local
-folder in a staging folder renamed into place at the end) and writes `manifest.json`.
+with the output-folder rules of `tfdml embed` (`tfdml.catalogue.steps.run_into_output`) and its manifest.
 
 Example (an export and a folder of your own; `tests/test_beam.py` runs the same calls on generated images):
 
@@ -25,41 +25,20 @@ Example (an export and a folder of your own; `tests/test_beam.py` runs the same 
     run_embed(job, ["--runner=FlinkRunner", "--flink_master=localhost:8081"])
 """
 
-import dataclasses
-import datetime
 import json
-import os
-import shutil
-import tempfile
-import zlib
-from collections import Counter
 
 import apache_beam as beam
 import numpy as np
-import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
 from apache_beam.ml.inference.tensorflow_inference import TFModelHandlerTensor
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from tfdml.beam import files as F
-from tfdml.data.sources import IMAGE_EXTENSIONS, ImageReadError, decode_image_bytes
+from tfdml.catalogue import files as F
+from tfdml.catalogue import steps
 from tfdml.embed_job import EmbedJob  # noqa: F401  (tfdml.beam.EmbedJob: the job run_embed runs)
-from tfdml.export import EMBEDDING_OUTPUT, IMAGE_INPUT, METADATA_FILE, SERVING_SIGNATURE, resolve_export_dir
-from tfdml.retrieval.index import ScannIndex, replace_directory
 
 _SKIPPED = "skipped"
-
-
-def model_version_dir(model):
-    """The version folder of an export (local: `<base>/<name>` resolves to its latest version; a URL must
-    name the version folder itself)."""
-    return model if "://" in model else os.path.abspath(resolve_export_dir(model))
-
-
-def model_metadata(version_dir):
-    """`tfdml_metadata.json` of an export (any filesystem TensorFlow reads)."""
-    return F.read_json(F.join(version_dir, METADATA_FILE))
 
 
 class SavedModelHandler(TFModelHandlerTensor):
@@ -72,138 +51,61 @@ class SavedModelHandler(TFModelHandlerTensor):
         self.version_dir = version_dir
 
     def load_model(self):
-        return tf.saved_model.load(self.version_dir)
+        return steps.ServingEmbedder(self.version_dir).model
 
 
 def serving_inference(model, batch, inference_args=None, model_id=None):
-    """`RunInference`'s inference function: the `embedding` output of the `serving_default` signature for
-    each image of `batch`, images of one size per call."""
-    serve = model.signatures[SERVING_SIGNATURE]
-    by_shape = {}
-    for position, image in enumerate(batch):
-        by_shape.setdefault(np.shape(image), []).append(position)
-    embeddings = [None] * len(batch)
-    for positions in by_shape.values():
-        images = tf.constant(np.stack([batch[i] for i in positions]))
-        for position, vector in zip(positions, serve(**{IMAGE_INPUT: images})[EMBEDDING_OUTPUT].numpy()):
-            embeddings[position] = vector
+    """`RunInference`'s inference function: `tfdml.catalogue.steps.serve_images` on the batch."""
+    embeddings = steps.serve_images(model, batch)
     return [PredictionResult(image, vector, model_id) for image, vector in zip(batch, embeddings)]
 
 
-def _skip(item_id, reason):
+def _skip(skipped):
     beam.metrics.Metrics.counter("tfdml.embed", "skipped").inc()
-    return beam.pvalue.TaggedOutput(_SKIPPED, json.dumps({"id": item_id, "reason": reason}))
+    return beam.pvalue.TaggedOutput(_SKIPPED, json.dumps(skipped.record()))
+
+
+def _read_file(path):
+    with FileSystems.open(path, compression_type="uncompressed") as f:
+        return f.read()
 
 
 class DecodeImage(beam.DoFn):
-    """`(id, class, encoded bytes or None)` -> `((id, class), uint8 pixels)`; a file (`None`: read the id as
-    a path) or image that cannot be read or decoded -> the `skipped` output, with its reason."""
+    """`(id, class, encoded bytes or None)` -> `((id, class), uint8 pixels)` (`steps.decode_item`, files read
+    through Beam's filesystems); a file or image that cannot be read or decoded -> the `skipped` output."""
 
     def __init__(self, channels):
         self.channels = channels
 
     def process(self, item):
         item_id, name, data = item
-        if data is None:
-            try:
-                with FileSystems.open(item_id, compression_type="uncompressed") as f:
-                    data = f.read()
-            except Exception as error:  # any filesystem's read error: skipped and named, the pipeline goes on
-                yield _skip(item_id, f"cannot be read: {type(error).__name__}: {error}")
-                return
         try:
-            pixels = decode_image_bytes(data, item_id, self.channels)
-        except ImageReadError as error:
-            yield _skip(item_id, str(error)[len(item_id) + 2 :])
+            pixels = steps.decode_item(item_id, data, self.channels, read=_read_file)
+        except steps.Skipped as skipped:
+            yield _skip(skipped)
             return
         beam.metrics.Metrics.counter("tfdml.embed", "decoded").inc()
         yield (item_id, name), pixels
 
 
 def parse_example(record):
-    """A TFRecord record -> `(id, class, image bytes)`, or the `skipped` output when it is no
-    `tf.train.Example` with an `image` bytes feature. Without `id` the id is the image's SHA-1."""
-    import hashlib
-
+    """`steps.parse_example`, a damaged record to the `skipped` output."""
     try:
-        feature = tf.train.Example.FromString(record).features.feature
-        data = feature["image"].bytes_list.value[0]
-    except Exception as error:  # a damaged record or another schema: skipped and named
-        digest = hashlib.sha1(record).hexdigest()
-        yield _skip(f"sha1:{digest}", f"not a tf.train.Example with an 'image' bytes feature ({type(error).__name__})")
-        return
-
-    def text(key):
-        values = feature[key].bytes_list.value if key in feature else []
-        return values[0].decode() if values else None
-
-    yield text("id") or f"sha1:{hashlib.sha1(data).hexdigest()}", text("class") or "", data
-
-
-def file_item(path):
-    """An image file's `(id, class, None)`: the id is the path, the class its parent folder's name."""
-    return path, os.path.basename(os.path.dirname(path.rstrip("/"))), None
-
-
-def shard_of(item_id, num_shards):
-    """The shard of an id (CRC-32: the same on every worker and every run)."""
-    return zlib.crc32(item_id.encode()) % num_shards
+        yield steps.parse_example(record)
+    except steps.Skipped as skipped:
+        yield _skip(skipped)
 
 
 class WriteShard(beam.DoFn):
-    """`(shard, [(id, class, embedding)])` -> its embedding file and `ScannIndex` under `output`; yields the
-    shard's `shards.jsonl` line (rows, class counts, index mode and measured recall)."""
+    """`(shard, [(id, class, embedding)])` -> `steps.write_shard` under `output`; yields the shard's
+    `shards.jsonl` line."""
 
     def __init__(self, output, job):
         self.output, self.job = output, job
 
     def process(self, grouped):
         shard, items = grouped
-        items = sorted(items, key=lambda item: item[0])
-        ids = [item[0] for item in items]
-        classes = [item[1] for item in items]
-        embeddings = np.stack([item[2] for item in items]).astype(np.float32)
-        job = self.job
-        path = F.write_shard(
-            F.shard_file(self.output, shard, job.num_shards, job.file_format), ids, classes, embeddings, job.file_format
-        )
-        record = {
-            "shard": int(shard),
-            "file": os.path.basename(path),
-            "rows": len(ids),
-            "dim": int(embeddings.shape[1]),
-            "classes": dict(Counter(classes)),
-        }
-        if job.index_mode != "none":
-            index = ScannIndex(
-                embeddings,
-                ids=np.asarray(ids, dtype=str),
-                labels=np.asarray(classes, dtype=str),
-                distance="dot_product",  # the export's embeddings are L2-normalised
-                mode=job.index_mode,
-                num_neighbors=min(job.num_neighbors, len(ids)),
-                target_recall=job.target_recall,
-            )
-            save_index(index, F.shard_index_dir(self.output, shard))
-            record["index"] = {"dir": os.path.join(F.INDEXES_DIR, f"shard-{shard:05d}"), "mode": index.mode}
-            if index.recall:
-                record["index"]["recall"] = index.recall
-        yield json.dumps(record)
-
-
-def save_index(index, target):
-    """`ScannIndex.save` to a local folder, or saved locally and copied to a URL (`tf.io.gfile`)."""
-    if "://" not in target:
-        return index.save(target)
-    with tempfile.TemporaryDirectory() as local:
-        index.save(os.path.join(local, "index"))
-        for folder, _, names in os.walk(os.path.join(local, "index")):
-            relative = os.path.relpath(folder, os.path.join(local, "index"))
-            destination = target if relative == "." else F.join(target, *relative.split(os.sep))
-            tf.io.gfile.makedirs(destination)
-            for name in names:
-                tf.io.gfile.copy(os.path.join(folder, name), F.join(destination, name), overwrite=True)
-    return target
+        yield json.dumps(steps.write_shard(self.output, shard, list(items), self.job))
 
 
 def read_items(pipeline, job):
@@ -214,12 +116,11 @@ def read_items(pipeline, job):
             | "ReadTFRecords" >> beam.io.ReadFromTFRecord(job.tfrecords)
             | "ParseExamples" >> beam.FlatMap(parse_example).with_outputs(_SKIPPED, main="items")
         )
-    extensions = tuple(IMAGE_EXTENSIONS)
     items = (
         pipeline
         | "MatchFiles" >> beam.io.fileio.MatchFiles(job.pattern)
-        | "ImageFiles" >> beam.Filter(lambda match: match.path.lower().endswith(extensions))
-        | "FileItems" >> beam.Map(lambda match: file_item(match.path))
+        | "ImageFiles" >> beam.Filter(lambda match: steps.is_image_file(match.path))
+        | "FileItems" >> beam.Map(lambda match: steps.file_item(match.path))
     )
     return {"items": items}
 
@@ -241,8 +142,8 @@ def embed_pipeline(job, options=None, output=None, pipeline=None):
         if not isinstance(options, PipelineOptions):
             options = PipelineOptions(list(options or []))
         pipeline = beam.Pipeline(options=options)
-    version_dir = model_version_dir(job.model)
-    channels = int(model_metadata(version_dir)["input"]["channels"])
+    version_dir = steps.model_version_dir(job.model)
+    channels = steps.model_channels(version_dir)
     read = read_items(pipeline, job)
     decoded = read["items"] | "Decode" >> beam.ParDo(DecodeImage(channels)).with_outputs(_SKIPPED, main="images")
     skipped = [decoded[_SKIPPED]] + ([read[_SKIPPED]] if job.tfrecords else [])
@@ -252,7 +153,7 @@ def embed_pipeline(job, options=None, output=None, pipeline=None):
         decoded["images"]
         | "Embed" >> RunInference(handler)
         | "Rows" >> beam.Map(lambda keyed: (keyed[0][0], keyed[0][1], np.asarray(keyed[1].inference, np.float32)))
-        | "Shard" >> beam.Map(lambda row: (shard_of(row[0], num_shards), row))
+        | "Shard" >> beam.Map(lambda row: (steps.shard_of(row[0], num_shards), row))
         | "GroupShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShard(output, job))
         | "ShardRecords" >> beam.io.WriteToText(F.join(output, F.SHARDS_FILE), num_shards=1, shard_name_template="")
@@ -272,70 +173,12 @@ def input_problem(job):
     return None
 
 
-def output_problem(output, overwrite):
-    """Why `output` cannot be written (an existing, non-empty folder without `overwrite`), or None."""
-    if tf.io.gfile.exists(output):
-        if not tf.io.gfile.isdir(output):
-            return f"{output} exists and is not a folder."
-        if tf.io.gfile.listdir(output) and not overwrite:
-            return f"{output} already holds files (an earlier run?); pass --overwrite to replace it, or another folder."
-    return None
-
-
 def run_embed(job, options=None, say=print):
-    """Runs `embed_pipeline(job, options)` and writes `manifest.json`; returns the manifest (a dict).
+    """Runs `embed_pipeline(job, options)` with the output-folder rules of `steps.run_into_output` (a local
+    folder written in a staging folder renamed into place when complete) and writes `manifest.json`; returns
+    the manifest (a dict). `FileExistsError` for an existing output without `overwrite`."""
 
-    A local output is written in a staging folder beside it and renamed into place when complete (an
-    existing one, with `overwrite`, is replaced only then, so a failed run loses nothing); a URL output is
-    written in place. `FileExistsError` for an existing output without `overwrite`.
-    """
-    problem = output_problem(job.output, job.overwrite)
-    if problem:
-        raise FileExistsError(problem)
-    local = "://" not in job.output
-    if local:
-        target = os.path.abspath(job.output)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=f".tmp-embed-{os.path.basename(target)}-", dir=os.path.dirname(target))
-    else:
-        if tf.io.gfile.exists(job.output):
-            tf.io.gfile.rmtree(job.output)
-        target = staging = job.output
-    try:
-        started = datetime.datetime.now(datetime.timezone.utc)
-        pipeline = embed_pipeline(job, options, output=staging)
-        pipeline.run().wait_until_finish()
-        manifest = _manifest(job, staging, started)
-        F.write_json(F.join(staging, F.MANIFEST_FILE), manifest)
-        if local:
-            replace_directory(staging, target)
-    finally:
-        if local:
-            shutil.rmtree(staging, ignore_errors=True)
-    skipped = manifest["skipped"]
-    if skipped:
-        named = "; ".join(
-            f"{item['id']} ({item['reason']})" for item in F.read_jsonl(F.join(target, F.SKIPPED_FILE))[:20]
-        )
-        say(f"skipped {skipped} image(s) that cannot be read or decoded (listed in {F.SKIPPED_FILE}): {named}")
-    return manifest
+    def write(folder):
+        embed_pipeline(job, options, output=folder).run().wait_until_finish()
 
-
-def _manifest(job, folder, started):
-    shards = F.shard_records(folder)
-    return {
-        "format": "tfdml.embed/1",
-        "model": model_version_dir(job.model),
-        "model_name": model_metadata(model_version_dir(job.model)).get("name"),
-        "input": job.pattern,
-        "input_kind": "tfrecords" if job.tfrecords else "images",
-        "embedded": sum(shard["rows"] for shard in shards),
-        "skipped": len(F.read_jsonl(F.join(folder, F.SKIPPED_FILE))),
-        "dim": shards[0]["dim"] if shards else None,
-        "file_format": job.file_format,
-        "num_shards": job.num_shards,
-        "shards": shards,
-        "job": dataclasses.asdict(job),
-        "started": started.isoformat(timespec="seconds"),
-        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    return steps.run_into_output(job, write, engine="beam", say=say)

@@ -4,7 +4,8 @@ Same-set protocol (as `tfdml.retrieval.evaluate` without query embeddings): ever
 the others, its own item excluded; labels are the class names. Each element of the pipeline is one query
 shard: a worker reads that shard's embeddings, searches every shard's index in turn (`ShardedIndex`: one
 index loaded at a time) and merges the per-shard top-k lists, then turns the merged lists into metric sums
-(`tfdml.retrieval.sharded.retrieval_sums`); the sums are added over query shards and divided once. A worker
+(`tfdml.retrieval.sharded.retrieval_sums`; the step is `tfdml.catalogue.steps.query_shard_sums`, shared with
+the Ray driver); the sums are added over query shards and divided once. A worker
 holds one query shard, one index and the `[rows, k]` lists, whatever the catalogue's size. With brute-force
 shard indexes (`--index-mode exact`, or `auto` below 20,000 items a shard) the metrics equal `evaluate`'s on
 the concatenated embeddings.
@@ -16,54 +17,13 @@ Example (the output folder of a `tfdml embed` run; `tests/test_beam.py` runs it 
 """
 
 import functools
-from collections import Counter
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from tfdml.beam import files as F
-from tfdml.retrieval.sharded import (
-    RETRIEVAL_METRICS,
-    ShardedIndex,
-    add_sums,
-    metrics_from_sums,
-    needed_neighbours,
-    retrieval_sums,
-)
-
-
-def gallery_counts(records):
-    """`{class name: items}` over every shard (from `shards.jsonl`: no embedding is read)."""
-    counts = Counter()
-    for record in records:
-        counts.update(record["classes"])
-    return dict(counts)
-
-
-def query_shard_sums(record, output, records, counts, ks, metrics):
-    """`retrieval_sums` of one query shard against every shard of `output` (see the module docstring)."""
-    ids, classes, embeddings = F.read_shard(F.join(output, record["file"]))
-    if not len(ids):
-        return {"queries": 0}
-    index = ShardedIndex.load([F.join(output, *shard["index"]["dir"].split("/")) for shard in records])
-    k = needed_neighbours(counts, ks, metrics)
-    _, _, labels = index.search(embeddings, k, exclude_ids=ids, labels=True)
-    return retrieval_sums(labels, classes, counts, ks, metrics)
-
-
-def _check(output, ks, metrics):
-    records = F.shard_records(output)
-    if not records:
-        raise ValueError(f"{output} holds no embedding shard (no {F.SHARDS_FILE}): run tfdml embed first.")
-    if any("index" not in record for record in records):
-        raise ValueError(f"{output} was embedded with --index-mode none: its shards have no index to search.")
-    unknown = set(metrics) - set(RETRIEVAL_METRICS)
-    if unknown:
-        raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {RETRIEVAL_METRICS}.")
-    counts = gallery_counts(records)
-    if set(counts) == {""}:
-        raise ValueError(f"{output} has no classes (its input gave none): retrieval metrics need them.")
-    return records, counts
+from tfdml.catalogue import files as F
+from tfdml.catalogue.steps import evaluation_inputs, gallery_counts, query_shard_sums  # noqa: F401  (re-exported)
+from tfdml.retrieval.sharded import RETRIEVAL_METRICS, add_sums, metrics_from_sums
 
 
 def evaluation_pipeline(output, ks=(1, 2, 4, 8), metrics=RETRIEVAL_METRICS, options=None, write_to=None):
@@ -78,7 +38,7 @@ def evaluation_pipeline(output, ks=(1, 2, 4, 8), metrics=RETRIEVAL_METRICS, opti
       write_to: the JSON file written.
     """
     ks, metrics = tuple(int(k) for k in ks), tuple(metrics)
-    records, counts = _check(output, ks, metrics)
+    records, counts = evaluation_inputs(output, metrics)
     write_to = write_to or F.join(output, F.EVALUATION_FILE)
     if not isinstance(options, PipelineOptions):
         options = PipelineOptions(list(options or []))

@@ -1,6 +1,8 @@
-"""`tfdml embed`: embed a catalogue of images with an exported model on Apache Beam, shard and index it.
+"""`tfdml embed`: embed a catalogue of images with an exported model on Apache Beam or Ray, shard and index it.
 
 tfdml embed --model exported_models/cub --image-dir cub/images --output embeddings/cub
+tfdml embed --engine ray --address head-node:6379 --actors 8 --model /shared/cub --image-dir /shared/images \
+    --output /shared/embeddings
 tfdml embed --model exported_models/cub --images 'photos/*/*.jpg' --output out --format parquet --evaluate
 tfdml embed --model gs://b/models/cub/1 --tfrecords 'gs://b/images-*.tfrecord' --output gs://b/emb \\
     --runner DataflowRunner --project P --region europe-west1 --temp_location gs://b/tmp
@@ -11,9 +13,9 @@ import os
 import sys
 
 from tfdml.cli import positive_int, usage_error
-from tfdml.embed_job import BEAM_INSTALL, EmbedJob
+from tfdml.embed_job import BEAM_INSTALL, ENGINES, RAY_INSTALL, EmbedJob, RayCluster
 
-HELP = "Embed, shard and index a catalogue of images with an exported model on Apache Beam."
+HELP = "Embed, shard and index a catalogue of images with an exported model on Apache Beam or Ray."
 
 
 def register(subparsers):
@@ -27,7 +29,8 @@ def register(subparsers):
         "manifest.json. Runs on Beam's DirectRunner unless --runner says otherwise; any other option is one of "
         "Beam's pipeline options and goes to the runner unchanged (e.g. --direct_num_workers 2 "
         "--direct_running_mode multi_processing, --flink_master, --project, --temp_location). Needs the beam extra "
-        f"({BEAM_INSTALL} in the top folder of tfdml's source).",
+        f"({BEAM_INSTALL} in the top folder of tfdml's source). With --engine ray the same steps run on Ray Data "
+        f"(the ray extra, {RAY_INSTALL}).",
     )
     groups = {}
     for field in dataclasses.fields(EmbedJob):  # the job's fields are the options (tfdml.embed_job)
@@ -41,6 +44,27 @@ def register(subparsers):
     )
     evaluation.add_argument(
         "--ks", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="the K values of Recall@K (default 1 2 4 8)."
+    )
+    parser.add_argument(
+        "--engine",
+        choices=list(ENGINES),
+        default="beam",
+        help="beam (default; --runner and Beam's options) or ray (Ray Data on the cluster at --address).",
+    )
+    ray_group = parser.add_argument_group("ray (with --engine ray)")
+    ray_group.add_argument(
+        "--address",
+        help="the Ray cluster's head, HOST:PORT (as `ray start --head` prints it) or auto; default: a local "
+        "one-node Ray started for the run. The output folder must be one every node writes.",
+    )
+    ray_group.add_argument(
+        "--actors", type=positive_int, default=RayCluster.actors, help="model replicas (Ray actors) embedding at once."
+    )
+    ray_group.add_argument(
+        "--actor-cpus",
+        type=float,
+        default=RayCluster.cpus,
+        help="CPUs each actor and task asks of Ray; a fraction lets actors and tasks share a node's CPUs.",
     )
     parser.add_argument(
         "--runner",
@@ -88,6 +112,11 @@ def argument_problem(args):
         return f"--target-recall must be in (0, 1], got {args.target_recall}."
     if args.evaluate and args.index_mode == "none":
         return "--evaluate searches the shard indexes: it needs an --index-mode other than none."
+    if args.engine == "ray" and (args.extra or args.runner != "DirectRunner"):
+        return f"--engine ray takes no Beam options: {' '.join(args.extra) or '--runner ' + args.runner}"
+    ray_options = (args.address, args.actors, args.actor_cpus) != (None, RayCluster.actors, RayCluster.cpus)
+    if args.engine != "ray" and ray_options:
+        return "--address, --actors and --actor-cpus are options of --engine ray."
     return None
 
 
@@ -95,8 +124,14 @@ def run(args):
     problem = argument_problem(args)
     if problem:  # before Beam and TensorFlow are imported
         return usage_error("embed", problem)
-    try:
-        import tfdml.beam  # noqa: F401  (the optional dependency: one line that says how to install it)
+    if args.engine == "ray" and RayCluster(address=args.address).on_loopback:
+        # Read by Ray when imported: without it Ray rewrites 127.0.0.1 to the network address (tfdml.ray.cluster).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:  # the optional dependency: one line that says how to install it
+        if args.engine == "ray":
+            import tfdml.ray  # noqa: F401
+        else:
+            import tfdml.beam  # noqa: F401
     except ImportError as error:
         return usage_error("embed", error)
     from tfdml.cli.reporting import warnings_to_stderr
@@ -105,15 +140,40 @@ def run(args):
         return _run(args)
 
 
+def _engine(args):
+    """`(run_embed, evaluate_output, input_problem)` of the chosen engine, its options bound."""
+    if args.engine == "ray":
+        from tfdml.ray import embed as ray_embed
+
+        cluster = RayCluster(address=args.address, actors=args.actors, cpus=args.actor_cpus)
+
+        def input_problem(job):
+            return None if ray_embed.input_files(job) else f"no file matches {job.pattern}"
+
+        return (
+            lambda job, say: ray_embed.run_embed(job, cluster, say=say),
+            lambda output, ks: ray_embed.evaluate_output(output, ks=ks, cluster=cluster),
+            input_problem,
+        )
+    from tfdml.beam import evaluate_output, run_embed
+    from tfdml.beam.embed import input_problem
+
+    beam_options = [f"--runner={args.runner}", *args.extra]
+    return (
+        lambda job, say: run_embed(job, beam_options, say=say),
+        lambda output, ks: evaluate_output(output, ks=ks, options=beam_options),
+        input_problem,
+    )
+
+
 def _run(args):
     from tfdml import interrupts
-    from tfdml.beam import evaluate_output, run_embed
-    from tfdml.beam.embed import input_problem, output_problem
+    from tfdml.catalogue.steps import output_problem
     from tfdml.durable import storage_error
     from tfdml.locks import FolderLock
 
-    beam_options = [f"--runner={args.runner}", *args.extra]
     try:
+        run_embed, evaluate_output, input_problem = _engine(args)
         job = EmbedJob(**{field.name: getattr(args, field.name) for field in dataclasses.fields(EmbedJob)})
         problem = output_problem(job.output, job.overwrite) or input_problem(job)
         if problem:
@@ -123,9 +183,7 @@ def _run(args):
     lock = FolderLock(args.output, "tfdml embed", advice="wait for it to finish, or write another folder")
     with lock if "://" not in args.output else _no_lock():
         try:
-            manifest = run_embed(
-                job, beam_options, say=lambda text: print(f"tfdml embed: warning: {text}", file=sys.stderr)
-            )
+            manifest = run_embed(job, lambda text: print(f"tfdml embed: warning: {text}", file=sys.stderr))
         except (ValueError, OSError) as error:
             return usage_error("embed", storage_error(error, args.output) or error)
         except Exception as error:  # a runner wraps a worker's error: a refused write is still said in one line
@@ -147,7 +205,7 @@ def _run(args):
             print(f"  {shard['file']}: {shard['rows']} rows{detail}")
         if args.evaluate:
             try:
-                results = evaluate_output(args.output, ks=args.ks, options=beam_options)
+                results = evaluate_output(args.output, args.ks)
             except ValueError as error:
                 return usage_error("embed", error)
             from tfdml.cli.evaluate import format_table

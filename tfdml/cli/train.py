@@ -4,6 +4,7 @@ tfdml train                                   # the embedded default: glyphs, no
 tfdml train --image-dir photos/               # your own images: one sub-folder per class
 tfdml train --config configs/rll_lmh_cub.yaml --set data.data_dir=/data/tfds
 tfdml train --set loss.name=triplet --set loss.params.mining=semi_hard --epochs 4
+tfdml train --ray head-node:6379 --workers 2 --report-dir /shared/reports/glyphs   # on a Ray cluster
 """
 
 import json
@@ -13,6 +14,7 @@ import sys
 from tfdml.cli.reporting import warnings_to_stderr
 from tfdml.config import ConfigError, given_keys, load_config, parse_override
 from tfdml.config.descriptions import commented_yaml
+from tfdml.embed_job import on_loopback
 
 HELP = "Train an embedder from a YAML configuration, evaluate it with ScaNN, export it and write a report."
 
@@ -60,6 +62,18 @@ def register(subparsers):
         help="evaluation images laid out like --image-dir (classes unseen in training).",
     )
     _add_run_options(parser)
+    cluster = parser.add_argument_group("on a Ray cluster (the ray extra)")
+    cluster.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the job on the Ray cluster at ADDRESS (HOST:PORT as `ray start --head` prints it, or auto) "
+        "with Ray Train: --workers workers under MultiWorkerMirroredStrategy, worker 0 checkpointing, evaluating, "
+        "exporting and reporting. The report, checkpoint and export folders must be storage every node writes.",
+    )
+    cluster.add_argument("--workers", type=int, default=2, help="Ray Train workers with --ray (default 2).")
+    cluster.add_argument(
+        "--worker-cpus", type=float, default=1.0, help="CPUs each worker asks of Ray with --ray (default 1)."
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -261,7 +275,49 @@ def _print_summary(summary):
     print(json.dumps({"recall@1": model.get("recall@1"), "map@r": model.get("map@r")}))
 
 
+def _ray_problem(args):
+    """What is wrong with the Ray options, or None (told before Ray and TensorFlow are imported)."""
+    if not args.ray:
+        return (
+            "--workers and --worker-cpus are options of --ray."
+            if (args.workers, args.worker_cpus) != (2, 1.0)
+            else None
+        )
+    if args.workers < 1:
+        return f"--workers must be a positive integer, got {args.workers}."
+    if not args.worker_cpus > 0:
+        return f"--worker-cpus must be positive, got {args.worker_cpus}."
+    if args.restart:
+        return "--restart with --ray: delete the report folder's checkpoints, or give another --report-dir."
+    return None
+
+
+def _on_ray(args, config, verbose, fit):
+    """The job on the Ray cluster of `--ray` (tfdml.ray.train), the chief's summary."""
+    from tfdml import pipeline
+    from tfdml.ray import RayTraining, WorkerLost, run_job
+
+    training = RayTraining(address=args.ray, workers=args.workers, cpus=args.worker_cpus)
+    try:
+        return run_job(config, training, verbose=verbose, fit_classes_per_batch=fit, overwrite=args.overwrite)
+    except WorkerLost as error:  # one line: what failed and how to resume
+        raise pipeline.JobError(str(error)) from None
+
+
 def run(args):
+    problem = _ray_problem(args)
+    if problem:
+        print(f"tfdml train: error: {problem}", file=sys.stderr)
+        return 2
+    if args.ray:
+        if on_loopback(args.ray):
+            # Read by Ray when imported: without it Ray rewrites 127.0.0.1 to the network address.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        try:
+            import tfdml.ray  # noqa: F401  (the optional dependency: one line that says how to install it)
+        except ImportError as error:
+            print(f"tfdml train: error: {error}", file=sys.stderr)
+            return 2
     try:
         config = resolve(args)
     except ConfigError as error:  # the keys, types and paths are checked before TensorFlow is imported
@@ -279,9 +335,12 @@ def run(args):
         # chose data.classes_per_batch.
         fit = "data.classes_per_batch" not in given_keys(args.config, _overrides(args))
         with warnings_to_stderr("train"):  # e.g. the image files an image folder skips, named
-            summary = pipeline.run(
-                config, verbose=verbose, restart=args.restart, fit_classes_per_batch=fit, overwrite=args.overwrite
-            )
+            if args.ray:
+                summary = _on_ray(args, config, verbose, fit)
+            else:
+                summary = pipeline.run(
+                    config, verbose=verbose, restart=args.restart, fit_classes_per_batch=fit, overwrite=args.overwrite
+                )
     except ConfigError as error:  # found by the job: e.g. a batch the data cannot fill
         return _config_error(error, args)
     except pipeline.JobError as error:

@@ -114,6 +114,7 @@ def _job(config, verbose, restart, say, fit_classes_per_batch, started):
         # A stop waits for the next stage, step or batch: raised inside TensorFlow's code (loading data,
         # embedding, exporting) it can abort the process instead of stopping it.
         with interrupts.between_steps():
+            strategy_for(config.training.distribute)  # before any TensorFlow op (multi-worker collectives)
             keras.utils.set_random_seed(config.seed)
             train_source, eval_source = load_sources(config.data)
             config = fit_to_data(config, train_source, fit_classes_per_batch, say)

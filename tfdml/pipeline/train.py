@@ -33,9 +33,16 @@ def check_weights(config, train_source):
         )
 
 
+_MULTI_WORKER = []  # the process's one MultiWorkerMirroredStrategy, once made
+
+
 def strategy_for(choice):
     """The strategy for `training.distribute`: auto picks multi_worker when TF_CONFIG is set, mirrored with
-    several GPUs, else none."""
+    several GPUs, else none.
+
+    A `MultiWorkerMirroredStrategy` configures TensorFlow's collective ops, which TensorFlow allows only before
+    its first op: it is made once per process, the first time it is asked for (the job asks before any op), and
+    that one is returned after."""
 
     if choice == "auto":
         if os.environ.get("TF_CONFIG"):
@@ -43,7 +50,9 @@ def strategy_for(choice):
         elif len(tf.config.list_physical_devices("GPU")) > 1:
             choice = "mirrored"
     if choice == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        if not _MULTI_WORKER:
+            _MULTI_WORKER.append(tf.distribute.MultiWorkerMirroredStrategy())
+        return _MULTI_WORKER[0]
     if choice == "mirrored":
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()

@@ -60,7 +60,7 @@ def write_shard(path, ids, classes, embeddings, file_format):
                 }
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     else:
-        import pyarrow as pa  # Parquet only: pyarrow comes with the beam extra
+        import pyarrow as pa  # Parquet only: pyarrow comes with the beam and ray extras
         import pyarrow.parquet as pq
 
         table = pa.table(
@@ -84,7 +84,7 @@ def write_shard(path, ids, classes, embeddings, file_format):
 def read_shard(path):
     """`(ids [N] str, classes [N] str, embeddings [N, D] float32)` of one shard file (either format)."""
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # Parquet only: pyarrow comes with the beam extra
+        import pyarrow.parquet as pq  # Parquet only: pyarrow comes with the beam and ray extras
 
         with tf.io.gfile.GFile(path, "rb") as f:
             table = pq.read_table(io.BytesIO(f.read()))
