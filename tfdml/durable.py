@@ -70,9 +70,11 @@ def publish(written, target):
 
 def temporary_path(target):
     """A hidden name beside `target`, on the same file system, that keeps its ending (`x.weights.h5` ->
-    `.tmp-x.weights.h5`), for writers that read the kind of file from its name."""
+    `.tmp-<pid>-x.weights.h5`), for writers that read the kind of file from its name. The process id keeps
+    writers of one file apart (the workers of a multi-worker run each write the configuration's snapshot):
+    each renames a whole file of its own into place."""
     folder, name = os.path.split(os.path.abspath(target))
-    return os.path.join(folder, f".tmp-{name}")
+    return os.path.join(folder, f".tmp-{os.getpid()}-{name}")
 
 
 @contextlib.contextmanager
