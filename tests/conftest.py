@@ -51,6 +51,8 @@ settings.load_profile("tfdml")
 # `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last). Their tests
 # are marked `slow`: `-m "not slow"` is the fast subset of CONTRIBUTING.md, and the whole suite runs them all.
 SLOW_FILES = (
+    "test_ray_train.py",
+    "test_ray_embed.py",
     "test_fine_tuning.py",
     "test_efficientnet_lite.py",
     "test_configs.py",
