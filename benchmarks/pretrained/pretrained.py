@@ -1,10 +1,11 @@
 """Retrieval from an ImageNet-pretrained backbone (EfficientNet-Lite0), the regime of the papers and of users:
-raw pixels, frozen ImageNet features, heads trained on the frozen features with each loss, multi-level RLL
-against its H-only twin, and the `tfdml train --image-dir` defaults fine-tuning the whole network.
+raw pixels, frozen ImageNet features, heads trained on the frozen features with each loss (Group Loss and
+DML-ALA against its uniform twin among them), multi-level RLL against its H-only twin, nested heads by prefix,
+and the `tfdml train --image-dir` defaults fine-tuning the whole network.
 
 Every method trains on one half of a data set's classes and retrieves the unseen other half (Recall@1 and
-MAP@R, %), seeds 0-4 (0-2 for fine-tuning), one JSON line per run in `results.jsonl`; `table.md` is
-written from it. Data sets:
+MAP@R, %), seeds 0-4 (0-2 for fine-tuning), one JSON line per run in `results.jsonl` (`nested.jsonl` for the
+nested heads); `table.md`, `paired.md` and `nested.md` are written from them. Data sets:
 
 - `icons`: the desktop icon themes Debian packages, one class per icon name drawn by 8+ designers
   (`icons.py` builds the folder; 265 classes, 2,711 images); the `tfdml train --image-dir` split: the first
@@ -13,10 +14,11 @@ written from it. Data sets:
 - `fashion`: Fashion-MNIST from the system package `dataset-fashion-mnist` (classes 0-4 to train, 2,000
   images each; the 5,000 test images of classes 5-9 to retrieve), grey as RGB.
 
-    python benchmarks/pretrained/pretrained.py frozen --data icons --sizes 96,128,160,224
-    python benchmarks/pretrained/pretrained.py heads --data icons,glyphs,fashion
-    python benchmarks/pretrained/pretrained.py finetune --data icons --seeds 0,1,2
-    python benchmarks/pretrained/pretrained.py table
+    python -m benchmarks.pretrained.pretrained frozen --data icons --sizes 96,128,160,224
+    python -m benchmarks.pretrained.pretrained heads --data icons,glyphs,fashion
+    python -m benchmarks.pretrained.pretrained nested --data icons,glyphs,fashion
+    python -m benchmarks.pretrained.pretrained finetune --data icons --seeds 0,1,2
+    python -m benchmarks.pretrained.pretrained table
 """
 
 import argparse
