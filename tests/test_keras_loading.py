@@ -109,11 +109,12 @@ def test_saved_objects_load_after_importing_keras_and_tfdml_models(tmp_path):
     assert found["semihard"] == ["TripletSemiHardLoss", json.loads(json.dumps(configs["semihard"]))]
     assert found["schedule"][0] == "ScaledLearningRate"
     # Every class any tfdml module registers is registered by `import tfdml.models`.
-    beam = importlib.util.find_spec("apache_beam") is not None
+    extras = {"tfdml.beam": "apache_beam", "tfdml.ray": "ray"}  # optional engines, importable with their extra
     for module in pkgutil.walk_packages(tfdml.__path__, "tfdml."):
         if module.name.endswith("__main__"):  # `python -m tfdml` runs the command line
             continue
-        if module.name.startswith("tfdml.beam") and not beam:  # the beam extra is not installed
+        engine = next((package for package in extras if module.name.startswith(package)), None)
+        if engine and importlib.util.find_spec(extras[engine]) is None:  # that extra is not installed
             continue
         importlib.import_module(module.name)
     assert found["registered"] == _registered_names()

@@ -54,7 +54,7 @@ def register(subparsers):
     ray_group = parser.add_argument_group("ray (with --engine ray)")
     ray_group.add_argument(
         "--address",
-        help="the Ray cluster's head, HOST:PORT (as `ray start --head` prints it) or auto; default: a local "
+        help="the Ray cluster's head node, HOST:PORT (the address its ray start prints) or auto; default: a local "
         "one-node Ray started for the run. The output folder must be one every node writes.",
     )
     ray_group.add_argument(

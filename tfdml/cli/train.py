@@ -66,9 +66,10 @@ def register(subparsers):
     cluster.add_argument(
         "--ray",
         metavar="ADDRESS",
-        help="run the job on the Ray cluster at ADDRESS (HOST:PORT as `ray start --head` prints it, or auto) "
-        "with Ray Train: --workers workers under MultiWorkerMirroredStrategy, worker 0 checkpointing, evaluating, "
-        "exporting and reporting. The report, checkpoint and export folders must be storage every node writes.",
+        help="run the job on the Ray cluster at ADDRESS (HOST:PORT, the address the head node's ray start "
+        "prints, or auto) with Ray Train: --workers workers under MultiWorkerMirroredStrategy, worker 0 "
+        "checkpointing, evaluating, exporting and reporting. The report, checkpoint and export folders must be "
+        "storage every node writes.",
     )
     cluster.add_argument("--workers", type=int, default=2, help="Ray Train workers with --ray (default 2).")
     cluster.add_argument(
