@@ -39,6 +39,23 @@ JOB = [
 ]
 
 
+def damage(path, rng, flip=None):
+    """Damages the file at `path` at a drawn byte: one bit flipped there, or the file cut off there (`flip`; None:
+    drawn, even odds). Returns `(byte, flip)`."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    place = int(rng.integers(len(data)))
+    if flip is None:
+        flip = bool(rng.random() < 0.5)
+    if flip:
+        data[place] ^= 1 << int(rng.integers(8))
+    else:
+        del data[place:]
+    with open(path, "wb") as f:
+        f.write(data)
+    return place, flip
+
+
 def results(report_dir):
     """`(retrieval figures, training history)` of a finished run's report: what a resumed run must repeat."""
     with open(os.path.join(report_dir, "metrics.json")) as f:

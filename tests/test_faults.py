@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from tests.fault_shim import CODES, JOB, KIND, DiskShim, kept_checkpoints_problem, results
+from tests.fault_shim import CODES, JOB, KIND, DiskShim, damage, kept_checkpoints_problem, results
 from tfdml import cli, durable
 from tfdml.callbacks import checkpoint as checkpoint_lib
 
@@ -286,12 +286,6 @@ def test_drawn_damage_to_an_export_is_named(exported, tmp_path):
         version = tmp_path / str(draw) / "digits" / "1"
         shutil.copytree(exported, version)
         damaged = version / files[int(rng.integers(len(files)))]
-        data = bytearray(damaged.read_bytes())
-        place = int(rng.integers(len(data)))
-        if rng.random() < 0.5:
-            data[place] ^= 1 << int(rng.integers(8))
-        else:
-            del data[place:]
-        damaged.write_bytes(data)
+        damage(damaged, rng)
         with pytest.raises(durable.DamagedFileError, match=f"^{re.escape(str(damaged))} (differs|holds)"):
             ExportedEmbedder(version)

@@ -41,8 +41,9 @@ def _peak_mib(children=False):
     return usage.ru_maxrss / 1024  # kilobytes on Linux
 
 
-def make_data(work, count):
-    """`count` 80x80 JPEG images in 20 class folders and a small CNN (64x64 input, 128-d) exported."""
+def make_data(work, count, padding="valid"):
+    """`count` 80x80 JPEG images in 20 class folders and a small CNN (64x64 input, 128-d, its convolutions'
+    `padding`) exported."""
     import keras
     import numpy as np
     from PIL import Image
@@ -59,7 +60,7 @@ def make_data(work, count):
     inputs = keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3))
     h = inputs
     for filters in (32, 64, 128):
-        h = keras.layers.Conv2D(filters, 3, strides=2, activation="relu")(h)
+        h = keras.layers.Conv2D(filters, 3, strides=2, padding=padding, activation="relu")(h)
     h = keras.layers.GlobalAveragePooling2D()(h)
     model = keras.Model(inputs, keras.layers.Dense(DIM)(h), name="bench_cnn")
     return export_saved_model(model, os.path.join(work, "exported"), preprocess="symmetric")

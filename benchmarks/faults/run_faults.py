@@ -42,7 +42,7 @@ import numpy as np
 import pytest
 
 from tests import cli_process
-from tests.fault_shim import CODES, JOB, DiskShim, kept_checkpoints_problem, results
+from tests.fault_shim import CODES, JOB, DiskShim, damage, kept_checkpoints_problem, results
 from tfdml import cli, durable
 from tfdml.callbacks import checkpoint as checkpoint_lib
 
@@ -155,14 +155,7 @@ def checkpoint_damage(reference, rng, folder):
     if status != 130:
         return f"stop after epoch {epoch}: exit {status}: {err.strip()[-300:]!r}"
     latest = os.path.join(reference.work, folder, "checkpoints", f"epoch-{epoch:04d}.weights.h5")
-    data = bytearray(open(latest, "rb").read())
-    place = int(rng.integers(len(data)))
-    if flip:
-        data[place] ^= 1 << int(rng.integers(8))
-    else:
-        del data[place:]
-    with open(latest, "wb") as f:
-        f.write(data)
+    place, _ = damage(latest, rng, flip)
     what = f"epoch {epoch}, {'bit flipped' if flip else 'cut'} at byte {place}"
     before = f"resuming from the checkpoint of epoch {epoch - 1} before it" if epoch > 1 else "starts again"
     return _rerun_matches(reference, folder, what, expect=f"the checkpoint of epoch {epoch}, .*; .*{before}")
@@ -176,14 +169,7 @@ def export_damage(reference, rng, folder):
     shutil.copytree(reference.export, version)
     name = files[int(rng.integers(len(files)))]
     path = os.path.join(version, name)
-    data = bytearray(open(path, "rb").read())
-    place, flip = int(rng.integers(len(data))), bool(rng.random() < 0.5)
-    if flip:
-        data[place] ^= 1 << int(rng.integers(8))
-    else:
-        del data[place:]
-    with open(path, "wb") as f:
-        f.write(data)
+    place, flip = damage(path, rng)
     what = f"{name} {'bit flipped' if flip else 'cut'} at byte {place}"
     try:
         ExportedEmbedder(version)

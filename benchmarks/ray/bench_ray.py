@@ -26,33 +26,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported: nodes on 127.0.0.1
 
-IMAGE_SIZE, SOURCE_SIZE = 64, 80
+# The catalogue and model of the Beam benchmark (its convolutions padded "same" here), embedded the same way.
+from benchmarks.beam.bench_beam import IMAGE_SIZE, SOURCE_SIZE, make_data  # noqa: E402
+
 ACTORS = (1, 2, 4)
 WORKERS = (1, 2)
-
-
-def make_data(work, count):
-    """`count` 80x80 JPEG images in 20 class folders and a small CNN (64x64 input, 128-d) exported."""
-    import keras
-    import numpy as np
-    from PIL import Image
-
-    from tfdml.export import export_saved_model
-
-    rng = np.random.default_rng(0)
-    for i in range(count):
-        folder = os.path.join(work, "images", f"class_{i % 20:02d}")
-        os.makedirs(folder, exist_ok=True)
-        pixels = rng.integers(0, 256, (SOURCE_SIZE, SOURCE_SIZE, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(os.path.join(folder, f"{i:06d}.jpg"), quality=90)
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3))
-    h = inputs
-    for filters in (32, 64, 128):
-        h = keras.layers.Conv2D(filters, 3, strides=2, padding="same", activation="relu")(h)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    model = keras.Model(inputs, keras.layers.Dense(128)(h))
-    return export_saved_model(model, os.path.join(work, "exported"), preprocess="symmetric")
 
 
 class ActorMemory:
@@ -157,7 +135,7 @@ def run(args):
     from ray_cluster import two_node_cluster
 
     with tempfile.TemporaryDirectory(prefix="tfdml-bench-ray-") as work:
-        version = make_data(work, args.images)
+        version = make_data(work, args.images, padding="same")
         with two_node_cluster(cpus=2, object_store_mb=200) as cluster:
             embed = bench_embed(work, version, args.images, cluster.address)
             train = bench_train(work, cluster.address, args.steps, args.epochs)
