@@ -1,6 +1,6 @@
 """Regenerates the reference files the tests compare with from the peer libraries that wrote them.
 
-Each generator in `tests/data/generators/` writes one file of `tests/data/` (its README says which and from
+Each generator in `tests/references/generators/` writes one file of `tests/references/` (its README says which and from
 what). They need the `bench` extra (PyTorch CPU, pytorch-metric-learning), which the tests never import:
 
     pip install -e ".[bench]"
@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-GENERATORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "generators")
+GENERATORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "references", "generators")
 
 
 def generators():

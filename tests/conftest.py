@@ -13,6 +13,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# Read by Ray when it is imported: its nodes and drivers then stay on 127.0.0.1 (tests/ray_cluster.py). Set here,
+# before any test module runs, because in the whole suite another file (the registration tests) may import Ray
+# first, through tfdml.ray, in the same worker.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import tensorflow as tf  # noqa: E402
 
@@ -39,7 +43,6 @@ try:
 except RuntimeError:  # devices already initialised by an earlier import; keep what exists
     pass
 
-import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("tfdml", deadline=None, max_examples=25, derandomize=True)
@@ -48,36 +51,50 @@ settings.load_profile("tfdml")
 
 # The test files that take longest, longest first. Under pytest-xdist they are handed out first and the many
 # short files fill in behind them, so that no worker is left running a long file alone at the end (xdist's
-# `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last). Their tests
-# are marked `slow`: `-m "not slow"` is the fast subset of CONTRIBUTING.md, and the whole suite runs them all.
-SLOW_FILES = (
+# `--dist loadfile` otherwise hands out the files with the most tests first, which puts these last). The tests
+# that take over a second or so are marked `slow` where they are written (`@pytest.mark.slow`): `-m "not slow"`
+# is the fast subset of CONTRIBUTING.md, and the whole suite runs them all.
+LONGEST_FILES = (
     "test_ray_train.py",
     "test_ray_embed.py",
-    "test_fine_tuning.py",
-    "test_efficientnet_lite.py",
-    "test_configs.py",
-    "test_ala.py",
+    "test_beam.py",
     "test_cli_stops.py",
-    "test_faults.py",
-    "test_cli_train.py",
+    "test_efficientnet_lite.py",
     "test_distribute_training.py",
+    "test_cli_train.py",
+    "test_configs.py",
+    "test_readme.py",
+    "test_fine_tuning.py",
+    "test_ala.py",
     "test_data_glyphs.py",
+    "test_faults.py",
     "test_backends.py",
-    "test_callbacks.py",
     "test_cross_batch_memory.py",
-    "test_losses_triplet.py",
-    "test_ala_episodes.py",
-    "test_keras_loading.py",
+    "test_callbacks.py",
     "test_index_recall.py",
+    "test_losses_triplet.py",
+    "test_docs_site.py",
+    "test_ala_episodes.py",
+    "test_cli_retrieval.py",
+    "test_models.py",
     "test_ala_noise.py",
     "test_losses_pml.py",
-    "test_cli_retrieval.py",
-    "test_docs_site.py",
     "test_export.py",
+    "test_export_search.py",
+    "test_keras_loading.py",
     "test_docs_examples.py",
-    "test_losses_noise.py",
     "test_gpu_benchmark.py",
-    "test_models.py",
+    "test_ala_learning.py",
+    "test_losses_proxies.py",
+    "test_metric_model.py",
+    "test_losses_rll.py",
+    "test_doctests.py",
+    "test_distribute.py",
+    "test_config_fuzz.py",
+    "test_losses_noise.py",
+    "test_public_names.py",
+    "test_ala_options.py",
+    "test_cli_errors.py",
 )
 
 
@@ -89,9 +106,6 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     def rank(item):
         name = item.path.name
-        return SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES)
+        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
 
     items.sort(key=rank)  # stable: each file's tests stay together and in order
-    for item in items:
-        if item.path.name in SLOW_FILES:
-            item.add_marker(pytest.mark.slow)

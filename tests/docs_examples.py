@@ -1,4 +1,4 @@
-"""The Python examples of the documentation site, as the tests run them (`tests/test_docs_examples.py`).
+"""The Python examples of the documentation site, as the tests run them (`tests/docs/test_docs_examples.py`).
 
 Every ```python block of a page under `docs/` (a `--8<-- "file:section"` include resolved, as the site shows
 it) runs in order in one namespace per page, in a scratch directory that holds a link to `configs/`. The

@@ -3,7 +3,8 @@
 Twelve classes of 40 points in 8 dimensions (centres 2 standard deviations apart on average); each label is
 moved to another class with probability `noise`. Episodes draw K points of each of 6 training classes by their
 noisy labels and K of each of 2 validation classes by `val_labels` (the true labels for a verified set). The DML-ALA
-noise tests (`tests/test_ala_noise.py`) and the assessor drift benchmark (`benchmarks/ala_drift`) train on it: it
+noise tests (`tests/models/ala/test_ala_noise.py`) and the assessor drift benchmark (`benchmarks/ala_drift`)
+train on it: it
 lives with the tests, which the benchmarks may import (the tests import no benchmark).
 """
 

@@ -35,6 +35,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_a_default_changed_in_its_declaration_is_seen_everywhere(tmp_path):
     shutil.copytree(os.path.join(ROOT, "tfdml"), tmp_path / "tfdml", ignore=shutil.ignore_patterns("__pycache__"))
     declaration = tmp_path / "tfdml" / "ala_options.py"

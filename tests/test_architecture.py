@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import grimp
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,6 +107,7 @@ def _imported_modules(source):
     return modules
 
 
+@pytest.mark.slow
 def test_the_library_names_no_benchmark_and_the_tests_import_none():
     """Research stays out of the library: no tfdml module names the benchmarks' folder (a page of the
     documentation does), and no test under tests/ imports a benchmark (the benchmarks' own tests live beside

@@ -122,6 +122,7 @@ CORE = ["ranked_list", "triplet_hard", "triplet_semi_hard", "margin_all_triplets
 CASES = [(name, n) for name in CORE for n in (2, 4)] + [(name, 4) for name in sorted(set(LOSSES) - set(CORE))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,replicas", CASES)
 def test_summed_replica_gradient_equals_single_device_gradient(strategies, name, replicas):
     make_loss, width, head = LOSSES[name]
@@ -136,6 +137,7 @@ def test_summed_replica_gradient_equals_single_device_gradient(strategies, name,
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
 
 
+@pytest.mark.slow
 def test_uneven_replica_shares_still_give_the_single_device_gradient(strategies):
     """14 samples on 4 replicas (shares 3, 4, 3, 4): the gather concatenates shares of different sizes."""
     make_loss, width, head = LOSSES["triplet_semi_hard"]

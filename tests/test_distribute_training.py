@@ -104,6 +104,7 @@ def margin_reference():
 
 
 # ------------------------------------------------------------------------------ MirroredStrategy
+@pytest.mark.slow
 def test_fit_on_two_replicas_matches_one_device_with_learnable_beta(margin_reference):
     start, after_one, _ = margin_reference
     with _strategy(2).scope():
@@ -114,6 +115,7 @@ def test_fit_on_two_replicas_matches_one_device_with_learnable_beta(margin_refer
     assert beta and abs(after_one[beta[0]] - 1.0) > 1e-3  # beta was trained, identically
 
 
+@pytest.mark.slow
 def test_fit_distributed_matches_fit_and_resumes_from_its_checkpoint(margin_reference, tmp_path, capsys):
     from tfdml.training import fit_distributed
 
@@ -144,6 +146,7 @@ def test_fit_distributed_without_strategy_equals_fit(margin_reference):
     _assert_same_weights(_weights(model), after_one, start)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss_name", ["ranked_list", "group"])
 def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_batches(loss_name):
     """One class per replica (2 classes x 4 digits on 2 replicas): alone, a replica would see no negative.
@@ -196,6 +199,7 @@ def test_multi_level_embedder_on_replicas_matches_one_device_on_class_balanced_b
     _assert_same_weights(_weights(mirrored), _weights(single), start)
 
 
+@pytest.mark.slow
 def test_ala_model_in_fit_distributed_on_four_replicas_matches_one_device():
     from tfdml.models import ALAModel
     from tfdml.training import fit_distributed
@@ -260,6 +264,7 @@ def test_steps_per_epoch_carries_the_iterator_over_and_restarts_exhausted_data_a
     _assert_same_weights(_weights(model), _weights(reference))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data_position", ["iterator", "skip"])
 def test_resumed_run_continues_mid_dataset_like_an_uninterrupted_one(data_position, tmp_path):
     """A repeated 3-batch dataset, 2 steps per epoch: the resumed epoch 2 must train on batches 3, 1."""
@@ -354,6 +359,7 @@ def _assert_workers_match(weights, reference):
         np.testing.assert_allclose(weights[0][key], reference[path], rtol=0, atol=TOLERANCE, err_msg=path)
 
 
+@pytest.mark.slow
 def test_two_worker_processes_train_like_one_process_and_resume_after_a_restart(margin_reference, tmp_path):
     _, after_one, after_two = margin_reference
     logs, weights = _run_workers(str(tmp_path), epochs=1)

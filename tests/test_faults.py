@@ -45,6 +45,7 @@ def _stop_after_epoch(monkeypatch, epoch):
     monkeypatch.setattr(checkpoint_lib.CheckpointSequence, "on_epoch_end", on_epoch_end)
 
 
+@pytest.mark.slow
 def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(uninterrupted, tmp_path, monkeypatch, capsys):
     """Stopped after epoch 3 of 4, its checkpoint cut to half (what a full disk or a power cut leaves): the
     rerun names it in one line, resumes from epoch 2 and ends where the uninterrupted run ends (a flipped
@@ -87,6 +88,7 @@ def test_with_no_checkpoint_left_the_run_starts_again(tmp_path, monkeypatch):
     assert checkpoint_lib.completed_epochs(folder) == 0 and not (folder / "epoch-0001.weights.h5").exists()
 
 
+@pytest.mark.slow
 def test_a_full_disk_in_training_keeps_the_epochs_done(uninterrupted, tmp_path, monkeypatch, capsys):
     """No space left while epoch 3's checkpoint is written: one line naming the file and the free space, exit
     status 2, epochs 1 and 2 kept; once there is space the same command resumes from epoch 3."""
@@ -131,6 +133,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(disk)], check=True)
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_in_training(small_disk, uninterrupted, monkeypatch, capsys):
     """The report folder on a 3 MiB file system: the checkpoint that does not fit is refused in one line
     before it is written, and once the file system is grown the same command resumes and finishes."""
@@ -151,7 +154,7 @@ def test_a_real_full_disk_in_training(small_disk, uninterrupted, monkeypatch, ca
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """Version 1 of model "digits" with the exact index of the digits 5-9 (an embedded data set)."""
-    from tests.test_cli_retrieval import SIZE, digits_model
+    from tests.cli.test_cli_retrieval import SIZE, digits_model
     from tfdml import data
     from tfdml.export import export_saved_model
 
@@ -223,6 +226,7 @@ def _one_error_line(err, command):
     return lines[-1]
 
 
+@pytest.mark.slow
 def test_disk_faults_at_drawn_moments_of_training(measured_run, tmp_path, monkeypatch, capsys):
     """SQLite's way, a handful of draws: the disk fills up, fails or turns read-only after a drawn number of
     the run's bytes; each time one line (exit status 2), then the rerun with the disk back ends where the
@@ -246,12 +250,13 @@ def test_disk_faults_at_drawn_moments_of_training(measured_run, tmp_path, monkey
         assert results(tmp_path / folder) == uninterrupted, (budget, code)
 
 
+@pytest.mark.slow
 def test_disk_faults_at_drawn_moments_of_an_export(tmp_path, monkeypatch, capsys):
     """`tfdml export` on a disk that fails after a drawn number of its bytes: one line (exit status 2), no
     version and no temporary folder left; the same command then writes version 1, which loads."""
     import numpy as np
 
-    from tests.test_export import single_output_model
+    from tests.export.test_export import single_output_model
     from tfdml.export import ExportedEmbedder
 
     single_output_model().save(tmp_path / "m.keras")

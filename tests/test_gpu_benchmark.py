@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the tests share one small run of the GPU benchmark (about 25 s)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks", "gpu")
 HAS_JAX = importlib.util.find_spec("jax") is not None

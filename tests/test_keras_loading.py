@@ -14,6 +14,7 @@ import textwrap
 
 import keras
 import numpy as np
+import pytest
 
 import tfdml
 from tfdml.losses import CrossBatchMemory, MarginLoss, RankedListLoss, TripletSemiHardLoss
@@ -73,6 +74,7 @@ def _saved_objects(folder):
     return saved, {name: obj.get_config() for name, obj in objects.items()}
 
 
+@pytest.mark.slow
 def test_saved_objects_load_after_importing_keras_and_tfdml_models(tmp_path):
     saved, configs = _saved_objects(str(tmp_path))
     out = _python(
@@ -120,6 +122,7 @@ def test_saved_objects_load_after_importing_keras_and_tfdml_models(tmp_path):
     assert found["registered"] == _registered_names()
 
 
+@pytest.mark.slow
 def test_import_tfdml_alone_imports_no_framework_and_hooks_no_import():
     out = _python(
         """

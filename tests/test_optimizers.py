@@ -137,6 +137,7 @@ def _compiled_model(seed=0):
     return model
 
 
+@pytest.mark.slow
 def test_save_load_restores_inner_state_and_training_continues_identically(tmp_path):
     x, y = _data(1, n=16)
     model = _compiled_model()
@@ -154,6 +155,7 @@ def test_save_load_restores_inner_state_and_training_continues_identically(tmp_p
         np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_inner_optimizer_state(tmp_path):
     x, y = _data(2, n=8)
     model = _compiled_model()
@@ -168,6 +170,7 @@ def test_checkpoint_restores_inner_optimizer_state(tmp_path):
         np.testing.assert_array_equal(expected, np.asarray(variable))
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_matches_single_device():
     x, y = _data(3, n=16)
     single = _compiled_model()

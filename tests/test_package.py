@@ -16,9 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.parametrize("name", tfdml._SUBMODULES)
 def test_submodules_load_on_attribute_access(name):
-    if name == "beam":  # the optional dependency (tests/test_beam_optional.py covers its absence)
+    if name == "beam":  # the optional dependency (tests/beam/test_beam_optional.py covers its absence)
         pytest.importorskip("apache_beam", reason='tfdml.beam needs the beam extra: pip install -e ".[beam]"')
-    if name == "ray":  # the optional dependency (tests/test_ray_optional.py covers its absence)
+    if name == "ray":  # the optional dependency (tests/ray/test_ray_optional.py covers its absence)
         pytest.importorskip("ray", reason='tfdml.ray needs the ray extra: pip install -e ".[ray]"')
     module = getattr(tfdml, name)
     assert module.__name__ == f"tfdml.{name}"
@@ -51,6 +51,7 @@ def _imported_top_modules():
     return names
 
 
+@pytest.mark.slow
 def test_every_required_distribution_is_imported_by_tfdml():
     """An install requirement that nothing imports (keras-cv was one) only costs users an install."""
     parser = configparser.ConfigParser()

@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME = re.compile(r"\btfdml(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 
@@ -32,6 +34,7 @@ def test_the_scan_finds_the_readme_names():
     assert {"tfdml.projector.write_projector", "tfdml.loss_names.LOSSES", "tfdml.models.Embedder"} <= set(names)
 
 
+@pytest.mark.slow
 def test_every_documented_name_resolves_after_import_tfdml():
     script = (
         "import json, sys\n"

@@ -83,7 +83,7 @@ class Reference:
 
     @staticmethod
     def _export(work):
-        from tests.test_cli_retrieval import SIZE, digits_model
+        from tests.cli.test_cli_retrieval import SIZE, digits_model
         from tfdml import data
         from tfdml.export import export_saved_model
 

@@ -1,7 +1,7 @@
 """Backend-neutral reference cases of the ranked-list, group, pair-based, proxy, classifier, softmax-contrastive
-and Smooth-AP losses: pytorch-metric-learning's values and gradients (`tests/data/pml_reference.json`,
-`tests/data/smooth_ap_reference.json`), the shared reference file (`tests/data/reference_losses.json`), the
-authors' RLL layer (`tests/data/reference_official.json`) and NumPy readings of the formulas. NumPy and
+and Smooth-AP losses: pytorch-metric-learning's values and gradients (`tests/references/pml_reference.json`,
+`tests/references/smooth_ap_reference.json`), the shared reference file (`tests/references/reference_losses.json`), the
+authors' RLL layer (`tests/references/reference_official.json`) and NumPy readings of the formulas. NumPy and
 `keras.ops` only; `cases(Case)` builds them with the harness's `Case` type (`reference_cases`).
 
 The proxy losses are checked through their pure functions with the reference's float64 proxies (the classes
@@ -14,10 +14,11 @@ import os
 import numpy as np
 
 import tfdml.losses as losses
+from tests import REFERENCES
 from tests.references import numpy_losses, official_reference_cases, shared_reference_cases
 from tests.references import numpy_margin_group as numpy_group
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
+DATA = REFERENCES
 
 
 def _load(name):

@@ -1,6 +1,6 @@
 """The reference cases every stateless loss must pass on every backend: values (and gradients where the
-reference has them) against pytorch-metric-learning (`tests/data/pml_reference.json`), the shared reference
-file (`tests/data/reference_losses.json`), tensorflow-addons' semantics and NumPy readings of the formulas
+reference has them) against pytorch-metric-learning (`tests/references/pml_reference.json`), the shared reference
+file (`tests/references/reference_losses.json`), tensorflow-addons' semantics and NumPy readings of the formulas
 (`tests/references`). NumPy and `keras.ops` only.
 
 A case is `Case(name, make, labels, embeddings, value, gradient=None, normalise=False)`: `make()` builds the
@@ -15,12 +15,13 @@ import os
 import numpy as np
 
 import tfdml.losses as losses
+from tests import REFERENCES
 from tests.backend_neutral import pair_proxy_cases
 from tests.references import numpy_losses as ref
 from tests.references import numpy_margin_group as margin_ref
 from tests.references import shared_reference_cases
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data")
+DATA = REFERENCES
 with open(os.path.join(DATA, "pml_reference.json")) as _file:
     PML = json.load(_file)
 

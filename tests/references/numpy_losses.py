@@ -224,6 +224,22 @@ def contrastive(labels, embeddings, pos_margin=0.0, neg_margin=1.0, metric="eucl
     return mean(pos_values) + mean(neg_values)
 
 
+# ----------------------------------------------------------------------------------------- ProxyNCA
+
+
+def proxy_nca(labels, embeddings, proxies, softmax_scale=1.0, metric="squared_euclidean"):
+    """Mean over samples of -log softmax_c(-softmax_scale d(x_i, p_c))[y_i], x and p L2-normalised (the
+    paper's NCA over proxies, PML's `ProxyNCALoss` for the squared Euclidean distance)."""
+    unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
+    x, p = unit(np.asarray(embeddings, np.float64)), unit(np.asarray(proxies, np.float64))
+    losses = []
+    for i, label in enumerate(labels):
+        logits = [-softmax_scale * distance(x[i], p[c], metric=metric) for c in range(len(p))]
+        top = max(logits)
+        losses.append(top + math.log(sum(math.exp(v - top) for v in logits)) - logits[label])
+    return sum(losses) / len(losses)
+
+
 # ----------------------------------------------------------------------------------------- gradients
 
 

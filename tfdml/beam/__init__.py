@@ -16,7 +16,7 @@ from tfdml.embed_job import BEAM_INSTALL
 try:  # the optional dependency, checked before anything else loads: Beam and its TensorFlow model handler
     import apache_beam  # noqa: F401
     from apache_beam.ml.inference import tensorflow_inference  # noqa: F401
-except ImportError as error:  # exercised in a subprocess by tests/test_beam_optional.py
+except ImportError as error:  # exercised in a subprocess by tests/beam/test_beam_optional.py
     raise ImportError(
         f"tfdml.beam (tfdml embed) needs Apache Beam: {BEAM_INSTALL} in the top folder of tfdml's source "
         f"(missing: {error.name})"

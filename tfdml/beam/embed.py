@@ -18,7 +18,7 @@ The steps (each runs on as many workers as the runner gives it):
 `embed_pipeline` returns the pipeline (not run) for a Python caller to extend or run; `run_embed` runs it
 with the output-folder rules of `tfdml embed` (`tfdml.catalogue.steps.run_into_output`) and its manifest.
 
-Example (an export and a folder of your own; `tests/test_beam.py` runs the same calls on generated images):
+Example (an export and a folder of your own; `tests/beam/test_beam.py` runs the same calls on generated images):
 
     job = EmbedJob(model="exported_models/cub", output="embeddings/cub", image_dir="cub/images")
     manifest = run_embed(job)                                  # DirectRunner

@@ -10,7 +10,7 @@ holds one query shard, one index and the `[rows, k]` lists, whatever the catalog
 shard indexes (`--index-mode exact`, or `auto` below 20,000 items a shard) the metrics equal `evaluate`'s on
 the concatenated embeddings.
 
-Example (the output folder of a `tfdml embed` run; `tests/test_beam.py` runs it on generated images):
+Example (the output folder of a `tfdml embed` run; `tests/beam/test_beam.py` runs it on generated images):
 
     evaluate_output("embeddings/cub", ks=(1, 2, 4, 8))
     # {'map@r': 0.21, 'r_precision': 0.32, 'recall@1': 0.61, ...}

@@ -10,7 +10,8 @@ read -> decode -> embed -> shard -> index -> merge:
   call (the signature resizes, crops and preprocesses in its graph: the embeddings are the served ones);
 - `shard_of`: `crc32(id) % num_shards`, the same on every worker and every run;
 - `write_shard`: one shard's rows sorted by id, its embedding file and its `ScannIndex`, and its
-  `shards.jsonl` record;
+  `shards.jsonl` record (with the size and sha256 of each of its files in a local output, which
+  `evaluation_inputs` checks before anything is read);
 - `query_shard_sums`: the retrieval sums of one query shard against every shard's index, added over query
   shards by the driver (`tfdml.retrieval.sharded`).
 
@@ -31,6 +32,7 @@ from collections import Counter
 import numpy as np
 import tensorflow as tf
 
+from tfdml import durable
 from tfdml.catalogue import files as F
 from tfdml.data.sources import IMAGE_EXTENSIONS, ImageReadError, decode_image_bytes
 from tfdml.export import EMBEDDING_OUTPUT, IMAGE_INPUT, METADATA_FILE, SERVING_SIGNATURE, resolve_export_dir
@@ -173,9 +175,14 @@ def write_shard(output, shard, items, job):
             target_recall=job.target_recall,
         )
         save_index(index, F.shard_index_dir(output, shard))
-        record["index"] = {"dir": os.path.join(F.INDEXES_DIR, f"shard-{shard:05d}"), "mode": index.mode}
+        record["index"] = {"dir": f"{F.INDEXES_DIR}/shard-{shard:05d}", "mode": index.mode}
         if index.recall:
             record["index"]["recall"] = index.recall
+    if "://" not in output:  # a remote store keeps its own checksums (GCS's CRC32C, S3's ETag)
+        record["files"] = {record["file"]: durable.file_record(path)}
+        if "index" in record:
+            index_files = durable.folder_records(F.shard_index_dir(output, shard))
+            record["files"].update({f"{record['index']['dir']}/{name}": rec for name, rec in index_files.items()})
     return record
 
 
@@ -274,7 +281,8 @@ def gallery_counts(records):
 
 
 def evaluation_inputs(output, metrics):
-    """`(shard records, class counts)` of an output folder to evaluate; `ValueError` naming what is missing."""
+    """`(shard records, class counts)` of an output folder to evaluate; `ValueError` naming what is missing,
+    `tfdml.durable.DamagedFileError` (a `ValueError`) naming a shard file that fails its recorded checksum."""
     records = F.shard_records(output)
     if not records:
         raise ValueError(f"{output} holds no embedding shard (no {F.SHARDS_FILE}): run tfdml embed first.")
@@ -283,6 +291,9 @@ def evaluation_inputs(output, metrics):
     unknown = set(metrics) - set(RETRIEVAL_METRICS)
     if unknown:
         raise ValueError(f"unknown metrics {sorted(unknown)}; choose from {RETRIEVAL_METRICS}.")
+    if "://" not in output:
+        for record in records:  # a damaged shard or index is named before any is read
+            durable.check_files(output, record.get("files", {}))
     counts = gallery_counts(records)
     if set(counts) == {""}:
         raise ValueError(f"{output} has no classes (its input gave none): retrieval metrics need them.")

@@ -6,7 +6,7 @@ in a queue (without gradient) and computes the wrapped loss with the current bat
 as references: a small batch on a 2-core CPU or one GPU mines its pairs among `memory_size` items.
 
 Semantics (those of pytorch-metric-learning's `CrossBatchMemory`, around the same loss, checked against it
-in `tests/test_cross_batch_memory.py`):
+in `tests/losses/test_cross_batch_memory.py`):
 
 1. the batch is enqueued first: its (detached) embeddings overwrite the slots `(c, c + 1, ..., c + B - 1)
    mod M` of the queue, `c` the number of items enqueued so far (a ring buffer; `B <= M`);

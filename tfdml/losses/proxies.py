@@ -31,11 +31,13 @@ from tfdml.losses.arguments import DECLARED, REQUIRED, Argument, declared, defau
 from tfdml.losses.base import MetricLoss
 from tfdml.losses.label_checks import check_label_range
 from tfdml.ops import (
+    DISTANCES,
     as_scalar,
+    distance_matrix,
+    distance_name,
     l2_normalize,
     masked_logsumexp,
     pairwise_cosine_similarity,
-    pairwise_squared_distance,
     safe_divide,
     validate_inputs,
 )
@@ -78,30 +80,33 @@ def proxy_anchor_loss(labels, embeddings, proxies, margin=DECLARED, alpha=DECLAR
     return _proxy_anchor_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), margin, alpha)
 
 
-def _proxy_nca_loss(labels, embeddings, proxies, softmax_scale):
-    sq_dist = pairwise_squared_distance(l2_normalize(embeddings), l2_normalize(proxies))
-    logits = -as_scalar(softmax_scale, sq_dist.dtype) * sq_dist
+def _proxy_nca_loss(labels, embeddings, proxies, softmax_scale, distance="squared_euclidean"):
+    dist = distance_matrix(distance, l2_normalize(embeddings), l2_normalize(proxies))
+    logits = -as_scalar(softmax_scale, dist.dtype) * dist
     per_sample = ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     # PML drops samples whose class probability underflows to 0 (and averages over the rest).
-    kept = ops.cast(ops.exp(-per_sample) > 0, sq_dist.dtype)
+    kept = ops.cast(ops.exp(-per_sample) > 0, dist.dtype)
     return safe_divide(ops.sum(per_sample * kept), ops.sum(kept))
 
 
 @defaults_from("ProxyNCALoss")
-def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=DECLARED):
+def proxy_nca_loss(labels, embeddings, proxies, softmax_scale=DECLARED, distance=DECLARED):
     """ProxyNCA loss (Movshovitz-Attias et al. 2017) with PML's defaults: squared Euclidean distances of
     L2-normalised embeddings and proxies, softmax over all proxies (the own class included).
 
-    The default is that of `ProxyNCALoss`'s declaration (`ProxyNCALoss.ARGUMENTS`).
+    The defaults are those of `ProxyNCALoss`'s declaration (`ProxyNCALoss.ARGUMENTS`).
 
     Args:
-        softmax_scale: multiplies the negative squared distances before the softmax.
+        softmax_scale: multiplies the negative distances before the softmax.
+        distance: `"squared_euclidean"` (PML's default), `"euclidean"` or `"cosine"` (`tfdml.ops.DISTANCES`)
+            between the normalised embeddings and proxies.
 
     Returns:
         Scalar loss: mean over the samples.
     """
     labels, embeddings = validate_inputs(labels, embeddings)
-    return _proxy_nca_loss(labels, embeddings, ops.cast(proxies, embeddings.dtype), softmax_scale)
+    proxies = ops.cast(proxies, embeddings.dtype)
+    return _proxy_nca_loss(labels, embeddings, proxies, softmax_scale, distance_name(distance))
 
 
 def _copied(spec):
@@ -240,15 +245,23 @@ class ProxyAnchorLoss(ProxyLoss):
 @declared
 class ProxyNCALoss(ProxyLoss):
     """ProxyNCA loss (Movshovitz-Attias et al. 2017), as PML's `ProxyNCALoss(num_classes, embedding_size,
-    softmax_scale)`: `l_i = -log softmax_c(-softmax_scale ||f_i - p_c||^2)[y_i]` on L2-normalised embeddings
-    and proxies, `L = mean_i l_i`. Proxies start as PML's, `N(0, 1)`.
+    softmax_scale)`: `l_i = -log softmax_c(-softmax_scale d(f_i, p_c))[y_i]` on L2-normalised embeddings and
+    proxies, `d` the squared Euclidean distance by default (PML's `LpDistance(power=2)`), `L = mean_i l_i`.
+    Proxies start as PML's, `N(0, 1)`.
 
     Args (defaults and ranges in `ARGUMENTS`, also the configuration's `loss.params`):
         num_classes, embedding_dim, proxy_optimizer, proxy_initializer: see `ProxyLoss`.
         softmax_scale: scale of the logits.
+        distance: `"squared_euclidean"`, `"euclidean"` or `"cosine"` (`tfdml.ops.DISTANCES`).
     """
 
     loss_fn = staticmethod(_proxy_nca_loss)
 
     DEFAULT_NAME = "proxy_nca_loss"
-    ARGUMENTS = (*ProxyLoss.ARGUMENTS, Argument("softmax_scale", 1.0, "scale of the logits", above=0.0, maximum=1e4))
+    ARGUMENTS = (
+        *ProxyLoss.ARGUMENTS,
+        Argument("softmax_scale", 1.0, "scale of the logits", above=0.0, maximum=1e4),
+        Argument(
+            "distance", "squared_euclidean", "embedding-proxy distance (tfdml.ops.DISTANCES)", choices=tuple(DISTANCES)
+        ),
+    )

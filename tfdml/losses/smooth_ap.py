@@ -15,7 +15,7 @@ pytorch-metric-learning 2.9 computes the same for batches whose labels come in c
 size with as many classes as samples per class (`[A, A, A, B, B, B, C, C, C]`); it refuses classes of unequal
 sizes, and for other block layouts (e.g. 4 classes x 2) its grouping of the batch (it reshapes the batch into
 `[samples per class, classes]` blocks) does not follow the labels. This loss reads the positives from the
-labels, for any batch; `tests/test_losses_smooth_ap.py` checks it against PML where PML applies.
+labels, for any batch; `tests/losses/test_losses_smooth_ap.py` checks it against PML where PML applies.
 """
 
 import keras

@@ -22,7 +22,7 @@ and restored with the model; `reset_state()` zeroes it. An empty step keeps it.
 How the recurrence is computed: the input projections of every layer are one batched product (the first
 layer's kernel acts on the concatenation `[f_1, ..., f_m]`, applied as `sum_k (F W_k)[i_k]`, each embedding
 projected once and gathered per tuple); only `h @ U` is sequential, in XLA-compiled loops with a
-hand-written backward pass (`lstm_sequence`). It matches `keras.layers.LSTM` (`tests/test_ala.py`).
+hand-written backward pass (`lstm_sequence`). It matches `keras.layers.LSTM` (`tests/models/ala/test_ala.py`).
 """
 
 import keras

@@ -16,7 +16,7 @@ try:  # the optional dependency, checked before anything else loads: Ray Core, R
     import ray  # noqa: F401
     import ray.data  # noqa: F401
     import ray.train  # noqa: F401
-except ImportError as error:  # exercised in a subprocess by tests/test_ray_optional.py
+except ImportError as error:  # exercised in a subprocess by tests/ray/test_ray_optional.py
     raise ImportError(
         f"tfdml.ray needs Ray: {RAY_INSTALL} in the top folder of tfdml's source (missing: {error.name})"
     ) from error

@@ -15,7 +15,7 @@ Every actor and task asks Ray for `RayCluster.cpus` CPUs, a fraction by default:
 node whose one CPU is partly held by an actor waits without an error. The output folder must be one every node
 writes and the driver reads (a shared file system or a URL), as the shards are written on the nodes.
 
-Example (an export and a folder of your own; `tests/test_ray_embed.py` runs the same calls on a two-node
+Example (an export and a folder of your own; `tests/ray/test_ray_embed.py` runs the same calls on a two-node
 cluster):
 
     job = EmbedJob(model="exported_models/cub", output="/shared/embeddings/cub", image_dir="/shared/cub")

@@ -15,7 +15,7 @@ Algorithm 1, `L_va` the base loss on the validation subset unless `ALAModel(vali
 bounded softmax weights of mean 1; `variant="paper"` is Algorithm 1 literally (every tuple, sigmoid weights,
 sums over tuples). `tfdml.ala_options.VARIANTS` lists what each variant sets; the DML-ALA guide says why, and
 the label-noise benchmark what it measures. The meta-gradient is exact, without a Hessian (`episode.py`: one
-Jacobian-vector product of the embedder), checked against finite differences in `tests/test_ala.py`; the
+Jacobian-vector product of the embedder), checked against finite differences in `tests/models/ala/test_ala.py`; the
 look-ahead `theta'` is the paper's SGD step or the compiled optimizer's, moving every variable or, cheaper, the
 embedder's head alone (`lookahead_variables="head"`: `lookahead.py`).
 

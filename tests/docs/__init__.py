@@ -1,0 +1,1 @@
+"""Tests of the documentation (docs/, README.md, docstrings, scripts/)."""
