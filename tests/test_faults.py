@@ -7,6 +7,7 @@ training history, equal to the last bit). The disk faults come from `tests.fault
 
 import errno
 import json
+import logging
 import os
 import re
 
@@ -274,6 +275,30 @@ def test_disk_faults_at_drawn_moments_of_an_export(tmp_path, monkeypatch, capsys
     assert os.listdir(tmp_path / "ex" / "x") == []
     assert cli.main(export) == 0
     assert ExportedEmbedder(tmp_path / "ex" / "x").version == 1
+
+
+def test_a_refused_write_of_a_beam_worker_is_one_line(tmp_path, monkeypatch, capsys, caplog):
+    """A shard's write refused inside a Beam worker: `tfdml embed` says it in its one line, and Beam's log of
+    the worker's error (its traceback, on stderr before the runner raises it again) is left out."""
+    pytest.importorskip("apache_beam", reason='tfdml embed needs the beam extra: pip install -e ".[beam]"')
+    import numpy as np
+
+    from tests.test_beam import _write_images
+    from tests.test_export import single_output_model
+    from tfdml.export import export_saved_model
+
+    version = export_saved_model(single_output_model(), tmp_path / "exported")
+    _write_images(tmp_path / "images", np.random.default_rng(0), classes=2, per_class=3)
+    output = tmp_path / "out"
+    embed = ["embed", "--model", version, "--image-dir", str(tmp_path / "images"), "--output", str(output)]
+    with monkeypatch.context() as patch:
+        shim = DiskShim(0, errno.EIO).install(patch)  # the first write, a shard's in a worker, fails
+        assert cli.main(embed) == 2
+    assert shim.failed.endswith(".tfrecord.tmp"), shim.failed
+    line = _one_error_line(capsys.readouterr().err, "embed")
+    assert line.startswith(f"tfdml embed: error: cannot write {output}: input/output error"), line
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+    assert not output.exists()
 
 
 def test_drawn_damage_to_an_export_is_named(exported, tmp_path):

@@ -8,7 +8,9 @@ tfdml embed --model gs://b/models/cub/1 --tfrecords 'gs://b/images-*.tfrecord' -
     --runner DataflowRunner --project P --region europe-west1 --temp_location gs://b/tmp
 """
 
+import contextlib
 import dataclasses
+import logging
 import os
 import sys
 
@@ -183,7 +185,8 @@ def _run(args):
     lock = FolderLock(args.output, "tfdml embed", advice="wait for it to finish, or write another folder")
     with lock if "://" not in args.output else _no_lock():
         try:
-            manifest = run_embed(job, lambda text: print(f"tfdml embed: warning: {text}", file=sys.stderr))
+            with _worker_errors_unlogged():
+                manifest = run_embed(job, lambda text: print(f"tfdml embed: warning: {text}", file=sys.stderr))
         except (ValueError, OSError) as error:
             return usage_error("embed", storage_error(error, args.output) or error)
         except Exception as error:  # a runner wraps a worker's error: a refused write is still said in one line
@@ -213,6 +216,19 @@ def _run(args):
             print(format_table({key: value for key, value in results.items() if key != "queries"}))
             print(f"metrics of {results['queries']} queries written to {os.path.join(args.output, 'evaluation.json')}")
     return 0
+
+
+@contextlib.contextmanager
+def _worker_errors_unlogged():
+    """Beam logs a worker's error with its traceback before the runner raises it again: here it is said once,
+    in one line (a refused write) or with its traceback (any other error, raised on)."""
+    logger = logging.getLogger("apache_beam.runners.common")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 class _no_lock:
