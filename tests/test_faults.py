@@ -283,8 +283,8 @@ def test_a_refused_write_of_a_beam_worker_is_one_line(tmp_path, monkeypatch, cap
     pytest.importorskip("apache_beam", reason='tfdml embed needs the beam extra: pip install -e ".[beam]"')
     import numpy as np
 
-    from tests.test_beam import _write_images
-    from tests.test_export import single_output_model
+    from tests.beam.test_beam import _write_images
+    from tests.export.test_export import single_output_model
     from tfdml.export import export_saved_model
 
     version = export_saved_model(single_output_model(), tmp_path / "exported")

@@ -5,6 +5,8 @@ A power cut after a rename can otherwise leave the renamed file empty or partial
 before the data it names unless the data was synced first (PostgreSQL's and SQLite's discipline). A damaged
 file is named by `check_files` (a `DamagedFileError`); a write that fails for lack of space, an I/O error or a
 read-only file system becomes a `StorageError` whose message is one line naming the path and the free space.
+A whole output (an export's version, an embed's folder) is written in a `staging_folder`, which also clears
+the staging folders of writers killed before they finished.
 """
 
 import contextlib
@@ -14,6 +16,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import tempfile
 
 # The write failures of the storage itself (not of the program): said in one line, the work kept.
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -75,6 +79,30 @@ def temporary_path(target):
     each renames a whole file of its own into place."""
     folder, name = os.path.split(os.path.abspath(target))
     return os.path.join(folder, f".tmp-{os.getpid()}-{name}")
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def staging_folder(parent, prefix):
+    """A fresh folder `<prefix><host>-<pid>-XXXX` in `parent` to write a whole output in before it is renamed
+    into place. Those a killed process left there (same prefix, this host, a process id no longer alive) are
+    removed first: never read, they would otherwise hold their disk space for good. A live writer's, or another
+    host's on a shared file system, is left alone."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+    stale = re.compile(re.escape(f"{prefix}{host}-") + r"(\d+)-")
+    for name in os.listdir(parent):
+        found = stale.match(name)
+        if found and int(found[1]) != os.getpid() and not _alive(int(found[1])):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{host}-{os.getpid()}-", dir=parent)
 
 
 @contextlib.contextmanager

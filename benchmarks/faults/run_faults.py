@@ -23,7 +23,8 @@ Kinds of draw (seeded; each draw gets its own generator from the seed and its nu
   the same command then writes version 1, which `ExportedEmbedder` loads.
 - `export_kill`: `python -m tfdml export` of that model in a subprocess, SIGKILLed after a drawn delay
   (uniform over the uninterrupted export's time in a subprocess). Passes when every version the kill left
-  loads (none half-written is ever a version) and the rerun's newest version loads.
+  loads (none half-written is ever a version), the rerun's newest version loads and no staging folder of
+  the killed export is left (the rerun removes it).
 - `embed_disk`: `tfdml embed` (Beam's DirectRunner, in this process) of a small folder of generated images
   with that export into 2 shards, on a disk that fails after a drawn number of the run's bytes with a drawn
   error. Passes when it ends in one `cannot write` line naming the error with exit status 2, no output
@@ -32,7 +33,8 @@ Kinds of draw (seeded; each draw gets its own generator from the seed and its nu
 - `embed_kill`: `python -m tfdml embed` in a subprocess, SIGKILLed after a drawn delay (uniform over the
   uninterrupted run's time in a subprocess). Passes when the output folder is absent or complete (its
   manifest written, its shards the uninterrupted run's) and the rerun (with `--overwrite` where the output
-  exists) writes the uninterrupted run's shards. The two `embed` kinds need the beam extra; without it they
+  exists) writes the uninterrupted run's shards, removing the killed run's staging folder. The two `embed`
+  kinds need the beam extra; without it they
   are left out, which is said.
 
     nice -n 15 python -m benchmarks.faults.run_faults --minutes 26 --draws 5000 --out benchmarks/faults/results.json
@@ -129,11 +131,11 @@ def _temporary(folder):
     return sorted(name for _, names, files in os.walk(folder) for name in names + files if name.startswith(".tmp-"))
 
 
-def _note_left(kind, draw_folder):
-    """Says, in the run's log, the temporary files a kill left that its rerun did not remove."""
+def _left_problem(what, draw_folder):
+    """The temporary files and folders a kill left that its rerun did not remove (a staging folder holds its
+    disk space for good), or None."""
     left = _temporary(draw_folder)
-    if left:
-        print(f"  note ({kind}): the rerun left {', '.join(left)}", flush=True)
+    return f"{what}: the rerun left {', '.join(left)}" if left else None
 
 
 class Reference:
@@ -150,7 +152,7 @@ class Reference:
             self.process_seconds = _process_seconds(self, _job("reference_process"))
             self.figures.update(reference_bytes=self.bytes, reference_process_seconds=self.process_seconds)
         if set(kinds) & set(CLI_EXPORT_KINDS):
-            from tests.test_export import single_output_model
+            from tests.export.test_export import single_output_model
 
             self.keras_model = os.path.join(work, "m.keras")
             single_output_model().save(self.keras_model)
@@ -159,7 +161,7 @@ class Reference:
             self.export_seconds = _process_seconds(self, self.export_argv("export_reference_process"))
             self.figures.update(export_bytes=self.export_bytes, export_process_seconds=self.export_seconds)
         if set(kinds) & set(EMBED_KINDS):
-            from tests.test_beam import _write_images
+            from tests.beam.test_beam import _write_images
 
             self.images = os.path.join(work, "images")
             _write_images(pathlib.Path(self.images), np.random.default_rng(0), classes=3, per_class=6)
@@ -317,8 +319,7 @@ def export_kill(reference, rng, folder):
     what = f"killed after {delay:.2f} s"
     problem, _ = _versions_problem(os.path.join(reference.work, folder, "x"))
     problem = f"{what}: {problem}" if problem else _export_rerun(reference, folder, what)
-    _note_left("export_kill", os.path.join(reference.work, folder))
-    return problem
+    return problem or _left_problem(what, os.path.join(reference.work, folder))
 
 
 def _shards(output):
@@ -367,8 +368,7 @@ def embed_kill(reference, rng, folder):
     output = os.path.join(reference.work, folder, "out")
     problem = _embed_output_problem(reference, output) if os.path.exists(output) else None
     problem = f"{what}: the kill left {problem}" if problem else _embed_rerun(reference, folder, what)
-    _note_left("embed_kill", os.path.join(reference.work, folder))
-    return problem
+    return problem or _left_problem(what, os.path.join(reference.work, folder))
 
 
 def _tensorflow_version():

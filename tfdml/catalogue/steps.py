@@ -226,7 +226,7 @@ def run_into_output(job, write, engine, say=print):
     if local:
         target = os.path.abspath(job.output)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=f".tmp-embed-{os.path.basename(target)}-", dir=os.path.dirname(target))
+        staging = durable.staging_folder(os.path.dirname(target), f".tmp-embed-{os.path.basename(target)}-")
     else:
         if tf.io.gfile.exists(job.output):
             tf.io.gfile.rmtree(job.output)

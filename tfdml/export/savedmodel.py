@@ -8,7 +8,6 @@ import errno
 import math
 import os
 import shutil
-import tempfile
 
 import tensorflow as tf
 
@@ -170,7 +169,7 @@ def _write_version(archive, metadata, model_dir, target, embedded, index_mode, i
     staging = None
     try:
         with durable.storage_errors(target):
-            staging = tempfile.mkdtemp(prefix=".tmp-export-", dir=model_dir)
+            staging = durable.staging_folder(model_dir, ".tmp-export-")
             written = os.path.join(staging, "model")
             archive.write_out(written, verbose=False)
             _write_json(os.path.join(written, METADATA_FILE), metadata)
