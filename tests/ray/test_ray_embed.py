@@ -16,6 +16,8 @@ from tests.ray_cluster import two_node_cluster  # before Ray: it sets what Ray r
 
 pytest.importorskip("ray", reason='the Ray tests need the ray extra: pip install -e ".[ray]"')
 
+pytestmark = pytest.mark.slow  # the tests share one two-node Ray cluster and its embed run
+
 from tfdml import export as E  # noqa: E402
 from tfdml.catalogue.files import read_shard, shard_records  # noqa: E402
 from tfdml.cli import main  # noqa: E402

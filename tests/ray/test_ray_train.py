@@ -17,6 +17,8 @@ from tests.ray_cluster import two_node_cluster  # before Ray: it sets what Ray r
 
 pytest.importorskip("ray", reason='the Ray tests need the ray extra: pip install -e ".[ray]"')
 
+pytestmark = pytest.mark.slow  # each test trains on a two-node Ray cluster
+
 import psutil  # noqa: E402  (a dependency of Ray)
 
 from tfdml.cli import main  # noqa: E402
