@@ -27,7 +27,7 @@ printed = io.StringIO()
 with contextlib.redirect_stdout(printed):
     assert cli.main(["train", "--print-config"]) == 0
 print(json.dumps({
-    "model": model.assessor_steps,
+    "model": model.options.assessor_steps,
     "get_config": model.get_config()["assessor_steps"],
     "config": default_config().ala.params.assessor_steps,
     "print_config": yaml.safe_load(printed.getvalue())["ala"]["params"]["assessor_steps"],

@@ -133,12 +133,12 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
             "val_neg_d",
         )
     }
-    saved = model.lookahead_variables
+    saved = model.options.lookahead_variables
     for batch, val in zip(batches[:PROBE_BATCHES], extra[:PROBE_BATCHES]):
         tx, ty = tf.constant(data["train_x"][batch]), tf.constant(data["train_y"][batch])
         vx, vy = tf.constant(data["train_x"][val]), tf.constant(val_labels[val])
         for mode in rows:
-            model.lookahead_variables = "head" if mode == "head" else "all"
+            model.options.lookahead_variables = "head" if mode == "head" else "all"
             episode = EpisodeDerivatives(model, tx, ty, vx, vy)
             push, after, before = pair_push(model, episode, body_rate_zero=mode == "all_body0")
             if mode == modes[0]:  # the pairs and the embeddings are the same whatever the look-ahead
@@ -160,7 +160,7 @@ def probe(model, data, batches, extra, val_labels, modes=("head", "all", "all_bo
         geometry["d_wrong"].append(d[~correct])
         geometry["zero_clean"].append(values[correct] == 0)
         geometry["zero_wrong"].append(values[~correct] == 0)
-    model.lookahead_variables = saved
+    model.options.lookahead_variables = saved
     return summary(rows, geometry)
 
 

@@ -129,7 +129,7 @@ def test_weights_reweight_the_terms_through_the_losses_own_reduction():
     model.compile(optimizer=keras.optimizers.SGD(lr))
     model.assessor.output_kernel.assign(np.random.default_rng(0).normal(size=model.assessor.output_kernel.shape))
     x, y, vx, vy = _episode(dtype="float64", seed=8)
-    model.assessor_steps = 0
+    model.options.assessor_steps = 0
     tuples, weights = model.tuple_weights(x, y)
     assert np.std(weights.numpy()) > 1e-3  # not uniform
     with tf.GradientTape() as tape:
@@ -256,7 +256,7 @@ def _reference_meta_loss(model, episode, rates, validation_loss=None, weights=No
     val_loss = loss if validation_loss is None else validation_loss
     with tf.GradientTape() as tape:
         terms = loss.terms(tf.constant(train_y), model.embedder(train_x, training=True))
-        if model.reduction == "sum":
+        if model.options.reduction == "sum":
             value = tf.reduce_sum(weights * terms.values)
         else:
             value = reduce_terms(terms, weights)
@@ -265,7 +265,7 @@ def _reference_meta_loss(model, episode, rates, validation_loss=None, weights=No
     for variable, t, rate, g in zip(variables, theta, rates, grads):
         variable.assign(t - rate * g.numpy())
     val_embeddings = model.embedder(val_x, training=True)
-    if model.reduction == "sum":
+    if model.options.reduction == "sum":
         meta_loss = float(tf.reduce_sum(val_loss.terms(tf.constant(val_y), val_embeddings).values))
     else:
         meta_loss = float(val_loss.compute(tf.constant(val_y), val_embeddings))
@@ -358,7 +358,7 @@ def test_output_penalty_adds_its_pull_to_the_meta_gradient():
 
     _check_meta_gradient(model, episode, rates, extra=pull)
     with_pull = np.concatenate([g.numpy().ravel() for g in model.meta_gradient(*episode)[0]])
-    model.output_penalty = 0.0
+    model.options.output_penalty = 0.0
     without = np.concatenate([g.numpy().ravel() for g in model.meta_gradient(*episode)[0]])
     assert np.abs(with_pull - without).max() > 0.1 * np.abs(without).max()
 
@@ -391,7 +391,7 @@ def test_optimizer_lookahead_at_uniform_weights_is_the_real_step():
     """`lookahead="optimizer"`: with every weight 1 the virtual step (10) is exactly the step Adam then takes."""
     model = _float64_model(LOSSES["triplet_all"](), optimizer=keras.optimizers.Adam(0.05), lookahead="optimizer")
     _uniform_assessor(model)
-    model.assessor_steps = 0
+    model.options.assessor_steps = 0
     for seed in (10, 11):  # Adam with state
         model.train_step(_episode(dtype="float64", seed=seed))
     x, y = _episode(dtype="float64", seed=3)[:2]
@@ -437,7 +437,7 @@ def test_head_lookahead_is_the_full_lookahead_with_the_body_at_rate_zero(lookahe
     body = model.optimizer._optimizer_map(model.embedder.trainable_variables[0])
 
     def meta_gradient(variables, body_rate):
-        model.lookahead_variables = variables
+        model.options.lookahead_variables = variables
         body.learning_rate.assign(body_rate)
         grads, meta_loss = model.meta_gradient(*episode)
         return np.concatenate([g.numpy().ravel() for g in grads]), float(meta_loss)
@@ -451,7 +451,7 @@ def test_head_lookahead_is_the_full_lookahead_with_the_body_at_rate_zero(lookahe
     moving_body, moving_body_loss = meta_gradient("all", 0.25)  # not a vacuous equality
     assert abs(moving_body_loss - head_loss) > 1e-6 and np.abs(moving_body - head).max() > 1e-4
     if lookahead == "sgd":
-        model.lookahead_variables = "head"
+        model.options.lookahead_variables = "head"
         assert model.lookahead_positions == [2, 3]  # the last Dense layer's kernel and bias
         _check_meta_gradient(model, episode, [0.0, 0.0, 0.5, 0.5])
 
@@ -552,9 +552,13 @@ def test_state_and_the_losses_beta_survive_save_load(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, ALAModel) and isinstance(loaded.base_loss, MarginLoss)
-    assert loaded.temperature == 0.7 and loaded.assessor.units == 4 and loaded.lookahead_variables == "head"
+    assert (
+        loaded.options.temperature == 0.7
+        and loaded.assessor.units == 4
+        and loaded.options.lookahead_variables == "head"
+    )
     assert model.get_config()["lookahead_variables"] == "head"
-    assert loaded.output_penalty == 0.2
+    assert loaded.options.output_penalty == 0.2
     assert isinstance(loaded.validation_loss, ContrastiveLoss) and loaded.validation_loss.neg_margin == 1.2
     assert loaded.validation_loss.pos_margin == 0.1
     default = ALAModel(_embedder(), base_loss="contrastive")  # None: the base loss, saved as None

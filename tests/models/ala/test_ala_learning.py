@@ -110,7 +110,7 @@ def test_ala_training_builds_the_method_and_its_baseline_on_the_same_episodes():
             val_classes=2,
         )
     model, ds = runs["assessor"]
-    assert model.embedding_dim == 16 and model.weighting == "assessor" and model.loss_variables
+    assert model.embedding_dim == 16 and model.options.weighting == "assessor" and model.loss_variables
     variables = model.embedder.trainable_variables
     rates = {v.path: float(r) for v, r in zip(variables, inner_rates(model.optimizer, variables))}
     assert [r for p, r in rates.items() if "head_H" in p] == [pytest.approx(1e-3)]  # the new layer's 10x rate

@@ -127,7 +127,7 @@ def test_default_variant_weighs_positive_pairs_for_every_base_loss():
 
     def choices(**kwargs):
         model = ALAModel(embedder, assessor_units=4, **kwargs)
-        return model.assessed, model.assessor.state
+        return model.options.assessed, model.assessor.state
 
     for base_loss in ("contrastive", "triplet", "margin"):
         assert choices(base_loss=base_loss) == ("positive_pairs", "per_step")
@@ -135,13 +135,13 @@ def test_default_variant_weighs_positive_pairs_for_every_base_loss():
     assert choices(base_loss="triplet", variant="paper") == ("all", "per_tuple")
     assert choices(base_loss="triplet", assessed="all", state="per_tuple") == ("all", "per_tuple")
     # the logits of the softmax weights are bounded (r = 1) unless asked otherwise; inf survives a save
-    assert ALAModel(embedder, base_loss="contrastive", assessor_units=4).weight_range == 1.0
-    assert ALAModel(embedder, base_loss="triplet", assessor_units=4).weight_range == 1.0
-    assert ALAModel(embedder, base_loss="triplet", variant="paper", assessor_units=4).weight_range is None
-    assert ALAModel(embedder, base_loss="contrastive", weights="sigmoid", assessor_units=4).weight_range is None
+    assert ALAModel(embedder, base_loss="contrastive", assessor_units=4).options.weight_range == 1.0
+    assert ALAModel(embedder, base_loss="triplet", assessor_units=4).options.weight_range == 1.0
+    assert ALAModel(embedder, base_loss="triplet", variant="paper", assessor_units=4).options.weight_range is None
+    assert ALAModel(embedder, base_loss="contrastive", weights="sigmoid", assessor_units=4).options.weight_range is None
     unbounded = ALAModel(embedder, base_loss="contrastive", weight_range=float("inf"), assessor_units=4)
-    assert unbounded.weight_range is None
-    assert ALAModel.from_config(unbounded.get_config()).weight_range is None
+    assert unbounded.options.weight_range is None
+    assert ALAModel.from_config(unbounded.get_config()).options.weight_range is None
 
 
 @pytest.mark.slow

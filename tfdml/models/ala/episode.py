@@ -40,7 +40,7 @@ class EpisodeDerivatives:
             self.embeddings, self.new_non_trainable = embedder.stateless_call(
                 self.theta, self.non_trainable, train_x, training=True
             )
-        self.cut = self.cut_pairs() if model.distance_cut is not None and val_x is not None else None
+        self.cut = self.cut_pairs() if model.options.distance_cut is not None and val_x is not None else None
         with tf.GradientTape(persistent=True) as self.loss_tape:
             self.loss_tape.watch(self.embeddings)
             self.terms = model.base_loss.terms(self.train_y, self.embeddings)
@@ -53,8 +53,8 @@ class EpisodeDerivatives:
         # The assessor's input features are constants of the episode: computed once for its K + 1 assessments
         # (here, outside the conditional meta-update of meta_interval > 1, whose branch could not share them).
         # Read by the assessor's geometry input.
-        self._needs_features = model.assessor_input != "embeddings"
-        self._features = self.features() if model.weighting == "assessor" and self._needs_features else None
+        self._needs_features = model.options.assessor_input != "embeddings"
+        self._features = self.features() if model.options.weighting == "assessor" and self._needs_features else None
 
     def cut_pairs(self):
         """bool `[B, B]`: the training subset's positive pairs beyond `distance_cut`'s quantile of the validation
@@ -63,7 +63,7 @@ class EpisodeDerivatives:
         val_embeddings, _ = self.model.embedder.stateless_call(
             self.theta, self.non_trainable, self.val_x, training=True
         )
-        threshold = positive_distance_quantile(self.val_y, val_embeddings, self.model.distance_cut)
+        threshold = positive_distance_quantile(self.val_y, val_embeddings, self.model.options.distance_cut)
         return positive_pairs_beyond(self.train_y, self.embeddings, threshold)
 
     # -------------------------------------------------------------------------------- weights and losses
@@ -81,7 +81,7 @@ class EpisodeDerivatives:
         if features is None and self._needs_features:
             features = self.features()  # a uniform model asked for its weights
         raw, new_state = model.assessor(
-            embeddings, self.units, None if model.assessor_input == "embeddings" else features
+            embeddings, self.units, None if model.options.assessor_input == "embeddings" else features
         )
         logits = tf.cast(raw, self.values.dtype)
         bounded = model.bounded_logits(logits)
@@ -149,12 +149,12 @@ class EpisodeDerivatives:
             model = self.model
             variables = model.embedder.trainable_variables
             self._lookahead = lookahead_terms(
-                model.lookahead,
+                model.options.lookahead,
                 getattr(model, "optimizer", None),
                 [variables[i] for i in self.positions],
                 self.moved,
                 lambda: self.gradients(tf.ones_like(self.values), self.moved)[0],
-                model.inner_learning_rate,
+                model.options.inner_learning_rate,
             )
         return self._lookahead
 
@@ -196,17 +196,17 @@ class EpisodeDerivatives:
         by differentiating it in its (linear) upstream: one more pass through the recorded backward pass
         instead of a forward-mode pass that would run the embedder again."""
         model = self.model
-        with tf.GradientTape(persistent=bool(model.output_penalty)) as tape:
+        with tf.GradientTape(persistent=bool(model.options.output_penalty)) as tape:
             weights, raw, _, bounded = self.assess()
             coefficients = model.coefficients(self.terms, weights)
         alignment, meta_loss = self.alignment(coefficients)
         with tape:
             surrogate = -tf.reduce_sum(coefficients * tf.stop_gradient(alignment))
-        if model.output_penalty:
+        if model.options.output_penalty:
             scale = self.penalty_scale(tape, surrogate, bounded)
             with tape:
                 outputs = tf.cast(raw, scale.dtype)
-                surrogate += model.output_penalty * scale * 0.5 * tf.reduce_sum(tf.square(outputs))
+                surrogate += model.options.output_penalty * scale * 0.5 * tf.reduce_sum(tf.square(outputs))
         phi_grads = tape.gradient(surrogate, model.assessor.trainable_variables, unconnected_gradients=ZERO)
         return phi_grads, meta_loss
 

@@ -136,22 +136,10 @@ class ALAModel(keras.Model):
         self.embedder = embedder
         self.base_loss = resolve_base_loss(base_loss, loss_params)
         self.validation_loss = resolve_validation_loss(validation_loss, validation_loss_params, self.base_loss)
+        # Read where they are used (`self.options.X`), never copied: one place holds each switch's value.
         self.options = chosen = options.ALAOptions(**switches).resolved()
-        self.variant, self.weight_form, self.reduction = chosen.variant, chosen.weights, chosen.reduction
-        self.temperature, self.weight_floor, self.weight_range = (
-            chosen.temperature,
-            chosen.weight_floor,
-            chosen.weight_range,
-        )
-        self.output_penalty = chosen.output_penalty
-        self.distance_cut = chosen.distance_cut
-        self.lookahead, self.inner_learning_rate = chosen.lookahead, chosen.inner_learning_rate
-        self.lookahead_variables = chosen.lookahead_variables
-        self.assessor_input, self.weighting, self.assessed = chosen.assessor_input, chosen.weighting, chosen.assessed
-        self.assessor_steps, self.meta_interval = chosen.assessor_steps, chosen.meta_interval
-        self.assessor_learning_rate = chosen.assessor_learning_rate
-        if embedder.built and self.weighting == "assessor":
-            moved_positions(embedder, self.lookahead_variables)  # a "head" it lacks fails here, not in fit
+        if embedder.built and self.options.weighting == "assessor":
+            moved_positions(embedder, self.options.lookahead_variables)  # a "head" it lacks fails here, not in fit
         embedding_dim = embedding_dim if embedding_dim is not None else _embedding_size(embedder)
         if embedding_dim is None:
             raise ValueError(
@@ -159,41 +147,43 @@ class ALAModel(keras.Model):
                 "tfdml embedder, or pass embedding_dim=..."
             )
         self.embedding_dim = int(embedding_dim)
-        assessor_optimizer = options.VARIANTS[self.variant]["assessor_optimizer"]
+        assessor_optimizer = options.VARIANTS[self.options.variant]["assessor_optimizer"]
         self._init_assessor(assessor_optimizer, chosen.assessor_units, chosen.assessor_layers, chosen.state)
         self._init_loss_variables()
         names = ["loss"]
-        if self.weighting == "assessor":
+        if self.options.weighting == "assessor":
             names += ["meta_loss", "weight_mean", "weight_variance"]
-            if self.weight_form == "softmax":
+            if self.options.weights == "softmax":
                 names += ["output_std"]
-        if self.distance_cut is not None:
+        if self.options.distance_cut is not None:
             names += ["cut_fraction"]
         if self.base_loss.tuple_kind == "triplet":
-            names += ["hardness"] + (["weighted_hardness", "hardness_ratio"] if self.weighting == "assessor" else [])
+            names += ["hardness"] + (
+                ["weighted_hardness", "hardness_ratio"] if self.options.weighting == "assessor" else []
+            )
         self.trackers = {name: keras.metrics.Mean(name=name) for name in names}
         # Every weight exists now (the embedder is built): Keras' symbolic build, which assumes
         # (x, y, sample_weight) batches rather than episodes, is never needed.
         self.built = True
 
     def _init_assessor(self, optimizer_name, units, num_layers, state):
-        geometry = self.assessor_input != "embeddings"
+        geometry = self.options.assessor_input != "embeddings"
         self.assessor = TupleAssessor(
-            tuple_size=2 if self.base_loss.tuple_kind == "pair" or self.assessed == "positive_pairs" else 3,
+            tuple_size=2 if self.base_loss.tuple_kind == "pair" or self.options.assessed == "positive_pairs" else 3,
             units=units,
             num_layers=num_layers,
             state=state,
             num_features=NUM_GEOMETRY_FEATURES if geometry else 0,
-            use_embeddings=self.assessor_input != "geometry",
-            activation="sigmoid" if self.weight_form == "sigmoid" else "centred",
+            use_embeddings=self.options.assessor_input != "geometry",
+            activation="sigmoid" if self.options.weights == "sigmoid" else "centred",
             dtype=self.dtype_policy,
             name="assessor",
         )
         self.assessor.build((None, self.embedding_dim))
         if optimizer_name == "adam":
-            self.assessor_optimizer = keras.optimizers.Adam(self.assessor_learning_rate, name="assessor_adam")
+            self.assessor_optimizer = keras.optimizers.Adam(self.options.assessor_learning_rate, name="assessor_adam")
         else:
-            self.assessor_optimizer = keras.optimizers.SGD(self.assessor_learning_rate, name="assessor_sgd")
+            self.assessor_optimizer = keras.optimizers.SGD(self.options.assessor_learning_rate, name="assessor_sgd")
 
     def _init_loss_variables(self):
         """The base loss's variables (the margin loss's `beta`) become the model's (saved, checkpointed) and
@@ -212,7 +202,7 @@ class ALAModel(keras.Model):
     def lookahead_positions(self):
         """Positions, in the embedder's trainable variables, of those the virtual step moves
         (`lookahead_variables`: all, or the embedder's head, `tfdml.models.ala.lookahead.moved_positions`)."""
-        return moved_positions(self.embedder, self.lookahead_variables)
+        return moved_positions(self.embedder, self.options.lookahead_variables)
 
     # ------------------------------------------------------------------------------- weights, reduction
     def weights_from_outputs(self, outputs):
@@ -221,29 +211,37 @@ class ALAModel(keras.Model):
 
     def bounded_logits(self, outputs):
         """The softmax logits within `weight_range` (the outputs themselves for sigmoid weights or no bound)."""
-        if self.weight_form == "sigmoid" or self.weight_range is None:
+        if self.options.weights == "sigmoid" or self.options.weight_range is None:
             return outputs
-        return self.weight_range * tf.tanh(outputs / self.weight_range)  # no weight beyond exp(2 r / T) x another
+        return self.options.weight_range * tf.tanh(
+            outputs / self.options.weight_range
+        )  # no weight beyond exp(2 r / T) x another
 
     def weights_from_logits(self, logits):
         """The applied weights from the bounded logits (centred): `n softmax(z / T)`, floored; sigmoid: themselves."""
-        if self.weight_form == "sigmoid":
+        if self.options.weights == "sigmoid":
             return logits
-        weights = tf.cast(tf.size(logits), logits.dtype) * tf.nn.softmax(logits / self.temperature)
-        return self.weight_floor + (1.0 - self.weight_floor) * weights if self.weight_floor else weights
+        weights = tf.cast(tf.size(logits), logits.dtype) * tf.nn.softmax(logits / self.options.temperature)
+        return (
+            self.options.weight_floor + (1.0 - self.options.weight_floor) * weights
+            if self.options.weight_floor
+            else weights
+        )
 
     def assessed_tuples(self, terms, labels):
         """Positions of the terms the assessor weights: with the loss's reduction, those whose weight can
         change it (a zero term with a zero divisor adds nothing to the sum or to the count); all with sums;
         of those, for a pair loss with `assessed="positive_pairs"`, the positive pairs only."""
-        if self.reduction == "sum":
+        if self.options.reduction == "sum":
             matters = tf.ones_like(terms.values, tf.bool)
         else:
             matters = tf.logical_or(terms.term_divisors() > 0, tf.not_equal(tf.stop_gradient(terms.values), 0))
-        if self.assessed == "positive_pairs" and terms.kind == "pair":
+        if self.options.assessed == "positive_pairs" and terms.kind == "pair":
             pairs = tf.gather(labels, terms.indices)
             matters = tf.logical_and(matters, tf.equal(pairs[:, 0], pairs[:, 1]))
-        elif self.assessed == "positive_pairs":  # every triplet of an anchor-positive pair with one that matters
+        elif (
+            self.options.assessed == "positive_pairs"
+        ):  # every triplet of an anchor-positive pair with one that matters
             keys, pair_of = tf.unique(_pair_keys(terms.indices))
             pair_matters = tf.math.unsorted_segment_max(tf.cast(matters, tf.int32), pair_of, tf.size(keys))
             matters = tf.gather(pair_matters, pair_of) > 0
@@ -256,7 +254,7 @@ class ALAModel(keras.Model):
         triplet of a pair shares the pair's weight (under label noise a mislabelled positive pair is what
         is wrong, whatever the negative)."""
         indices = tf.gather(terms.indices, assessed)
-        if self.assessed != "positive_pairs" or terms.kind == "pair":
+        if self.options.assessed != "positive_pairs" or terms.kind == "pair":
             return indices, tf.range(tf.shape(indices)[0], dtype=tf.int32)
         keys, unit_of = tf.unique(_pair_keys(indices))
         first = tf.math.unsorted_segment_min(tf.range(tf.shape(indices)[0]), unit_of, tf.size(keys))
@@ -264,20 +262,20 @@ class ALAModel(keras.Model):
 
     def coefficients(self, terms, weights):
         """`d L(w) / d term_i`, differentiable in the weights: the loss's reduction, or the weights (sums)."""
-        if self.reduction == "sum":
+        if self.options.reduction == "sum":
             return tf.cast(weights, terms.values.dtype)
         return term_coefficients(terms, weights)
 
     def reduce(self, terms, weights=None):
         """The loss of `terms` with `weights` (None: every weight 1; with the loss's reduction, its value)."""
-        if self.reduction == "loss":
+        if self.options.reduction == "loss":
             return reduce_terms(terms, weights)
         return tf.reduce_sum(terms.values if weights is None else tf.cast(weights, terms.values.dtype) * terms.values)
 
     def loss_log(self, terms, weights):
         """The logged `loss`: the weighted loss (with sums, per tuple)."""
         value = self.reduce(terms, weights)
-        if self.reduction == "sum":
+        if self.options.reduction == "sum":
             value = safe_divide(value, tf.cast(tf.size(terms.values), value.dtype))
         return tf.stop_gradient(value)
 
@@ -302,7 +300,7 @@ class ALAModel(keras.Model):
         # Built now (only ever on the embedder's variables): the look-ahead reads its state from step 1.
         if not self.optimizer.built:
             self.optimizer.build(self.embedder.trainable_variables)
-        if self.weighting == "assessor" and self.lookahead == "optimizer":
+        if self.options.weighting == "assessor" and self.options.lookahead == "optimizer":
             unmodelled = unmodelled_optimizers(self.optimizer, self.embedder.trainable_variables)
             if unmodelled:
                 warnings.warn(
@@ -389,11 +387,11 @@ class ALAModel(keras.Model):
         was updated and `meta_loss` is this step's, else 0.0) for `weighting="assessor"`."""
         episode = EpisodeDerivatives(self, train_x, train_y, val_x, val_y)
         logs, raw = {}, None
-        if self.weighting == "assessor":
+        if self.options.weighting == "assessor":
 
             def meta_updates():
                 meta_loss = None
-                for _ in range(self.assessor_steps):
+                for _ in range(self.options.assessor_steps):
                     phi_grads, meta_loss = episode.assessor_gradients()
                     self.assessor_optimizer.apply_gradients(
                         zip([g * gradient_scale for g in phi_grads], self.assessor.trainable_variables)
@@ -402,10 +400,12 @@ class ALAModel(keras.Model):
                     meta_loss = episode.lookahead(episode.weights()[0])[0]
                 return meta_loss
 
-            if self.meta_interval == 1:
+            if self.options.meta_interval == 1:
                 meta_loss, meta_step = meta_updates(), tf.constant(1.0)
             else:
-                due = tf.equal(tf.math.floormod(tf.cast(self.optimizer.iterations, tf.int64), self.meta_interval), 0)
+                due = tf.equal(
+                    tf.math.floormod(tf.cast(self.optimizer.iterations, tf.int64), self.options.meta_interval), 0
+                )
                 meta_loss = tf.cond(due, meta_updates, lambda: tf.zeros([], episode.values.dtype))
                 meta_step = tf.cast(due, tf.float32)
             weights, raw, new_state = episode.weights()
@@ -421,14 +421,14 @@ class ALAModel(keras.Model):
             self.loss_optimizer.apply_gradients(zip(grads, self.loss_variables))
         for variable, value in zip(self.embedder.non_trainable_variables, episode.new_non_trainable):
             variable.assign(value)
-        if self.weighting == "assessor":
+        if self.options.weighting == "assessor":
             self.assessor.advance_state(*new_state)
         logs.update(episode.logs(weights, raw))
         return {name: value for name, value in logs.items() if name in self.trackers or name == "meta_step"}
 
     def loss_log_scale(self, meta_loss, val_y):
         """The logged validation loss: the validation loss's value, or with sums the sum per validation image."""
-        if self.reduction == "loss":
+        if self.options.reduction == "loss":
             return meta_loss
         return safe_divide(meta_loss, tf.cast(tf.shape(val_y)[0], meta_loss.dtype))
 
