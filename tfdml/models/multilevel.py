@@ -33,6 +33,19 @@ LEVELS = ("L", "M", "H")
 GLOBAL_HEAD_LEVEL = "H"
 
 
+def level_loss_values(loss, y, level_predictions, logits, sample_weight=None):
+    """Each level's loss value: `loss(y, prediction)` on the level's training prediction (`e_l`, or
+    `concat([e_l, logits_l])` with a classifier head), or with `loss=None` (classification pre-training) the
+    sparse softmax cross-entropy of the level's logits. Shared by `MultiLevelEmbedder` and the heads trained on
+    cached features (`tfdml.training.FeatureHeads`), which weight and add the values."""
+    if loss is None:
+        if not logits:
+            raise ValueError("classification pre-training needs an embedder built with num_classes")
+        cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return [cross_entropy(tf.reshape(y, [-1]), level_logits) for level_logits in logits]
+    return [loss(y, prediction, sample_weight) for prediction in level_predictions]
+
+
 def _resolve_taps(backbone, levels, taps):
     if taps is None:
         defaults = backbones_lib.default_taps(backbone)
@@ -340,12 +353,8 @@ class MultiLevelEmbedder(MetricModel):
         """
         self._tell_losses_whether_training(training)
         level_predictions, logits = self._level_predictions(x, y_pred)
-        if self.classification_pretraining:
-            cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            values = [cross_entropy(tf.reshape(y, [-1]), lg) for lg in logits]
-        else:
-            loss = self._compiled_loss()
-            values = [loss(y, prediction, sample_weight) for prediction in level_predictions]
+        loss = None if self.classification_pretraining else self._compiled_loss()
+        values = level_loss_values(loss, y, level_predictions, logits, sample_weight)
         total = tf.constant(0.0, dtype=tf.float32)
         for index, (value, weight) in enumerate(zip(values, self.level_weights)):
             value = tf.cast(value, tf.float32)

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tfdml.models.base import MetricModel
 from tfdml.models.heads import GlobalEmbeddingHead
+from tfdml.models.multilevel import level_loss_values
 
 
 def backbone_features(embedder, images, batch_size=64):
@@ -99,16 +100,10 @@ class FeatureHeads(MetricModel):
         logits = []
         if self.classifiers and y_pred.shape[-1] > width:  # the training layout: the logits follow
             logits = [y_pred[:, width + i * classes : width + (i + 1) * classes] for i in range(len(predictions))]
-        if self.classification_pretraining:
-            if not logits:
-                raise ValueError("classification pre-training needs an embedder built with num_classes")
-            cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-            values = [cross_entropy(tf.reshape(y, [-1]), lg) for lg in logits]
-        else:
-            loss = keras.losses.get(self.loss)
-            if logits:
-                predictions = [tf.concat([p, lg], axis=-1) for p, lg in zip(predictions, logits)]
-            values = [loss(y, p, sample_weight) for p in predictions]
+        if logits:
+            predictions = [tf.concat([p, lg], axis=-1) for p, lg in zip(predictions, logits)]
+        loss = None if self.classification_pretraining else keras.losses.get(self.loss)
+        values = level_loss_values(loss, y, predictions, logits, sample_weight)
         total = 0.0
         for weight, value in zip(self.embedder.level_weights, values):
             total = total + weight * tf.cast(value, tf.float32)
