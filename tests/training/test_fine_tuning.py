@@ -81,6 +81,19 @@ def test_heads_on_cached_features_equal_the_embedder_and_train_it():
         np.testing.assert_allclose(heads(features).numpy(), after, atol=1e-5)
 
 
+def test_classification_pretraining_without_classifiers_is_refused_by_name():
+    """Pre-training needs logits: an embedder built without `num_classes` says so in the loss, on the embedder
+    and on its heads over cached features, instead of adding nothing."""
+    model = _multilevel()
+    images, labels = _pixels(4), np.arange(4)
+    features = tfdml.training.backbone_features(model, images, batch_size=4)
+    for trained, inputs in ((model, images), (tfdml.training.FeatureHeads(model), features)):
+        trained.compile(optimizer="adam", loss="margin")
+        trained.classification_pretraining = True
+        with pytest.raises(ValueError, match="^classification pre-training needs an embedder built with num_classes$"):
+            trained.compute_loss(inputs, labels, trained(inputs, training=True), training=True)
+
+
 def _multilevel():
     return tfdml.models.MultiLevelEmbedder(
         "efficientnet_lite0",
