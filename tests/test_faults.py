@@ -283,12 +283,12 @@ def test_a_refused_write_of_a_beam_worker_is_one_line(tmp_path, monkeypatch, cap
     pytest.importorskip("apache_beam", reason='tfdml embed needs the beam extra: pip install -e ".[beam]"')
     import numpy as np
 
-    from tests.beam.test_beam import _write_images
+    from tests.embed_checks import write_images
     from tests.export.test_export import single_output_model
     from tfdml.export import export_saved_model
 
     version = export_saved_model(single_output_model(), tmp_path / "exported")
-    _write_images(tmp_path / "images", np.random.default_rng(0), classes=2, per_class=3)
+    write_images(tmp_path / "images", np.random.default_rng(0), classes=2, per_class=3)
     output = tmp_path / "out"
     embed = ["embed", "--model", version, "--image-dir", str(tmp_path / "images"), "--output", str(output)]
     with monkeypatch.context() as patch:

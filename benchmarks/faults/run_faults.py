@@ -161,10 +161,10 @@ class Reference:
             self.export_seconds = _process_seconds(self, self.export_argv("export_reference_process"))
             self.figures.update(export_bytes=self.export_bytes, export_process_seconds=self.export_seconds)
         if set(kinds) & set(EMBED_KINDS):
-            from tests.beam.test_beam import _write_images
+            from tests.embed_checks import write_images
 
             self.images = os.path.join(work, "images")
-            _write_images(pathlib.Path(self.images), np.random.default_rng(0), classes=3, per_class=6)
+            write_images(pathlib.Path(self.images), np.random.default_rng(0), classes=3, per_class=6)
             self.embed_bytes = self._measured(self.embed_argv("embed_reference"))
             self.shards = _shards(os.path.join(work, "embed_reference"))
             self.embed_seconds = _process_seconds(self, self.embed_argv("embed_reference_process"))

@@ -9,14 +9,13 @@ import os
 import re
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
-from PIL import Image
+
+from tests import embed_checks as checks
 
 pytest.importorskip("apache_beam", reason='the Beam tests need the beam extra: pip install -e ".[beam]"')
 
-from tfdml import export as E  # noqa: E402
 from tfdml.beam import EmbedJob, read_shard, run_embed, shard_records  # noqa: E402
 from tfdml.cli import main  # noqa: E402
 from tfdml.retrieval import evaluate  # noqa: E402
@@ -24,82 +23,29 @@ from tfdml.retrieval.sharded import ShardedIndex  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the tests share one Beam run over 3,000 images
 
-CLASSES, PER_CLASS, SIZES = 60, 50, (16, 20, 24)
-BAD = {"class_03/empty.png": b"", "class_07/garbage.jpg": b"not an image at all"}
-
-
-def _model():
-    """Symmetric pixels and tanh: embeddings spread over the sphere (a ReLU model of flat colours puts them all
-    within 1e-5 of one direction, where float rounding alone reorders neighbours)."""
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((16, 16, 3))
-    h = keras.layers.Conv2D(8, 3, activation="tanh")(inputs)
-    h = keras.layers.GlobalAveragePooling2D()(h)
-    return keras.Model(inputs, keras.layers.Dense(12)(h), name="tiny")
-
-
-def _write_images(folder, rng, classes=CLASSES, per_class=PER_CLASS):
-    """Images of a class share a colour (plus noise), so that classes cluster; three sizes in each class."""
-    paths = []
-    for c in range(classes):
-        os.makedirs(folder / f"class_{c:02d}")
-        colour = rng.integers(0, 256, 3)
-        for i in range(per_class):
-            size = SIZES[i % len(SIZES)]
-            noise = rng.normal(0, 40, (size, size, 3))
-            pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
-            path = folder / f"class_{c:02d}" / f"{i:03d}.png"
-            Image.fromarray(pixels).save(path)
-            paths.append(str(path))
-    return paths
+CLASSES, PER_CLASS = 60, 50
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("beam")
-    rng = np.random.default_rng(0)
-    paths = _write_images(root / "images", rng)
-    for name, data in BAD.items():
-        (root / "images" / name).write_bytes(data)
-    version = E.export_saved_model(_model(), root / "exported", preprocess="symmetric")
+    paths, version = checks.prepare(root, CLASSES, PER_CLASS)
     output = root / "embeddings"
     status = main(
         ["embed", "--model", version, "--image-dir", str(root / "images"), "--output", str(output)]
         + ["--num-shards", "3", "--index-mode", "exact", "--evaluate", "--ks", "1", "2", "4"]
     )
     assert status == 0
-    shards = [read_shard(str(output / record["file"])) for record in shard_records(str(output))]
-    ids = np.concatenate([s[0] for s in shards])
-    classes = np.concatenate([s[1] for s in shards])
-    embeddings = np.concatenate([s[2] for s in shards])
-    return {
-        "root": root,
-        "version": version,
-        "output": output,
-        "paths": paths,
-        "ids": ids,
-        "classes": classes,
-        "embeddings": embeddings,
-    }
+    return checks.read_output(root, version, output, paths)
 
 
 def test_embeddings_are_the_serving_signatures(run):
     """Every readable image once, with the class of its folder and the embedding the export serves."""
-    assert sorted(run["ids"]) == sorted(os.path.abspath(p) for p in run["paths"])
-    assert all(cls == os.path.basename(os.path.dirname(i)) for i, cls in zip(run["ids"], run["classes"]))
-    embedder = E.ExportedEmbedder(run["version"])
-    served = embedder.embed([E.read_image(path) for path in run["ids"]])
-    np.testing.assert_allclose(run["embeddings"], served, rtol=1e-5, atol=1e-6)
+    checks.check_served(run, atol=1e-6)
 
 
 def test_unreadable_images_are_skipped_named_and_counted(run):
-    manifest = json.loads((run["output"] / "manifest.json").read_text())
-    skipped = [json.loads(line) for line in (run["output"] / "skipped.jsonl").read_text().splitlines()]
-    assert sorted(item["id"] for item in skipped) == sorted(str(run["root"] / "images" / name) for name in BAD)
-    reasons = {os.path.basename(item["id"]): item["reason"] for item in skipped}
-    assert reasons["empty.png"] == "empty file"
-    assert "not recognised" in reasons["garbage.jpg"]
-    assert manifest["skipped"] == len(BAD)
+    manifest = checks.check_skipped(run)
     assert manifest["embedded"] == len(run["paths"]) == CLASSES * PER_CLASS
     assert sum(record["rows"] for record in manifest["shards"]) == manifest["embedded"]
     assert len(manifest["shards"]) == 3
@@ -226,7 +172,7 @@ def test_a_full_disk_during_embed_is_one_line_and_the_rerun_finishes(run, tmp_pa
     from tests.fault_shim import CODES, KIND, DiskShim
 
     images = tmp_path / "images"
-    _write_images(images, np.random.default_rng(3), classes=4, per_class=6)
+    checks.write_images(images, np.random.default_rng(3), classes=4, per_class=6)
     command = ["embed", "--model", run["version"], "--image-dir", str(images), "--num-shards", "2"]
     with monkeypatch.context() as patch:
         measured = DiskShim().install(patch)
