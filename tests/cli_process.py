@@ -10,6 +10,21 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def small_job(epochs, steps_per_epoch, report_dir="r"):
+    """The default job's `tfdml train` arguments cut to `epochs` of `steps_per_epoch` steps on 6 images per
+    glyph, without export, with a 2 x 2 retrieval grid and 2 worst queries in the report, into `report_dir`
+    (the last argument)."""
+    settings = (
+        "data.images_per_class=6",
+        "report.grid_queries=2",
+        "report.grid_neighbours=2",
+        "report.worst_queries=2",
+    )
+    sets = [item for setting in settings for item in ("--set", setting)]
+    steps = ["--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch)]
+    return ["train", *steps, *sets, "--no-export", "--report-dir", report_dir]
+
+
 def env():
     """This tree's tfdml on the path, no GPU, TensorFlow's log level left to the CLI, Python's fault handler on."""
     environment = dict(os.environ, CUDA_VISIBLE_DEVICES="")

@@ -11,32 +11,15 @@ import errno
 import json
 import os
 
+from tests.cli_process import small_job
 from tfdml import durable
 from tfdml.callbacks import checkpoint as checkpoint_lib
 
 CODES = (errno.ENOSPC, errno.EIO, errno.EROFS)
 KIND = {errno.ENOSPC: "no space left", errno.EIO: "input/output error", errno.EROFS: "read-only"}
 
-# The default job cut to 4 epochs of 3 steps on 6 images per glyph, without export, with a 2 x 2 retrieval grid
-# and 2 worst queries in the report, into `r` (the last argument).
-JOB = [
-    "train",
-    "--epochs",
-    "4",
-    "--steps-per-epoch",
-    "3",
-    "--set",
-    "data.images_per_class=6",
-    "--set",
-    "report.grid_queries=2",
-    "--set",
-    "report.grid_neighbours=2",
-    "--set",
-    "report.worst_queries=2",
-    "--no-export",
-    "--report-dir",
-    "r",
-]
+# The default job cut to 4 epochs of 3 steps (`cli_process.small_job`), into `r` (the last argument).
+JOB = small_job(4, 3)
 
 
 def damage(path, rng, flip=None):

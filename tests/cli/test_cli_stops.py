@@ -23,24 +23,7 @@ from tfdml import export as export_lib
 from tfdml.callbacks import completed_epochs
 from tfdml.config import default_config
 
-JOB = [
-    "train",
-    "--epochs",
-    "2",
-    "--steps-per-epoch",
-    "10",
-    "--set",
-    "data.images_per_class=6",
-    "--set",
-    "report.grid_queries=2",
-    "--set",
-    "report.grid_neighbours=2",
-    "--set",
-    "report.worst_queries=2",
-    "--no-export",
-    "--report-dir",
-    "r",
-]
+JOB = cli_process.small_job(2, 10)
 
 
 def _finish(proc, timeout=600):
