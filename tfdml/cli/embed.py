@@ -187,13 +187,11 @@ def _run(args):
         try:
             with _worker_errors_unlogged():
                 manifest = run_embed(job, lambda text: print(f"tfdml embed: warning: {text}", file=sys.stderr))
-        except (ValueError, OSError) as error:
-            return usage_error("embed", storage_error(error, args.output) or error)
         except Exception as error:  # a runner wraps a worker's error: a refused write is still said in one line
             refused = storage_error(error, args.output)
-            if refused is None:
+            if refused is None and not isinstance(error, (ValueError, OSError)):
                 raise
-            return usage_error("embed", refused)
+            return usage_error("embed", refused or error)
         interrupts.complete(f"the embeddings in {args.output}")
         print(
             f"embedded {manifest['embedded']} images into {len(manifest['shards'])} shards in {args.output} "

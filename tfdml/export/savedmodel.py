@@ -14,7 +14,7 @@ import tensorflow as tf
 from tfdml import durable
 from tfdml.export.client import embed_uint8
 from tfdml.export.gallery import embed_gallery, index_summary, save_index
-from tfdml.export.layout import EMBEDDING_OUTPUT, METADATA_FILE, SEARCH_SIGNATURE, _write_json, seal_version
+from tfdml.export.layout import EMBEDDING_OUTPUT, SEARCH_SIGNATURE, seal_version
 from tfdml.export.metadata import version_metadata
 from tfdml.export.options import split_options
 from tfdml.export.prefix import signature_prefix_record
@@ -172,7 +172,6 @@ def _write_version(archive, metadata, model_dir, target, embedded, index_mode, i
             staging = durable.staging_folder(model_dir, ".tmp-export-")
             written = os.path.join(staging, "model")
             archive.write_out(written, verbose=False)
-            _write_json(os.path.join(written, METADATA_FILE), metadata)
             if embedded is not None:
                 _save_index(written, embedded, metadata, index_mode, index_settings)
             seal_version(written, metadata)
